@@ -1,0 +1,9 @@
+//! vgpu's core: policy and arithmetic with no I/O and no `unsafe`.
+//!
+//! Everything here is a pure function of its inputs so that it can be unit- and
+//! property-tested in isolation and shared by the shim, the daemon, the device
+//! plugin, the scheduler extender and the simulated driver.
+
+#![forbid(unsafe_code)]
+
+pub mod bytes;
