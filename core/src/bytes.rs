@@ -45,6 +45,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let unit = unit.trim();
+    if num.is_empty() {
+        return Err(ByteSizeError::NotANumber(text.to_owned()));
+    }
     let mult = match unit {
         "" | "B" => 1,
         "Ki" | "KiB" => KI,

@@ -1,0 +1,432 @@
+//! The simulated node's configuration: which GPUs it has and how they behave.
+//!
+//! Read from the TOML file named by `VGPU_SIM_CONFIG`; without it the node has one
+//! H100-like GPU. The configuration is applied when a state directory is first created;
+//! later processes attach to the state as it is (see [`crate::state`]).
+
+use serde::Deserialize;
+use vgpu_core::bytes::parse_bytes;
+
+/// Most devices one simulated node can have.
+pub const MAX_DEVICES: usize = 8;
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read simulator config {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys.
+    #[error("invalid simulator config {path}")]
+    Toml {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value is out of range or malformed.
+    #[error("invalid simulator config {path}: {field} = {value:?}: {why}")]
+    Value {
+        /// The file.
+        path: String,
+        /// The key, with the device index where it applies.
+        field: String,
+        /// The offending value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    device: Vec<RawDevice>,
+    #[serde(default)]
+    engine: RawEngine,
+    #[serde(default)]
+    faults: RawFaults,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Option<String>,
+    uuid: Option<String>,
+    pci_bus_id: Option<String>,
+    memory: Option<String>,
+    sm_count: Option<u32>,
+    compute_capability: Option<String>,
+    context_overhead: Option<String>,
+    alloc_granularity: Option<String>,
+    memory_bandwidth_gbps: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    timeslice_us: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFaults {
+    fail_alloc_nth: Option<u64>,
+    accounting_mode: Option<bool>,
+    #[serde(default)]
+    lost_devices: Vec<u32>,
+}
+
+/// One simulated GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Marketing name, as `cuDeviceGetName` and `nvmlDeviceGetName` report it.
+    pub name: String,
+    /// The 16 bytes of the GPU UUID (`GPU-xxxxxxxx-xxxx-...` in text form).
+    pub uuid: [u8; 16],
+    /// PCI bus id, `DDDDDDDD:BB:DD.F` (NVML's 8-digit domain form).
+    pub pci_bus_id: String,
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Compute capability major.
+    pub cc_major: u32,
+    /// Compute capability minor.
+    pub cc_minor: u32,
+    /// Device memory each context costs, in bytes.
+    pub context_overhead: u64,
+    /// Allocation granularity: every allocation is charged in multiples of this.
+    pub alloc_granularity: u64,
+    /// Copy bandwidth used by the cost model, in GB/s.
+    pub memory_bandwidth_gbps: u32,
+}
+
+/// Execution-engine settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// How long one context may hold the engine while others wait, in microseconds.
+    pub timeslice_us: u64,
+}
+
+/// Faults injected from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FaultConfig {
+    /// Fail the Nth device allocation on the node (1-based; 0 = never).
+    pub fail_alloc_nth: u64,
+    /// Devices that are lost (fallen off the bus) from the start.
+    pub lost_devices: Vec<u32>,
+    /// NVML accounting mode enabled from the start.
+    pub accounting_mode: bool,
+}
+
+/// The whole configuration of a simulated node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// The GPUs, in index order.
+    pub devices: Vec<DeviceConfig>,
+    /// Execution engine.
+    pub engine: EngineConfig,
+    /// Injected faults.
+    pub faults: FaultConfig,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            devices: vec![default_device(0)],
+            engine: EngineConfig { timeslice_us: 2000 },
+            faults: FaultConfig::default(),
+        }
+    }
+}
+
+/// The default device at index `i`: an H100-like GPU (80 GiB, 132 SMs, 9.0).
+pub fn default_device(i: u32) -> DeviceConfig {
+    let mut uuid = [0u8; 16];
+    // A fixed, recognisable pattern: "5157" ("SIM" in leetspeak-ish hex) then the index.
+    uuid[..4].copy_from_slice(&[0x51, 0x57, 0x00, 0x00]);
+    uuid[12..16].copy_from_slice(&i.to_be_bytes());
+    uuid[6] = 0x40; // version 4 nibble, as real GPU UUIDs look
+    uuid[8] = 0x80;
+    DeviceConfig {
+        name: "NVIDIA H100 80GB HBM3".to_owned(),
+        uuid,
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + i * 0x10),
+        memory: 80 << 30,
+        sm_count: 132,
+        cc_major: 9,
+        cc_minor: 0,
+        context_overhead: 300 << 20,
+        alloc_granularity: 2 << 20,
+        memory_bandwidth_gbps: 3350,
+    }
+}
+
+/// Formats a UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the `GPU-` prefix is optional).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: String = s
+        .trim()
+        .strip_prefix("GPU-")
+        .unwrap_or(s.trim())
+        .chars()
+        .filter(|&c| c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Normalises a PCI bus id to NVML's `DDDDDDDD:BB:DD.F` form, upper case.
+pub fn normalize_pci_bus_id(s: &str) -> Option<String> {
+    let s = s.trim();
+    let (domain, rest) = match s.matches(':').count() {
+        2 => s.split_once(':')?,
+        1 => ("0", s),
+        _ => return None,
+    };
+    let (bus, rest) = rest.split_once(':')?;
+    let (dev, func) = rest.split_once('.')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let bus = u8::from_str_radix(bus, 16).ok()?;
+    let dev = u8::from_str_radix(dev, 16).ok()?;
+    let func = u8::from_str_radix(func, 16).ok()?;
+    if dev > 0x1f || func > 7 {
+        return None;
+    }
+    Some(format!("{domain:08X}:{bus:02X}:{dev:02X}.{func:X}"))
+}
+
+impl SimConfig {
+    /// Parses a configuration from TOML text; `path` is only used in error messages.
+    pub fn from_toml(text: &str, path: &str) -> Result<SimConfig, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Toml {
+            path: path.to_owned(),
+            source,
+        })?;
+        let bad = |field: String, value: &str, why: &str| ConfigError::Value {
+            path: path.to_owned(),
+            field,
+            value: value.to_owned(),
+            why: why.to_owned(),
+        };
+        let raw_devices = if raw.device.is_empty() {
+            vec![RawDevice::default()]
+        } else {
+            raw.device
+        };
+        if raw_devices.len() > MAX_DEVICES {
+            return Err(bad(
+                "device".into(),
+                &raw_devices.len().to_string(),
+                &format!("at most {MAX_DEVICES} devices"),
+            ));
+        }
+        let mut devices = Vec::with_capacity(raw_devices.len());
+        for (i, d) in raw_devices.into_iter().enumerate() {
+            let idx = u32::try_from(i).expect("at most MAX_DEVICES devices");
+            let mut dev = default_device(idx);
+            let key = |k: &str| format!("device[{i}].{k}");
+            if let Some(n) = d.name {
+                if n.is_empty() || n.len() > 95 {
+                    return Err(bad(key("name"), &n, "must be 1 to 95 bytes"));
+                }
+                dev.name = n;
+            }
+            if let Some(u) = d.uuid {
+                dev.uuid = parse_uuid(&u).ok_or_else(|| {
+                    bad(key("uuid"), &u, "expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+                })?;
+            }
+            if let Some(p) = d.pci_bus_id {
+                dev.pci_bus_id = normalize_pci_bus_id(&p)
+                    .ok_or_else(|| bad(key("pci_bus_id"), &p, "expected DDDDDDDD:BB:DD.F"))?;
+            }
+            let bytes = |k: &str, v: &str| {
+                parse_bytes(v).map_err(|e| bad(key(k), v, &e.to_string()))
+            };
+            if let Some(m) = d.memory {
+                dev.memory = bytes("memory", &m)?;
+                if dev.memory < (64 << 20) {
+                    return Err(bad(key("memory"), &m, "must be at least 64Mi"));
+                }
+            }
+            if let Some(c) = d.context_overhead {
+                dev.context_overhead = bytes("context_overhead", &c)?;
+            }
+            if let Some(g) = d.alloc_granularity {
+                let v = bytes("alloc_granularity", &g)?;
+                if !v.is_power_of_two() || !(512..=(1 << 30)).contains(&v) {
+                    return Err(bad(key("alloc_granularity"), &g, "must be a power of two from 512 to 1Gi"));
+                }
+                dev.alloc_granularity = v;
+            }
+            if let Some(s) = d.sm_count {
+                if s == 0 || s > 1024 {
+                    return Err(bad(key("sm_count"), &s.to_string(), "must be 1 to 1024"));
+                }
+                dev.sm_count = s;
+            }
+            if let Some(cc) = d.compute_capability {
+                let (ma, mi) = cc
+                    .split_once('.')
+                    .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+                    .filter(|&(a, b)| (3..=12).contains(&a) && b <= 9)
+                    .ok_or_else(|| bad(key("compute_capability"), &cc, "expected MAJOR.MINOR, e.g. 9.0"))?;
+                dev.cc_major = ma;
+                dev.cc_minor = mi;
+            }
+            if let Some(bw) = d.memory_bandwidth_gbps {
+                if bw == 0 {
+                    return Err(bad(key("memory_bandwidth_gbps"), "0", "must be positive"));
+                }
+                dev.memory_bandwidth_gbps = bw;
+            }
+            if dev.context_overhead >= dev.memory {
+                return Err(bad(
+                    key("context_overhead"),
+                    &dev.context_overhead.to_string(),
+                    "must be smaller than the device memory",
+                ));
+            }
+            devices.push(dev);
+        }
+        for i in 0..devices.len() {
+            for j in 0..i {
+                if devices[i].uuid == devices[j].uuid {
+                    return Err(bad(format!("device[{i}].uuid"), &format_uuid(&devices[i].uuid), "duplicate UUID"));
+                }
+                if devices[i].pci_bus_id == devices[j].pci_bus_id {
+                    return Err(bad(format!("device[{i}].pci_bus_id"), &devices[i].pci_bus_id, "duplicate PCI bus id"));
+                }
+            }
+        }
+        let timeslice_us = raw.engine.timeslice_us.unwrap_or(2000);
+        if !(100..=1_000_000).contains(&timeslice_us) {
+            return Err(bad("engine.timeslice_us".into(), &timeslice_us.to_string(), "must be 100 to 1000000"));
+        }
+        for &l in &raw.faults.lost_devices {
+            if l as usize >= devices.len() {
+                return Err(bad("faults.lost_devices".into(), &l.to_string(), "no such device index"));
+            }
+        }
+        Ok(SimConfig {
+            devices,
+            engine: EngineConfig { timeslice_us },
+            faults: FaultConfig {
+                fail_alloc_nth: raw.faults.fail_alloc_nth.unwrap_or(0),
+                lost_devices: raw.faults.lost_devices,
+                accounting_mode: raw.faults.accounting_mode.unwrap_or(false),
+            },
+        })
+    }
+
+    /// Loads the configuration named by `VGPU_SIM_CONFIG`, or the default one.
+    pub fn from_env() -> Result<SimConfig, ConfigError> {
+        match std::env::var_os("VGPU_SIM_CONFIG") {
+            Some(p) if !p.is_empty() => {
+                let path = p.to_string_lossy().into_owned();
+                let text = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                SimConfig::from_toml(&text, &path)
+            }
+            _ => Ok(SimConfig::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_one_h100() {
+        let c = SimConfig::from_toml("", "x").expect("empty config is valid");
+        assert_eq!(c.devices.len(), 1);
+        let d = &c.devices[0];
+        assert_eq!(d.memory, 80 << 30);
+        assert_eq!(d.sm_count, 132);
+        assert_eq!((d.cc_major, d.cc_minor), (9, 0));
+        assert_eq!(c, SimConfig::default());
+    }
+
+    #[test]
+    fn parses_devices() {
+        let c = SimConfig::from_toml(
+            r#"
+            [[device]]
+            name = "NVIDIA A100-SXM4-40GB"
+            memory = "40GiB"
+            sm_count = 108
+            compute_capability = "8.0"
+            context_overhead = "416Mi"
+            pci_bus_id = "0000:07:00.0"
+            [[device]]
+            uuid = "GPU-11111111-2222-3333-4444-555555555555"
+            [engine]
+            timeslice_us = 1000
+            [faults]
+            fail_alloc_nth = 3
+            "#,
+            "t.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(c.devices[0].memory, 40 << 30);
+        assert_eq!(c.devices[0].pci_bus_id, "00000000:07:00.0");
+        assert_eq!(c.devices[0].context_overhead, 416 << 20);
+        assert_eq!(format_uuid(&c.devices[1].uuid), "GPU-11111111-2222-3333-4444-555555555555");
+        assert_eq!(c.engine.timeslice_us, 1000);
+        assert_eq!(c.faults.fail_alloc_nth, 3);
+    }
+
+    #[test]
+    fn errors_name_the_bad_value() {
+        let e = SimConfig::from_toml("[[device]]\nmemory = \"8G\"", "t.toml").unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("device[0].memory") && s.contains("8G"), "{s}");
+        let e = SimConfig::from_toml("[[device]]\ncompute_capability = \"nine\"", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("nine"));
+        let e = SimConfig::from_toml("[[device]]\nbogus = 1", "t.toml").unwrap_err();
+        assert!(matches!(e, ConfigError::Toml { .. }));
+        let e = SimConfig::from_toml("[[device]]\n[[device]]\nuuid = \"GPU-51570000-0000-4000-8000-000000000000\"", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("duplicate UUID"), "{e}");
+    }
+
+    #[test]
+    fn uuid_and_pci_round_trip() {
+        let d = default_device(3);
+        assert_eq!(parse_uuid(&format_uuid(&d.uuid)), Some(d.uuid));
+        assert_eq!(normalize_pci_bus_id("0000:18:00.0").as_deref(), Some("00000000:18:00.0"));
+        assert_eq!(normalize_pci_bus_id("18:00.0").as_deref(), Some("00000000:18:00.0"));
+        assert_eq!(normalize_pci_bus_id("zz:00.0"), None);
+    }
+}

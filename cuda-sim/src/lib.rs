@@ -1,0 +1,15 @@
+//! The simulated NVIDIA node behind `libcuda.so.1` and `libnvidia-ml.so.1`.
+//!
+//! This crate holds what both simulated libraries share: the node's configuration
+//! ([`config`]) and its state ([`state`]): device memory accounting across processes,
+//! process liveness, the execution engine that time-slices the GPU between processes,
+//! utilization and accounting counters, and device events for fault injection. The
+//! libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin ABI layers over
+//! it. See `docs/cuda-sim.md`.
+
+// This crate maps shared memory and makes raw syscalls (mmap, fcntl locks, futex): the
+// unsafe is confined to `state.rs`, each block with its SAFETY argument.
+#![allow(unsafe_code)]
+
+pub mod config;
+pub mod state;
