@@ -1,0 +1,80 @@
+//! `cargo xtask <task>`: build tasks that are more than one cargo command.
+//!
+//! - `sim`: build the simulated driver (release) into `target/cuda-sim/` as
+//!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
+//! - `ci`: what CI checks, in order: formatting, clippy, the simulator, every test
+//!   (Rust and the third-party Python clients), docs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_owned()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"))
+}
+
+/// Builds the simulated libraries and installs them under their driver names.
+fn sim() -> Result<PathBuf> {
+    run(cargo().args(["build", "--release", "-p", "vgpu-sim-libcuda", "-p", "vgpu-sim-libnvml", "-p", "vgpu-cuda-sim"]))?;
+    let rel = target_dir().join("release");
+    let out = target_dir().join("cuda-sim");
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    for (built, names) in [
+        ("libcuda.so", ["libcuda.so.1", "libcuda.so"]),
+        ("libnvidia_ml.so", ["libnvidia-ml.so.1", "libnvidia-ml.so"]),
+    ] {
+        let src = rel.join(built);
+        for n in names {
+            let dst = out.join(n);
+            // Copy to a temporary name and rename, so that a running process that has the
+            // old library mapped keeps a consistent file.
+            let tmp = out.join(format!(".{n}.tmp"));
+            std::fs::copy(&src, &tmp).with_context(|| format!("copy {} to {}", src.display(), tmp.display()))?;
+            std::fs::rename(&tmp, &dst).with_context(|| format!("install {}", dst.display()))?;
+        }
+    }
+    eprintln!("xtask: simulated driver installed in {}", out.display());
+    Ok(out)
+}
+
+fn ci() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    sim()?;
+    run(cargo().args(["test", "--workspace", "--release"]))?;
+    let py = root().join("tests/python");
+    if py.is_dir() {
+        run(Command::new("python3").args(["-m", "pytest", "-q"]).arg(&py).current_dir(root()))?;
+    }
+    run(cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let task = std::env::args().nth(1).unwrap_or_default();
+    match task.as_str() {
+        "sim" => sim().map(|_| ()),
+        "ci" => ci(),
+        other => bail!("unknown task {other:?}: expected `sim` or `ci`"),
+    }
+}
