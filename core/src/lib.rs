@@ -7,3 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod inventory;
+pub mod packing;
+pub mod resources;

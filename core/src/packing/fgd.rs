@@ -1,0 +1,264 @@
+//! Fragmentation as FGD measures it (Weng et al., "Beware of Fragmentation", ATC'23).
+//!
+//! The workload is summarised by its *typical tasks*: the most frequent task shapes
+//! (CPU, per-GPU milli, GPU count, model constraint; memory ignored; CPU-only tasks
+//! included) that together cover a given share (95 %) of the tasks, each with its
+//! frequency renormalised over the chosen shapes. A node's fragmentation is
+//!
+//! ```text
+//! F(n) = Σ_t  w_t · frag_t(n)
+//! frag_t(n) = all free milli-GPU of n                       if t cannot run on n at all
+//!                                                           (CPU-only task, model excluded,
+//!                                                            CPU short, too few GPUs with room)
+//!           = Σ free milli of the GPUs with less than t needs  otherwise
+//! ```
+//!
+//! and placing a task is scored by how much it lowers F. Per node, the per-typical-task
+//! counts (GPUs with room, free milli below the need) are computed once per node state,
+//! after which each candidate GPU of a sharing task is evaluated in O(typical tasks).
+
+use std::collections::HashMap;
+
+use super::ledger::{NodeState, Task};
+use crate::resources::ModelConstraint;
+
+/// One typical task shape and its frequency.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypicalTask {
+    /// CPU request, milli-cores.
+    pub cpu_milli: u64,
+    /// Per-GPU compute, milli-GPU (0 for a CPU-only task).
+    pub gpu_milli: u32,
+    /// Number of GPUs (0 for a CPU-only task).
+    pub gpu_count: u32,
+    /// Allowed models.
+    pub models: ModelConstraint,
+    /// Frequency in (0, 1]; the frequencies of a set sum to 1.
+    pub freq: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ShapeKey {
+    cpu_milli: u64,
+    gpu_milli: u32,
+    gpu_count: u32,
+    allowed: Vec<String>,
+    excluded: Vec<String>,
+}
+
+fn shape_of(t: &Task) -> ShapeKey {
+    let (gpu_milli, gpu_count) = match t.gpus.first() {
+        Some(d) => (d.compute_milli, d.count),
+        None => (0, 0),
+    };
+    ShapeKey {
+        cpu_milli: t.cpu_milli,
+        gpu_milli,
+        gpu_count,
+        allowed: t.models.allowed.clone(),
+        excluded: t.models.excluded.clone(),
+    }
+}
+
+/// The typical tasks of a workload: the most frequent shapes covering `coverage`
+/// (e.g. 0.95) of the tasks, most frequent first (ties: larger CPU, then larger per-GPU
+/// milli, then more GPUs first), frequencies renormalised to sum to 1.
+///
+/// A multi-container task is summarised by its first GPU container.
+pub fn typical_tasks<'a>(tasks: impl IntoIterator<Item = &'a Task>, coverage: f64) -> Vec<TypicalTask> {
+    let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
+    let mut total = 0u64;
+    for t in tasks {
+        *counts.entry(shape_of(t)).or_default() += 1;
+        total += 1;
+    }
+    let mut list: Vec<(ShapeKey, u64)> = counts.into_iter().collect();
+    list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    let expected = coverage * total as f64;
+    let mut cum = 0u64;
+    let mut n = 0;
+    while (cum as f64) < expected && n < list.len() {
+        cum += list[n].1;
+        n += 1;
+    }
+    list.truncate(n);
+    list.into_iter()
+        .map(|(k, c)| TypicalTask {
+            cpu_milli: k.cpu_milli,
+            gpu_milli: k.gpu_milli,
+            gpu_count: k.gpu_count,
+            models: ModelConstraint {
+                allowed: k.allowed,
+                excluded: k.excluded,
+            },
+            freq: c as f64 / cum as f64,
+        })
+        .collect()
+}
+
+/// Per typical task, the parts of `frag_t` for one node state.
+#[derive(Debug, Clone, Copy, Default)]
+struct Part {
+    /// Allowed GPUs with at least the task's per-GPU milli free.
+    n_fit: u32,
+    /// Free milli on allowed GPUs with less than the task needs.
+    below: u64,
+    /// Free milli on GPUs of excluded models.
+    excluded: u64,
+}
+
+/// FGD's fragmentation model over a fixed set of typical tasks.
+#[derive(Debug, Clone)]
+pub struct Fragmentation {
+    typical: Vec<TypicalTask>,
+    /// Per node index: allowed[t * gpus + i].
+    allowed: Vec<Option<Vec<bool>>>,
+}
+
+/// The fragmentation of one node state, prepared for evaluating candidate placements.
+#[derive(Debug, Clone)]
+pub struct NodeFrag {
+    parts: Vec<Part>,
+    free_total: u64,
+    cpu_free: u64,
+    /// F of the state.
+    pub value: f64,
+}
+
+impl Fragmentation {
+    /// A model over these typical tasks.
+    pub fn new(typical: Vec<TypicalTask>) -> Self {
+        Fragmentation {
+            typical,
+            allowed: Vec::new(),
+        }
+    }
+
+    /// The typical tasks.
+    pub fn typical(&self) -> &[TypicalTask] {
+        &self.typical
+    }
+
+    fn ensure_allowed(&mut self, idx: usize, node: &NodeState) {
+        if self.allowed.len() <= idx {
+            self.allowed.resize(idx + 1, None);
+        }
+        let g = node.spec.gpus.len();
+        if self.allowed[idx].as_ref().is_some_and(|v| v.len() == self.typical.len() * g) {
+            return;
+        }
+        let mut v = Vec::with_capacity(self.typical.len() * g);
+        for t in &self.typical {
+            for gpu in &node.spec.gpus {
+                v.push(t.models.allows(&gpu.model));
+            }
+        }
+        self.allowed[idx] = Some(v);
+    }
+
+    /// F for a node given its CPU free and per-GPU free milli.
+    pub fn value(&mut self, idx: usize, node: &NodeState, cpu_free: u64, free: &[u32]) -> f64 {
+        self.prepare(idx, node, cpu_free, free).value
+    }
+
+    /// Computes the per-typical-task parts and F for a node state.
+    pub fn prepare(&mut self, idx: usize, node: &NodeState, cpu_free: u64, free: &[u32]) -> NodeFrag {
+        let g = free.len();
+        let free_total: u64 = free.iter().map(|&m| u64::from(m)).sum();
+        self.ensure_allowed(idx, node);
+        let allowed = self.allowed[idx].as_deref().expect("just ensured");
+        let mut parts = Vec::with_capacity(self.typical.len());
+        for (ti, t) in self.typical.iter().enumerate() {
+            let mut p = Part::default();
+            for (i, &m) in free.iter().enumerate() {
+                if !allowed[ti * g + i] {
+                    p.excluded += u64::from(m);
+                } else if m >= t.gpu_milli {
+                    p.n_fit += 1;
+                } else {
+                    p.below += u64::from(m);
+                }
+            }
+            parts.push(p);
+        }
+        let value = self.sum(&parts, free_total, cpu_free);
+        NodeFrag {
+            parts,
+            free_total,
+            cpu_free,
+            value,
+        }
+    }
+
+    fn sum(&self, parts: &[Part], free_total: u64, cpu_free: u64) -> f64 {
+        let mut f = 0.0;
+        for (t, p) in self.typical.iter().zip(parts) {
+            let frag = if t.gpu_count == 0
+                || cpu_free < t.cpu_milli
+                || p.n_fit < t.gpu_count
+            {
+                free_total
+            } else {
+                p.below + p.excluded
+            };
+            f += t.freq * frag as f64;
+        }
+        f
+    }
+
+    /// F after taking `milli` from GPU `gpu` (whose free milli is `free_before`) and
+    /// `cpu` milli-cores from the node, in O(typical tasks).
+    pub fn value_after_share(
+        &mut self,
+        idx: usize,
+        node: &NodeState,
+        before: &NodeFrag,
+        gpu: usize,
+        free_before: u32,
+        milli: u32,
+        cpu: u64,
+    ) -> f64 {
+        let g = node.spec.gpus.len();
+        self.ensure_allowed(idx, node);
+        let allowed = self.allowed[idx].as_deref().expect("just ensured");
+        let a = free_before;
+        let b = free_before - milli;
+        let free_total = before.free_total - u64::from(milli);
+        let cpu_free = before.cpu_free - cpu;
+        let mut f = 0.0;
+        for (ti, t) in self.typical.iter().enumerate() {
+            let mut p = before.parts[ti];
+            if allowed[ti * g + gpu] {
+                if a >= t.gpu_milli {
+                    p.n_fit -= 1;
+                } else {
+                    p.below -= u64::from(a);
+                }
+                if b >= t.gpu_milli {
+                    p.n_fit += 1;
+                } else {
+                    p.below += u64::from(b);
+                }
+            } else {
+                p.excluded -= u64::from(milli);
+            }
+            let frag = if t.gpu_count == 0
+                || cpu_free < t.cpu_milli
+                || p.n_fit < t.gpu_count
+            {
+                free_total
+            } else {
+                p.below + p.excluded
+            };
+            f += t.freq * frag as f64;
+        }
+        f
+    }
+}
+
+/// FGD's score for a fragmentation decrease `delta` (milli-GPU): `int(100·sigmoid(Δ/1000))`.
+pub fn fgd_score(delta: f64) -> i64 {
+    let s = 1.0 / (1.0 + (-delta / 1000.0).exp());
+    // Truncation toward zero, as the published simulator does; s is in (0, 1).
+    (s * 100.0) as i64
+}

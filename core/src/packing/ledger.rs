@@ -1,0 +1,657 @@
+//! The ledger: every node's GPUs, what is free on each, and which pod holds what.
+//!
+//! All arithmetic is in integers: CPU in milli-cores, memory in MiB, GPU compute in
+//! milli-GPU, GPU memory in MiB, device-plugin slices in 0.1-GPU units. A commit is
+//! checked GPU by GPU, so no sequence of commits and releases can over-assign a GPU.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::resources::{GpuDemand, MILLI_PER_GPU, ModelConstraint, SLICES_PER_GPU};
+
+/// One physical GPU as the device plugin publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpec {
+    /// NVML UUID (`GPU-…`).
+    pub uuid: String,
+    /// Model name as used in model constraints (`A100-80GB`, `T4`, …).
+    pub model: String,
+    /// Total memory, MiB.
+    pub memory_mib: u64,
+}
+
+/// A node's capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Node name.
+    pub name: String,
+    /// Allocatable CPU, milli-cores.
+    pub cpu_milli: u64,
+    /// Allocatable memory, MiB.
+    pub memory_mib: u64,
+    /// GPUs, by device index.
+    pub gpus: Vec<GpuSpec>,
+}
+
+/// What is free on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GpuFree {
+    /// Free compute, milli-GPU.
+    pub milli: u32,
+    /// Free memory, MiB.
+    pub memory_mib: u64,
+    /// Free device-plugin slices.
+    pub slices: u32,
+}
+
+/// One container's share of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// GPU device index on the node.
+    pub gpu: u16,
+    /// Compute, milli-GPU.
+    pub milli: u32,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Device-plugin slices.
+    pub slices: u32,
+}
+
+/// A concrete decision: the node and, per GPU container of the task, its grants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Placement {
+    /// Node index in the ledger.
+    pub node: usize,
+    /// Per container (same order as [`Task::gpus`]), one grant per GPU.
+    pub containers: Vec<Vec<Grant>>,
+}
+
+/// What a task (a pod) needs: CPU and memory of the node, GPU demands per container,
+/// and the GPU models it may use.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Task {
+    /// CPU request, milli-cores.
+    pub cpu_milli: u64,
+    /// Memory request, MiB.
+    pub memory_mib: u64,
+    /// One demand per GPU-using container (empty for a CPU-only task).
+    pub gpus: Vec<GpuDemand>,
+    /// GPU model constraint.
+    pub models: ModelConstraint,
+}
+
+impl Task {
+    /// Total milli-GPU of compute the task takes.
+    pub fn total_gpu_milli(&self) -> u64 {
+        self.gpus.iter().map(GpuDemand::total_milli).sum()
+    }
+
+    /// The single demand when the task is one container on one GPU with a fraction of it
+    /// (the case where policies choose among GPUs).
+    pub fn single_share(&self) -> Option<&GpuDemand> {
+        match self.gpus.as_slice() {
+            [d] if d.count == 1 && !d.is_whole() => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Why a node cannot take a task: one precise, human-readable reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    /// Not enough CPU left.
+    Cpu {
+        /// Free milli-cores.
+        free: u64,
+        /// Requested milli-cores.
+        need: u64,
+    },
+    /// Not enough memory left.
+    Memory {
+        /// Free MiB.
+        free: u64,
+        /// Requested MiB.
+        need: u64,
+    },
+    /// No GPU of an allowed model.
+    Model {
+        /// Models present on the node.
+        node_models: Vec<String>,
+        /// The constraint, in words.
+        constraint: String,
+    },
+    /// Too few GPUs of the allowed models at all.
+    GpuCount {
+        /// GPUs of allowed models on the node.
+        have: usize,
+        /// GPUs needed.
+        need: u32,
+    },
+    /// Too few fully free GPUs for whole-GPU demands.
+    WholeGpus {
+        /// Fully free GPUs.
+        free: usize,
+        /// Needed.
+        need: u32,
+    },
+    /// No GPU with enough free compute.
+    GpuCompute {
+        /// Largest free compute on one GPU, milli-GPU.
+        max_free: u32,
+        /// Needed per GPU.
+        need: u32,
+        /// GPUs needed with that much.
+        count: u32,
+    },
+    /// No GPU with enough free memory.
+    GpuMemory {
+        /// Largest free memory on one GPU that has the compute, MiB.
+        max_free: u64,
+        /// Needed per GPU, MiB (on the largest GPU).
+        need: u64,
+    },
+    /// No GPU with enough free device-plugin slices (at most 10 tenants per GPU).
+    GpuSlices {
+        /// Largest number of free slices on one GPU.
+        max_free: u32,
+        /// Needed per GPU.
+        need: u32,
+    },
+    /// The node is not in the ledger.
+    UnknownNode(String),
+}
+
+fn gib(mib: u64) -> String {
+    let g = mib as f64 / 1024.0;
+    if mib % 1024 == 0 {
+        format!("{} GiB", mib / 1024)
+    } else if g >= 1.0 {
+        format!("{g:.1} GiB")
+    } else {
+        format!("{mib} MiB")
+    }
+}
+
+fn cores(milli: u64) -> String {
+    if milli % 1000 == 0 {
+        format!("{} cores", milli / 1000)
+    } else {
+        format!("{:.3} cores", milli as f64 / 1000.0)
+    }
+}
+
+fn gpus(milli: u32) -> String {
+    format!("{:.3} GPU", f64::from(milli) / 1000.0)
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::Cpu { free, need } => write!(f, "CPU: free {} < {}", cores(*free), cores(*need)),
+            Reject::Memory { free, need } => write!(f, "memory: free {} < {}", gib(*free), gib(*need)),
+            Reject::Model {
+                node_models,
+                constraint,
+            } => write!(
+                f,
+                "GPU model: node has {} but the pod needs {constraint}",
+                if node_models.is_empty() {
+                    "no GPU".to_owned()
+                } else {
+                    node_models.join(", ")
+                }
+            ),
+            Reject::GpuCount { have, need } => {
+                write!(f, "GPU count: {have} GPUs of an allowed model < {need}")
+            }
+            Reject::WholeGpus { free, need } => {
+                write!(f, "whole GPUs: {free} fully free < {need}")
+            }
+            Reject::GpuCompute {
+                max_free,
+                need,
+                count,
+            } => {
+                if *count > 1 {
+                    write!(
+                        f,
+                        "GPU compute: fewer than {count} GPUs with {} free (max free {})",
+                        gpus(*need),
+                        gpus(*max_free)
+                    )
+                } else {
+                    write!(f, "GPU compute: max free {} < {}", gpus(*max_free), gpus(*need))
+                }
+            }
+            Reject::GpuMemory { max_free, need } => {
+                write!(f, "GPU memory: max free {} < {}", gib(*max_free), gib(*need))
+            }
+            Reject::GpuSlices { max_free, need } => {
+                write!(f, "GPU slices: max free {max_free} < {need} (at most 10 per GPU)")
+            }
+            Reject::UnknownNode(n) => write!(f, "node {n:?} is not in the ledger"),
+        }
+    }
+}
+
+/// Why a commit or release was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// The pod already holds resources.
+    #[error("pod {0:?} is already placed")]
+    AlreadyPlaced(String),
+    /// The pod holds nothing.
+    #[error("pod {0:?} is not placed")]
+    NotPlaced(String),
+    /// The placement does not fit the node any more.
+    #[error("pod {pod:?} does not fit node {node:?}: {reason}")]
+    DoesNotFit {
+        /// Pod key.
+        pod: String,
+        /// Node name.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// A node with this name exists already.
+    #[error("node {0:?} is already in the ledger")]
+    DuplicateNode(String),
+}
+
+/// One node's live state.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    /// Capacity.
+    pub spec: NodeSpec,
+    /// Free CPU, milli-cores.
+    pub cpu_free: u64,
+    /// Free memory, MiB.
+    pub memory_free: u64,
+    /// Free resources per GPU, by device index.
+    pub gpus: Vec<GpuFree>,
+    /// Bumped on every change, so that callers can cache per-node results.
+    pub generation: u64,
+    pods: BTreeMap<String, Placement>,
+}
+
+impl NodeState {
+    fn new(spec: NodeSpec) -> Self {
+        let gpus = spec
+            .gpus
+            .iter()
+            .map(|g| GpuFree {
+                milli: MILLI_PER_GPU,
+                memory_mib: g.memory_mib,
+                slices: SLICES_PER_GPU,
+            })
+            .collect();
+        NodeState {
+            cpu_free: spec.cpu_milli,
+            memory_free: spec.memory_mib,
+            gpus,
+            generation: 0,
+            pods: BTreeMap::new(),
+            spec,
+        }
+    }
+
+    /// Whether GPU `i` is entirely free.
+    pub fn gpu_fully_free(&self, i: usize) -> bool {
+        let g = &self.gpus[i];
+        g.milli == MILLI_PER_GPU && g.memory_mib == self.spec.gpus[i].memory_mib && g.slices == SLICES_PER_GPU
+    }
+
+    /// Total free milli-GPU on the node.
+    pub fn gpu_milli_free(&self) -> u64 {
+        self.gpus.iter().map(|g| u64::from(g.milli)).sum()
+    }
+
+    /// Pods placed here, with their placements.
+    pub fn pods(&self) -> impl Iterator<Item = (&str, &Placement)> {
+        self.pods.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Whether `demand` fits on GPU `i` as a share (not whole).
+    pub fn share_fits(&self, i: usize, demand: &GpuDemand) -> bool {
+        let g = &self.gpus[i];
+        g.milli >= demand.compute_milli
+            && g.memory_mib >= demand.memory.resolve(self.spec.gpus[i].memory_mib)
+            && g.slices >= demand.slices
+    }
+
+    /// Checks CPU, memory and the model constraint only (the cheap part of a fit).
+    pub fn check_host(&self, task: &Task) -> Result<(), Reject> {
+        if self.cpu_free < task.cpu_milli {
+            return Err(Reject::Cpu {
+                free: self.cpu_free,
+                need: task.cpu_milli,
+            });
+        }
+        if self.memory_free < task.memory_mib {
+            return Err(Reject::Memory {
+                free: self.memory_free,
+                need: task.memory_mib,
+            });
+        }
+        if !task.gpus.is_empty()
+            && !task.models.is_any()
+            && !self.spec.gpus.iter().any(|g| task.models.allows(&g.model))
+        {
+            let mut models: Vec<String> = self.spec.gpus.iter().map(|g| g.model.clone()).collect();
+            models.dedup();
+            return Err(Reject::Model {
+                node_models: models,
+                constraint: task.models.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Places the task's GPU demands on a scratch copy of the free list: whole GPUs on the
+    /// lowest-numbered fully free ones, shares on the tightest-fitting GPU (least free
+    /// compute that fits, then lowest index). `pick` overrides the GPU of the first share
+    /// of a single-share task (policies that choose among GPUs).
+    pub fn plan(&self, task: &Task, pick: Option<usize>) -> Result<Vec<Vec<Grant>>, Reject> {
+        let mut free = self.gpus.clone();
+        let mut out = Vec::with_capacity(task.gpus.len());
+        let allowed: Vec<bool> = self
+            .spec
+            .gpus
+            .iter()
+            .map(|g| task.models.allows(&g.model))
+            .collect();
+        for demand in &task.gpus {
+            let have = allowed.iter().filter(|a| **a).count();
+            if have < demand.count as usize {
+                return Err(Reject::GpuCount {
+                    have,
+                    need: demand.count,
+                });
+            }
+            let mut grants = Vec::with_capacity(demand.count as usize);
+            if demand.is_whole() {
+                for (i, g) in free.iter_mut().enumerate() {
+                    if grants.len() == demand.count as usize {
+                        break;
+                    }
+                    let cap = &self.spec.gpus[i];
+                    if allowed[i]
+                        && g.milli == MILLI_PER_GPU
+                        && g.memory_mib == cap.memory_mib
+                        && g.slices == SLICES_PER_GPU
+                    {
+                        grants.push(Grant {
+                            gpu: u16::try_from(i).expect("fewer than 65536 GPUs per node"),
+                            milli: MILLI_PER_GPU,
+                            memory_mib: cap.memory_mib,
+                            slices: demand.slices.min(SLICES_PER_GPU),
+                        });
+                        *g = GpuFree {
+                            milli: 0,
+                            memory_mib: 0,
+                            slices: SLICES_PER_GPU - demand.slices.min(SLICES_PER_GPU),
+                        };
+                    }
+                }
+                if grants.len() < demand.count as usize {
+                    return Err(Reject::WholeGpus {
+                        free: grants.len(),
+                        need: demand.count,
+                    });
+                }
+            } else {
+                let fits = |i: usize, g: &GpuFree| {
+                    allowed[i]
+                        && g.milli >= demand.compute_milli
+                        && g.memory_mib >= demand.memory.resolve(self.spec.gpus[i].memory_mib)
+                        && g.slices >= demand.slices
+                };
+                let mut used = vec![false; free.len()];
+                for k in 0..demand.count {
+                    let chosen = match pick {
+                        Some(p) if k == 0 && task.gpus.len() == 1 && demand.count == 1 => {
+                            (p < free.len() && fits(p, &free[p])).then_some(p)
+                        }
+                        _ => free
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, g)| !used[*i] && fits(*i, g))
+                            .min_by_key(|(i, g)| (g.milli, *i))
+                            .map(|(i, _)| i),
+                    };
+                    let Some(i) = chosen else {
+                        return Err(share_reject(self, &free, &allowed, demand));
+                    };
+                    used[i] = true;
+                    let mem = demand.memory.resolve(self.spec.gpus[i].memory_mib);
+                    let g = &mut free[i];
+                    g.milli -= demand.compute_milli;
+                    g.memory_mib -= mem;
+                    g.slices -= demand.slices;
+                    grants.push(Grant {
+                        gpu: u16::try_from(i).expect("fewer than 65536 GPUs per node"),
+                        milli: demand.compute_milli,
+                        memory_mib: mem,
+                        slices: demand.slices,
+                    });
+                }
+            }
+            out.push(grants);
+        }
+        Ok(out)
+    }
+
+    /// Full fit check: host resources, model, then a GPU plan.
+    pub fn fit(&self, task: &Task) -> Result<Vec<Vec<Grant>>, Reject> {
+        self.check_host(task)?;
+        self.plan(task, None)
+    }
+
+    fn apply(&mut self, placement: &Placement, sign: i8) {
+        for grants in &placement.containers {
+            for g in grants {
+                let f = &mut self.gpus[usize::from(g.gpu)];
+                if sign > 0 {
+                    f.milli -= g.milli;
+                    f.memory_mib -= g.memory_mib;
+                    f.slices -= g.slices;
+                } else {
+                    f.milli += g.milli;
+                    f.memory_mib += g.memory_mib;
+                    f.slices += g.slices;
+                }
+            }
+        }
+        self.generation += 1;
+    }
+}
+
+fn share_reject(node: &NodeState, free: &[GpuFree], allowed: &[bool], d: &GpuDemand) -> Reject {
+    let max_milli = free
+        .iter()
+        .zip(allowed)
+        .filter(|(_, a)| **a)
+        .map(|(g, _)| g.milli)
+        .max()
+        .unwrap_or(0);
+    let with_compute: Vec<usize> = (0..free.len())
+        .filter(|&i| allowed[i] && free[i].milli >= d.compute_milli)
+        .collect();
+    if (with_compute.len() as u32) < d.count {
+        return Reject::GpuCompute {
+            max_free: max_milli,
+            need: d.compute_milli,
+            count: d.count,
+        };
+    }
+    let with_memory: Vec<usize> = with_compute
+        .iter()
+        .copied()
+        .filter(|&i| free[i].memory_mib >= d.memory.resolve(node.spec.gpus[i].memory_mib))
+        .collect();
+    if (with_memory.len() as u32) < d.count {
+        let (max_free, need) = with_compute
+            .iter()
+            .map(|&i| (free[i].memory_mib, d.memory.resolve(node.spec.gpus[i].memory_mib)))
+            .max()
+            .unwrap_or((0, 0));
+        return Reject::GpuMemory { max_free, need };
+    }
+    Reject::GpuSlices {
+        max_free: with_memory.iter().map(|&i| free[i].slices).max().unwrap_or(0),
+        need: d.slices,
+    }
+}
+
+/// Every node's GPUs and every placed pod.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    nodes: Vec<NodeState>,
+    by_name: HashMap<String, usize>,
+    pods: HashMap<String, usize>,
+    host: HashMap<String, (u64, u64)>,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A ledger over the given nodes.
+    pub fn with_nodes(nodes: impl IntoIterator<Item = NodeSpec>) -> Result<Self, LedgerError> {
+        let mut l = Ledger::new();
+        for n in nodes {
+            l.add_node(n)?;
+        }
+        Ok(l)
+    }
+
+    /// Adds a node with nothing assigned; returns its index.
+    pub fn add_node(&mut self, spec: NodeSpec) -> Result<usize, LedgerError> {
+        if self.by_name.contains_key(&spec.name) {
+            return Err(LedgerError::DuplicateNode(spec.name));
+        }
+        let i = self.nodes.len();
+        self.by_name.insert(spec.name.clone(), i);
+        self.nodes.push(NodeState::new(spec));
+        Ok(i)
+    }
+
+    /// All nodes, by index.
+    pub fn nodes(&self) -> &[NodeState] {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, i: usize) -> &NodeState {
+        &self.nodes[i]
+    }
+
+    /// A node's index by name.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Where a pod is placed.
+    pub fn placement(&self, pod: &str) -> Option<&Placement> {
+        let n = *self.pods.get(pod)?;
+        self.nodes[n].pods.get(pod)
+    }
+
+    /// Number of placed pods.
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Records a placement after checking, GPU by GPU, that it still fits.
+    pub fn commit(&mut self, pod: &str, task: &Task, placement: Placement) -> Result<(), LedgerError> {
+        if self.pods.contains_key(pod) {
+            return Err(LedgerError::AlreadyPlaced(pod.to_owned()));
+        }
+        let node = self
+            .nodes
+            .get_mut(placement.node)
+            .ok_or_else(|| LedgerError::DoesNotFit {
+                pod: pod.to_owned(),
+                node: format!("#{}", placement.node),
+                reason: "no such node".into(),
+            })?;
+        let fail = |reason: String| LedgerError::DoesNotFit {
+            pod: pod.to_owned(),
+            node: node.spec.name.clone(),
+            reason,
+        };
+        node.check_host(task).map_err(|r| fail(r.to_string()))?;
+        if placement.containers.len() != task.gpus.len() {
+            return Err(fail("placement does not match the task's containers".into()));
+        }
+        let mut free = node.gpus.clone();
+        for (grants, demand) in placement.containers.iter().zip(&task.gpus) {
+            if grants.len() != demand.count as usize {
+                return Err(fail(format!("{} grants for {} GPUs", grants.len(), demand.count)));
+            }
+            let mut seen = Vec::with_capacity(grants.len());
+            for g in grants {
+                let i = usize::from(g.gpu);
+                let Some(cap) = node.spec.gpus.get(i) else {
+                    return Err(fail(format!("no GPU {i}")));
+                };
+                if seen.contains(&i) {
+                    return Err(fail(format!("GPU {i} granted twice to one container")));
+                }
+                seen.push(i);
+                if !task.models.allows(&cap.model) {
+                    return Err(fail(format!("GPU {i} is a {} ({})", cap.model, task.models)));
+                }
+                let f = &mut free[i];
+                let whole = demand.is_whole();
+                if whole && (f.milli != MILLI_PER_GPU || f.memory_mib != cap.memory_mib) {
+                    return Err(fail(format!("GPU {i} is not fully free")));
+                }
+                if g.milli < demand.compute_milli.min(MILLI_PER_GPU)
+                    || g.memory_mib < demand.memory.resolve(cap.memory_mib)
+                {
+                    return Err(fail(format!("grant on GPU {i} is smaller than the demand")));
+                }
+                if f.milli < g.milli || f.memory_mib < g.memory_mib || f.slices < g.slices {
+                    return Err(fail(format!(
+                        "GPU {i}: free {} milli / {} MiB / {} slices < granted {} / {} / {}",
+                        f.milli, f.memory_mib, f.slices, g.milli, g.memory_mib, g.slices
+                    )));
+                }
+                f.milli -= g.milli;
+                f.memory_mib -= g.memory_mib;
+                f.slices -= g.slices;
+            }
+        }
+        node.cpu_free -= task.cpu_milli;
+        node.memory_free -= task.memory_mib;
+        node.apply(&placement, 1);
+        debug_assert_eq!(node.gpus, free);
+        let n = placement.node;
+        node.pods.insert(pod.to_owned(), placement);
+        self.pods.insert(pod.to_owned(), n);
+        // Keep the task's host resources with the placement for release.
+        self.host.insert(pod.to_owned(), (task.cpu_milli, task.memory_mib));
+        Ok(())
+    }
+
+    /// Releases everything a pod holds; returns its placement.
+    pub fn release(&mut self, pod: &str) -> Result<Placement, LedgerError> {
+        let n = self
+            .pods
+            .remove(pod)
+            .ok_or_else(|| LedgerError::NotPlaced(pod.to_owned()))?;
+        let node = &mut self.nodes[n];
+        let placement = node
+            .pods
+            .remove(pod)
+            .expect("the pod index and the node's pod map agree");
+        let (cpu, mem) = self.host.remove(pod).unwrap_or((0, 0));
+        node.cpu_free += cpu;
+        node.memory_free += mem;
+        node.apply(&placement, -1);
+        Ok(placement)
+    }
+}

@@ -1,0 +1,25 @@
+//! The scheduler's policy core: a ledger of every node's GPUs, filter with precise
+//! reasons, scores, and the concrete GPU choice. No I/O, no `unsafe`.
+//!
+//! - [`ledger`]: nodes, GPUs, what is free, who holds what; commits are checked so that
+//!   no GPU is ever over-assigned (compute, memory or slices).
+//! - [`policy`]: `random`, `bestfit`, `gpupacking`, `fgd` (as published), `spread` and
+//!   the default `vgpu`.
+//! - [`fgd`]: the fragmentation measure over the workload's typical tasks.
+//! - [`scheduler`]: filter/score/choose over the ledger with per-node caching and a
+//!   fixed tie-breaking node order.
+
+pub mod fgd;
+pub mod ledger;
+pub mod policy;
+pub mod scheduler;
+
+pub use fgd::{Fragmentation, TypicalTask, typical_tasks};
+pub use ledger::{
+    GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
+};
+pub use policy::{Eval, Policy, PolicyName, Scale, UnknownPolicy, VgpuParams};
+pub use scheduler::{NodeVerdict, Scheduler};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! Placement policies: each gives every feasible node an integer score (higher is
+//! better) and chooses the GPU(s) within the node.
+//!
+//! | name | node score | GPU within the node |
+//! |---|---|---|
+//! | `random` | uniformly random | tightest fit |
+//! | `bestfit` | least CPU + GPU left after placement (normalised by the largest node) | tightest fit |
+//! | `gpupacking` | shared GPU > used node > idle node | tightest fit |
+//! | `fgd` | `int(100·sigmoid(ΔF/1000))`, best over GPUs | the first GPU reaching it |
+//! | `spread` | most CPU + GPU left after placement | most free GPU |
+//! | `vgpu` (default) | see [`VgpuParams`] and ADR 0006 | best candidate |
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::fgd::{Fragmentation, NodeFrag, fgd_score};
+use super::ledger::{NodeState, Reject, Task};
+use crate::resources::MILLI_PER_GPU;
+
+/// The policies by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyName {
+    /// Uniformly random feasible node.
+    Random,
+    /// Best fit on CPU and GPU.
+    BestFit,
+    /// GPU packing: fill partially used GPUs, then used nodes, then idle nodes.
+    GpuPacking,
+    /// Fragmentation gradient descent, as published.
+    Fgd,
+    /// Spread: emptiest node, most free GPU.
+    Spread,
+    /// vgpu's default.
+    Vgpu,
+}
+
+impl PolicyName {
+    /// Every policy, in table order.
+    pub const ALL: [PolicyName; 6] = [
+        PolicyName::Random,
+        PolicyName::BestFit,
+        PolicyName::GpuPacking,
+        PolicyName::Fgd,
+        PolicyName::Spread,
+        PolicyName::Vgpu,
+    ];
+
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Random => "random",
+            PolicyName::BestFit => "bestfit",
+            PolicyName::GpuPacking => "gpupacking",
+            PolicyName::Fgd => "fgd",
+            PolicyName::Spread => "spread",
+            PolicyName::Vgpu => "vgpu",
+        }
+    }
+
+    /// Whether the policy needs the workload's typical tasks.
+    pub fn needs_typical_tasks(self) -> bool {
+        matches!(self, PolicyName::Fgd | PolicyName::Vgpu)
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown policy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?} (known: random, bestfit, gpupacking, fgd, spread, vgpu)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for PolicyName {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+    }
+}
+
+/// A policy's verdict on one feasible node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eval {
+    /// Higher is better.
+    pub score: i64,
+    /// The GPU for a single-share task, when the policy chose one; otherwise the
+    /// ledger's default plan (tightest fit, lowest-numbered whole GPUs) applies.
+    pub pick: Option<usize>,
+}
+
+/// Knobs of the `vgpu` policy (see ADR 0006).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VgpuParams {
+    /// Resolution of the fragmentation score: `int(resolution · sigmoid(Δ/1000))`.
+    /// 100 is FGD's; the score is coarse on purpose (see ADR 0006).
+    pub resolution: f64,
+    /// Weight of the best-fit tie-breaker within equal fragmentation scores.
+    pub tie_bestfit: bool,
+}
+
+impl Default for VgpuParams {
+    fn default() -> Self {
+        VgpuParams {
+            resolution: 100.0,
+            tie_bestfit: true,
+        }
+    }
+}
+
+/// Largest node capacities, used by best fit and spread to normalise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale {
+    /// Largest node CPU, milli-cores.
+    pub cpu_milli: u64,
+    /// Largest node GPU total, milli-GPU.
+    pub gpu_milli: u64,
+}
+
+/// A policy with its state (typical tasks, random stream).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    name: PolicyName,
+    frag: Option<Fragmentation>,
+    rng: u64,
+    scale: Scale,
+    /// Parameters of the `vgpu` policy.
+    pub vgpu: VgpuParams,
+}
+
+impl Policy {
+    /// A policy. `frag` is required for `fgd` and `vgpu` (their typical tasks); `seed`
+    /// drives `random`; `scale` normalises best fit and spread.
+    pub fn new(name: PolicyName, frag: Option<Fragmentation>, seed: u64, scale: Scale) -> Self {
+        Policy {
+            name,
+            frag,
+            rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+            scale,
+            vgpu: VgpuParams::default(),
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> PolicyName {
+        self.name
+    }
+
+    /// Whether a node's verdict depends only on the node's state and the task (so it can
+    /// be cached per node generation).
+    pub fn cacheable(&self) -> bool {
+        self.name != PolicyName::Random
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // SplitMix64: a tiny, well-mixed stream; `random` only needs uniform scores.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Scores `task` on node `idx` (state `node`), or says why it does not fit.
+    pub fn evaluate(&mut self, idx: usize, node: &NodeState, task: &Task) -> Result<Eval, Reject> {
+        node.check_host(task)?;
+        // The default plan both proves GPU feasibility and gives the whole-GPU choice.
+        let plan = node.plan(task, None)?;
+        let eval = match self.name {
+            PolicyName::Random => Eval {
+                score: i64::try_from(self.next_random() >> 2).expect("62 bits fit"),
+                pick: None,
+            },
+            PolicyName::BestFit => Eval {
+                score: bestfit_score(node, task, self.scale),
+                pick: None,
+            },
+            PolicyName::GpuPacking => Eval {
+                score: gpupacking_score(node, task),
+                pick: None,
+            },
+            PolicyName::Spread => spread_eval(node, task, self.scale),
+            PolicyName::Fgd => {
+                let frag = self.frag.as_mut().expect("fgd needs typical tasks");
+                fgd_eval(frag, idx, node, task, &plan, 100.0)
+            }
+            PolicyName::Vgpu => {
+                let params = self.vgpu;
+                let scale = self.scale;
+                let frag = self.frag.as_mut().expect("vgpu needs typical tasks");
+                vgpu_eval(frag, idx, node, task, &plan, params, scale)
+            }
+        };
+        Ok(eval)
+    }
+}
+
+/// Best fit (the paper's baseline): `int(100·(1 − ½·cpu_left/cpu_max − ½·gpu_left/gpu_max))`
+/// with the left-overs after placement.
+fn bestfit_score(node: &NodeState, task: &Task, scale: Scale) -> i64 {
+    let cpu_left = (node.cpu_free - task.cpu_milli) as f64;
+    let gpu_left = (node.gpu_milli_free() - task.total_gpu_milli()) as f64;
+    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64 + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
+    ((1.0 - s) * 100.0) as i64
+}
+
+/// GPU packing (the paper's baseline): a task that fits on partially used GPUs scores
+/// 50–100 (less free on those GPUs is better), one that needs fully free GPUs of a used
+/// node 33–50 (fewer is better), one on an idle node at most 33 (fewer GPUs is better).
+fn gpupacking_score(node: &NodeState, task: &Task) -> i64 {
+    if task.total_gpu_milli() == 0 {
+        return 0;
+    }
+    let n = node.gpus.len();
+    let fully_free = (0..n).filter(|&i| node.gpus[i].milli == MILLI_PER_GPU).count() as i64;
+    if fully_free == n as i64 {
+        return (33 - fully_free).max(fully_free);
+    }
+    let Some(d) = task.gpus.first() else { return 0 };
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by_key(|&i| node.gpus[i].milli);
+    let mut need = d.count;
+    let mut whole_used = 0i64;
+    let mut free_ratio_sum = 0i64;
+    for i in idx {
+        if need == 0 {
+            break;
+        }
+        let m = node.gpus[i].milli;
+        if d.compute_milli <= m && task.models.allows(&node.spec.gpus[i].model) {
+            need -= 1;
+            if m == MILLI_PER_GPU {
+                whole_used += 1;
+            }
+            free_ratio_sum += i64::from(m) * 100 / 1000;
+        }
+    }
+    if whole_used > 0 {
+        (50 - whole_used).max(33)
+    } else {
+        (100 - free_ratio_sum / 10).max(50)
+    }
+}
+
+fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
+    let cpu_left = (node.cpu_free - task.cpu_milli) as f64;
+    let gpu_left = (node.gpu_milli_free() - task.total_gpu_milli()) as f64;
+    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64 + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
+    let pick = task.single_share().and_then(|d| {
+        (0..node.gpus.len())
+            .filter(|&i| node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model))
+            .max_by_key(|&i| (node.gpus[i].milli, std::cmp::Reverse(i)))
+    });
+    Eval {
+        score: (s * 100.0) as i64,
+        pick,
+    }
+}
+
+fn free_list(node: &NodeState) -> Vec<u32> {
+    node.gpus.iter().map(|g| g.milli).collect()
+}
+
+/// The fragmentation decrease of each candidate: for a single-share task, every GPU it
+/// fits on (in index order); otherwise the default plan alone.
+fn candidates(
+    frag: &mut Fragmentation,
+    idx: usize,
+    node: &NodeState,
+    task: &Task,
+    plan: &[Vec<super::ledger::Grant>],
+) -> (NodeFrag, Vec<(Option<usize>, f64)>) {
+    let free = free_list(node);
+    let before = frag.prepare(idx, node, node.cpu_free, &free);
+    let mut out = Vec::new();
+    if let Some(d) = task.single_share() {
+        for i in 0..free.len() {
+            if node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model) {
+                let after = frag.value_after_share(idx, node, &before, i, free[i], d.compute_milli, task.cpu_milli);
+                out.push((Some(i), before.value - after));
+            }
+        }
+    } else {
+        let mut after_free = free.clone();
+        for grants in plan {
+            for g in grants {
+                after_free[usize::from(g.gpu)] -= g.milli;
+            }
+        }
+        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, &after_free);
+        out.push((None, before.value - after));
+    }
+    (before, out)
+}
+
+fn fgd_eval(
+    frag: &mut Fragmentation,
+    idx: usize,
+    node: &NodeState,
+    task: &Task,
+    plan: &[Vec<super::ledger::Grant>],
+    resolution: f64,
+) -> Eval {
+    let (_, cands) = candidates(frag, idx, node, task, plan);
+    let mut best: Option<Eval> = None;
+    for (pick, delta) in cands {
+        let s = if resolution == 100.0 {
+            fgd_score(delta)
+        } else {
+            let sig = 1.0 / (1.0 + (-delta / 1000.0).exp());
+            (sig * resolution) as i64
+        };
+        if best.is_none_or(|b| s > b.score) {
+            best = Some(Eval { score: s, pick });
+        }
+    }
+    best.unwrap_or(Eval { score: 0, pick: None })
+}
+
+fn vgpu_eval(
+    frag: &mut Fragmentation,
+    idx: usize,
+    node: &NodeState,
+    task: &Task,
+    plan: &[Vec<super::ledger::Grant>],
+    params: VgpuParams,
+    scale: Scale,
+) -> Eval {
+    let base = fgd_eval(frag, idx, node, task, plan, params.resolution);
+    if !params.tie_bestfit {
+        return base;
+    }
+    // Secondary key within equal fragmentation scores: best fit (0–100).
+    let bf = bestfit_score(node, task, scale).clamp(0, 1000);
+    Eval {
+        score: base.score * 1000 + bf,
+        pick: base.pick,
+    }
+}
