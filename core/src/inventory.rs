@@ -57,7 +57,9 @@ pub enum InventoryError {
     #[error("annotation vgpu.io/gpu-inventory: malformed record")]
     Malformed(#[source] serde_json::Error),
     /// Written by an incompatible version.
-    #[error("annotation vgpu.io/gpu-inventory: unsupported version {0} (this build reads version 1)")]
+    #[error(
+        "annotation vgpu.io/gpu-inventory: unsupported version {0} (this build reads version 1)"
+    )]
     Version(u32),
     /// The record is inconsistent.
     #[error("annotation vgpu.io/gpu-inventory: {0}")]
@@ -92,10 +94,16 @@ impl NodeInventory {
                 return Err(InventoryError::Invalid(format!("GPU {i}: empty uuid")));
             }
             if g.memory_mib == 0 {
-                return Err(InventoryError::Invalid(format!("GPU {}: memory_mib is 0", g.uuid)));
+                return Err(InventoryError::Invalid(format!(
+                    "GPU {}: memory_mib is 0",
+                    g.uuid
+                )));
             }
             if inv.gpus[..i].iter().any(|h| h.uuid == g.uuid) {
-                return Err(InventoryError::Invalid(format!("GPU {} listed twice", g.uuid)));
+                return Err(InventoryError::Invalid(format!(
+                    "GPU {} listed twice",
+                    g.uuid
+                )));
             }
         }
         Ok(inv)
@@ -133,15 +141,22 @@ mod tests {
         let s = sample().to_json();
         assert_eq!(NodeInventory::from_json(&s).expect("valid"), sample());
         let future = s.replace("\"version\":1", "\"version\":2");
-        assert!(matches!(NodeInventory::from_json(&future), Err(InventoryError::Version(2))));
+        assert!(matches!(
+            NodeInventory::from_json(&future),
+            Err(InventoryError::Version(2))
+        ));
         let extra = s.replace("\"gpus\"", "\"later\":1,\"gpus\"");
         assert_eq!(NodeInventory::from_json(&extra).expect("valid"), sample());
-        assert!(matches!(NodeInventory::from_json("{"), Err(InventoryError::Malformed(_))));
+        assert!(matches!(
+            NodeInventory::from_json("{"),
+            Err(InventoryError::Malformed(_))
+        ));
     }
 
     #[test]
     fn healthy_defaults_to_true() {
-        let s = r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
+        let s =
+            r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
         assert!(NodeInventory::from_json(s).expect("valid").gpus[0].healthy);
     }
 

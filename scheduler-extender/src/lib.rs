@@ -4,4 +4,5 @@
 //! [`vgpu_core::packing`], which has no I/O; this crate drives it from a trace
 //! ([`replay`]) and from kube-scheduler's HTTP extender protocol.
 
+pub mod extender;
 pub mod replay;

@@ -1,7 +1,7 @@
 //! `vgpu-scheduler-extender`: thin binary over the library.
 
 use clap::{Parser, Subcommand};
-use vgpu_scheduler_extender::replay;
+use vgpu_scheduler_extender::{extender, replay};
 
 /// vgpu's kube-scheduler extender and packing-benchmark replay.
 #[derive(Debug, Parser)]
@@ -15,12 +15,32 @@ struct Cli {
 enum Command {
     /// Replay a trace through a placement policy (the packing benchmark).
     Replay(replay::ReplayArgs),
+    /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
+    Serve(extender::serve::ServeArgs),
+    /// Measure the extender's filter/prioritize/bind latency at scale (in memory).
+    BenchExtender(extender::bench::BenchArgs),
+}
+
+/// Installs the tracing subscriber (RUST_LOG, default info) for the long-running service.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+fn serve(args: extender::serve::ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(extender::serve::run(args))?;
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Replay(args) => replay::run(&args),
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Replay(args) => replay::run(&args).map_err(Into::into),
+        Command::Serve(args) => serve(args),
+        Command::BenchExtender(args) => extender::bench::run(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,28 @@
+//! The kube-scheduler extender: HTTP filter/prioritize/bind over a live ledger
+//! kept in sync with the API server through kube-rs watches.
+//!
+//! - [`types`]: the extender v1 JSON (PascalCase keys, embedded Kubernetes objects).
+//! - [`server`]: the verbs as byte-level handlers and an axum router.
+//! - [`state`]: nodes, pods, bind assumptions (with TTL) and the derived ledger;
+//!   read-decide-commit under one lock.
+//! - [`policy`]: the policy core as the live extender drives it.
+//! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
+//! - [`sync`]: Node and Pod watches feeding [`state::State`].
+//! - [`serve`]: configuration and the `serve` entry point.
+//! - [`bench`]: the latency benchmark (`bench-extender`).
+//!
+//! Design and its reasons: `docs/adr/0007-extender-state-and-bind.md`.
+
+pub mod bench;
+pub mod binder;
+pub mod error;
+pub mod policy;
+pub mod serve;
+pub mod server;
+pub mod state;
+pub mod sync;
+pub mod types;
+
+pub use error::{ExtenderError, Verb};
+pub use server::Extender;
+pub use state::{State, StateConfig};

@@ -1,0 +1,140 @@
+//! The placement policy as the live extender uses it.
+//!
+//! The policy core ([`vgpu_core::packing::Policy`]) scores a node and picks GPUs
+//! within it; it keeps caches (the fragmentation model's per-node tables) and,
+//! for `fgd` and the default `vgpu`, needs the workload's *typical tasks*. The
+//! replay takes those from the trace; the live extender takes them from the
+//! cluster: the shapes of every pod the ledger holds (recomputed when the ledger
+//! is rebuilt and when the pod count has moved by more than 1 %), so the
+//! fragmentation measure follows the workload actually running. With no pods
+//! yet, every node's fragmentation is 0 and `vgpu` falls back to its best-fit
+//! tie-breaker.
+
+use std::sync::{Mutex, MutexGuard};
+
+use vgpu_core::packing::{
+    Fragmentation, Grant, Ledger, Policy, PolicyName, Reject, Scale, Task, typical_tasks,
+};
+
+/// Share of the workload the typical tasks cover (FGD's 95 %).
+pub const TYPICAL_COVERAGE: f64 = 0.95;
+
+#[derive(Debug)]
+struct Current {
+    policy: Policy,
+    /// Number of tasks the typical tasks were computed from.
+    basis: usize,
+}
+
+/// A [`Policy`] behind a lock, refreshed from the ledger's workload.
+#[derive(Debug)]
+pub struct ExtenderPolicy {
+    name: PolicyName,
+    current: Mutex<Current>,
+}
+
+fn scale_of(ledger: &Ledger) -> Scale {
+    Scale {
+        cpu_milli: ledger
+            .nodes()
+            .iter()
+            .map(|n| n.spec.cpu_milli)
+            .max()
+            .unwrap_or(0),
+        gpu_milli: ledger
+            .nodes()
+            .iter()
+            .map(|n| 1000 * n.spec.gpus.len() as u64)
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+impl ExtenderPolicy {
+    /// A policy by name, with no workload yet.
+    #[must_use]
+    pub fn new(name: PolicyName) -> Self {
+        Self {
+            name,
+            current: Mutex::new(Current {
+                policy: Self::build(name, &Ledger::new(), &[]),
+                basis: 0,
+            }),
+        }
+    }
+
+    /// The policy's name.
+    #[must_use]
+    pub fn name(&self) -> PolicyName {
+        self.name
+    }
+
+    fn build(name: PolicyName, ledger: &Ledger, tasks: &[&Task]) -> Policy {
+        let frag = name
+            .needs_typical_tasks()
+            .then(|| Fragmentation::new(typical_tasks(tasks.iter().copied(), TYPICAL_COVERAGE)));
+        Policy::new(name, frag, 0x5EED, scale_of(ledger))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Current> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts afresh over a rebuilt ledger (node indices may have changed) with the
+    /// typical tasks of `tasks`.
+    pub fn reset(&self, ledger: &Ledger, tasks: &[&Task]) {
+        let policy = Self::build(self.name, ledger, tasks);
+        *self.lock() = Current {
+            policy,
+            basis: tasks.len(),
+        };
+    }
+
+    /// Whether the workload has moved enough (> 1 % or 100 pods) since the typical
+    /// tasks were computed that they should be recomputed.
+    #[must_use]
+    pub fn stale(&self, tasks_now: usize) -> bool {
+        let basis = self.lock().basis;
+        let moved = tasks_now.abs_diff(basis);
+        moved >= 100 || moved * 100 > basis.max(1)
+    }
+
+    /// The policy's score for `task` on node `n` (higher is better), or why it does not fit.
+    pub fn score(&self, ledger: &Ledger, n: usize, task: &Task) -> Result<i64, Reject> {
+        let node = ledger
+            .nodes()
+            .get(n)
+            .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
+        self.lock().policy.evaluate(n, node, task).map(|e| e.score)
+    }
+
+    /// Scores of several nodes under one lock (prioritize).
+    pub fn scores(
+        &self,
+        ledger: &Ledger,
+        task: &Task,
+        nodes: &[Option<usize>],
+    ) -> Vec<Option<i64>> {
+        let mut current = self.lock();
+        nodes
+            .iter()
+            .map(|n| {
+                let n = (*n)?;
+                let node = ledger.nodes().get(n)?;
+                current.policy.evaluate(n, node, task).ok().map(|e| e.score)
+            })
+            .collect()
+    }
+
+    /// The concrete GPUs for `task` on node `n`, against the live ledger (bind).
+    pub fn place(&self, ledger: &Ledger, n: usize, task: &Task) -> Result<Vec<Vec<Grant>>, Reject> {
+        let node = ledger
+            .nodes()
+            .get(n)
+            .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
+        let eval = self.lock().policy.evaluate(n, node, task)?;
+        node.plan(task, eval.pick)
+    }
+}

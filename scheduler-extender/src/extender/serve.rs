@@ -1,0 +1,180 @@
+//! `vgpu-scheduler-extender serve`: configuration and the entry point.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vgpu_core::packing::PolicyName;
+
+use super::binder::KubeBinder;
+use super::policy::ExtenderPolicy;
+use super::server::{Extender, router, serve_on};
+use super::state::{State, StateConfig};
+use super::sync::{self, SyncConfig};
+
+/// Why `serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// No Kubernetes client configuration (in-cluster or kubeconfig) was found.
+    #[error("load kubernetes client configuration (in-cluster service account or KUBECONFIG)")]
+    KubeConfig(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the configuration.
+    #[error("build kubernetes client")]
+    KubeClient(#[source] kube::Error),
+    /// The listen address could not be bound.
+    #[error("listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("serve HTTP on {addr}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A bad duration in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?} (use a whole number with ms, s, m or h, e.g. 300s)")]
+pub struct BadDuration(pub String);
+
+/// Parses `250ms`, `30s`, `5m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
+    let t = text.trim();
+    let bad = || BadDuration(text.to_string());
+    let split = t.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    Ok(d)
+}
+
+/// Configuration of `serve` (every knob is documented in `docs/scheduler-extender.md`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on for kube-scheduler's requests.
+    #[arg(long, default_value = "0.0.0.0:8888")]
+    pub listen: SocketAddr,
+    /// Path prefix of the verbs (the `urlPrefix` path in the scheduler configuration).
+    #[arg(long, default_value = "/scheduler")]
+    pub url_prefix: String,
+    /// Placement policy: vgpu (default), fgd, bestfit, gpupacking, spread, random.
+    #[arg(long, default_value = "vgpu")]
+    pub policy: PolicyName,
+    /// How long a bound pod's assumption is kept waiting for the watch to show it.
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub assume_ttl: Duration,
+    /// How long a pod's request seen by filter is remembered for its bind.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub pending_ttl: Duration,
+    /// Page size of the initial lists of nodes and pods.
+    #[arg(long, default_value_t = 500)]
+    pub page_size: u32,
+}
+
+impl ServeArgs {
+    /// The state configuration these arguments give.
+    #[must_use]
+    pub fn state_config(&self) -> StateConfig {
+        StateConfig {
+            assume_ttl: self.assume_ttl,
+            pending_ttl: self.pending_ttl,
+        }
+    }
+}
+
+/// Starts the watches and the HTTP server with this client; runs until
+/// `shutdown` resolves. Returns the state (for tests).
+pub async fn run_with_client(
+    client: kube::Client,
+    args: &ServeArgs,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    let state = Arc::new(State::new(
+        args.state_config(),
+        ExtenderPolicy::new(args.policy),
+    ));
+    let sync_task = tokio::spawn(sync::run(
+        client.clone(),
+        state.clone(),
+        SyncConfig {
+            page_size: args.page_size,
+            ..SyncConfig::default()
+        },
+    ));
+    let extender = Extender::new(state, Arc::new(KubeBinder::new(client)));
+    let result = serve_on(listener, router(extender, &args.url_prefix), shutdown)
+        .await
+        .map_err(|source| ServeError::Serve { addr, source });
+    sync_task.abort();
+    result
+}
+
+/// `serve`: in-cluster (or KUBECONFIG) client, listen, run until SIGINT/SIGTERM.
+pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(ServeError::KubeConfig)?;
+    let client = kube::Client::try_from(config).map_err(ServeError::KubeClient)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    run_with_client(client, &args, listener, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_bad_ones_name_the_input() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "5", "5 s", "-1s", "1d"] {
+            let e = parse_duration(bad).expect_err(bad);
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+}

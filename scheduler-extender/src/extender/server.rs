@@ -1,0 +1,279 @@
+//! The HTTP side: kube-scheduler POSTs JSON to `urlPrefix/<verb>`.
+//!
+//! Each verb has a byte-level handler ([`Extender::filter`],
+//! [`Extender::prioritize`], [`Extender::bind`]) that takes the request body and
+//! returns the status and body to send; the axum router only moves bytes. This
+//! keeps the protocol testable and measurable without sockets.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State as AxumState;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tracing::{debug, info, warn};
+
+use super::binder::{Binder, outcome_uncertain};
+use super::error::{ExtenderError, Verb, error_response};
+use super::state::{Candidates, State};
+use super::types::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeList,
+};
+
+/// The extender: decisions over [`State`], writes through a [`Binder`].
+#[derive(Debug, Clone)]
+pub struct Extender {
+    state: Arc<State>,
+    binder: Arc<dyn Binder>,
+}
+
+/// A status and a JSON (or, for some errors, plain text) body.
+pub type Answer = (StatusCode, Vec<u8>);
+
+fn json_answer<T: serde::Serialize>(verb: Verb, value: &T) -> Answer {
+    match serde_json::to_vec(value) {
+        Ok(body) => (StatusCode::OK, body),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("serialise {verb} answer: {e}").into_bytes(),
+        ),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(verb: Verb, body: &[u8]) -> Result<T, ExtenderError> {
+    serde_json::from_slice(body).map_err(|source| ExtenderError::BadRequest { verb, source })
+}
+
+impl Extender {
+    /// An extender over `state` that binds through `binder`.
+    pub fn new(state: Arc<State>, binder: Arc<dyn Binder>) -> Self {
+        Self { state, binder }
+    }
+
+    /// The state it decides on.
+    #[must_use]
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// Answers a filter request body.
+    #[must_use]
+    pub fn filter(&self, body: &[u8]) -> Answer {
+        match self.try_filter(body) {
+            Ok(result) => json_answer(Verb::Filter, &result),
+            Err(e) => {
+                warn!(error = %super::error::error_chain(&e), "filter failed");
+                error_response(Verb::Filter, &e)
+            }
+        }
+    }
+
+    fn try_filter(&self, body: &[u8]) -> Result<ExtenderFilterResult, ExtenderError> {
+        let args: ExtenderArgs = parse(Verb::Filter, body)?;
+        let pod = args
+            .pod
+            .as_ref()
+            .ok_or(ExtenderError::MissingPod { verb: Verb::Filter })?;
+        let candidates = Candidates::from_args(&args);
+        let outcome = self.state.filter(pod, &candidates)?;
+        debug!(
+            feasible = outcome.feasible.len(),
+            failed = outcome.failed.len() + outcome.unresolvable.len(),
+            "filter"
+        );
+        // Answer in the form of the request: names for names, objects for objects.
+        let (nodes, node_names) = match args.nodes {
+            Some(list) if args.node_names.is_none() => {
+                let mut keep = vec![false; list.items.len()];
+                for &i in &outcome.feasible {
+                    keep[i] = true;
+                }
+                let items = list
+                    .items
+                    .into_iter()
+                    .zip(keep)
+                    .filter_map(|(node, k)| k.then_some(node))
+                    .collect();
+                (
+                    Some(NodeList {
+                        metadata: list.metadata,
+                        items,
+                    }),
+                    None,
+                )
+            }
+            _ => (
+                None,
+                Some(
+                    outcome
+                        .feasible
+                        .iter()
+                        .map(|&i| candidates.names[i].to_string())
+                        .collect(),
+                ),
+            ),
+        };
+        Ok(ExtenderFilterResult {
+            nodes,
+            node_names,
+            failed_nodes: outcome.failed,
+            failed_and_unresolvable_nodes: outcome.unresolvable,
+            error: String::new(),
+        })
+    }
+
+    /// Answers a prioritize request body.
+    #[must_use]
+    pub fn prioritize(&self, body: &[u8]) -> Answer {
+        let result = parse::<ExtenderArgs>(Verb::Prioritize, body).and_then(|args| {
+            let pod = args.pod.as_ref().ok_or(ExtenderError::MissingPod {
+                verb: Verb::Prioritize,
+            })?;
+            self.state.prioritize(pod, &Candidates::from_args(&args))
+        });
+        match result {
+            Ok(list) => json_answer(Verb::Prioritize, &list),
+            Err(e) => {
+                warn!(error = %super::error::error_chain(&e), "prioritize failed");
+                error_response(Verb::Prioritize, &e)
+            }
+        }
+    }
+
+    /// Answers a bind request body: decide the GPUs against the live ledger
+    /// (atomically, as an assumption), write the assignment and the Binding,
+    /// then confirm or release the assumption.
+    pub async fn bind(&self, body: &[u8]) -> Answer {
+        match self.try_bind(body).await {
+            Ok(()) => json_answer(Verb::Bind, &ExtenderBindingResult::default()),
+            Err(e) => {
+                warn!(error = %super::error::error_chain(&e), "bind failed");
+                error_response(Verb::Bind, &e)
+            }
+        }
+    }
+
+    async fn try_bind(&self, body: &[u8]) -> Result<(), ExtenderError> {
+        let args: ExtenderBindingArgs = parse(Verb::Bind, body)?;
+        let plan = self.state.begin_bind(&args)?;
+        match self.binder.bind(&plan).await {
+            Ok(()) => {
+                self.state.finish_bind(&plan.uid);
+                info!(pod = %plan.pod_key(), node = %plan.node, assignment = %plan.assignment_json, "bound");
+                Ok(())
+            }
+            Err(e) => {
+                let uncertain = outcome_uncertain(&e);
+                self.state.abort_bind(&plan.uid, uncertain);
+                Err(e)
+            }
+        }
+    }
+
+    /// Answers a preempt request body: of the nodes and victims kube-scheduler
+    /// proposes, keeps the nodes where evicting the victims frees enough GPU.
+    #[must_use]
+    pub fn preempt(&self, body: &[u8]) -> Answer {
+        let result = parse::<ExtenderPreemptionArgs>(Verb::Preempt, body).and_then(|args| {
+            let pod = args.pod.as_ref().ok_or(ExtenderError::MissingPod {
+                verb: Verb::Preempt,
+            })?;
+            let map = self.state.preempt(pod, &args)?;
+            Ok(ExtenderPreemptionResult {
+                node_name_to_meta_victims: map,
+            })
+        });
+        match result {
+            Ok(r) => json_answer(Verb::Preempt, &r),
+            Err(e) => {
+                warn!(error = %super::error::error_chain(&e), "preempt failed");
+                error_response(Verb::Preempt, &e)
+            }
+        }
+    }
+}
+
+fn to_response((status, body): Answer) -> Response {
+    let content_type = if status == StatusCode::OK || body.first() == Some(&b'{') {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn filter_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
+    // Decisions are CPU work under a lock; keep them off the I/O threads' fast path.
+    let answer = tokio::task::spawn_blocking(move || ext.filter(&body))
+        .await
+        .unwrap_or_else(|e| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("filter task: {e}").into_bytes(),
+            )
+        });
+    to_response(answer)
+}
+
+async fn prioritize_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
+    let answer = tokio::task::spawn_blocking(move || ext.prioritize(&body))
+        .await
+        .unwrap_or_else(|e| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("prioritize task: {e}").into_bytes(),
+            )
+        });
+    to_response(answer)
+}
+
+async fn bind_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
+    to_response(ext.bind(&body).await)
+}
+
+async fn preempt_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
+    to_response(ext.preempt(&body))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(AxumState(ext): AxumState<Extender>) -> Response {
+    if ext.state.is_synced() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not synced").into_response()
+    }
+}
+
+/// The router: `POST {url_prefix}/{filter,prioritize,bind,preempt}`, plus
+/// `GET /healthz` (alive) and `GET /readyz` (state synced).
+pub fn router(extender: Extender, url_prefix: &str) -> Router {
+    let prefix = url_prefix.trim_end_matches('/');
+    Router::new()
+        .route(&format!("{prefix}/filter"), post(filter_route))
+        .route(&format!("{prefix}/prioritize"), post(prioritize_route))
+        .route(&format!("{prefix}/bind"), post(bind_route))
+        .route(&format!("{prefix}/preempt"), post(preempt_route))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(extender)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    info!(?addr, "extender listening");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,1140 @@
+//! The extender's live state: nodes' GPUs, pods' assignments, bind assumptions,
+//! and the [`Ledger`] derived from them.
+//!
+//! Sources of truth, in order:
+//! 1. **Pods from the API server** (watch). A pod counts when it is not terminal
+//!    (`Succeeded`/`Failed`), carries a valid `vgpu.io/assignment` record, and is
+//!    bound to the node the record names. Its grants are exactly the record's.
+//! 2. **Assumptions** made by bind, for pods whose record or Binding the watch has
+//!    not shown yet. One is created atomically with the decision (under the write
+//!    lock, against the ledger that already holds every other assumption), so two
+//!    binds can never take the same GPU share. It lives while its bind is in
+//!    flight, then until the watch confirms the pod, the pod is deleted or ends, or
+//!    its TTL runs out.
+//! 3. **Nodes' inventories** (watch), from the device plugin's annotation
+//!    [`ANNOTATION_GPU_INVENTORY`].
+//!
+//! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
+//! else from its live assumption. A node change rebuilds it; a pod change updates
+//! only that pod's entry. A restarted extender therefore rebuilds exactly the
+//! same ledger from the API objects, less only the assumptions of binds that
+//! never reached the API server.
+//!
+//! Filter and prioritize read under a shared lock; bind and watch events write
+//! under the exclusive lock. Requests seen by filter are kept for a short TTL so
+//! that bind (whose request carries only the pod's name and UID) knows what the
+//! pod asks for without another API call.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tracing::{debug, info, warn};
+use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
+use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, Placement, Reject, Task};
+use vgpu_core::resources::{
+    ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
+    GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
+};
+
+use super::binder::BindPlan;
+use super::error::ExtenderError;
+use super::policy::ExtenderPolicy;
+use super::sync::WatchKind;
+use super::types::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, FailedNodesMap, HostPriority,
+    HostPriorityList, MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
+};
+
+/// Settings of the state.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// How long a bind's assumption outlives its bind without the watch
+    /// confirming the pod (and how long an uncertain failed bind keeps its GPUs).
+    pub assume_ttl: Duration,
+    /// How long a pod's request seen by filter is remembered for its bind.
+    pub pending_ttl: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            assume_ttl: Duration::from_secs(300),
+            pending_ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The candidate nodes of a filter or prioritize request, by name, in request order.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates<'a> {
+    /// Node names.
+    pub names: Vec<&'a str>,
+}
+
+impl<'a> Candidates<'a> {
+    /// Names from `NodeNames` (node cache on) or from the `Nodes` objects (off).
+    #[must_use]
+    pub fn from_args(args: &'a ExtenderArgs) -> Self {
+        let names = match (&args.node_names, &args.nodes) {
+            (Some(names), _) => names.iter().map(String::as_str).collect(),
+            (None, Some(list)) => list
+                .items
+                .iter()
+                .map(|n| n.metadata.name.as_deref().unwrap_or(""))
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        Self { names }
+    }
+}
+
+/// The verdict of filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilterOutcome {
+    /// Indices (into the candidates) of feasible nodes, in request order.
+    pub feasible: Vec<usize>,
+    /// Nodes that lack free GPU now (preemption could help), with the reason.
+    pub failed: FailedNodesMap,
+    /// Nodes that can never take the pod as they are (no inventory, wrong model,
+    /// too few GPUs), with the reason.
+    pub unresolvable: FailedNodesMap,
+}
+
+/// A pod as the watch shows it, reduced to what the ledger needs.
+#[derive(Debug, Clone)]
+struct PodEntry {
+    key: String,
+    node_name: Option<String>,
+    terminal: bool,
+    /// The parsed GPU request (`None`: asks for no vgpu resource).
+    request: Result<Option<PodGpuRequest>, String>,
+    /// The valid assignment record, if any.
+    assignment: Option<Assignment>,
+}
+
+impl PodEntry {
+    /// Whether the API objects alone say this pod holds GPUs.
+    fn counted(&self) -> Option<&Assignment> {
+        let a = self.assignment.as_ref()?;
+        (!self.terminal && self.node_name.as_deref() == Some(a.node.as_str())).then_some(a)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AssumeState {
+    /// The bind's API calls are in progress; never expires by time.
+    InFlight,
+    /// The bind returned (success, or a failure that may have taken effect);
+    /// held until the watch confirms or `until`.
+    Held { until: Instant },
+}
+
+#[derive(Debug, Clone)]
+struct Assumption {
+    key: String,
+    node: String,
+    task: Task,
+    placement_grants: Vec<Vec<Grant>>,
+    assignment: Assignment,
+    state: AssumeState,
+}
+
+#[derive(Debug, Clone)]
+struct NodeEntry {
+    /// The node's GPUs, or why it has none we can use.
+    spec: Result<NodeSpec, String>,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    request: PodGpuRequest,
+    until: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    nodes_synced: bool,
+    pods_synced: bool,
+    nodes: HashMap<String, NodeEntry>,
+    pods: HashMap<String, PodEntry>,
+    assumptions: HashMap<String, Assumption>,
+    ledger: Ledger,
+    /// Pods whose recorded grants do not fit their node's ledger (should never
+    /// happen; a sign of an inventory change or a foreign writer). Their node is
+    /// refused until it clears, so that nothing is placed on top of them.
+    conflicts: HashMap<String, (String, String)>,
+}
+
+/// Counters for tests, benchmarks and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Nodes known (with or without a usable inventory).
+    pub nodes: usize,
+    /// Pods known with GPU requests or assignments.
+    pub pods: usize,
+    /// Pods in the ledger.
+    pub placed: usize,
+    /// Live assumptions.
+    pub assumptions: usize,
+    /// Pods whose records conflict with the ledger.
+    pub conflicts: usize,
+}
+
+/// The extender's state. See the module documentation.
+#[derive(Debug)]
+pub struct State {
+    inner: RwLock<Inner>,
+    pending: Mutex<HashMap<String, Pending>>,
+    config: StateConfig,
+    policy: ExtenderPolicy,
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Reads a pod's GPU request (init containers first, then app containers;
+/// requests, falling back to limits as the API server defaults them).
+pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
+    let bad = |reason: String| ExtenderError::BadPodRequest {
+        pod: pod_key(pod),
+        reason,
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(PodGpuRequest::default());
+    };
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter());
+    let mut requests: Vec<(&str, BTreeMap<String, String>)> = Vec::new();
+    for c in containers {
+        let res = c.resources.as_ref();
+        let mut map: BTreeMap<String, String> = BTreeMap::new();
+        if let Some(limits) = res.and_then(|r| r.limits.as_ref()) {
+            for (k, v) in limits {
+                map.insert(k.clone(), v.0.clone());
+            }
+        }
+        if let Some(reqs) = res.and_then(|r| r.requests.as_ref()) {
+            for (k, v) in reqs {
+                map.insert(k.clone(), v.0.clone());
+            }
+        }
+        requests.push((c.name.as_str(), map));
+    }
+    let empty = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    parse_pod_request(requests.iter().map(|(n, m)| (*n, m)), annotations)
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// The ledger task for a pod request: GPU demands only (CPU and memory are
+/// kube-scheduler's in production).
+fn task_of(request: &PodGpuRequest) -> Task {
+    Task {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpus: request.containers.iter().map(|c| c.demand).collect(),
+        models: request.models.clone(),
+    }
+}
+
+/// A node's ledger spec from its Node object.
+fn node_spec(node: &Node) -> Result<NodeSpec, String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let Some(text) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_GPU_INVENTORY))
+    else {
+        return Err(format!(
+            "no vgpu GPU inventory (annotation {ANNOTATION_GPU_INVENTORY} not set by the device plugin)"
+        ));
+    };
+    let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
+    let advertised = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(RESOURCE_GPU))
+        .map(|q| q.0.as_str());
+    if matches!(advertised, None | Some("0")) {
+        return Err(format!(
+            "node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)"
+        ));
+    }
+    // An unhealthy GPU keeps its index (pods already on it stay accounted) but
+    // its model is marked, so that `effective_task` keeps new pods off it.
+    Ok(NodeSpec {
+        name,
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpus: inventory
+            .gpus
+            .iter()
+            .map(|g| GpuSpec {
+                uuid: g.uuid.clone(),
+                model: if g.healthy {
+                    g.model.clone()
+                } else {
+                    format!("{UNHEALTHY_PREFIX}{}", g.model)
+                },
+                memory_mib: g.memory_mib,
+            })
+            .collect(),
+    })
+}
+
+/// Model-name prefix that marks an unhealthy GPU inside the ledger.
+const UNHEALTHY_PREFIX: &str = "unhealthy:";
+
+/// The task as the ledger must see it: unhealthy GPUs (model prefixed with
+/// [`UNHEALTHY_PREFIX`]) are excluded by the model constraint.
+fn effective_task(task: &Task, node: &NodeSpec) -> Task {
+    if !node
+        .gpus
+        .iter()
+        .any(|g| g.model.starts_with(UNHEALTHY_PREFIX))
+    {
+        return task.clone();
+    }
+    let mut t = task.clone();
+    let healthy: Vec<String> = node
+        .gpus
+        .iter()
+        .filter(|g| !g.model.starts_with(UNHEALTHY_PREFIX) && task.models.allows(&g.model))
+        .map(|g| g.model.clone())
+        .collect();
+    // An allow-list of the healthy allowed models; if none is left, a model that
+    // no GPU has, so the node is rejected with the model reason.
+    t.models.allowed = if healthy.is_empty() {
+        vec![format!("{UNHEALTHY_PREFIX}none-healthy")]
+    } else {
+        healthy
+    };
+    t
+}
+
+/// A pod's assignment annotation, if valid and present.
+fn assignment_of(pod: &Pod) -> Option<Assignment> {
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_ASSIGNMENT)?;
+    match Assignment::from_json(text) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            warn!(pod = %pod_key(pod), error = %super::error::error_chain(&e), "ignoring unreadable assignment");
+            None
+        }
+    }
+}
+
+fn pod_entry(pod: &Pod) -> Option<(String, PodEntry)> {
+    let uid = pod.metadata.uid.clone()?;
+    let request = match pod_request(pod) {
+        Ok(r) if r.is_empty() => Ok(None),
+        Ok(r) => Ok(Some(r)),
+        Err(e) => Err(super::error::error_chain(&e)),
+    };
+    let assignment = assignment_of(pod);
+    if matches!(request, Ok(None)) && assignment.is_none() {
+        return None;
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    Some((
+        uid,
+        PodEntry {
+            key: pod_key(pod),
+            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            request,
+            assignment,
+        },
+    ))
+}
+
+/// Ledger placement and task from an assignment record on `node`.
+fn placement_from_assignment(
+    node_index: usize,
+    spec: &NodeSpec,
+    a: &Assignment,
+) -> Result<(Task, Placement), String> {
+    let mut gpus = Vec::with_capacity(a.containers.len());
+    let mut containers = Vec::with_capacity(a.containers.len());
+    for c in &a.containers {
+        let mut grants = Vec::with_capacity(c.gpus.len());
+        for g in &c.gpus {
+            let Some(i) = spec.gpus.iter().position(|s| s.uuid == g.uuid) else {
+                return Err(format!("GPU {} is not in the node's inventory", g.uuid));
+            };
+            grants.push(Grant {
+                gpu: u16::try_from(i).map_err(|_| "GPU index out of range".to_string())?,
+                milli: g.compute_milli,
+                memory_mib: g.memory_mib,
+                slices: g.slices,
+            });
+        }
+        let count = u32::try_from(grants.len()).map_err(|_| "too many GPUs".to_string())?;
+        gpus.push(GpuDemand {
+            count,
+            compute_milli: grants.iter().map(|g| g.milli).min().unwrap_or(0),
+            memory: MemoryDemand::Mib(grants.iter().map(|g| g.memory_mib).min().unwrap_or(0)),
+            slices: grants.iter().map(|g| g.slices).min().unwrap_or(0),
+        });
+        containers.push(grants);
+    }
+    let task = Task {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpus,
+        models: Default::default(),
+    };
+    Ok((
+        task,
+        Placement {
+            node: node_index,
+            containers,
+        },
+    ))
+}
+
+/// Classifies a rejection: can preemption (freeing GPU shares) help?
+fn resolvable(reject: &Reject) -> bool {
+    matches!(
+        reject,
+        Reject::Cpu { .. }
+            | Reject::Memory { .. }
+            | Reject::WholeGpus { .. }
+            | Reject::GpuCompute { .. }
+            | Reject::GpuMemory { .. }
+            | Reject::GpuSlices { .. }
+    )
+}
+
+impl Inner {
+    fn synced(&self) -> bool {
+        self.nodes_synced && self.pods_synced
+    }
+
+    /// What the ledger should hold for `uid`: the pod's record if it counts,
+    /// else its live assumption.
+    fn desired(&self, uid: &str) -> Option<(String, Task, Placement)> {
+        if let Some(pod) = self.pods.get(uid) {
+            if pod.terminal {
+                return None;
+            }
+            if let Some(a) = pod.counted() {
+                let node = self.ledger.node_index(&a.node)?;
+                let spec = &self.ledger.node(node).spec;
+                return match placement_from_assignment(node, spec, a) {
+                    Ok((task, placement)) => Some((a.node.clone(), task, placement)),
+                    Err(reason) => {
+                        warn!(pod = %pod.key, node = %a.node, %reason, "assignment does not match the node");
+                        None
+                    }
+                };
+            }
+        }
+        let a = self.assumptions.get(uid)?;
+        let node = self.ledger.node_index(&a.node)?;
+        Some((
+            a.node.clone(),
+            a.task.clone(),
+            Placement {
+                node,
+                containers: a.placement_grants.clone(),
+            },
+        ))
+    }
+
+    /// Brings the ledger entry of `uid` in line with [`Inner::desired`].
+    fn reconcile(&mut self, uid: &str) {
+        let want = self.desired(uid);
+        let have = self.ledger.placement(uid).cloned();
+        if let (Some((_, _, w)), Some(h)) = (&want, &have) {
+            if w == h {
+                return;
+            }
+        }
+        if have.is_some() {
+            let _ = self.ledger.release(uid);
+        }
+        self.conflicts.remove(uid);
+        if let Some((node, task, placement)) = want {
+            if let Err(e) = self.ledger.commit(uid, &task, placement) {
+                let key = self
+                    .pods
+                    .get(uid)
+                    .map(|p| p.key.clone())
+                    .or_else(|| self.assumptions.get(uid).map(|a| a.key.clone()))
+                    .unwrap_or_default();
+                warn!(pod = %key, %node, error = %e, "recorded assignment conflicts with the ledger; node refused until it clears");
+                self.conflicts
+                    .insert(uid.to_string(), (node, e.to_string()));
+            }
+        }
+    }
+
+    /// Rebuilds the ledger from the nodes, pods and assumptions.
+    fn rebuild(&mut self) {
+        let mut names: Vec<&String> = self.nodes.keys().collect();
+        names.sort();
+        let mut ledger = Ledger::new();
+        for name in names {
+            if let Ok(spec) = &self.nodes[name].spec {
+                if ledger.add_node(spec.clone()).is_err() {
+                    warn!(node = %name, "duplicate node in rebuild");
+                }
+            }
+        }
+        self.ledger = ledger;
+        self.conflicts.clear();
+        let mut uids: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.counted().is_some())
+            .map(|(u, _)| u.clone())
+            .chain(self.assumptions.keys().cloned())
+            .collect();
+        uids.sort();
+        uids.dedup();
+        for uid in uids {
+            self.reconcile(&uid);
+        }
+    }
+
+    /// The tasks of every pod the ledger holds (the workload the policy adapts to).
+    fn workload(&self) -> Vec<Task> {
+        let mut uids: Vec<&String> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.counted().is_some())
+            .map(|(u, _)| u)
+            .chain(self.assumptions.keys())
+            .collect();
+        uids.sort();
+        uids.dedup();
+        uids.into_iter()
+            .filter_map(|u| self.desired(u).map(|(_, task, _)| task))
+            .collect()
+    }
+
+    fn conflict_on(&self, node: &str) -> Option<String> {
+        self.conflicts
+            .values()
+            .find(|(n, _)| n == node)
+            .map(|(_, reason)| format!("ledger conflict: {reason}"))
+    }
+
+    /// The precise verdict for one node.
+    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
+        let Some(entry) = self.nodes.get(name) else {
+            return Err((
+                false,
+                "node not known to the extender (not in its node watch)".into(),
+            ));
+        };
+        if let Err(reason) = &entry.spec {
+            return Err((false, reason.clone()));
+        }
+        if let Some(reason) = self.conflict_on(name) {
+            return Err((false, reason));
+        }
+        let Some(i) = self.ledger.node_index(name) else {
+            return Err((false, "node not in the ledger".into()));
+        };
+        let node = self.ledger.node(i);
+        let task = effective_task(task, &node.spec);
+        node.fit(&task)
+            .map(|_| ())
+            .map_err(|r| (resolvable(&r), r.to_string()))
+    }
+}
+
+impl State {
+    /// An empty, unsynced state deciding with `policy`.
+    #[must_use]
+    pub fn new(config: StateConfig, policy: ExtenderPolicy) -> Self {
+        Self {
+            inner: RwLock::new(Inner::default()),
+            pending: Mutex::new(HashMap::new()),
+            config,
+            policy,
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Rebuilds the ledger and restarts the policy over it.
+    fn rebuild(&self, inner: &mut Inner) {
+        inner.rebuild();
+        self.refresh_policy(inner);
+    }
+
+    /// Restarts the policy with the typical tasks of the current workload.
+    fn refresh_policy(&self, inner: &Inner) {
+        let workload = inner.workload();
+        let tasks: Vec<&Task> = workload.iter().collect();
+        self.policy.reset(&inner.ledger, &tasks);
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether both watches have completed their first list.
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        self.read().synced()
+    }
+
+    /// Marks one watch's first list as complete.
+    pub fn mark_synced(&self, kind: WatchKind) {
+        let mut inner = self.write();
+        match kind {
+            WatchKind::Nodes => inner.nodes_synced = true,
+            WatchKind::Pods => inner.pods_synced = true,
+        }
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> StateStats {
+        let inner = self.read();
+        StateStats {
+            nodes: inner.nodes.len(),
+            pods: inner.pods.len(),
+            placed: inner.ledger.pod_count(),
+            assumptions: inner.assumptions.len(),
+            conflicts: inner.conflicts.len(),
+        }
+    }
+
+    /// Free compute (milli-GPU) per GPU of a node, by device index, as the ledger sees it.
+    #[must_use]
+    pub fn gpu_milli_free(&self, node: &str) -> Option<Vec<u32>> {
+        let inner = self.read();
+        let i = inner.ledger.node_index(node)?;
+        Some(inner.ledger.node(i).gpus.iter().map(|g| g.milli).collect())
+    }
+
+    /// Replaces every node (end of a list).
+    pub fn replace_nodes(&self, nodes: &[Node]) {
+        let mut inner = self.write();
+        inner.nodes = nodes
+            .iter()
+            .filter_map(|n| {
+                let name = n.metadata.name.clone()?;
+                Some((name, NodeEntry { spec: node_spec(n) }))
+            })
+            .collect();
+        self.rebuild(&mut inner);
+    }
+
+    /// One node added or changed. The ledger is rebuilt only if its GPUs changed.
+    pub fn apply_node(&self, node: &Node) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        let spec = node_spec(node);
+        let mut inner = self.write();
+        let same = inner.nodes.get(&name).is_some_and(|e| e.spec == spec);
+        if same {
+            return;
+        }
+        debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
+        inner.nodes.insert(name, NodeEntry { spec });
+        self.rebuild(&mut inner);
+    }
+
+    /// One node deleted.
+    pub fn delete_node(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let mut inner = self.write();
+        if inner.nodes.remove(name).is_some() {
+            self.rebuild(&mut inner);
+        }
+    }
+
+    /// Replaces every pod (end of a list). Assumptions are kept: they stand for
+    /// binds the list may predate.
+    pub fn replace_pods(&self, pods: &[Pod]) {
+        let mut inner = self.write();
+        inner.pods = pods.iter().filter_map(pod_entry).collect();
+        // A pod an assumption was made for that the list shows as terminal is done.
+        let done: Vec<String> = inner
+            .assumptions
+            .keys()
+            .filter(|uid| {
+                inner
+                    .pods
+                    .get(*uid)
+                    .is_some_and(|p| p.terminal || p.counted().is_some())
+            })
+            .cloned()
+            .collect();
+        for uid in done {
+            inner.assumptions.remove(&uid);
+        }
+        self.rebuild(&mut inner);
+        info!(
+            pods = inner.pods.len(),
+            placed = inner.ledger.pod_count(),
+            "pods replaced"
+        );
+    }
+
+    /// One pod added or changed.
+    pub fn apply_pod(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let entry = pod_entry(pod);
+        let mut inner = self.write();
+        match entry {
+            Some((_, e)) => {
+                if e.terminal || e.counted().is_some() {
+                    if let Some(a) = inner.assumptions.get(&uid) {
+                        if a.state != AssumeState::InFlight || e.terminal {
+                            inner.assumptions.remove(&uid);
+                        }
+                    }
+                }
+                inner.pods.insert(uid.clone(), e);
+            }
+            None => {
+                inner.pods.remove(&uid);
+            }
+        }
+        inner.reconcile(&uid);
+        drop(inner);
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+        {
+            self.pending().remove(&uid);
+        }
+    }
+
+    /// One pod deleted: its GPUs, assumption and pending request are released.
+    pub fn delete_pod(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let mut inner = self.write();
+        inner.pods.remove(&uid);
+        inner.assumptions.remove(&uid);
+        inner.reconcile(&uid);
+        drop(inner);
+        self.pending().remove(&uid);
+    }
+
+    /// Drops assumptions and pending requests whose TTL has run out.
+    pub fn expire_now(&self) {
+        let now = Instant::now();
+        {
+            let mut inner = self.write();
+            let expired: Vec<String> = inner
+                .assumptions
+                .iter()
+                .filter(|(_, a)| matches!(a.state, AssumeState::Held { until } if until <= now))
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            for uid in expired {
+                if let Some(a) = inner.assumptions.remove(&uid) {
+                    info!(pod = %a.key, node = %a.node, "assumption expired without the watch confirming the pod");
+                }
+                inner.reconcile(&uid);
+            }
+            if self.policy.stale(inner.ledger.pod_count()) {
+                self.refresh_policy(&inner);
+            }
+        }
+        self.pending().retain(|_, p| p.until > now);
+    }
+
+    fn request_for(&self, pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
+        let request = pod_request(pod)?;
+        if let Some(uid) = pod.metadata.uid.clone() {
+            self.pending().insert(
+                uid,
+                Pending {
+                    request: request.clone(),
+                    until: Instant::now() + self.config.pending_ttl,
+                },
+            );
+        }
+        Ok(request)
+    }
+
+    /// Filter: every feasible candidate, and a precise reason for each other one.
+    pub fn filter(
+        &self,
+        pod: &Pod,
+        candidates: &Candidates<'_>,
+    ) -> Result<FilterOutcome, ExtenderError> {
+        let request = self.request_for(pod)?;
+        let inner = self.read();
+        if !inner.synced() {
+            return Err(ExtenderError::NotSynced);
+        }
+        let mut outcome = FilterOutcome::default();
+        if request.is_empty() {
+            outcome.feasible = (0..candidates.names.len()).collect();
+            return Ok(outcome);
+        }
+        let task = task_of(&request);
+        for (i, name) in candidates.names.iter().enumerate() {
+            match inner.verdict(name, &task) {
+                Ok(()) => outcome.feasible.push(i),
+                Err((true, reason)) => {
+                    outcome.failed.insert((*name).to_string(), reason);
+                }
+                Err((false, reason)) => {
+                    outcome.unresolvable.insert((*name).to_string(), reason);
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Prioritize: the policy's scores, mapped onto `0..=10` so that the best
+    /// node(s) get 10 and every other node at most 9, in proportion.
+    pub fn prioritize(
+        &self,
+        pod: &Pod,
+        candidates: &Candidates<'_>,
+    ) -> Result<HostPriorityList, ExtenderError> {
+        let request = self.request_for(pod)?;
+        let inner = self.read();
+        if !inner.synced() {
+            return Err(ExtenderError::NotSynced);
+        }
+        if request.is_empty() {
+            return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
+        }
+        let base = task_of(&request);
+        // Nodes that filter would reject score nothing; the others in one policy pass.
+        let mut tasks: Vec<Option<Task>> = Vec::with_capacity(candidates.names.len());
+        let nodes: Vec<Option<usize>> = candidates
+            .names
+            .iter()
+            .map(|name| {
+                let i = inner.ledger.node_index(name)?;
+                if inner.conflict_on(name).is_some() {
+                    return None;
+                }
+                Some(i)
+            })
+            .collect();
+        for n in &nodes {
+            tasks.push(n.map(|i| effective_task(&base, &inner.ledger.node(i).spec)));
+        }
+        let raw: Vec<Option<i64>> = if tasks.iter().flatten().all(|t| *t == base) {
+            self.policy.scores(&inner.ledger, &base, &nodes)
+        } else {
+            nodes
+                .iter()
+                .zip(&tasks)
+                .map(|(n, t)| {
+                    let (n, t) = ((*n)?, t.as_ref()?);
+                    self.policy.score(&inner.ledger, n, t).ok()
+                })
+                .collect()
+        };
+        Ok(normalise(candidates, &raw))
+    }
+
+    /// Bind, step 1 (atomic): decide the GPUs for the pod on `args.node` against
+    /// the live ledger and hold them as an assumption; returns what to write.
+    pub fn begin_bind(&self, args: &ExtenderBindingArgs) -> Result<BindPlan, ExtenderError> {
+        let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let pending = self.pending().get(&args.pod_uid).cloned();
+        let mut inner = self.write();
+        if !inner.synced() {
+            return Err(ExtenderError::NotSynced);
+        }
+        let plan = |a: &Assignment| BindPlan {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+            uid: args.pod_uid.clone(),
+            node: args.node.clone(),
+            assignment_json: a.to_json(),
+        };
+        // A retried bind to the same node reuses its decision (never decides twice).
+        if let Some(a) = inner.assumptions.get_mut(&args.pod_uid) {
+            if a.state == AssumeState::InFlight {
+                return Err(ExtenderError::BindInFlight { pod: key });
+            }
+            if a.node == args.node {
+                a.state = AssumeState::InFlight;
+                return Ok(plan(&a.assignment));
+            }
+        }
+        if let Some(a) = inner.pods.get(&args.pod_uid).and_then(PodEntry::counted) {
+            if a.node == args.node {
+                return Ok(plan(a));
+            }
+        }
+        let request = match pending {
+            Some(p) => p.request,
+            None => match inner.pods.get(&args.pod_uid).map(|p| p.request.clone()) {
+                Some(Ok(Some(r))) => r,
+                Some(Err(reason)) => return Err(ExtenderError::BadPodRequest { pod: key, reason }),
+                Some(Ok(None)) => PodGpuRequest::default(),
+                None => return Err(ExtenderError::UnknownPod { pod: key }),
+            },
+        };
+        // A different decision for this pod (another node) replaces the old one.
+        if inner.assumptions.remove(&args.pod_uid).is_some() {
+            inner.reconcile(&args.pod_uid);
+        }
+        let unknown = || ExtenderError::UnknownNode {
+            pod: key.clone(),
+            node: args.node.clone(),
+        };
+        let node_index = inner.ledger.node_index(&args.node).ok_or_else(unknown)?;
+        if let Some(reason) = inner.conflict_on(&args.node) {
+            return Err(ExtenderError::NoLongerFits {
+                pod: key,
+                node: args.node.clone(),
+                reason,
+            });
+        }
+        let spec = inner.ledger.node(node_index).spec.clone();
+        let task = effective_task(&task_of(&request), &spec);
+        let grants = self
+            .policy
+            .place(&inner.ledger, node_index, &task)
+            .map_err(|r| ExtenderError::NoLongerFits {
+                pod: key.clone(),
+                node: args.node.clone(),
+                reason: r.to_string(),
+            })?;
+        let assignment = Assignment {
+            version: ASSIGNMENT_VERSION,
+            node: args.node.clone(),
+            containers: request
+                .containers
+                .iter()
+                .zip(&grants)
+                .map(|(c, gs)| ContainerAssignment {
+                    name: c.name.clone(),
+                    gpus: gs
+                        .iter()
+                        .map(|g| GpuGrant {
+                            uuid: spec.gpus[usize::from(g.gpu)].uuid.clone(),
+                            compute_milli: g.milli,
+                            memory_mib: g.memory_mib,
+                            slices: g.slices,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        };
+        let placement = Placement {
+            node: node_index,
+            containers: grants.clone(),
+        };
+        // The commit re-checks every GPU: the decision and its reservation are one
+        // step under the write lock.
+        inner
+            .ledger
+            .commit(&args.pod_uid, &task, placement)
+            .map_err(|e| ExtenderError::NoLongerFits {
+                pod: key.clone(),
+                node: args.node.clone(),
+                reason: e.to_string(),
+            })?;
+        inner.assumptions.insert(
+            args.pod_uid.clone(),
+            Assumption {
+                key,
+                node: args.node.clone(),
+                task,
+                placement_grants: grants,
+                assignment: assignment.clone(),
+                state: AssumeState::InFlight,
+            },
+        );
+        Ok(plan(&assignment))
+    }
+
+    /// Bind, step 2 on success: hold the assumption until the watch confirms the
+    /// pod, or the TTL runs out.
+    pub fn finish_bind(&self, uid: &str) {
+        let mut inner = self.write();
+        let confirmed = inner.pods.get(uid).is_some_and(|p| p.counted().is_some());
+        if confirmed {
+            inner.assumptions.remove(uid);
+            inner.reconcile(uid);
+        } else if let Some(a) = inner.assumptions.get_mut(uid) {
+            a.state = AssumeState::Held {
+                until: Instant::now() + self.config.assume_ttl,
+            };
+        }
+    }
+
+    /// Bind, step 2 on failure: release the GPUs at once, or, if the failure may
+    /// have taken effect on the API server, hold them until the TTL.
+    pub fn abort_bind(&self, uid: &str, uncertain: bool) {
+        let mut inner = self.write();
+        if uncertain {
+            if let Some(a) = inner.assumptions.get_mut(uid) {
+                a.state = AssumeState::Held {
+                    until: Instant::now() + self.config.assume_ttl,
+                };
+            }
+        } else if inner.assumptions.remove(uid).is_some() {
+            inner.reconcile(uid);
+        }
+    }
+
+    /// Preempt: of the proposed nodes, those where evicting the victims frees
+    /// enough GPU for the pod (victims unchanged).
+    pub fn preempt(
+        &self,
+        pod: &Pod,
+        args: &ExtenderPreemptionArgs,
+    ) -> Result<BTreeMap<String, MetaVictims>, ExtenderError> {
+        let request = pod_request(pod)?;
+        let task = task_of(&request);
+        let inner = self.read();
+        if !inner.synced() {
+            return Err(ExtenderError::NotSynced);
+        }
+        let proposals: Vec<(String, Vec<String>, i64)> =
+            match (&args.node_name_to_meta_victims, &args.node_name_to_victims) {
+                (Some(meta), _) => meta
+                    .iter()
+                    .map(|(n, v)| {
+                        (
+                            n.clone(),
+                            v.pods.iter().map(|p| p.uid.clone()).collect(),
+                            v.num_pdb_violations,
+                        )
+                    })
+                    .collect(),
+                (None, Some(full)) => full
+                    .iter()
+                    .map(|(n, v)| {
+                        (
+                            n.clone(),
+                            v.pods
+                                .iter()
+                                .filter_map(|p| p.metadata.uid.clone())
+                                .collect(),
+                            v.num_pdb_violations,
+                        )
+                    })
+                    .collect(),
+                (None, None) => Vec::new(),
+            };
+        let mut out = BTreeMap::new();
+        for (name, victims, pdb) in proposals {
+            let Some(i) = inner.ledger.node_index(&name) else {
+                continue;
+            };
+            let mut node = inner.ledger.node(i).clone();
+            for uid in &victims {
+                if let Some(p) = inner.ledger.placement(uid) {
+                    for g in p.containers.iter().flatten() {
+                        let f = &mut node.gpus[usize::from(g.gpu)];
+                        f.milli += g.milli;
+                        f.memory_mib += g.memory_mib;
+                        f.slices += g.slices;
+                    }
+                }
+            }
+            let task = effective_task(&task, &node.spec);
+            if request.is_empty() || node.fit(&task).is_ok() {
+                out.insert(
+                    name,
+                    MetaVictims {
+                        pods: victims.into_iter().map(|uid| MetaPod { uid }).collect(),
+                        num_pdb_violations: pdb,
+                    },
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Maps raw policy scores (higher is better; `None`: does not fit) onto `0..=10`:
+/// the best node(s) get 10, the others `9 * (s - min) / (max - min)`, rounded
+/// down, and nodes that do not fit 0.
+fn normalise(candidates: &Candidates<'_>, raw: &[Option<i64>]) -> HostPriorityList {
+    let present = raw.iter().flatten();
+    let max = present.clone().max().copied();
+    let min = present.min().copied();
+    candidates
+        .names
+        .iter()
+        .zip(raw)
+        .map(|(name, s)| {
+            let score = match (s, min, max) {
+                (Some(s), Some(lo), Some(hi)) => {
+                    if *s == hi {
+                        MAX_EXTENDER_PRIORITY
+                    } else {
+                        let span = i128::from(hi) - i128::from(lo);
+                        let v = (i128::from(*s) - i128::from(lo))
+                            * i128::from(MAX_EXTENDER_PRIORITY - 1)
+                            / span.max(1);
+                        i64::try_from(v).unwrap_or(0)
+                    }
+                }
+                _ => 0,
+            };
+            HostPriority {
+                host: (*name).to_string(),
+                score,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalise_gives_the_best_ten_and_others_less() {
+        let names = Candidates {
+            names: vec!["a", "b", "c", "d"],
+        };
+        let list = normalise(&names, &[Some(50), Some(100), Some(99), None]);
+        let scores: Vec<i64> = list.iter().map(|h| h.score).collect();
+        assert_eq!(scores, vec![0, 10, 8, 0]);
+        let all_equal = normalise(&names, &[Some(3), Some(3), Some(3), Some(3)]);
+        assert!(all_equal.iter().all(|h| h.score == 10));
+    }
+}

@@ -1,0 +1,545 @@
+//! A scripted fake Kubernetes API server speaking real HTTP JSON.
+//!
+//! It serves exactly what the extender's kube-rs side uses: list and watch of
+//! Nodes and Pods (newline-delimited watch events, resource versions), merge
+//! patches of a pod, and the `pods/binding` subresource. Every request is
+//! recorded; tests wait for calls with a deadline, so a call that never comes
+//! fails the test fast instead of hanging it. Failures can be scripted.
+
+#![allow(dead_code)] // each test binary uses a different part of the fake
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+/// One recorded request.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// HTTP method.
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Request body as JSON (`Null` when empty).
+    pub body: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Node,
+    Pod,
+}
+
+#[derive(Debug, Clone)]
+struct WatchEvent {
+    rv: u64,
+    kind: Kind,
+    kind_event: &'static str,
+    object: Value,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rv: u64,
+    nodes: BTreeMap<String, Value>,
+    pods: BTreeMap<(String, String), Value>,
+    log: Vec<WatchEvent>,
+    calls: Vec<Call>,
+    /// Status codes to answer the next binding POSTs with, instead of binding.
+    binding_failures: Vec<u16>,
+    /// Status codes to answer the next pod PATCHes with, instead of patching.
+    patch_failures: Vec<u16>,
+    /// Delay before answering a binding POST.
+    binding_delay: Duration,
+}
+
+/// Handle to a running fake API server.
+#[derive(Debug, Clone)]
+pub struct FakeApi {
+    inner: Arc<Mutex<Inner>>,
+    changed: broadcast::Sender<()>,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    inner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl FakeApi {
+    /// Starts a fake on an ephemeral loopback port.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (changed, _) = broadcast::channel(1024);
+        let fake = FakeApi {
+            inner: Arc::new(Mutex::new(Inner::default())),
+            changed,
+            addr,
+        };
+        let app = Router::new()
+            .route("/api/v1/nodes", get(list_or_watch_nodes))
+            .route("/api/v1/pods", get(list_or_watch_pods))
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}",
+                get(get_pod).patch(patch_pod),
+            )
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/binding",
+                post(create_binding),
+            )
+            .with_state(fake.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        fake
+    }
+
+    /// A kube client pointed at this fake.
+    pub fn client(&self) -> kube::Client {
+        let url: hyper::Uri = format!("http://{}", self.addr).parse().expect("valid uri");
+        let mut config = kube::Config::new(url);
+        config.read_timeout = Some(Duration::from_secs(30));
+        config.connect_timeout = Some(Duration::from_secs(2));
+        kube::Client::try_from(config).expect("kube client for the fake")
+    }
+
+    fn record(&self, method: &str, path: String, body: Value) {
+        lock(&self.inner).calls.push(Call {
+            method: method.to_string(),
+            path,
+            body,
+        });
+    }
+
+    fn emit(&self, inner: &mut Inner, kind: Kind, kind_event: &'static str, object: Value) {
+        inner.log.push(WatchEvent {
+            rv: inner.rv,
+            kind,
+            kind_event,
+            object,
+        });
+        let _ = self.changed.send(());
+    }
+
+    /// Adds or replaces a node (a watch event follows).
+    pub fn put_node(&self, mut node: Value) {
+        let mut inner = lock(&self.inner);
+        inner.rv += 1;
+        let rv = inner.rv;
+        node["apiVersion"] = json!("v1");
+        node["kind"] = json!("Node");
+        node["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let name = node["metadata"]["name"]
+            .as_str()
+            .expect("node name")
+            .to_string();
+        let event = if inner.nodes.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        inner.nodes.insert(name, node.clone());
+        self.emit(&mut inner, Kind::Node, event, node);
+    }
+
+    /// Adds or replaces a pod (a watch event follows).
+    pub fn put_pod(&self, mut pod: Value) {
+        let mut inner = lock(&self.inner);
+        inner.rv += 1;
+        let rv = inner.rv;
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let key = pod_key(&pod);
+        let event = if inner.pods.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        inner.pods.insert(key, pod.clone());
+        self.emit(&mut inner, Kind::Pod, event, pod);
+    }
+
+    /// Deletes a pod (a watch event follows). Returns whether it existed.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        let mut inner = lock(&self.inner);
+        let Some(mut pod) = inner
+            .pods
+            .remove(&(namespace.to_string(), name.to_string()))
+        else {
+            return false;
+        };
+        inner.rv += 1;
+        pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        self.emit(&mut inner, Kind::Pod, "DELETED", pod);
+        true
+    }
+
+    /// The current stored pod.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        lock(&self.inner)
+            .pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// All stored pods.
+    pub fn pods(&self) -> Vec<Value> {
+        lock(&self.inner).pods.values().cloned().collect()
+    }
+
+    /// Every request so far.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.inner).calls.clone()
+    }
+
+    /// Requests so far with this method whose path ends with `suffix`.
+    pub fn calls_matching(&self, method: &str, suffix: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.path.ends_with(suffix))
+            .collect()
+    }
+
+    /// Answers the next binding POSTs with these status codes.
+    pub fn fail_next_bindings(&self, codes: &[u16]) {
+        lock(&self.inner).binding_failures.extend_from_slice(codes);
+    }
+
+    /// Answers the next pod PATCHes with these status codes.
+    pub fn fail_next_patches(&self, codes: &[u16]) {
+        lock(&self.inner).patch_failures.extend_from_slice(codes);
+    }
+
+    /// Delays every binding POST by this much.
+    pub fn set_binding_delay(&self, delay: Duration) {
+        lock(&self.inner).binding_delay = delay;
+    }
+
+    /// Waits until `pred` holds over the recorded calls, or panics after `deadline`.
+    pub async fn wait_for_calls(
+        &self,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&[Call]) -> bool,
+    ) {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            if pred(&lock(&self.inner).calls) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "fake API server: timed out after {deadline:?} waiting for {what}; calls: {:#?}",
+                self.calls()
+                    .iter()
+                    .map(|c| format!("{} {}", c.method, c.path))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn list(&self, kind: Kind) -> Value {
+        let inner = lock(&self.inner);
+        let (items, list_kind): (Vec<Value>, &str) = match kind {
+            Kind::Node => (inner.nodes.values().cloned().collect(), "NodeList"),
+            Kind::Pod => (inner.pods.values().cloned().collect(), "PodList"),
+        };
+        json!({
+            "apiVersion": "v1",
+            "kind": list_kind,
+            "metadata": {"resourceVersion": inner.rv.to_string()},
+            "items": items,
+        })
+    }
+
+    fn watch(&self, kind: Kind, from_rv: u64, timeout: Duration) -> Response {
+        let mut changes = self.changed.subscribe();
+        let inner = self.inner.clone();
+        let stream = async_stream(move |tx| async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut sent = from_rv;
+            loop {
+                let lines: Vec<(u64, String)> = lock(&inner)
+                    .log
+                    .iter()
+                    .filter(|e| e.kind == kind && e.rv > sent)
+                    .map(|e| {
+                        let line = json!({"type": e.kind_event, "object": e.object});
+                        (e.rv, format!("{line}\n"))
+                    })
+                    .collect();
+                for (rv, line) in lines {
+                    sent = rv;
+                    if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                        return;
+                    }
+                }
+                match tokio::time::timeout_at(deadline, changes.recv()).await {
+                    Err(_) => return,
+                    Ok(Ok(())) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+                    Ok(Err(broadcast::error::RecvError::Closed)) => return,
+                }
+            }
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(Body::from_stream(stream))
+            .expect("valid response")
+    }
+}
+
+/// A stream fed by a spawned task through a channel.
+fn async_stream<F, Fut>(f: F) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
+fn pod_key(pod: &Value) -> (String, String) {
+    (
+        pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string(),
+        pod["metadata"]["name"]
+            .as_str()
+            .expect("pod name")
+            .to_string(),
+    )
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    (
+        code,
+        axum::Json(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+        })),
+    )
+        .into_response()
+}
+
+async fn list_or_watch(
+    fake: FakeApi,
+    kind: Kind,
+    path: &str,
+    q: BTreeMap<String, String>,
+) -> Response {
+    let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    fake.record(
+        "GET",
+        format!("{path}{}", if watching { "?watch" } else { "" }),
+        Value::Null,
+    );
+    if watching {
+        let from: u64 = q
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let secs: u64 = q
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300);
+        fake.watch(kind, from, Duration::from_secs(secs))
+    } else {
+        axum::Json(fake.list(kind)).into_response()
+    }
+}
+
+async fn list_or_watch_nodes(
+    State(fake): State<FakeApi>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(fake, Kind::Node, "/api/v1/nodes", q).await
+}
+
+async fn list_or_watch_pods(
+    State(fake): State<FakeApi>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(fake, Kind::Pod, "/api/v1/pods", q).await
+}
+
+async fn get_pod(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    fake.record(
+        "GET",
+        format!("/api/v1/namespaces/{ns}/pods/{name}"),
+        Value::Null,
+    );
+    match fake.pod(&ns, &name) {
+        Some(pod) => axum::Json(pod).into_response(),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("pods \"{name}\" not found"),
+        ),
+    }
+}
+
+/// JSON merge patch (RFC 7386).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+async fn patch_pod(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
+    fake.record("PATCH", path, patch.clone());
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if content_type != "application/merge-patch+json" {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the fake supports merge patches only, got {content_type}"),
+        );
+    }
+    let mut inner = lock(&fake.inner);
+    if !inner.patch_failures.is_empty() {
+        let code = inner.patch_failures.remove(0);
+        let code = StatusCode::from_u16(code).expect("valid code");
+        return status(code, "Scripted", format!("scripted failure {code}"));
+    }
+    let key = (ns.clone(), name.clone());
+    let Some(mut pod) = inner.pods.get(&key).cloned() else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("pods \"{name}\" not found"),
+        );
+    };
+    if let Some(uid) = patch["metadata"]["uid"].as_str() {
+        if pod["metadata"]["uid"].as_str() != Some(uid) {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!("Precondition failed: UID in precondition: {uid}"),
+            );
+        }
+    }
+    if let Some(rv) = patch["metadata"]["resourceVersion"].as_str() {
+        if pod["metadata"]["resourceVersion"].as_str() != Some(rv) {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version"
+                    .into(),
+            );
+        }
+    }
+    merge(&mut pod, &patch);
+    inner.rv += 1;
+    pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.pods.insert(key, pod.clone());
+    fake.emit(&mut inner, Kind::Pod, "MODIFIED", pod.clone());
+    axum::Json(pod).into_response()
+}
+
+async fn create_binding(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let binding: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record(
+        "POST",
+        format!("/api/v1/namespaces/{ns}/pods/{name}/binding"),
+        binding.clone(),
+    );
+    let delay = lock(&fake.inner).binding_delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut inner = lock(&fake.inner);
+    if !inner.binding_failures.is_empty() {
+        let code = inner.binding_failures.remove(0);
+        let code = StatusCode::from_u16(code).expect("valid code");
+        return status(code, "Scripted", format!("scripted failure {code}"));
+    }
+    let key = (ns.clone(), name.clone());
+    let Some(mut pod) = inner.pods.get(&key).cloned() else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("pods \"{name}\" not found"),
+        );
+    };
+    if let Some(uid) = binding["metadata"]["uid"].as_str() {
+        if pod["metadata"]["uid"].as_str() != Some(uid) {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!("pod uid mismatch: {uid}"),
+            );
+        }
+    }
+    if let Some(node) = pod["spec"]["nodeName"].as_str() {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("pod {name} is already assigned to node \"{node}\""),
+        );
+    }
+    let Some(target) = binding["target"]["name"].as_str() else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "binding has no target".into(),
+        );
+    };
+    pod["spec"]["nodeName"] = json!(target);
+    inner.rv += 1;
+    pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.pods.insert(key, pod.clone());
+    fake.emit(&mut inner, Kind::Pod, "MODIFIED", pod);
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
+    )
+        .into_response()
+}

@@ -1,0 +1,681 @@
+//! HTTP tests with the exact bodies a real kube-scheduler v1.28.4 sent
+//! (shared/fixtures/kubernetes-v1.28), through the real HTTP server.
+//!
+//! The fixtures use the plain extended resource `example.com/gpu` (whole GPUs);
+//! the scenario tests rewrite it to vgpu's `vgpu.io/gpu` (0.1-GPU slices, N GPUs
+//! → N×10) with [`common::rewrite_resource`]. Everything else in the bodies is
+//! byte-for-byte what kube-scheduler sent. The fixture nodes advertise 4 GPUs
+//! each; the tests give them a 4-GPU inventory annotation.
+
+mod common;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::{Value, json};
+use vgpu_core::packing::PolicyName;
+use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment};
+use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
+use vgpu_scheduler_extender::extender::sync::WatchKind;
+use vgpu_scheduler_extender::extender::types::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs,
+};
+use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
+
+use common::{RecordingBinder, Served, fixture, fixtures_dir, rewrite_resource};
+
+fn fixture_files() -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for dir in ["extender-nodecache-false", "extender-nodecache-true"] {
+        for entry in std::fs::read_dir(fixtures_dir().join(dir)).expect("fixture dir") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "json") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_fixture_body_parses_with_the_extender_types() {
+    let files = fixture_files();
+    assert_eq!(
+        files.len(),
+        14,
+        "expected 9 + 5 recorded requests: {files:?}"
+    );
+    for path in files {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_string();
+        let bytes = std::fs::read(&path).expect("read");
+        if name.contains("-filter-") || name.contains("-prioritize-") {
+            let args: ExtenderArgs =
+                serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let pod = args.pod.as_ref().expect("pod");
+            assert!(pod.metadata.uid.is_some(), "{name}");
+            let spec = pod.spec.as_ref().expect("spec");
+            assert!(!spec.containers.is_empty(), "{name}");
+            // Exactly one of the two node forms, per the scheduler's nodeCacheCapable.
+            let cache = path.to_string_lossy().contains("nodecache-true");
+            assert_eq!(args.node_names.is_some(), cache, "{name}");
+            assert_eq!(args.nodes.is_some(), !cache, "{name}");
+            if let Some(nodes) = &args.nodes {
+                for node in &nodes.items {
+                    let alloc = node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.allocatable.as_ref())
+                        .expect("allocatable");
+                    let want = if node.metadata.name.as_deref() == Some("fake-gpu-node-a") {
+                        "4"
+                    } else {
+                        "8"
+                    };
+                    assert_eq!(alloc["example.com/gpu"].0, want, "{name}");
+                }
+            }
+        } else if name.contains("-bind-") {
+            let args: ExtenderBindingArgs =
+                serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!args.pod_uid.is_empty() && !args.node.is_empty(), "{name}");
+        } else if name.contains("-preempt-") {
+            let args: ExtenderPreemptionArgs =
+                serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let victims = args
+                .node_name_to_victims
+                .as_ref()
+                .expect("full victims (node cache off)");
+            assert!(args.node_name_to_meta_victims.is_none());
+            assert_eq!(victims["fake-gpu-node-b"].pods.len(), 1);
+        } else {
+            panic!("unexpected fixture {name}");
+        }
+    }
+}
+
+#[test]
+fn fixture_bodies_round_trip_through_the_types() {
+    // What we parse and write back keeps every key kube-scheduler sent (pods and nodes
+    // included), so an answer with full Nodes carries the objects unchanged; k8s-openapi
+    // adds only the objects' `apiVersion` and `kind`.
+    for path in fixture_files() {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_string();
+        let original: Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        let again: Value = if name.contains("-bind-") {
+            serde_json::to_value(
+                serde_json::from_value::<ExtenderBindingArgs>(original.clone()).expect("parse"),
+            )
+        } else if name.contains("-preempt-") {
+            serde_json::to_value(
+                serde_json::from_value::<ExtenderPreemptionArgs>(original.clone()).expect("parse"),
+            )
+        } else {
+            serde_json::to_value(
+                serde_json::from_value::<ExtenderArgs>(original.clone()).expect("parse"),
+            )
+        }
+        .expect("serialise");
+        let again = strip_type_meta(again);
+        if name.contains("-filter-") || name.contains("-prioritize-") {
+            let original = strip_type_meta(original.clone());
+            assert_eq!(
+                again["Pod"], original["Pod"],
+                "{name}: Pod differs after round trip"
+            );
+            assert_eq!(again["NodeNames"], original["NodeNames"], "{name}");
+            if original["Nodes"].is_object() {
+                assert_eq!(
+                    again["Nodes"]["items"], original["Nodes"]["items"],
+                    "{name}"
+                );
+            }
+        } else if name.contains("-bind-") {
+            assert_eq!(again, original, "{name}");
+        }
+    }
+}
+
+/// Removes `apiVersion`/`kind` of embedded objects (k8s-openapi writes them,
+/// kube-scheduler's bodies omit them) and `null` fields (Go writes some, e.g.
+/// `lastProbeTime`, k8s-openapi omits them; both mean unset).
+fn strip_type_meta(mut v: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                map.retain(|_, v| !v.is_null());
+                if map.contains_key("metadata") {
+                    map.remove("apiVersion");
+                    map.remove("kind");
+                }
+                map.values_mut().for_each(walk);
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
+/// An extender whose state holds the fixture nodes (from the recorded filter body,
+/// resource rewritten) with inventories of as many GPUs as they advertise (a: 4,
+/// b: 8), plus `pods`.
+async fn extender_over_fixture_nodes(pods: &[Value]) -> (Served, Arc<RecordingBinder>) {
+    let mut body = fixture("extender-nodecache-false/001-filter-request.json");
+    rewrite_resource(&mut body);
+    let mut nodes: Vec<Node> = Vec::new();
+    for mut node in body["Nodes"]["items"].as_array().expect("items").clone() {
+        let name = node["metadata"]["name"].as_str().expect("name").to_string();
+        let slices: usize = node["status"]["allocatable"]["vgpu.io/gpu"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("rewritten allocatable");
+        node["metadata"]["annotations"][vgpu_core::inventory::ANNOTATION_GPU_INVENTORY] = json!(
+            common::inventory_json(&name, slices / 10, "A100-SXM4-80GB", 81920)
+        );
+        nodes.push(serde_json::from_value(node).expect("node"));
+    }
+    let state = Arc::new(State::new(
+        StateConfig::default(),
+        ExtenderPolicy::new(PolicyName::Vgpu),
+    ));
+    state.replace_nodes(&nodes);
+    let pods: Vec<Pod> = pods
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).expect("pod"))
+        .collect();
+    state.replace_pods(&pods);
+    state.mark_synced(WatchKind::Nodes);
+    state.mark_synced(WatchKind::Pods);
+    let binder = common::recording_binder();
+    let served = Served::start(Extender::new(state, binder.clone())).await;
+    (served, binder)
+}
+
+fn body(rel: &str) -> Value {
+    let mut b = fixture(rel);
+    rewrite_resource(&mut b);
+    b
+}
+
+/// What the watch would show after a bind: the pod with its assignment and node.
+fn confirm(served: &Served, binder: &RecordingBinder, filter_rel: &str) {
+    let plan = binder
+        .plans
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .expect("a plan");
+    let mut pod = body(filter_rel)["Pod"].clone();
+    pod["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = json!(plan.assignment_json);
+    pod["spec"]["nodeName"] = json!(plan.node);
+    pod["status"]["phase"] = json!("Running");
+    served
+        .extender
+        .state()
+        .apply_pod(&serde_json::from_value(pod).expect("pod"));
+}
+
+#[tokio::test]
+async fn recorded_session_without_node_cache() {
+    let (served, binder) = extender_over_fixture_nodes(&[]).await;
+    assert_eq!(served.get("/readyz").await, 200);
+
+    // 001 filter: gpu-pod-1 asks 2 GPUs; both 4-GPU nodes fit. Answer in the
+    // request's form: full Nodes, unchanged, and no NodeNames.
+    let req = body("extender-nodecache-false/001-filter-request.json");
+    let (status, ans) = served.post_json("/scheduler/filter", &req).await;
+    assert_eq!(status, 200);
+    assert_eq!(ans["Error"], "");
+    assert!(ans["NodeNames"].is_null(), "{ans}");
+    assert_eq!(
+        strip_type_meta(ans["Nodes"]["items"].clone()),
+        req["Nodes"]["items"]
+    );
+    assert_eq!(ans["FailedNodes"], json!({}));
+
+    // 002 prioritize: every node scored 0..=10, the best 10.
+    let (status, ans) = served
+        .post_json(
+            "/scheduler/prioritize",
+            &body("extender-nodecache-false/002-prioritize-request.json"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let list = ans.as_array().expect("HostPriorityList");
+    assert_eq!(list.len(), 2);
+    for h in list {
+        let s = h["Score"].as_i64().expect("score");
+        assert!((0..=10).contains(&s), "{h}");
+    }
+    assert_eq!(
+        list.iter().map(|h| h["Score"].as_i64().unwrap_or(-1)).max(),
+        Some(10)
+    );
+
+    // 003 bind gpu-pod-1 → node b: two whole GPUs recorded once, with their UUIDs.
+    let (status, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &body("extender-nodecache-false/003-bind-request.json"),
+        )
+        .await;
+    assert_eq!((status, ans.clone()), (200, json!({"Error": ""})));
+    {
+        let plans = binder.plans.lock().expect("lock");
+        assert_eq!(plans.len(), 1);
+        let plan = &plans[0];
+        assert_eq!(
+            (plan.name.as_str(), plan.node.as_str()),
+            ("gpu-pod-1", "fake-gpu-node-b")
+        );
+        assert_eq!(plan.uid, "2f15d973-e47b-435c-b81e-9640f6570174");
+        let a = Assignment::from_json(&plan.assignment_json).expect("valid record");
+        assert_eq!(a.node, "fake-gpu-node-b");
+        assert_eq!(a.containers.len(), 1);
+        assert_eq!(a.containers[0].name, "main");
+        let gpus = &a.containers[0].gpus;
+        assert_eq!(gpus.len(), 2);
+        assert!(
+            gpus.iter()
+                .all(|g| g.compute_milli == 1000 && g.memory_mib == 81920 && g.slices == 10)
+        );
+        assert_ne!(gpus[0].uuid, gpus[1].uuid);
+        assert!(
+            gpus.iter()
+                .all(|g| g.uuid.starts_with("GPU-fake-gpu-node-b-"))
+        );
+    }
+    confirm(
+        &served,
+        &binder,
+        "extender-nodecache-false/001-filter-request.json",
+    );
+
+    // 004 filter gpu-pod-2 (2 GPUs): a has 4 free, b 6.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-false/004-filter-request.json"),
+        )
+        .await;
+    assert_eq!(
+        ans["Nodes"]["items"].as_array().map(Vec::len),
+        Some(2),
+        "{ans}"
+    );
+
+    // 005 bind gpu-pod-2 → node a.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &body("extender-nodecache-false/005-bind-request.json"),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    confirm(
+        &served,
+        &binder,
+        "extender-nodecache-false/004-filter-request.json",
+    );
+
+    // 006 filter gpu-pod-3 (3 GPUs) on node b (6 whole GPUs free): feasible.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-false/006-filter-request.json"),
+        )
+        .await;
+    assert_eq!(
+        ans["Nodes"]["items"].as_array().map(Vec::len),
+        Some(1),
+        "{ans}"
+    );
+
+    // Before preemption, gpu-pod-high (8 GPUs) does not fit b (6 free): a node
+    // preemption can help, with the precise reason.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-false/008-filter-request.json"),
+        )
+        .await;
+    assert_eq!(ans["Nodes"]["items"], json!([]), "{ans}");
+    assert_eq!(
+        ans["FailedNodes"]["fake-gpu-node-b"], "whole GPUs: 6 fully free < 8",
+        "{ans}"
+    );
+
+    // 007 preempt: evicting gpu-pod-1 from b frees 8 GPUs, so b is kept with that victim.
+    let (status, ans) = served
+        .post_json(
+            "/scheduler/preempt",
+            &body("extender-nodecache-false/007-preempt-request.json"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        ans,
+        json!({"NodeNameToMetaVictims": {"fake-gpu-node-b": {"Pods": [{"UID": "2f15d973-e47b-435c-b81e-9640f6570174"}], "NumPDBViolations": 0}}})
+    );
+
+    // The victim is deleted (as the pod watch reports it); 008 filter: b fits now.
+    let victim: Pod = serde_json::from_value(
+        body("extender-nodecache-false/001-filter-request.json")["Pod"].clone(),
+    )
+    .expect("pod");
+    served.extender.state().delete_pod(&victim);
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-false/008-filter-request.json"),
+        )
+        .await;
+    assert_eq!(
+        ans["Nodes"]["items"].as_array().map(Vec::len),
+        Some(1),
+        "{ans}"
+    );
+
+    // 009 bind gpu-pod-high → b: all 8 GPUs.
+    let (status, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &body("extender-nodecache-false/009-bind-request.json"),
+        )
+        .await;
+    assert_eq!((status, ans), (200, json!({"Error": ""})));
+    let plan = binder
+        .plans
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .expect("plan");
+    let a = Assignment::from_json(&plan.assignment_json).expect("record");
+    assert_eq!(a.containers[0].gpus.len(), 8);
+
+    // The same pod asked of node a (4 GPUs) is unresolvable, and a bind there is
+    // refused with a clear message.
+    let mut req = body("extender-nodecache-false/008-filter-request.json");
+    req["Nodes"] = Value::Null;
+    req["NodeNames"] = json!(["fake-gpu-node-a"]);
+    req["Pod"]["metadata"]["uid"] = json!("uid-high-2");
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    assert_eq!(
+        ans["FailedAndUnresolvableNodes"]["fake-gpu-node-a"],
+        "GPU count: 4 GPUs of an allowed model < 8",
+        "{ans}"
+    );
+    let (status, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": "gpu-pod-high", "PodNamespace": "default", "PodUID": "uid-high-2", "Node": "fake-gpu-node-a"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let err = ans["Error"].as_str().expect("error");
+    assert!(
+        err.contains("default/gpu-pod-high")
+            && err.contains("fake-gpu-node-a")
+            && err.contains("GPU count"),
+        "{err}"
+    );
+    assert_eq!(binder.plans.lock().expect("lock").len(), 3);
+}
+
+#[tokio::test]
+async fn recorded_session_with_node_cache() {
+    let (served, binder) = extender_over_fixture_nodes(&[]).await;
+    // 001 filter c1 (2 GPUs) with NodeNames [a]: answered with NodeNames, no Nodes.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-true/001-filter-request.json"),
+        )
+        .await;
+    assert_eq!(ans["NodeNames"], json!(["fake-gpu-node-a"]), "{ans}");
+    assert!(ans["Nodes"].is_null());
+    // 002 bind c1 → a.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &body("extender-nodecache-true/002-bind-request.json"),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    confirm(
+        &served,
+        &binder,
+        "extender-nodecache-true/001-filter-request.json",
+    );
+    // 003 filter c2 (2 GPUs) on [a, b]: both fit (a has 2 left).
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-true/003-filter-request.json"),
+        )
+        .await;
+    assert_eq!(
+        ans["NodeNames"],
+        json!(["fake-gpu-node-a", "fake-gpu-node-b"]),
+        "{ans}"
+    );
+    // 004 prioritize: a (half used) packs better than the empty b.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/prioritize",
+            &body("extender-nodecache-true/004-prioritize-request.json"),
+        )
+        .await;
+    let score = |host: &str| {
+        ans.as_array()
+            .and_then(|l| l.iter().find(|h| h["Host"] == host))
+            .and_then(|h| h["Score"].as_i64())
+            .expect("scored")
+    };
+    assert!(score("fake-gpu-node-a") > score("fake-gpu-node-b"), "{ans}");
+    // 005 bind c2 → a: the two GPUs c1 did not take.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &body("extender-nodecache-true/005-bind-request.json"),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    let plans = binder.plans.lock().expect("lock").clone();
+    let uuids = |i: usize| -> Vec<String> {
+        Assignment::from_json(&plans[i].assignment_json)
+            .expect("record")
+            .containers[0]
+            .gpus
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect()
+    };
+    let (first, second) = (uuids(0), uuids(1));
+    assert!(
+        first.iter().all(|u| !second.contains(u)),
+        "{first:?} vs {second:?}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_clear_errors_in_the_verbs_own_form() {
+    let (served, _) = extender_over_fixture_nodes(&[]).await;
+    let (status, ans) = served
+        .post("/scheduler/filter", b"{not json".to_vec())
+        .await;
+    assert_eq!(status, 200);
+    let ans: Value = serde_json::from_slice(&ans).expect("filter result");
+    assert!(
+        ans["Error"]
+            .as_str()
+            .expect("error")
+            .starts_with("parse filter request body: "),
+        "{ans}"
+    );
+
+    let (status, text) = served
+        .post("/scheduler/prioritize", br#"{"Pod":null}"#.to_vec())
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        "prioritize request has no Pod"
+    );
+
+    let (status, ans) = served
+        .post_json("/scheduler/bind", &json!({"PodName": "x"}))
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        ans["Error"]
+            .as_str()
+            .expect("error")
+            .starts_with("parse bind request body: "),
+        "{ans}"
+    );
+
+    // A pod with a malformed vgpu request: the error names the pod and the input.
+    let mut req = body("extender-nodecache-true/001-filter-request.json");
+    req["Pod"]["spec"]["containers"][0]["resources"]["requests"]["vgpu.io/gpu"] = json!("15");
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    let err = ans["Error"].as_str().expect("error");
+    assert!(
+        err.contains("default/gpu-pod-c1") && err.contains("\"15\""),
+        "{err}"
+    );
+
+    // Bind for a pod never seen.
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": "ghost", "PodNamespace": "default", "PodUID": "u-ghost", "Node": "fake-gpu-node-a"}),
+        )
+        .await;
+    assert!(
+        ans["Error"]
+            .as_str()
+            .expect("error")
+            .contains("default/ghost"),
+        "{ans}"
+    );
+}
+
+#[tokio::test]
+async fn an_unsynced_extender_refuses_to_decide() {
+    let state = Arc::new(State::new(
+        StateConfig::default(),
+        ExtenderPolicy::new(PolicyName::Vgpu),
+    ));
+    let served = Served::start(Extender::new(state, common::recording_binder())).await;
+    assert_eq!(served.get("/readyz").await, 503);
+    assert_eq!(served.get("/healthz").await, 200);
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &body("extender-nodecache-true/001-filter-request.json"),
+        )
+        .await;
+    assert!(
+        ans["Error"].as_str().expect("error").contains("not synced"),
+        "{ans}"
+    );
+    assert!(ans["NodeNames"].is_null());
+}
+
+#[tokio::test]
+async fn nodes_without_inventory_and_pods_without_gpus() {
+    let (served, _) = extender_over_fixture_nodes(&[]).await;
+    // A node the extender has never seen is rejected as unresolvable, with a reason.
+    let mut req = body("extender-nodecache-true/003-filter-request.json");
+    req["NodeNames"] = json!(["fake-gpu-node-a", "cpu-only-node"]);
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    assert_eq!(ans["NodeNames"], json!(["fake-gpu-node-a"]));
+    assert!(
+        ans["FailedAndUnresolvableNodes"]["cpu-only-node"]
+            .as_str()
+            .expect("reason")
+            .contains("not known"),
+        "{ans}"
+    );
+    // A pod asking for no vgpu resource is not the extender's business: all pass.
+    let mut req = body("extender-nodecache-true/003-filter-request.json");
+    req["Pod"]["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    assert_eq!(
+        ans["NodeNames"],
+        json!(["fake-gpu-node-a", "fake-gpu-node-b"]),
+        "{ans}"
+    );
+}
+
+#[tokio::test]
+async fn fractional_pods_share_a_gpu_and_memory_limits_are_precise() {
+    let (served, binder) = extender_over_fixture_nodes(&[]).await;
+    let mut req = body("extender-nodecache-true/001-filter-request.json");
+    // A 0.4 and a 0.3 GPU pod pack onto one GPU of node a (32 + 24 GiB of its 80);
+    // a 0.2 one asking 60 GiB has the compute there but not the memory, so it goes
+    // to another GPU.
+    let mut uuids = Vec::new();
+    for (i, (slices, mem)) in [("4", None), ("3", None), ("2", Some("61440"))]
+        .into_iter()
+        .enumerate()
+    {
+        let uid = format!("frac-{i}");
+        req["Pod"]["metadata"]["uid"] = json!(uid);
+        req["Pod"]["metadata"]["name"] = json!(format!("frac-{i}"));
+        let mut r = json!({"cpu": "100m", "vgpu.io/gpu": slices});
+        if let Some(m) = mem {
+            r["vgpu.io/gpu-memory"] = json!(m);
+        }
+        req["Pod"]["spec"]["containers"][0]["resources"] = json!({"requests": r, "limits": r});
+        let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+        assert_eq!(ans["NodeNames"], json!(["fake-gpu-node-a"]), "{ans}");
+        let (_, ans) = served
+            .post_json(
+                "/scheduler/bind",
+                &json!({"PodName": format!("frac-{i}"), "PodNamespace": "default", "PodUID": uid, "Node": "fake-gpu-node-a"}),
+            )
+            .await;
+        assert_eq!(ans, json!({"Error": ""}));
+        let plan = binder
+            .plans
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .expect("plan");
+        let a = Assignment::from_json(&plan.assignment_json).expect("record");
+        let g = &a.containers[0].gpus[0];
+        uuids.push(g.uuid.clone());
+        match i {
+            0 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (400, 32768, 4)),
+            1 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (300, 24576, 3)),
+            _ => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (200, 61440, 2)),
+        }
+    }
+    assert_eq!(uuids[0], uuids[1], "the 0.3 packs onto the 0.4's GPU");
+    assert_ne!(
+        uuids[2], uuids[0],
+        "60 GiB does not fit in the 24 GiB left there"
+    );
+    let free = served
+        .extender
+        .state()
+        .gpu_milli_free("fake-gpu-node-a")
+        .expect("node");
+    assert_eq!(free.iter().map(|&m| u64::from(m)).sum::<u64>(), 4000 - 900);
+}
