@@ -475,7 +475,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
 fn bus_id_bytes<const N: usize>(s: &str) -> [c_char; N] {
     let mut out = [0 as c_char; N];
     for (o, b) in out.iter_mut().zip(s.bytes().take(N - 1)) {
-        *o = b as c_char;
+        *o = b.cast_signed();
     }
     out
 }
@@ -581,8 +581,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
         let (ma, mi) = dev.cc();
         // SAFETY: both non-null and valid for a write.
         unsafe {
-            put(major, ma as c_int)?;
-            put(minor, mi as c_int)
+            put(major, c_int::try_from(ma).unwrap_or(c_int::MAX))?;
+            put(minor, c_int::try_from(mi).unwrap_or(c_int::MAX))
         }
     })
 }
@@ -666,6 +666,22 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
         sim::live_device(device)?;
         // SAFETY: null (rejected) or valid for a write.
         unsafe { put(mode, NVML_FEATURE_ENABLED) }
+    })
+}
+
+/// `nvmlDeviceIsMigDeviceHandle`: our handles always name whole GPUs.
+///
+/// # Safety
+/// `isMigDevice` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    isMigDevice: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        sim::device(device)?;
+        // SAFETY: null (rejected) or valid for a write.
+        unsafe { put(isMigDevice, 0) }
     })
 }
 
@@ -1303,6 +1319,10 @@ not_simulated! {
     nvmlDeviceGetCurrentClocksThrottleReasons(reasons: *mut c_ulonglong);
     /// `nvmlDeviceGetCurrentClocksEventReasons`.
     nvmlDeviceGetCurrentClocksEventReasons(reasons: *mut c_ulonglong);
+    /// `nvmlDeviceGetDriverModel` (a Windows concept; Linux drivers answer not supported).
+    nvmlDeviceGetDriverModel(current: *mut c_uint, pending: *mut c_uint);
+    /// `nvmlDeviceGetDriverModel_v2`.
+    nvmlDeviceGetDriverModel_v2(current: *mut c_uint, pending: *mut c_uint);
     /// `nvmlDeviceGetVbiosVersion`.
     nvmlDeviceGetVbiosVersion(version: *mut c_char, length: c_uint);
     /// `nvmlDeviceGetBoardPartNumber`.

@@ -409,11 +409,9 @@ impl Dev {
             .find(|r| r.pid == pid)
             .ok_or(NVML_ERROR_NOT_FOUND)?;
         let lifetime_ns = u128::from(r.lifetime_us) * 1000;
-        let gpu_util_pct = if lifetime_ns == 0 {
-            0
-        } else {
-            ((u128::from(r.busy_ns) * 100 + lifetime_ns / 2) / lifetime_ns).min(100) as u32
-        };
+        let gpu_util_pct = (u128::from(r.busy_ns) * 100 + lifetime_ns / 2)
+            .checked_div(lifetime_ns)
+            .map_or(0, |p| p.min(100) as u32);
         Ok(Accounting {
             gpu_util_pct,
             max_memory: r.max_used,
