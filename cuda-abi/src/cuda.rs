@@ -219,16 +219,16 @@ pub mod attr {
     pub const PCI_DOMAIN_ID: i32 = 50;
     pub const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
     pub const COMPUTE_CAPABILITY_MINOR: i32 = 76;
-    pub const STREAM_PRIORITIES_SUPPORTED: i32 = 79;
-    pub const GLOBAL_L1_CACHE_SUPPORTED: i32 = 80;
-    pub const LOCAL_L1_CACHE_SUPPORTED: i32 = 81;
-    pub const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: i32 = 82;
-    pub const MAX_REGISTERS_PER_MULTIPROCESSOR: i32 = 83;
-    pub const MANAGED_MEMORY: i32 = 84;
-    pub const MULTI_GPU_BOARD: i32 = 85;
-    pub const CONCURRENT_MANAGED_ACCESS: i32 = 90;
-    pub const COMPUTE_PREEMPTION_SUPPORTED: i32 = 91;
-    pub const COOPERATIVE_LAUNCH: i32 = 96;
+    pub const STREAM_PRIORITIES_SUPPORTED: i32 = 78;
+    pub const GLOBAL_L1_CACHE_SUPPORTED: i32 = 79;
+    pub const LOCAL_L1_CACHE_SUPPORTED: i32 = 80;
+    pub const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: i32 = 81;
+    pub const MAX_REGISTERS_PER_MULTIPROCESSOR: i32 = 82;
+    pub const MANAGED_MEMORY: i32 = 83;
+    pub const MULTI_GPU_BOARD: i32 = 84;
+    pub const CONCURRENT_MANAGED_ACCESS: i32 = 89;
+    pub const COMPUTE_PREEMPTION_SUPPORTED: i32 = 90;
+    pub const COOPERATIVE_LAUNCH: i32 = 95;
     pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: i32 = 102;
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: i32 = 103;
@@ -286,9 +286,9 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
 /// Bytes per channel element of a `CUarray_format`, if it is a plain format.
 pub fn array_format_bytes(f: u32) -> Option<u64> {
     match f {
-        0x01 | 0x08 => Some(1),                      // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => Some(2),               // UNSIGNED_INT16, SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => Some(4),               // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        0x01 | 0x08 => Some(1),        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => Some(2), // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => Some(4), // UNSIGNED_INT32, SIGNED_INT32, FLOAT
         _ => None,
     }
 }
@@ -432,6 +432,9 @@ mod tests {
                 assert_ne!(a.0, b.0, "{} and {}", a.1, b.1);
             }
         }
-        assert_eq!(result_name(CUDA_ERROR_OUT_OF_MEMORY), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_eq!(
+            result_name(CUDA_ERROR_OUT_OF_MEMORY),
+            Some("CUDA_ERROR_OUT_OF_MEMORY")
+        );
     }
 }

@@ -1,0 +1,597 @@
+//! Asynchronous execution: streams, events, the per-device worker that runs queued work
+//! on the simulated GPU, and graphs captured from streams.
+//!
+//! Each process has one worker thread per device it uses. Work submitted to any stream
+//! of that device goes into the worker's single FIFO, so stream order (and the legacy
+//! default stream's implicit synchronization) holds trivially; the simulated device runs
+//! one kernel at a time, as the cost model charges each kernel the whole GPU. Kernels
+//! need the device's execution engine, which the node's processes share through the
+//! state file and hand over round-robin every time slice (see `vgpu_cuda_sim::state`).
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use vgpu_cuda_abi::cuda::*;
+use vgpu_cuda_sim::state::mono_ns;
+
+use crate::rt::{CuResult, Driver, Kind, from_ptr, new_handle};
+
+/// Where a copy reads from.
+#[derive(Debug, Clone)]
+pub enum CopySrc {
+    /// An address (device memory, or pinned host memory read at execution time).
+    Ptr(usize),
+    /// Bytes snapshotted when the copy was issued (pageable host memory).
+    Bytes(Arc<Vec<u8>>),
+}
+
+/// One unit of queued device work.
+#[derive(Debug, Clone)]
+pub enum Work {
+    /// A kernel that occupies the GPU for `ns` of device time.
+    Kernel {
+        /// Device time.
+        ns: u64,
+    },
+    /// A copy of `len` bytes to `dst`.
+    Copy {
+        /// Destination address.
+        dst: usize,
+        /// Source.
+        src: CopySrc,
+        /// Bytes.
+        len: usize,
+    },
+    /// A memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart.
+    Memset {
+        /// First byte.
+        dst: usize,
+        /// Row pitch in bytes.
+        pitch: usize,
+        /// Element size: 1, 2 or 4.
+        elem: u8,
+        /// The value (low `elem` bytes used).
+        value: u32,
+        /// Elements per row.
+        width: usize,
+        /// Rows.
+        height: usize,
+    },
+    /// Records an event.
+    EventRecord {
+        /// The event.
+        ev: Arc<Event>,
+        /// The record generation this op belongs to.
+        gen_: u64,
+    },
+    /// A host function (`cuLaunchHostFunc`).
+    Host {
+        /// The function.
+        f: usize,
+        /// Its argument.
+        data: usize,
+    },
+    /// A stream callback (`cuStreamAddCallback`).
+    Callback {
+        /// The function.
+        f: usize,
+        /// The stream handle passed back.
+        stream: usize,
+        /// Its argument.
+        data: usize,
+    },
+    /// A stream-ordered free (`cuMemFreeAsync`).
+    Free {
+        /// The pointer.
+        ptr: u64,
+    },
+    /// Waits for work of another device's worker.
+    WaitOther {
+        /// The device.
+        dev: usize,
+        /// The sequence number to wait for.
+        seq: u64,
+    },
+    /// An instantiated graph's work, in order.
+    Batch(Arc<Vec<Work>>),
+}
+
+impl Work {
+    fn needs_engine(&self) -> bool {
+        match self {
+            Work::Kernel { .. } => true,
+            Work::Batch(b) => b.iter().any(Work::needs_engine),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    ops: VecDeque<(u64, Work)>,
+    next_seq: u64,
+}
+
+/// The per-device executor of one process.
+#[derive(Debug)]
+pub struct Worker {
+    drv: &'static Driver,
+    dev: usize,
+    q: Mutex<Queue>,
+    cv: Condvar,
+    done_cv: Condvar,
+    done: AtomicU64,
+}
+
+struct Engine {
+    held: bool,
+    slice_start: u64,
+}
+
+impl Worker {
+    /// Starts the worker thread of device `dev`.
+    pub fn start(drv: &'static Driver, dev: usize) -> Arc<Worker> {
+        let w = Arc::new(Worker {
+            drv,
+            dev,
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            done: AtomicU64::new(0),
+        });
+        let w2 = w.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("cuda-sim-gpu{dev}"))
+            .spawn(move || w2.run());
+        if let Err(e) = spawned {
+            eprintln!("vgpu cuda-sim: cannot start the device worker thread: {e}");
+        }
+        w
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues work; returns its sequence number.
+    pub fn submit(&self, w: Work) -> u64 {
+        let mut q = self.lock();
+        q.next_seq += 1;
+        let seq = q.next_seq;
+        q.ops.push_back((seq, w));
+        drop(q);
+        self.cv.notify_one();
+        seq
+    }
+
+    /// Whether the work with sequence number `seq` has completed.
+    pub fn is_done(&self, seq: u64) -> bool {
+        self.done.load(Ordering::Acquire) >= seq
+    }
+
+    /// Blocks until the work with sequence number `seq` has completed.
+    pub fn wait_for(&self, seq: u64) {
+        let mut q = self.lock();
+        while self.done.load(Ordering::Acquire) < seq {
+            q = self.done_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Blocks until everything queued so far has completed.
+    pub fn drain(&self) {
+        let seq = self.lock().next_seq;
+        self.wait_for(seq);
+    }
+
+    /// The sequence number of the last queued work.
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next_seq
+    }
+
+    fn run(self: Arc<Self>) {
+        // Precise sleeps: the default 50 µs timer slack would distort short kernels.
+        // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only this thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+        let mut eng = Engine { held: false, slice_start: 0 };
+        loop {
+            let (seq, work) = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(op) = q.ops.pop_front() {
+                        break op;
+                    }
+                    if eng.held {
+                        self.drv.state.engine_release(self.drv.slot, self.dev);
+                        eng.held = false;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&work, &mut eng)));
+            if r.is_err() {
+                eprintln!("vgpu cuda-sim: internal error while executing device work (skipped)");
+            }
+            let next_needs_engine = self.lock().ops.front().is_some_and(|(_, w)| w.needs_engine());
+            if eng.held && !next_needs_engine {
+                self.drv.state.engine_release(self.drv.slot, self.dev);
+                eng.held = false;
+            }
+            let _q = self.lock();
+            self.done.store(seq, Ordering::Release);
+            self.done_cv.notify_all();
+        }
+    }
+
+    fn execute(&self, work: &Work, eng: &mut Engine) {
+        match work {
+            Work::Kernel { ns } => self.run_kernel(*ns, eng),
+            Work::Copy { dst, src, len } => {
+                let start = mono_ns();
+                match src {
+                    // SAFETY: both ranges were validated when the copy was issued, and
+                    // memory is only unmapped after draining this queue.
+                    CopySrc::Ptr(s) => unsafe {
+                        std::ptr::copy(*s as *const u8, *dst as *mut u8, *len)
+                    },
+                    // SAFETY: as above for `dst`; the staged bytes are at least `len` long.
+                    CopySrc::Bytes(b) => unsafe {
+                        std::ptr::copy_nonoverlapping(b.as_ptr(), *dst as *mut u8, (*len).min(b.len()))
+                    },
+                }
+                self.copy_time(*len as u64, start);
+            }
+            Work::Memset { dst, pitch, elem, value, width, height } => {
+                // SAFETY: the rows were validated against the allocation when issued.
+                unsafe { memset_rows(*dst, *pitch, *elem, *value, *width, *height) };
+            }
+            Work::EventRecord { ev, gen_ } => {
+                if ev.gen_.load(Ordering::Acquire) == *gen_ {
+                    ev.time.store(mono_ns().max(1), Ordering::Release);
+                }
+            }
+            Work::Host { f, data } => {
+                // SAFETY: `f` is the CUhostFn the application passed (non-null, checked
+                // when queued); CUDA calls it with its user data on a driver thread.
+                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
+                // SAFETY: as above.
+                unsafe { f(*data as *mut c_void) };
+            }
+            Work::Callback { f, stream, data } => {
+                // SAFETY: `f` is the application's CUstreamCallback, checked non-null.
+                let f: unsafe extern "C" fn(CUstream, CUresult, *mut c_void) = unsafe { std::mem::transmute(*f) };
+                // SAFETY: as above.
+                unsafe { f(*stream as CUstream, CUDA_SUCCESS, *data as *mut c_void) };
+            }
+            Work::Free { ptr } => crate::mem::free_now(self.drv, *ptr),
+            Work::WaitOther { dev, seq } => self.drv.worker(*dev).wait_for(*seq),
+            Work::Batch(b) => {
+                for w in b.iter() {
+                    self.execute(w, eng);
+                }
+            }
+        }
+    }
+
+    /// Device time of a copy: the real memcpy time, stretched to the device's bandwidth.
+    fn copy_time(&self, bytes: u64, start: u64) {
+        let bw = u64::from(self.drv.state.info(self.dev).bandwidth_gbps).max(1);
+        let ns = bytes / bw; // bytes / (GB/s) = ns
+        sleep_until(start + ns);
+    }
+
+    fn run_kernel(&self, ns: u64, eng: &mut Engine) {
+        let st = &self.drv.state;
+        let slice = st.timeslice().as_nanos() as u64;
+        let mut remaining = ns.max(1);
+        while remaining > 0 {
+            if !eng.held {
+                st.engine_acquire(self.drv.slot, self.dev);
+                eng.held = true;
+                eng.slice_start = mono_ns();
+            }
+            let now = mono_ns();
+            let left_in_slice = (eng.slice_start + slice).saturating_sub(now).max(1000);
+            let chunk = remaining.min(left_in_slice);
+            sleep_until(now + chunk);
+            let end = mono_ns();
+            st.add_busy(self.drv.slot, self.dev, now, end);
+            remaining = remaining.saturating_sub(end - now);
+            if end >= eng.slice_start + slice {
+                if st.engine_contended(self.dev) {
+                    st.engine_release(self.drv.slot, self.dev);
+                    eng.held = false;
+                } else {
+                    eng.slice_start = end;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until the monotonic clock reads `deadline` (ns). The last stretch is spun,
+/// so that device times of a few microseconds are honoured.
+fn sleep_until(deadline: u64) {
+    const SPIN_NS: u64 = 30_000;
+    let now = mono_ns();
+    if deadline > now + SPIN_NS {
+        let t = deadline - SPIN_NS;
+        let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as libc::time_t, tv_nsec: (t % 1_000_000_000) as libc::c_long };
+        // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC; a null remainder is allowed.
+        unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+    }
+    while mono_ns() < deadline {
+        std::hint::spin_loop();
+    }
+}
+
+/// Fills rows with a 1-, 2- or 4-byte pattern.
+///
+/// # Safety
+/// Every row `[dst + r*pitch, dst + r*pitch + width*elem)` must be writable memory.
+pub unsafe fn memset_rows(dst: usize, pitch: usize, elem: u8, value: u32, width: usize, height: usize) {
+    for r in 0..height {
+        let row = dst + r * pitch;
+        match elem {
+            // SAFETY: the caller guarantees the row is writable.
+            1 => unsafe { std::ptr::write_bytes(row as *mut u8, value as u8, width) },
+            2 => {
+                for i in 0..width {
+                    // SAFETY: within the row; unaligned writes are fine.
+                    unsafe { std::ptr::write_unaligned((row as *mut u16).add(i), value as u16) };
+                }
+            }
+            _ => {
+                for i in 0..width {
+                    // SAFETY: within the row; unaligned writes are fine.
+                    unsafe { std::ptr::write_unaligned((row as *mut u32).add(i), value) };
+                }
+            }
+        }
+    }
+}
+
+/// A stream capture in progress.
+#[derive(Debug, Default)]
+pub struct Capture {
+    /// Captured work, in order.
+    pub work: Vec<Work>,
+    /// `CUstreamCaptureMode`.
+    pub mode: u32,
+    /// Set when an illegal operation invalidated the capture.
+    pub invalid: bool,
+    /// Capture sequence id.
+    pub id: u64,
+}
+
+/// A stream.
+#[derive(Debug)]
+pub struct Stream {
+    /// Handle value (for default streams, a private id).
+    pub id: u64,
+    /// Owning context.
+    pub ctx: u64,
+    /// Device.
+    pub dev: usize,
+    /// `CU_STREAM_*` flags.
+    pub flags: u32,
+    /// Priority.
+    pub priority: i32,
+    /// Sequence number of the last work queued on it.
+    pub last: AtomicU64,
+    /// Capture state.
+    pub capture: Mutex<Option<Capture>>,
+}
+
+static CAPTURE_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Stream {
+    /// A context's default stream.
+    pub fn new_default(ctx: u64, dev: usize) -> Arc<Stream> {
+        Stream::new(ctx, dev, 0, 0)
+    }
+
+    /// A new stream.
+    pub fn new(ctx: u64, dev: usize, flags: u32, priority: i32) -> Arc<Stream> {
+        Arc::new(Stream {
+            id: new_handle(Kind::Stream),
+            ctx,
+            dev,
+            flags,
+            priority,
+            last: AtomicU64::new(0),
+            capture: Mutex::new(None),
+        })
+    }
+
+    fn capture_lock(&self) -> std::sync::MutexGuard<'_, Option<Capture>> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the stream is capturing.
+    pub fn is_capturing(&self) -> bool {
+        self.capture_lock().is_some()
+    }
+
+    /// Queues work on the stream (or records it into the capture in progress).
+    pub fn enqueue(&self, drv: &'static Driver, w: Work) -> CuResult<()> {
+        {
+            let mut cap = self.capture_lock();
+            if let Some(c) = cap.as_mut() {
+                if matches!(w, Work::Free { .. } | Work::WaitOther { .. }) {
+                    c.invalid = true;
+                    return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+                }
+                c.work.push(w);
+                return Ok(());
+            }
+        }
+        let seq = drv.worker(self.dev).submit(w);
+        self.last.store(seq, Ordering::Release);
+        Ok(())
+    }
+
+    /// Fails (and invalidates the capture) if the stream is capturing: synchronizing
+    /// or querying a capturing stream is illegal.
+    pub fn check_not_capturing(&self) -> CuResult<()> {
+        let mut cap = self.capture_lock();
+        if let Some(c) = cap.as_mut() {
+            c.invalid = true;
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        Ok(())
+    }
+
+    /// `cuStreamSynchronize`.
+    pub fn synchronize(&self, drv: &'static Driver) -> CuResult<()> {
+        self.check_not_capturing()?;
+        drv.worker(self.dev).wait_for(self.last.load(Ordering::Acquire));
+        Ok(())
+    }
+
+    /// `cuStreamQuery`.
+    pub fn query(&self, drv: &'static Driver) -> CuResult<()> {
+        self.check_not_capturing()?;
+        if drv.worker(self.dev).is_done(self.last.load(Ordering::Acquire)) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    }
+
+    /// `cuStreamBeginCapture`.
+    pub fn begin_capture(&self, mode: u32) -> CuResult<()> {
+        let mut cap = self.capture_lock();
+        if cap.is_some() {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        *cap = Some(Capture { mode, id: CAPTURE_IDS.fetch_add(1, Ordering::Relaxed), ..Capture::default() });
+        Ok(())
+    }
+
+    /// `cuStreamEndCapture`: the captured graph's work.
+    pub fn end_capture(&self) -> CuResult<Vec<Work>> {
+        let c = self.capture_lock().take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        if c.invalid {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        Ok(c.work)
+    }
+
+    /// Capture status (0 none, 1 active, 2 invalidated) and id.
+    pub fn capture_info(&self) -> (u32, u64) {
+        match &*self.capture_lock() {
+            None => (0, 0),
+            Some(c) if c.invalid => (2, c.id),
+            Some(c) => (1, c.id),
+        }
+    }
+}
+
+/// An event.
+#[derive(Debug)]
+pub struct Event {
+    /// Handle.
+    pub id: u64,
+    /// `CU_EVENT_*` flags.
+    pub flags: u32,
+    /// Current record generation.
+    pub gen_: AtomicU64,
+    /// (device, sequence) of the latest record, if any.
+    pub rec: Mutex<Option<(usize, u64)>>,
+    /// Device time at which the latest record completed (mono ns; 0 = not yet).
+    pub time: AtomicU64,
+}
+
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+
+impl Event {
+    /// A new event.
+    pub fn new(flags: u32) -> Arc<Event> {
+        Arc::new(Event {
+            id: new_handle(Kind::Event),
+            flags,
+            gen_: AtomicU64::new(0),
+            rec: Mutex::new(None),
+            time: AtomicU64::new(0),
+        })
+    }
+
+    fn rec(&self) -> Option<(usize, u64)> {
+        *self.rec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `cuEventRecord` on `stream`.
+    pub fn record(self: &Arc<Self>, drv: &'static Driver, stream: &Stream) -> CuResult<()> {
+        let gen_ = self.gen_.fetch_add(1, Ordering::AcqRel) + 1;
+        if stream.is_capturing() {
+            return stream.enqueue(drv, Work::EventRecord { ev: self.clone(), gen_ });
+        }
+        self.time.store(0, Ordering::Release);
+        let w = drv.worker(stream.dev);
+        // Hold the record slot while queuing, so a concurrent query sees a consistent pair.
+        let mut rec = self.rec.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = w.submit(Work::EventRecord { ev: self.clone(), gen_ });
+        stream.last.store(seq, Ordering::Release);
+        *rec = Some((stream.dev, seq));
+        Ok(())
+    }
+
+    /// `cuEventQuery`.
+    pub fn query(&self, drv: &'static Driver) -> CuResult<()> {
+        match self.rec() {
+            None => Ok(()),
+            Some((d, seq)) if drv.worker(d).is_done(seq) => Ok(()),
+            Some(_) => Err(CUDA_ERROR_NOT_READY),
+        }
+    }
+
+    /// `cuEventSynchronize`.
+    pub fn synchronize(&self, drv: &'static Driver) {
+        if let Some((d, seq)) = self.rec() {
+            drv.worker(d).wait_for(seq);
+        }
+    }
+
+    /// (device, seq) a stream must wait for to follow this event.
+    pub fn wait_point(&self) -> Option<(usize, u64)> {
+        self.rec()
+    }
+
+    /// `cuEventElapsedTime`, in milliseconds.
+    pub fn elapsed_ms(drv: &'static Driver, start: &Event, end: &Event) -> CuResult<f32> {
+        if start.flags & CU_EVENT_DISABLE_TIMING != 0 || end.flags & CU_EVENT_DISABLE_TIMING != 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if start.rec().is_none() || end.rec().is_none() {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        start.query(drv)?;
+        end.query(drv)?;
+        let (a, b) = (start.time.load(Ordering::Acquire), end.time.load(Ordering::Acquire));
+        if a == 0 || b == 0 {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        Ok((b as f64 - a as f64) as f32 / 1e6)
+    }
+}
+
+/// A graph: work in a valid execution order (insertion order).
+#[derive(Debug, Default, Clone)]
+pub struct Graph {
+    /// The nodes' work.
+    pub work: Vec<Work>,
+}
+
+/// Resolves a stream handle: null, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` name the
+/// current context's default stream.
+pub fn resolve_stream(drv: &'static Driver, h: CUstream) -> CuResult<Arc<Stream>> {
+    let v = h as usize;
+    if v == 0 || v == CU_STREAM_LEGACY || v == CU_STREAM_PER_THREAD {
+        return Ok(drv.current()?.default_stream.clone());
+    }
+    let id = from_ptr(h, Kind::Stream)?;
+    drv.objects().streams.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)
+}

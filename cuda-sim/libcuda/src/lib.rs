@@ -1,0 +1,23 @@
+//! `libcuda.so.1` of the simulated driver: NVIDIA's CUDA driver API, with the real symbol
+//! names and ABIs, over the simulated node of `vgpu-cuda-sim`.
+//!
+//! Every exported function is thin: it enters a guard (no panic may cross into the
+//! application), checks its raw arguments, calls safe logic in [`rt`], [`mem`],
+//! [`exec`] and [`module`], and maps the outcome to a `CUresult`. Entry points resolve
+//! three ways, as on the real driver: by exported symbol (linking or `dlsym`) and
+//! through `cuGetProcAddress` by (name, CUDA version, flags) from the table in
+//! [`procaddr`]. What is not implemented either is not exported (the loader or
+//! `cuGetProcAddress` says so) or returns `CUDA_ERROR_NOT_SUPPORTED`. See
+//! `docs/cuda-sim.md`.
+
+// A C ABI library: exported functions take raw pointers from the application and the
+// runtime maps memory with mmap. Every unsafe block carries its SAFETY argument.
+#![allow(unsafe_code)]
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod exec;
+pub mod exports;
+pub mod mem;
+pub mod module;
+pub mod procaddr;
+pub mod rt;
