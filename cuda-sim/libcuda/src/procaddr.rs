@@ -238,7 +238,8 @@ pub fn lookup(name: &str, version: i32, flags: u64) -> (Option<usize>, i32) {
     }
     let per_thread = flags & proc_flags::PER_THREAD_DEFAULT_STREAM != 0;
     let f = if per_thread && v.per_thread != 0 { v.per_thread } else { v.legacy };
-    if crate::rt::driver().is_ok_and(|d| d.trace) {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    if *TRACE.get_or_init(|| std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0")) {
         eprintln!("vgpu cuda-sim: cuGetProcAddress({name}, {version}, {flags}) -> {}", v.symbol);
     }
     (Some(f), proc_status::SUCCESS)
