@@ -1,0 +1,46 @@
+"""gpustat and nvitop, unmodified, showing the simulated GPU through libnvidia-ml.so.1."""
+
+import json
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def test_gpustat_json_shows_device_memory_and_processes(node):
+    p, free, total = node.gpu_process(3 * GiB)
+    out = json.loads(node.run("gpustat", "--json").stdout)
+    assert out["driver_version"] == "570.124.06"
+    [gpu] = out["gpus"]
+    assert gpu["index"] == 0
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpu["uuid"] == "GPU-51570000-0000-4000-8000-000000000000"
+    # gpustat reports MiB (integer division of NVML's bytes).
+    assert gpu["memory.total"] == total // MiB == 81920
+    assert gpu["memory.used"] == (total - free) // MiB
+    assert gpu["utilization.gpu"] == 0
+    # Not simulated: reported as unknown, not invented.
+    assert gpu["temperature.gpu"] is None and gpu["power.draw"] is None
+    [proc] = gpu["processes"]
+    assert proc["pid"] == p.pid
+    assert proc["gpu_memory_usage"] == (total - free) // MiB
+
+
+def test_gpustat_text_output(node):
+    _, free, total = node.gpu_process(1 * GiB)
+    out = node.run("gpustat", "--no-color").stdout
+    lines = out.splitlines()
+    assert "570.124.06" in lines[0]
+    assert lines[1].startswith("[0] NVIDIA H100 80GB HBM3")
+    assert f"{(total - free) // MiB} / 81920 MB" in lines[1]
+
+
+def test_nvitop_once(node):
+    p, _, _ = node.gpu_process(4 * GiB)
+    r = node.run("nvitop", "-1")
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "Driver Version: 570.124.06" in r.stdout
+    assert "CUDA Driver Version: 12.8" in r.stdout
+    assert "H100 80GB HBM3" in r.stdout
+    assert "00000000:18:00.0" in r.stdout
+    assert "80.00GiB" in r.stdout
+    assert any(str(p.pid) in line for line in r.stdout.splitlines())
