@@ -1,6 +1,7 @@
 """gpustat and nvitop, unmodified, showing the simulated GPU through libnvidia-ml.so.1."""
 
 import json
+import time
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -35,12 +36,19 @@ def test_gpustat_text_output(node):
 
 
 def test_nvitop_once(node):
-    p, _, _ = node.gpu_process(4 * GiB)
+    p, free, total = node.gpu_process(4 * GiB, busy=True)
+    time.sleep(1.0)
     r = node.run("nvitop", "-1")
     assert "Traceback" not in r.stdout + r.stderr
     assert "Driver Version: 570.124.06" in r.stdout
     assert "CUDA Driver Version: 12.8" in r.stdout
     assert "H100 80GB HBM3" in r.stdout
     assert "00000000:18:00.0" in r.stdout
-    assert "80.00GiB" in r.stdout
-    assert any(str(p.pid) in line for line in r.stdout.splitlines())
+    used_mib = (total - free) // MiB
+    assert f"{used_mib}MiB / 80.00GiB" in r.stdout
+    # The process row: pid, its memory, and its SM share from the per-process samples.
+    [row] = [line for line in r.stdout.splitlines() if f" {p.pid} " in line]
+    fields = row.strip("│ ").split()
+    assert f"{used_mib}MiB" in fields, row
+    sm = fields[fields.index(f"{used_mib}MiB") + 1]
+    assert int(sm) >= 80, row

@@ -3,6 +3,7 @@
 //!
 //! Nothing here touches a raw pointer; [`crate::ffi`] turns C arguments into these calls.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -337,7 +338,8 @@ impl Dev {
 
     /// Per-process SM utilization samples since `last_seen_us` (µs since the Unix epoch;
     /// 0 = all the history the state keeps, 1.5 s). Each live process on the device gets
-    /// one sample stamped now, with its share of the device's time over that window.
+    /// one sample stamped now, with its share of the device's time over that window (or
+    /// over its life, if it is younger).
     pub fn process_samples(&self, last_seen_us: u64) -> Vec<nvmlProcessUtilizationSample_t> {
         let now = unix_us();
         if last_seen_us >= now {
@@ -353,29 +355,27 @@ impl Dev {
         self.st
             .processes(self.d)
             .into_iter()
-            .map(|p| nvmlProcessUtilizationSample_t {
-                pid: p.pid,
-                timeStamp: now,
-                smUtil: self.st.slot_utilization_pct(
-                    p.slot,
-                    self.d,
-                    Duration::from_nanos(window_ns),
-                ),
-                // Memory-controller, encoder and decoder activity are not modelled.
-                memUtil: 0,
-                encUtil: 0,
-                decUtil: 0,
+            .map(|p| {
+                // A process younger than the window is measured over its own life.
+                let start_us = self.st.slot(p.slot).start_unix_us.load(Ordering::Relaxed);
+                let life_ns = now.saturating_sub(start_us).saturating_mul(1000);
+                let window = Duration::from_nanos(window_ns.min(life_ns));
+                nvmlProcessUtilizationSample_t {
+                    pid: p.pid,
+                    timeStamp: now,
+                    smUtil: self.st.slot_utilization_pct(p.slot, self.d, window),
+                    // Memory-controller, encoder and decoder activity are not modelled.
+                    memUtil: 0,
+                    encUtil: 0,
+                    decUtil: 0,
+                }
             })
             .collect()
     }
 
     /// Whether accounting mode is on.
     pub fn accounting_enabled(&self) -> bool {
-        self.st
-            .dev(self.d)
-            .accounting_mode
-            .load(std::sync::atomic::Ordering::Acquire)
-            != 0
+        self.st.dev(self.d).accounting_mode.load(Ordering::Acquire) != 0
     }
 
     /// Turns accounting mode on or off; turning it off forgets exited processes, as
@@ -384,7 +384,7 @@ impl Dev {
         self.st
             .dev(self.d)
             .accounting_mode
-            .store(u32::from(on), std::sync::atomic::Ordering::Release);
+            .store(u32::from(on), Ordering::Release);
         if !on {
             self.st.clear_exited_accounting();
         }
