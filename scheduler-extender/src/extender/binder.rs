@@ -138,18 +138,23 @@ impl Binder for NoopBinder {
     }
 }
 
-/// Whether a failed bind may nevertheless have taken effect on the API server
-/// (a timeout or server error after the request was sent). Such a bind's
-/// assumption is kept until its TTL instead of being released at once, so that
-/// its GPUs are not handed to another pod before the watch tells the truth.
+/// Whether a failed bind may nevertheless have taken effect on the API server.
+///
+/// A failed annotation write never has: without the Binding the pod is on no
+/// node, and a record on an unbound pod is not counted. A failed Binding may
+/// have, when the answer is a server error or a transport failure (the write
+/// may have landed), or a 409 Conflict (kube-rs retries 503/504 on its own, so
+/// a 409 can be the answer to the retry of our own landed write). Such a bind's
+/// assumption is kept until the watch shows the truth or its TTL ends, instead
+/// of being released at once, so that its GPUs are never handed to another pod
+/// while they may be in use.
 #[must_use]
 pub fn outcome_uncertain(error: &ExtenderError) -> bool {
-    let source = match error {
-        ExtenderError::Annotate { source, .. } | ExtenderError::Binding { source, .. } => source,
-        _ => return false,
+    let ExtenderError::Binding { source, .. } = error else {
+        return false;
     };
     match source {
-        kube::Error::Api(status) => status.code >= 500,
+        kube::Error::Api(status) => status.code >= 500 || status.code == 409,
         kube::Error::SerdeError(_) => false,
         _ => true,
     }

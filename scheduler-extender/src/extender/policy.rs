@@ -7,8 +7,8 @@
 //! cluster: the shapes of every pod the ledger holds (recomputed when the ledger
 //! is rebuilt and when the pod count has moved by more than 1 %), so the
 //! fragmentation measure follows the workload actually running. With no pods
-//! yet, every node's fragmentation is 0 and `vgpu` falls back to its best-fit
-//! tie-breaker.
+//! yet, every node's fragmentation is 0: scores tie except for the policy's own
+//! tie-breaker, and kube-scheduler's other scores decide.
 
 use std::sync::{Mutex, MutexGuard};
 

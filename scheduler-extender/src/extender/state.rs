@@ -462,27 +462,27 @@ impl Inner {
     fn reconcile(&mut self, uid: &str) {
         let want = self.desired(uid);
         let have = self.ledger.placement(uid).cloned();
-        if let (Some((_, _, w)), Some(h)) = (&want, &have) {
-            if w == h {
-                return;
-            }
+        if let (Some((_, _, w)), Some(h)) = (&want, &have)
+            && w == h
+        {
+            return;
         }
         if have.is_some() {
             let _ = self.ledger.release(uid);
         }
         self.conflicts.remove(uid);
-        if let Some((node, task, placement)) = want {
-            if let Err(e) = self.ledger.commit(uid, &task, placement) {
-                let key = self
-                    .pods
-                    .get(uid)
-                    .map(|p| p.key.clone())
-                    .or_else(|| self.assumptions.get(uid).map(|a| a.key.clone()))
-                    .unwrap_or_default();
-                warn!(pod = %key, %node, error = %e, "recorded assignment conflicts with the ledger; node refused until it clears");
-                self.conflicts
-                    .insert(uid.to_string(), (node, e.to_string()));
-            }
+        if let Some((node, task, placement)) = want
+            && let Err(e) = self.ledger.commit(uid, &task, placement)
+        {
+            let key = self
+                .pods
+                .get(uid)
+                .map(|p| p.key.clone())
+                .or_else(|| self.assumptions.get(uid).map(|a| a.key.clone()))
+                .unwrap_or_default();
+            warn!(pod = %key, %node, error = %e, "recorded assignment conflicts with the ledger; node refused until it clears");
+            self.conflicts
+                .insert(uid.to_string(), (node, e.to_string()));
         }
     }
 
@@ -492,10 +492,10 @@ impl Inner {
         names.sort();
         let mut ledger = Ledger::new();
         for name in names {
-            if let Ok(spec) = &self.nodes[name].spec {
-                if ledger.add_node(spec.clone()).is_err() {
-                    warn!(node = %name, "duplicate node in rebuild");
-                }
+            if let Ok(spec) = &self.nodes[name].spec
+                && ledger.add_node(spec.clone()).is_err()
+            {
+                warn!(node = %name, "duplicate node in rebuild");
             }
         }
         self.ledger = ledger;
@@ -718,12 +718,12 @@ impl State {
         let mut inner = self.write();
         match entry {
             Some((_, e)) => {
-                if e.terminal || e.counted().is_some() {
-                    if let Some(a) = inner.assumptions.get(&uid) {
-                        if a.state != AssumeState::InFlight || e.terminal {
-                            inner.assumptions.remove(&uid);
-                        }
-                    }
+                // Confirmed by the watch (or over): the assumption has served,
+                // unless its bind is still in flight (finish_bind drops it then).
+                if let Some(a) = inner.assumptions.get(&uid)
+                    && (e.terminal || (e.counted().is_some() && a.state != AssumeState::InFlight))
+                {
+                    inner.assumptions.remove(&uid);
                 }
                 inner.pods.insert(uid.clone(), e);
             }
@@ -898,10 +898,10 @@ impl State {
                 return Ok(plan(&a.assignment));
             }
         }
-        if let Some(a) = inner.pods.get(&args.pod_uid).and_then(PodEntry::counted) {
-            if a.node == args.node {
-                return Ok(plan(a));
-            }
+        if let Some(a) = inner.pods.get(&args.pod_uid).and_then(PodEntry::counted)
+            && a.node == args.node
+        {
+            return Ok(plan(a));
         }
         let request = match pending {
             Some(p) => p.request,

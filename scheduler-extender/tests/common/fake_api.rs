@@ -60,6 +60,8 @@ struct Inner {
     patch_failures: Vec<u16>,
     /// Delay before answering a binding POST.
     binding_delay: Duration,
+    /// Binding POSTs to answer 201 without binding (a write the watch never shows).
+    lost_bindings: usize,
 }
 
 /// Handle to a running fake API server.
@@ -223,6 +225,18 @@ impl FakeApi {
     /// Answers the next pod PATCHes with these status codes.
     pub fn fail_next_patches(&self, codes: &[u16]) {
         lock(&self.inner).patch_failures.extend_from_slice(codes);
+    }
+
+    /// Answers the next `n` binding POSTs 201 Created without binding the pod.
+    pub fn lose_next_bindings(&self, n: usize) {
+        lock(&self.inner).lost_bindings += n;
+    }
+
+    /// Sets a pod's phase (a watch event follows).
+    pub fn set_pod_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let mut pod = self.pod(namespace, name).expect("pod exists");
+        pod["status"]["phase"] = json!(phase);
+        self.put_pod(pod);
     }
 
     /// Delays every binding POST by this much.
@@ -453,24 +467,23 @@ async fn patch_pod(
             format!("pods \"{name}\" not found"),
         );
     };
-    if let Some(uid) = patch["metadata"]["uid"].as_str() {
-        if pod["metadata"]["uid"].as_str() != Some(uid) {
-            return status(
-                StatusCode::CONFLICT,
-                "Conflict",
-                format!("Precondition failed: UID in precondition: {uid}"),
-            );
-        }
+    if let Some(uid) = patch["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Precondition failed: UID in precondition: {uid}"),
+        );
     }
-    if let Some(rv) = patch["metadata"]["resourceVersion"].as_str() {
-        if pod["metadata"]["resourceVersion"].as_str() != Some(rv) {
-            return status(
-                StatusCode::CONFLICT,
-                "Conflict",
-                "the object has been modified; please apply your changes to the latest version"
-                    .into(),
-            );
-        }
+    if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
+        && pod["metadata"]["resourceVersion"].as_str() != Some(rv)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version".into(),
+        );
     }
     merge(&mut pod, &patch);
     inner.rv += 1;
@@ -501,6 +514,14 @@ async fn create_binding(
         let code = StatusCode::from_u16(code).expect("valid code");
         return status(code, "Scripted", format!("scripted failure {code}"));
     }
+    if inner.lost_bindings > 0 {
+        inner.lost_bindings -= 1;
+        return (
+            StatusCode::CREATED,
+            axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
+        )
+            .into_response();
+    }
     let key = (ns.clone(), name.clone());
     let Some(mut pod) = inner.pods.get(&key).cloned() else {
         return status(
@@ -509,14 +530,14 @@ async fn create_binding(
             format!("pods \"{name}\" not found"),
         );
     };
-    if let Some(uid) = binding["metadata"]["uid"].as_str() {
-        if pod["metadata"]["uid"].as_str() != Some(uid) {
-            return status(
-                StatusCode::CONFLICT,
-                "Conflict",
-                format!("pod uid mismatch: {uid}"),
-            );
-        }
+    if let Some(uid) = binding["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("pod uid mismatch: {uid}"),
+        );
     }
     if let Some(node) = pod["spec"]["nodeName"].as_str() {
         return status(
