@@ -1,6 +1,6 @@
 //! The exported NVML entry points.
 //!
-//! Each one: enters [`guard`] (no panic crosses into C), checks and converts its pointer
+//! Each one: enters `guard` (no panic crosses into C), checks and converts its pointer
 //! arguments, calls [`crate::sim`], and maps the outcome to an `nvmlReturn_t`. The
 //! pointer contracts are NVML's (`nvml.h`): output pointers are null or valid for a
 //! write of their type, string buffers are valid for `length` bytes, arrays for the
