@@ -17,7 +17,9 @@ pub enum ByteSizeError {
     #[error("invalid byte quantity {0:?}: expected a number with an optional Ki/Mi/Gi/Ti suffix")]
     NotANumber(String),
     /// The suffix is not one we accept.
-    #[error("invalid byte quantity {0:?}: unknown unit {1:?} (use B, Ki, Mi, Gi, Ti, KiB, MiB, GiB or TiB)")]
+    #[error(
+        "invalid byte quantity {0:?}: unknown unit {1:?} (use B, Ki, Mi, Gi, Ti, KiB, MiB, GiB or TiB)"
+    )]
     UnknownUnit(String, String),
     /// The value does not fit in 64 bits of bytes.
     #[error("byte quantity {0:?} is too large")]
@@ -54,7 +56,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
         "Mi" | "MiB" => MI,
         "Gi" | "GiB" => GI,
         "Ti" | "TiB" => TI,
-        other => return Err(ByteSizeError::UnknownUnit(text.to_owned(), other.to_owned())),
+        other => {
+            return Err(ByteSizeError::UnknownUnit(
+                text.to_owned(),
+                other.to_owned(),
+            ));
+        }
     };
     let num: String = num.chars().filter(|&c| c != '_').collect();
     if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
@@ -81,7 +88,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
         if scaled % scale != 0 {
             return Err(ByteSizeError::Fractional(text.to_owned()));
         }
-        let add = u64::try_from(scaled / scale).map_err(|_| ByteSizeError::Overflow(text.to_owned()))?;
+        let add =
+            u64::try_from(scaled / scale).map_err(|_| ByteSizeError::Overflow(text.to_owned()))?;
         total = total
             .checked_add(add)
             .ok_or_else(|| ByteSizeError::Overflow(text.to_owned()))?;
@@ -134,11 +142,26 @@ mod tests {
         let e = parse_bytes("8G").unwrap_err();
         assert_eq!(e, ByteSizeError::UnknownUnit("8G".into(), "G".into()));
         assert!(e.to_string().contains("\"8G\""));
-        assert!(matches!(parse_bytes("abc"), Err(ByteSizeError::NotANumber(_))));
-        assert!(matches!(parse_bytes("-1"), Err(ByteSizeError::NotANumber(_))));
-        assert!(matches!(parse_bytes("1.2.3Mi"), Err(ByteSizeError::NotANumber(_))));
-        assert!(matches!(parse_bytes("0.3"), Err(ByteSizeError::Fractional(_))));
-        assert!(matches!(parse_bytes("99999999999Ti"), Err(ByteSizeError::Overflow(_))));
+        assert!(matches!(
+            parse_bytes("abc"),
+            Err(ByteSizeError::NotANumber(_))
+        ));
+        assert!(matches!(
+            parse_bytes("-1"),
+            Err(ByteSizeError::NotANumber(_))
+        ));
+        assert!(matches!(
+            parse_bytes("1.2.3Mi"),
+            Err(ByteSizeError::NotANumber(_))
+        ));
+        assert!(matches!(
+            parse_bytes("0.3"),
+            Err(ByteSizeError::Fractional(_))
+        ));
+        assert!(matches!(
+            parse_bytes("99999999999Ti"),
+            Err(ByteSizeError::Overflow(_))
+        ));
         assert!(matches!(
             parse_bytes("18446744073709551616"),
             Err(ByteSizeError::Overflow(_))

@@ -84,7 +84,9 @@ pub enum ResourceError {
         reason: String,
     },
     /// A name under the vgpu.io domain that we do not know (likely a typo).
-    #[error("container {container:?}: unknown resource {name:?} (known: vgpu.io/gpu, vgpu.io/gpu-count, vgpu.io/gpu-memory, vgpu.io/gpu-compute)")]
+    #[error(
+        "container {container:?}: unknown resource {name:?} (known: vgpu.io/gpu, vgpu.io/gpu-count, vgpu.io/gpu-memory, vgpu.io/gpu-compute)"
+    )]
     UnknownResource {
         /// The container's name.
         container: String,
@@ -316,7 +318,10 @@ impl fmt::Display for ModelConstraint {
 }
 
 /// Parses a `|`-separated model list (`"A100|H100"`); surrounding spaces are ignored.
-pub fn parse_model_list(annotation: &'static str, text: &str) -> Result<Vec<String>, ResourceError> {
+pub fn parse_model_list(
+    annotation: &'static str,
+    text: &str,
+) -> Result<Vec<String>, ResourceError> {
     let bad = |reason| ResourceError::BadModelList {
         annotation,
         value: text.to_owned(),
@@ -335,7 +340,9 @@ pub fn parse_model_list(annotation: &'static str, text: &str) -> Result<Vec<Stri
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         {
-            return Err(bad("model names use only letters, digits, '-', '_' and '.'"));
+            return Err(bad(
+                "model names use only letters, digits, '-', '_' and '.'",
+            ));
         }
         if !out.iter().any(|m: &String| m == p) {
             out.push(p.to_owned());
@@ -412,7 +419,11 @@ pub fn parse_container_request(
     };
     if slices == 0 {
         if count.is_some() || memory.is_some() || compute.is_some() {
-            return Err(range(RESOURCE_GPU, slices, "must be at least 1 when other vgpu.io resources are set".into()));
+            return Err(range(
+                RESOURCE_GPU,
+                slices,
+                "must be at least 1 when other vgpu.io resources are set".into(),
+            ));
         }
         return Ok(None);
     }
@@ -459,7 +470,11 @@ pub fn parse_container_request(
     let compute_milli = match compute {
         Some(p) if (1..=100).contains(&p) => u32::try_from(p * 10).expect("at most 1000"),
         Some(p) => {
-            return Err(range(RESOURCE_GPU_COMPUTE, p, "percent of one GPU, 1 to 100".into()));
+            return Err(range(
+                RESOURCE_GPU_COMPUTE,
+                p,
+                "percent of one GPU, 1 to 100".into(),
+            ));
         }
         None => per_gpu_slices * (MILLI_PER_GPU / SLICES_PER_GPU),
     };
@@ -627,7 +642,10 @@ impl Assignment {
                     )));
                 }
                 if g.slices > SLICES_PER_GPU {
-                    return Err(invalid(format!("slices {} on {} exceeds 10", g.slices, g.uuid)));
+                    return Err(invalid(format!(
+                        "slices {} on {} exceeds 10",
+                        g.slices, g.uuid
+                    )));
                 }
             }
             let mut uuids: Vec<&str> = c.gpus.iter().map(|g| g.uuid.as_str()).collect();
@@ -668,7 +686,17 @@ mod tests {
         assert_eq!(parse_quantity("x", "1e3").unwrap(), 1000);
         assert_eq!(parse_quantity("x", "0").unwrap(), 0);
         assert_eq!(parse_quantity("x", "+7").unwrap(), 7);
-        for bad in ["", "-1", "1.5", "500m", "1x", "k", "1..2", "1e99", "99999999999999999999"] {
+        for bad in [
+            "",
+            "-1",
+            "1.5",
+            "500m",
+            "1x",
+            "k",
+            "1..2",
+            "1e99",
+            "99999999999999999999",
+        ] {
             let e = parse_quantity("vgpu.io/gpu", bad).unwrap_err();
             assert!(e.to_string().contains("vgpu.io/gpu"), "{e}");
         }
@@ -735,7 +763,10 @@ mod tests {
             &req(&[("vgpu.io/gpu", "1"), ("vgpu.io/gpu-memory", "8Gi")]),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("8Gi") && e.to_string().contains("MiB"), "{e}");
+        assert!(
+            e.to_string().contains("8Gi") && e.to_string().contains("MiB"),
+            "{e}"
+        );
         let e = parse_container_request(
             "c",
             &req(&[("vgpu.io/gpu", "1"), ("vgpu.io/gpu-compute", "120")]),
@@ -781,7 +812,9 @@ mod tests {
     #[test]
     fn memory_fractions_never_sum_past_the_total() {
         let total = 16_280;
-        let sum: u64 = (0..3).map(|_| MemoryDemand::FractionMilli(333).resolve(total)).sum();
+        let sum: u64 = (0..3)
+            .map(|_| MemoryDemand::FractionMilli(333).resolve(total))
+            .sum();
         assert!(sum <= total);
         assert_eq!(MemoryDemand::FractionMilli(1000).resolve(total), total);
     }
@@ -804,12 +837,21 @@ mod tests {
         let s = a.to_json();
         assert_eq!(Assignment::from_json(&s).unwrap(), a);
         let future = s.replace("\"version\":1", "\"version\":2");
-        assert!(matches!(Assignment::from_json(&future), Err(AssignmentError::Version(2))));
+        assert!(matches!(
+            Assignment::from_json(&future),
+            Err(AssignmentError::Version(2))
+        ));
         let extra = s.replace("\"node\"", "\"later_field\":true,\"node\"");
         assert_eq!(Assignment::from_json(&extra).unwrap(), a);
         let over = s.replace("460", "1460");
-        assert!(matches!(Assignment::from_json(&over), Err(AssignmentError::Invalid { .. })));
-        assert!(matches!(Assignment::from_json("{"), Err(AssignmentError::Malformed(_))));
+        assert!(matches!(
+            Assignment::from_json(&over),
+            Err(AssignmentError::Invalid { .. })
+        ));
+        assert!(matches!(
+            Assignment::from_json("{"),
+            Err(AssignmentError::Malformed(_))
+        ));
     }
 
     proptest! {

@@ -261,16 +261,19 @@ impl SimConfig {
             }
             if let Some(u) = d.uuid {
                 dev.uuid = parse_uuid(&u).ok_or_else(|| {
-                    bad(key("uuid"), &u, "expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+                    bad(
+                        key("uuid"),
+                        &u,
+                        "expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+                    )
                 })?;
             }
             if let Some(p) = d.pci_bus_id {
                 dev.pci_bus_id = normalize_pci_bus_id(&p)
                     .ok_or_else(|| bad(key("pci_bus_id"), &p, "expected DDDDDDDD:BB:DD.F"))?;
             }
-            let bytes = |k: &str, v: &str| {
-                parse_bytes(v).map_err(|e| bad(key(k), v, &e.to_string()))
-            };
+            let bytes =
+                |k: &str, v: &str| parse_bytes(v).map_err(|e| bad(key(k), v, &e.to_string()));
             if let Some(m) = d.memory {
                 dev.memory = bytes("memory", &m)?;
                 if dev.memory < (64 << 20) {
@@ -283,7 +286,11 @@ impl SimConfig {
             if let Some(g) = d.alloc_granularity {
                 let v = bytes("alloc_granularity", &g)?;
                 if !v.is_power_of_two() || !(512..=(1 << 30)).contains(&v) {
-                    return Err(bad(key("alloc_granularity"), &g, "must be a power of two from 512 to 1Gi"));
+                    return Err(bad(
+                        key("alloc_granularity"),
+                        &g,
+                        "must be a power of two from 512 to 1Gi",
+                    ));
                 }
                 dev.alloc_granularity = v;
             }
@@ -298,7 +305,13 @@ impl SimConfig {
                     .split_once('.')
                     .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
                     .filter(|&(a, b)| (3..=12).contains(&a) && b <= 9)
-                    .ok_or_else(|| bad(key("compute_capability"), &cc, "expected MAJOR.MINOR, e.g. 9.0"))?;
+                    .ok_or_else(|| {
+                        bad(
+                            key("compute_capability"),
+                            &cc,
+                            "expected MAJOR.MINOR, e.g. 9.0",
+                        )
+                    })?;
                 dev.cc_major = ma;
                 dev.cc_minor = mi;
             }
@@ -320,20 +333,36 @@ impl SimConfig {
         for i in 0..devices.len() {
             for j in 0..i {
                 if devices[i].uuid == devices[j].uuid {
-                    return Err(bad(format!("device[{i}].uuid"), &format_uuid(&devices[i].uuid), "duplicate UUID"));
+                    return Err(bad(
+                        format!("device[{i}].uuid"),
+                        &format_uuid(&devices[i].uuid),
+                        "duplicate UUID",
+                    ));
                 }
                 if devices[i].pci_bus_id == devices[j].pci_bus_id {
-                    return Err(bad(format!("device[{i}].pci_bus_id"), &devices[i].pci_bus_id, "duplicate PCI bus id"));
+                    return Err(bad(
+                        format!("device[{i}].pci_bus_id"),
+                        &devices[i].pci_bus_id,
+                        "duplicate PCI bus id",
+                    ));
                 }
             }
         }
         let timeslice_us = raw.engine.timeslice_us.unwrap_or(2000);
         if !(100..=1_000_000).contains(&timeslice_us) {
-            return Err(bad("engine.timeslice_us".into(), &timeslice_us.to_string(), "must be 100 to 1000000"));
+            return Err(bad(
+                "engine.timeslice_us".into(),
+                &timeslice_us.to_string(),
+                "must be 100 to 1000000",
+            ));
         }
         for &l in &raw.faults.lost_devices {
             if l as usize >= devices.len() {
-                return Err(bad("faults.lost_devices".into(), &l.to_string(), "no such device index"));
+                return Err(bad(
+                    "faults.lost_devices".into(),
+                    &l.to_string(),
+                    "no such device index",
+                ));
             }
         }
         Ok(SimConfig {
@@ -403,7 +432,10 @@ mod tests {
         assert_eq!(c.devices[0].memory, 40 << 30);
         assert_eq!(c.devices[0].pci_bus_id, "00000000:07:00.0");
         assert_eq!(c.devices[0].context_overhead, 416 << 20);
-        assert_eq!(format_uuid(&c.devices[1].uuid), "GPU-11111111-2222-3333-4444-555555555555");
+        assert_eq!(
+            format_uuid(&c.devices[1].uuid),
+            "GPU-11111111-2222-3333-4444-555555555555"
+        );
         assert_eq!(c.engine.timeslice_us, 1000);
         assert_eq!(c.faults.fail_alloc_nth, 3);
     }
@@ -413,11 +445,16 @@ mod tests {
         let e = SimConfig::from_toml("[[device]]\nmemory = \"8G\"", "t.toml").unwrap_err();
         let s = e.to_string();
         assert!(s.contains("device[0].memory") && s.contains("8G"), "{s}");
-        let e = SimConfig::from_toml("[[device]]\ncompute_capability = \"nine\"", "t.toml").unwrap_err();
+        let e = SimConfig::from_toml("[[device]]\ncompute_capability = \"nine\"", "t.toml")
+            .unwrap_err();
         assert!(e.to_string().contains("nine"));
         let e = SimConfig::from_toml("[[device]]\nbogus = 1", "t.toml").unwrap_err();
         assert!(matches!(e, ConfigError::Toml { .. }));
-        let e = SimConfig::from_toml("[[device]]\n[[device]]\nuuid = \"GPU-51570000-0000-4000-8000-000000000000\"", "t.toml").unwrap_err();
+        let e = SimConfig::from_toml(
+            "[[device]]\n[[device]]\nuuid = \"GPU-51570000-0000-4000-8000-000000000000\"",
+            "t.toml",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("duplicate UUID"), "{e}");
     }
 
@@ -425,8 +462,14 @@ mod tests {
     fn uuid_and_pci_round_trip() {
         let d = default_device(3);
         assert_eq!(parse_uuid(&format_uuid(&d.uuid)), Some(d.uuid));
-        assert_eq!(normalize_pci_bus_id("0000:18:00.0").as_deref(), Some("00000000:18:00.0"));
-        assert_eq!(normalize_pci_bus_id("18:00.0").as_deref(), Some("00000000:18:00.0"));
+        assert_eq!(
+            normalize_pci_bus_id("0000:18:00.0").as_deref(),
+            Some("00000000:18:00.0")
+        );
+        assert_eq!(
+            normalize_pci_bus_id("18:00.0").as_deref(),
+            Some("00000000:18:00.0")
+        );
         assert_eq!(normalize_pci_bus_id("zz:00.0"), None);
     }
 }

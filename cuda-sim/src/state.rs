@@ -339,7 +339,10 @@ pub struct DeviceEvent {
 
 /// Monotonic clock in ns (system-wide, so comparable across processes).
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
@@ -388,7 +391,11 @@ impl Drop for State {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StateError + 'a {
-    move |source| StateError::Io { op, path: path.to_owned(), source }
+    move |source| StateError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 impl State {
@@ -397,12 +404,20 @@ impl State {
         std::fs::create_dir_all(dir).map_err(io_err("create state directory", dir))?;
         let path = dir.join(format!("state-v{LAYOUT_VERSION}.bin"));
         let len = size_of::<Layout>();
-        let file = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&path) {
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(dir, &path, len, config)?,
             Err(e) => return Err(io_err("open state file", &path)(e)),
         };
-        let flen = file.metadata().map_err(io_err("stat state file", &path))?.len();
+        let flen = file
+            .metadata()
+            .map_err(io_err("stat state file", &path))?
+            .len();
         if flen != len as u64 {
             return Err(StateError::BadFile(path));
         }
@@ -417,7 +432,12 @@ impl State {
             .custom_flags(libc::O_CLOEXEC)
             .open(&lock_path)
             .map_err(io_err("open slot lock file", &lock_path))?;
-        let st = State { base, len, lock_file, dir: dir.to_owned() };
+        let st = State {
+            base,
+            len,
+            lock_file,
+            dir: dir.to_owned(),
+        };
         let h = &st.layout().header;
         if h.magic != MAGIC || h.layout_version != LAYOUT_VERSION || h.size != len as u64 {
             return Err(StateError::BadFile(path));
@@ -434,7 +454,10 @@ impl State {
     fn create(dir: &Path, path: &Path, len: usize, config: &SimConfig) -> Result<File, StateError> {
         // Build the whole file under a private name, then link it into place: a racing
         // process either sees no file or a complete one.
-        let tmp = dir.join(format!(".state-v{LAYOUT_VERSION}.{}.tmp", std::process::id()));
+        let tmp = dir.join(format!(
+            ".state-v{LAYOUT_VERSION}.{}.tmp",
+            std::process::id()
+        ));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -444,7 +467,8 @@ impl State {
             .custom_flags(libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(io_err("create state file", &tmp))?;
-        file.set_len(len as u64).map_err(io_err("size state file", &tmp))?;
+        file.set_len(len as u64)
+            .map_err(io_err("size state file", &tmp))?;
         let base = map(&file, len).map_err(io_err("map state file", &tmp))?;
         // SAFETY: `base` is a fresh, zero-filled, writable mapping of `len` bytes, which is
         // the size of `Layout`; nobody else can see the file yet. All-zero is a valid bit
@@ -532,7 +556,11 @@ impl State {
         fl.l_pid = 0;
         // SAFETY: the fd is open for the lifetime of `self`; `fl` is a valid flock.
         let rc = unsafe { libc::fcntl(self.lock_file.as_raw_fd(), cmd, &mut fl) };
-        if rc == 0 { Ok(fl) } else { Err(io::Error::last_os_error()) }
+        if rc == 0 {
+            Ok(fl)
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     /// Whether the process owning slot `i` still holds its liveness lock.
@@ -550,7 +578,15 @@ impl State {
         for attempt in 0..2 {
             for i in 0..MAX_SLOTS {
                 let s = self.slot(i);
-                if s.state.compare_exchange(SLOT_FREE, SLOT_CLAIMING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                if s.state
+                    .compare_exchange(
+                        SLOT_FREE,
+                        SLOT_CLAIMING,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_err()
+                {
                     continue;
                 }
                 if self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_WRLCK).is_err() {
@@ -579,7 +615,10 @@ impl State {
     /// Gives slot `i` back (the process is done with the GPU). Frees what it holds.
     pub fn release_slot(&self, i: usize) {
         let s = self.slot(i);
-        if s.state.compare_exchange(SLOT_LIVE, SLOT_REAPING, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if s.state
+            .compare_exchange(SLOT_LIVE, SLOT_REAPING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             self.retire(i);
             let _ = self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_UNLCK);
         }
@@ -589,7 +628,10 @@ impl State {
     /// engine they held go back to the node. `own` is skipped (this process's slot,
     /// whose lock our own file description holds). Returns how many were reclaimed.
     pub fn reap(&self, own: Option<usize>) -> usize {
-        self.layout().header.last_reap_ns.store(mono_ns(), Ordering::Relaxed);
+        self.layout()
+            .header
+            .last_reap_ns
+            .store(mono_ns(), Ordering::Relaxed);
         let mut n = 0;
         for i in 0..MAX_SLOTS {
             if Some(i) == own || self.slot(i).state.load(Ordering::Acquire) != SLOT_LIVE {
@@ -598,7 +640,12 @@ impl State {
             if self.slot_owner_alive(i) {
                 continue;
             }
-            if self.slot(i).state.compare_exchange(SLOT_LIVE, SLOT_REAPING, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if self
+                .slot(i)
+                .state
+                .compare_exchange(SLOT_LIVE, SLOT_REAPING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
                 self.retire(i);
                 n += 1;
             }
@@ -630,7 +677,10 @@ impl State {
             }
             let owner_tag = (i + 1) as u32;
             let e = self.dev(d);
-            if e.engine_owner.compare_exchange(owner_tag, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if e.engine_owner
+                .compare_exchange(owner_tag, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
                 e.engine_seq.fetch_add(1, Ordering::Release);
                 futex_wake(&e.engine_seq);
             }
@@ -645,7 +695,8 @@ impl State {
                 r.start_unix_us.store(start, Ordering::Relaxed);
                 r.end_unix_us.store(now, Ordering::Relaxed);
                 r.busy_ns.store(busy, Ordering::Relaxed);
-                r.max_used.store(sd.max_used.load(Ordering::Relaxed), Ordering::Relaxed);
+                r.max_used
+                    .store(sd.max_used.load(Ordering::Relaxed), Ordering::Relaxed);
                 r.seq.store(seq, Ordering::Release);
             }
         }
@@ -665,7 +716,12 @@ impl State {
             let contexts = sd.contexts.load(Ordering::Acquire);
             let used = sd.used.load(Ordering::Acquire);
             if contexts > 0 || used > 0 {
-                out.push(ProcessOnDevice { slot: i, pid: s.pid.load(Ordering::Relaxed), used, contexts });
+                out.push(ProcessOnDevice {
+                    slot: i,
+                    pid: s.pid.load(Ordering::Relaxed),
+                    used,
+                    contexts,
+                });
             }
         }
         out
@@ -673,7 +729,9 @@ impl State {
 
     /// Slots of live processes (any device).
     pub fn live_slots(&self) -> Vec<usize> {
-        (0..MAX_SLOTS).filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE).collect()
+        (0..MAX_SLOTS)
+            .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
+            .collect()
     }
 
     /// Accounting records on device `d`: live processes that used it, then exited ones
@@ -705,7 +763,9 @@ impl State {
         let first = last.saturating_sub(EXITED_RING as u64 - 1).max(1);
         for seq in (first..=last).rev() {
             let r = &self.layout().exited[(seq % EXITED_RING as u64) as usize];
-            if r.seq.load(Ordering::Acquire) != seq || r.device.load(Ordering::Relaxed) as usize != d {
+            if r.seq.load(Ordering::Acquire) != seq
+                || r.device.load(Ordering::Relaxed) as usize != d
+            {
                 continue;
             }
             let pid = r.pid.load(Ordering::Relaxed);
@@ -744,7 +804,13 @@ impl State {
     /// whole amount fits under the device's capacity or nothing is charged. Dead
     /// processes are reaped before out-of-memory is declared. `counted` says whether this
     /// is an allocation that fault injection counts (contexts are not).
-    pub fn reserve(&self, slot: usize, d: usize, bytes: u64, counted: bool) -> Result<(), AllocError> {
+    pub fn reserve(
+        &self,
+        slot: usize,
+        d: usize,
+        bytes: u64,
+        counted: bool,
+    ) -> Result<(), AllocError> {
         if self.is_lost(d) {
             return Err(AllocError::DeviceLost);
         }
@@ -761,8 +827,13 @@ impl State {
         for attempt in 0..2 {
             let mut cur = dev.used.load(Ordering::Acquire);
             loop {
-                let Some(new) = cur.checked_add(bytes).filter(|&n| n <= cap) else { break };
-                match dev.used.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                let Some(new) = cur.checked_add(bytes).filter(|&n| n <= cap) else {
+                    break;
+                };
+                match dev
+                    .used
+                    .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+                {
                     Ok(_) => {
                         let sd = &self.slot(slot).devs[d];
                         let mine = sd.used.fetch_add(bytes, Ordering::AcqRel) + bytes;
@@ -801,7 +872,10 @@ impl State {
         let e = self.dev(d);
         let me = (slot + 1) as u32;
         let sd = &self.slot(slot).devs[d];
-        if e.engine_owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if e.engine_owner
+            .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             return;
         }
         if sd.want.swap(1, Ordering::AcqRel) == 0 {
@@ -812,7 +886,9 @@ impl State {
             let owner = e.engine_owner.load(Ordering::Acquire);
             let got = owner == me
                 || (owner == 0
-                    && e.engine_owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire).is_ok());
+                    && e.engine_owner
+                        .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok());
             if got {
                 if sd.want.swap(0, Ordering::AcqRel) != 0 {
                     sub_saturating_u32(&e.engine_wanting, 1);
@@ -824,8 +900,13 @@ impl State {
                 let owner = e.engine_owner.load(Ordering::Acquire);
                 if owner != 0 && owner != me {
                     let o = owner as usize - 1;
-                    let dead = self.slot(o).state.load(Ordering::Acquire) != SLOT_LIVE || !self.slot_owner_alive(o);
-                    if dead && e.engine_owner.compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    let dead = self.slot(o).state.load(Ordering::Acquire) != SLOT_LIVE
+                        || !self.slot_owner_alive(o);
+                    if dead
+                        && e.engine_owner
+                            .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                    {
                         e.engine_seq.fetch_add(1, Ordering::Release);
                         futex_wake(&e.engine_seq);
                     }
@@ -857,7 +938,10 @@ impl State {
                 }
             }
         }
-        if e.engine_owner.compare_exchange(me, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if e.engine_owner
+            .compare_exchange(me, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             e.engine_seq.fetch_add(1, Ordering::Release);
             futex_wake(&e.engine_seq);
         }
@@ -879,13 +963,18 @@ impl State {
 
     /// Device `d`'s utilization over the last `window`, in percent (0–100).
     pub fn utilization_pct(&self, d: usize, window: Duration) -> u32 {
-        let (busy, span) = self.dev(d).util.busy_in_window(mono_ns(), window.as_nanos() as u64);
+        let (busy, span) = self
+            .dev(d)
+            .util
+            .busy_in_window(mono_ns(), window.as_nanos() as u64);
         ((busy * 100 + span / 2) / span).min(100) as u32
     }
 
     /// Slot `s`'s utilization of device `d` over the last `window`, in percent.
     pub fn slot_utilization_pct(&self, s: usize, d: usize, window: Duration) -> u32 {
-        let (busy, span) = self.slot(s).devs[d].util.busy_in_window(mono_ns(), window.as_nanos() as u64);
+        let (busy, span) = self.slot(s).devs[d]
+            .util
+            .busy_in_window(mono_ns(), window.as_nanos() as u64);
         ((busy * 100 + span / 2) / span).min(100) as u32
     }
 
@@ -954,10 +1043,14 @@ fn init_layout(l: &mut Layout, config: &SimConfig, len: usize) {
     l.header.size = len as u64;
     l.header.timeslice_ns = config.engine.timeslice_us * 1000;
     l.header.created_unix_us = unix_us();
-    l.header.fail_alloc_nth.store(config.faults.fail_alloc_nth, Ordering::Relaxed);
+    l.header
+        .fail_alloc_nth
+        .store(config.faults.fail_alloc_nth, Ordering::Relaxed);
     for (i, d) in config.devices.iter().enumerate() {
         write_info(&mut l.info[i], d);
-        l.devs[i].accounting_mode.store(u32::from(config.faults.accounting_mode), Ordering::Relaxed);
+        l.devs[i]
+            .accounting_mode
+            .store(u32::from(config.faults.accounting_mode), Ordering::Relaxed);
     }
     for &lost in &config.faults.lost_devices {
         l.devs[lost as usize].lost.store(1, Ordering::Relaxed);
@@ -990,7 +1083,11 @@ fn map(file: &File, len: usize) -> io::Result<*mut Layout> {
             0,
         )
     };
-    if p == libc::MAP_FAILED { Err(io::Error::last_os_error()) } else { Ok(p.cast()) }
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
 }
 
 fn cpath(p: &Path) -> CString {
@@ -999,11 +1096,15 @@ fn cpath(p: &Path) -> CString {
 }
 
 fn sub_saturating(a: &AtomicU64, v: u64) {
-    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| Some(x.saturating_sub(v)));
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+        Some(x.saturating_sub(v))
+    });
 }
 
 fn sub_saturating_u32(a: &AtomicU32, v: u32) {
-    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| Some(x.saturating_sub(v)));
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+        Some(x.saturating_sub(v))
+    });
 }
 
 /// Waits while `*word == val`, at most `timeout`. Returns false on timeout.
@@ -1015,7 +1116,13 @@ fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) -> bool {
     // SAFETY: `word` points into a shared mapping that outlives the call; FUTEX_WAIT
     // (not PRIVATE) is the cross-process form; `ts` is a valid relative timeout.
     let rc = unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, val, &ts as *const libc::timespec)
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            val,
+            &ts as *const libc::timespec,
+        )
     };
     !(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT))
 }
@@ -1096,7 +1203,9 @@ mod tests {
 
     #[test]
     fn buckets_split_intervals() {
-        let b: Buckets<8> = Buckets { words: Default::default() };
+        let b: Buckets<8> = Buckets {
+            words: Default::default(),
+        };
         let t0 = 10 * BUCKET_NS;
         b.add_interval(t0 + BUCKET_NS / 2, t0 + BUCKET_NS + BUCKET_NS / 4);
         let (busy, span) = b.busy_in_window(t0 + 2 * BUCKET_NS, 2 * BUCKET_NS);

@@ -35,6 +35,7 @@ class SimNode:
     """A fresh simulated node, and ways to run clients on it."""
 
     def __init__(self, libs, state_dir):
+        self.dir = state_dir
         self.env = dict(os.environ)
         self.env.pop("VGPU_SIM_CONFIG", None)
         self.env["VGPU_SIM_DIR"] = str(state_dir)
@@ -42,6 +43,13 @@ class SimNode:
             [str(libs)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
         )
         self.procs = []
+
+    def configure(self, toml_text):
+        """Gives the node a simulator config (before anything has used the node)."""
+        assert not self.dir.exists(), "configure the node before using it"
+        path = self.dir.parent / "vgpu-sim.toml"
+        path.write_text(toml_text)
+        self.env["VGPU_SIM_CONFIG"] = str(path)
 
     def run(self, *cmd, timeout=60, check=True):
         """Runs a command on the node; returns the CompletedProcess."""
@@ -71,10 +79,11 @@ class SimNode:
         self.procs.append(p)
         return p
 
-    def gpu_process(self, nbytes, busy=False):
-        """Starts a CUDA program holding ``nbytes`` on GPU 0; returns (proc, free, total)
-        as the driver reported them to it after its allocation."""
-        args = [sys.executable, str(HERE / "gpu_process.py"), str(nbytes)] + (["busy"] if busy else [])
+    def gpu_process(self, nbytes, busy=False, device=0):
+        """Starts a CUDA program holding ``nbytes`` on GPU ``device``; returns
+        (proc, free, total) as the driver reported them to it after its allocation."""
+        args = [sys.executable, str(HERE / "gpu_process.py"), str(nbytes), f"dev={device}"]
+        args += ["busy"] if busy else []
         p = self.spawn(*args)
         line = p.stdout.readline()
         if not line.startswith("READY"):

@@ -2,7 +2,8 @@
 (ctypes on ``libcuda.so.1``), the way any CUDA application does, so NVML sees a real
 process with a context and memory.
 
-Usage: ``gpu_process.py BYTES [busy]``. It creates a context on device 0, allocates
+Usage: ``gpu_process.py BYTES [busy] [dev=N]``. It creates a context on device N
+(default 0), allocates
 BYTES, prints ``READY <free> <total>`` (``cuMemGetInfo`` after the allocation) and then
 sleeps, or with ``busy`` keeps the GPU saturated with ``vgpu_sim_spin`` launches, until
 it is killed.
@@ -32,11 +33,12 @@ def check(rc, what):
 
 def main():
     nbytes = int(sys.argv[1])
-    busy = len(sys.argv) > 2 and sys.argv[2] == "busy"
+    busy = "busy" in sys.argv[2:]
+    ordinal = next((int(a[4:]) for a in sys.argv[2:] if a.startswith("dev=")), 0)
     cu = ctypes.CDLL("libcuda.so.1")
     check(cu.cuInit(0), "cuInit")
     dev = ctypes.c_int()
-    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
     ctx = ctypes.c_void_p()
     check(cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate_v2")
     ptr = ctypes.c_uint64()

@@ -52,3 +52,28 @@ def test_nvitop_once(node):
     assert f"{used_mib}MiB" in fields, row
     sm = fields[fields.index(f"{used_mib}MiB") + 1]
     assert int(sm) >= 80, row
+
+
+def test_gpustat_two_devices_processes_per_device(node):
+    node.configure(
+        """
+        [[device]]
+        name = "NVIDIA A100-SXM4-40GB"
+        memory = "40GiB"
+        compute_capability = "8.0"
+        [[device]]
+        name = "NVIDIA A100-SXM4-40GB"
+        memory = "40GiB"
+        compute_capability = "8.0"
+        """
+    )
+    p, free, total = node.gpu_process(5 * GiB, device=1)
+    assert total == 40 * GiB
+    out = json.loads(node.run("gpustat", "--json").stdout)
+    g0, g1 = out["gpus"]
+    assert (g0["index"], g1["index"]) == (0, 1)
+    assert g0["uuid"] != g1["uuid"]
+    assert g0["memory.total"] == g1["memory.total"] == 40960
+    assert g0["memory.used"] == 0 and g0["processes"] == []
+    assert g1["memory.used"] == (total - free) // MiB
+    assert [q["pid"] for q in g1["processes"]] == [p.pid]

@@ -11,7 +11,10 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_owned()
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -30,12 +33,23 @@ fn cargo() -> Command {
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
 }
 
 /// Builds the simulated libraries and installs them under their driver names.
 fn sim() -> Result<PathBuf> {
-    run(cargo().args(["build", "--release", "-p", "vgpu-sim-libcuda", "-p", "vgpu-sim-libnvml", "-p", "vgpu-cuda-sim"]))?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "vgpu-sim-libcuda",
+        "-p",
+        "vgpu-sim-libnvml",
+        "-p",
+        "vgpu-cuda-sim",
+    ]))?;
     let rel = target_dir().join("release");
     let out = target_dir().join("cuda-sim");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
@@ -49,7 +63,8 @@ fn sim() -> Result<PathBuf> {
             // Copy to a temporary name and rename, so that a running process that has the
             // old library mapped keeps a consistent file.
             let tmp = out.join(format!(".{n}.tmp"));
-            std::fs::copy(&src, &tmp).with_context(|| format!("copy {} to {}", src.display(), tmp.display()))?;
+            std::fs::copy(&src, &tmp)
+                .with_context(|| format!("copy {} to {}", src.display(), tmp.display()))?;
             std::fs::rename(&tmp, &dst).with_context(|| format!("install {}", dst.display()))?;
         }
     }
@@ -59,14 +74,26 @@ fn sim() -> Result<PathBuf> {
 
 fn ci() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     sim()?;
     run(cargo().args(["test", "--workspace", "--release"]))?;
     let py = root().join("tests/python");
     if py.is_dir() {
-        run(Command::new("python3").args(["-m", "pytest", "-q"]).arg(&py).current_dir(root()))?;
+        run(Command::new("python3")
+            .args(["-m", "pytest", "-q"])
+            .arg(&py)
+            .current_dir(root()))?;
     }
-    run(cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    run(cargo()
+        .args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings"))?;
     Ok(())
 }
 

@@ -65,7 +65,10 @@ fn shape_of(t: &Task) -> ShapeKey {
 /// milli, then more GPUs first), frequencies renormalised to sum to 1.
 ///
 /// A multi-container task is summarised by its first GPU container.
-pub fn typical_tasks<'a>(tasks: impl IntoIterator<Item = &'a Task>, coverage: f64) -> Vec<TypicalTask> {
+pub fn typical_tasks<'a>(
+    tasks: impl IntoIterator<Item = &'a Task>,
+    coverage: f64,
+) -> Vec<TypicalTask> {
     let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
     let mut total = 0u64;
     for t in tasks {
@@ -144,7 +147,10 @@ impl Fragmentation {
             self.allowed.resize(idx + 1, None);
         }
         let g = node.spec.gpus.len();
-        if self.allowed[idx].as_ref().is_some_and(|v| v.len() == self.typical.len() * g) {
+        if self.allowed[idx]
+            .as_ref()
+            .is_some_and(|v| v.len() == self.typical.len() * g)
+        {
             return;
         }
         let mut v = Vec::with_capacity(self.typical.len() * g);
@@ -162,7 +168,13 @@ impl Fragmentation {
     }
 
     /// Computes the per-typical-task parts and F for a node state.
-    pub fn prepare(&mut self, idx: usize, node: &NodeState, cpu_free: u64, free: &[u32]) -> NodeFrag {
+    pub fn prepare(
+        &mut self,
+        idx: usize,
+        node: &NodeState,
+        cpu_free: u64,
+        free: &[u32],
+    ) -> NodeFrag {
         let g = free.len();
         let free_total: u64 = free.iter().map(|&m| u64::from(m)).sum();
         self.ensure_allowed(idx, node);
@@ -193,10 +205,7 @@ impl Fragmentation {
     fn sum(&self, parts: &[Part], free_total: u64, cpu_free: u64) -> f64 {
         let mut f = 0.0;
         for (t, p) in self.typical.iter().zip(parts) {
-            let frag = if t.gpu_count == 0
-                || cpu_free < t.cpu_milli
-                || p.n_fit < t.gpu_count
-            {
+            let frag = if t.gpu_count == 0 || cpu_free < t.cpu_milli || p.n_fit < t.gpu_count {
                 free_total
             } else {
                 p.below + p.excluded
@@ -242,10 +251,7 @@ impl Fragmentation {
             } else {
                 p.excluded -= u64::from(milli);
             }
-            let frag = if t.gpu_count == 0
-                || cpu_free < t.cpu_milli
-                || p.n_fit < t.gpu_count
-            {
+            let frag = if t.gpu_count == 0 || cpu_free < t.cpu_milli || p.n_fit < t.gpu_count {
                 free_total
             } else {
                 p.below + p.excluded

@@ -187,8 +187,12 @@ fn gpus(milli: u32) -> String {
 impl fmt::Display for Reject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reject::Cpu { free, need } => write!(f, "CPU: free {} < {}", cores(*free), cores(*need)),
-            Reject::Memory { free, need } => write!(f, "memory: free {} < {}", gib(*free), gib(*need)),
+            Reject::Cpu { free, need } => {
+                write!(f, "CPU: free {} < {}", cores(*free), cores(*need))
+            }
+            Reject::Memory { free, need } => {
+                write!(f, "memory: free {} < {}", gib(*free), gib(*need))
+            }
             Reject::Model {
                 node_models,
                 constraint,
@@ -220,14 +224,27 @@ impl fmt::Display for Reject {
                         gpus(*max_free)
                     )
                 } else {
-                    write!(f, "GPU compute: max free {} < {}", gpus(*max_free), gpus(*need))
+                    write!(
+                        f,
+                        "GPU compute: max free {} < {}",
+                        gpus(*max_free),
+                        gpus(*need)
+                    )
                 }
             }
             Reject::GpuMemory { max_free, need } => {
-                write!(f, "GPU memory: max free {} < {}", gib(*max_free), gib(*need))
+                write!(
+                    f,
+                    "GPU memory: max free {} < {}",
+                    gib(*max_free),
+                    gib(*need)
+                )
             }
             Reject::GpuSlices { max_free, need } => {
-                write!(f, "GPU slices: max free {max_free} < {need} (at most 10 per GPU)")
+                write!(
+                    f,
+                    "GPU slices: max free {max_free} < {need} (at most 10 per GPU)"
+                )
             }
             Reject::UnknownNode(n) => write!(f, "node {n:?} is not in the ledger"),
         }
@@ -298,7 +315,9 @@ impl NodeState {
     /// Whether GPU `i` is entirely free.
     pub fn gpu_fully_free(&self, i: usize) -> bool {
         let g = &self.gpus[i];
-        g.milli == MILLI_PER_GPU && g.memory_mib == self.spec.gpus[i].memory_mib && g.slices == SLICES_PER_GPU
+        g.milli == MILLI_PER_GPU
+            && g.memory_mib == self.spec.gpus[i].memory_mib
+            && g.slices == SLICES_PER_GPU
     }
 
     /// Total free milli-GPU on the node.
@@ -492,13 +511,22 @@ fn share_reject(node: &NodeState, free: &[GpuFree], allowed: &[bool], d: &GpuDem
     if (with_memory.len() as u32) < d.count {
         let (max_free, need) = with_compute
             .iter()
-            .map(|&i| (free[i].memory_mib, d.memory.resolve(node.spec.gpus[i].memory_mib)))
+            .map(|&i| {
+                (
+                    free[i].memory_mib,
+                    d.memory.resolve(node.spec.gpus[i].memory_mib),
+                )
+            })
             .max()
             .unwrap_or((0, 0));
         return Reject::GpuMemory { max_free, need };
     }
     Reject::GpuSlices {
-        max_free: with_memory.iter().map(|&i| free[i].slices).max().unwrap_or(0),
+        max_free: with_memory
+            .iter()
+            .map(|&i| free[i].slices)
+            .max()
+            .unwrap_or(0),
         need: d.slices,
     }
 }
@@ -565,7 +593,12 @@ impl Ledger {
     }
 
     /// Records a placement after checking, GPU by GPU, that it still fits.
-    pub fn commit(&mut self, pod: &str, task: &Task, placement: Placement) -> Result<(), LedgerError> {
+    pub fn commit(
+        &mut self,
+        pod: &str,
+        task: &Task,
+        placement: Placement,
+    ) -> Result<(), LedgerError> {
         if self.pods.contains_key(pod) {
             return Err(LedgerError::AlreadyPlaced(pod.to_owned()));
         }
@@ -584,12 +617,18 @@ impl Ledger {
         };
         node.check_host(task).map_err(|r| fail(r.to_string()))?;
         if placement.containers.len() != task.gpus.len() {
-            return Err(fail("placement does not match the task's containers".into()));
+            return Err(fail(
+                "placement does not match the task's containers".into(),
+            ));
         }
         let mut free = node.gpus.clone();
         for (grants, demand) in placement.containers.iter().zip(&task.gpus) {
             if grants.len() != demand.count as usize {
-                return Err(fail(format!("{} grants for {} GPUs", grants.len(), demand.count)));
+                return Err(fail(format!(
+                    "{} grants for {} GPUs",
+                    grants.len(),
+                    demand.count
+                )));
             }
             let mut seen = Vec::with_capacity(grants.len());
             for g in grants {
@@ -602,7 +641,10 @@ impl Ledger {
                 }
                 seen.push(i);
                 if !task.models.allows(&cap.model) {
-                    return Err(fail(format!("GPU {i} is a {} ({})", cap.model, task.models)));
+                    return Err(fail(format!(
+                        "GPU {i} is a {} ({})",
+                        cap.model, task.models
+                    )));
                 }
                 let f = &mut free[i];
                 let whole = demand.is_whole();
@@ -633,7 +675,8 @@ impl Ledger {
         node.pods.insert(pod.to_owned(), placement);
         self.pods.insert(pod.to_owned(), n);
         // Keep the task's host resources with the placement for release.
-        self.host.insert(pod.to_owned(), (task.cpu_milli, task.memory_mib));
+        self.host
+            .insert(pod.to_owned(), (task.cpu_milli, task.memory_mib));
         Ok(())
     }
 

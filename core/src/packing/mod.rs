@@ -18,7 +18,7 @@ pub use fgd::{Fragmentation, TypicalTask, typical_tasks};
 pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
 };
-pub use policy::{Eval, Policy, PolicyName, Scale, UnknownPolicy, VgpuParams};
+pub use policy::{Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams};
 pub use scheduler::{NodeVerdict, Scheduler};
 
 #[cfg(test)]

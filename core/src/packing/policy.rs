@@ -3,7 +3,7 @@
 //!
 //! | name | node score | GPU within the node |
 //! |---|---|---|
-//! | `random` | uniformly random | tightest fit |
+//! | `random` | uniformly random | uniformly random |
 //! | `bestfit` | least CPU + GPU left after placement (normalised by the largest node) | tightest fit |
 //! | `gpupacking` | shared GPU > used node > idle node | tightest fit |
 //! | `fgd` | `int(100·sigmoid(ΔF/1000))`, best over GPUs | the first GPU reaching it |
@@ -100,16 +100,67 @@ pub struct VgpuParams {
     /// Resolution of the fragmentation score: `int(resolution · sigmoid(Δ/1000))`.
     /// 100 is FGD's; the score is coarse on purpose (see ADR 0006).
     pub resolution: f64,
-    /// Weight of the best-fit tie-breaker within equal fragmentation scores.
-    pub tie_bestfit: bool,
+    /// Secondary key for CPU-only tasks.
+    pub cpu_only: TieKey,
+    /// Secondary key for GPU tasks.
+    pub gpu_tie: TieKey,
+    /// Experimental integer knob (0 = off).
+    pub x: i64,
+}
+
+/// A secondary key among nodes with equal fragmentation scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TieKey {
+    /// None: ties go to the random node order.
+    None,
+    /// Least CPU + GPU left after placement (best fit).
+    BestFit,
+    /// Most CPU + GPU left after placement.
+    WorstFit,
+    /// Least free GPU on the node (keep GPU nodes' CPU for GPU tasks).
+    LeastGpuFree,
+    /// Most free CPU per free GPU after placement.
+    CpuRich,
 }
 
 impl Default for VgpuParams {
     fn default() -> Self {
         VgpuParams {
             resolution: 100.0,
-            tie_bestfit: true,
+            cpu_only: TieKey::LeastGpuFree,
+            gpu_tie: TieKey::None,
+            x: 0,
         }
+    }
+}
+
+impl VgpuParams {
+    /// Parses `key=value,...` overrides (`res`, `cpu`, `gpu`, `x`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut p = VgpuParams::default();
+        let key = |v: &str| -> Result<TieKey, String> {
+            Ok(match v {
+                "none" => TieKey::None,
+                "bestfit" => TieKey::BestFit,
+                "worstfit" => TieKey::WorstFit,
+                "leastgpu" => TieKey::LeastGpuFree,
+                "cpurich" => TieKey::CpuRich,
+                _ => return Err(format!("unknown tie key {v:?}")),
+            })
+        };
+        for kv in text.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("expected key=value, got {kv:?}"))?;
+            match k {
+                "res" => p.resolution = v.parse().map_err(|_| format!("bad res {v:?}"))?,
+                "cpu" => p.cpu_only = key(v)?,
+                "gpu" => p.gpu_tie = key(v)?,
+                "x" => p.x = v.parse().map_err(|_| format!("bad x {v:?}"))?,
+                _ => return Err(format!("unknown vgpu parameter {k:?}")),
+            }
+        }
+        Ok(p)
     }
 }
 
@@ -172,10 +223,24 @@ impl Policy {
         // The default plan both proves GPU feasibility and gives the whole-GPU choice.
         let plan = node.plan(task, None)?;
         let eval = match self.name {
-            PolicyName::Random => Eval {
-                score: i64::try_from(self.next_random() >> 2).expect("62 bits fit"),
-                pick: None,
-            },
+            PolicyName::Random => {
+                let score = i64::try_from(self.next_random() >> 2).expect("62 bits fit");
+                // A uniformly random GPU among those that fit (the paper's random baseline).
+                let pick = match task.single_share() {
+                    Some(d) => {
+                        let fits: Vec<usize> = (0..node.gpus.len())
+                            .filter(|&i| {
+                                node.share_fits(i, d)
+                                    && task.models.allows(&node.spec.gpus[i].model)
+                            })
+                            .collect();
+                        let k = (self.next_random() % fits.len().max(1) as u64) as usize;
+                        fits.get(k).copied()
+                    }
+                    None => None,
+                };
+                Eval { score, pick }
+            }
             PolicyName::BestFit => Eval {
                 score: bestfit_score(node, task, self.scale),
                 pick: None,
@@ -205,7 +270,8 @@ impl Policy {
 fn bestfit_score(node: &NodeState, task: &Task, scale: Scale) -> i64 {
     let cpu_left = (node.cpu_free - task.cpu_milli) as f64;
     let gpu_left = (node.gpu_milli_free() - task.total_gpu_milli()) as f64;
-    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64 + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
+    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64
+        + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
     ((1.0 - s) * 100.0) as i64
 }
 
@@ -217,7 +283,9 @@ fn gpupacking_score(node: &NodeState, task: &Task) -> i64 {
         return 0;
     }
     let n = node.gpus.len();
-    let fully_free = (0..n).filter(|&i| node.gpus[i].milli == MILLI_PER_GPU).count() as i64;
+    let fully_free = (0..n)
+        .filter(|&i| node.gpus[i].milli == MILLI_PER_GPU)
+        .count() as i64;
     if fully_free == n as i64 {
         return (33 - fully_free).max(fully_free);
     }
@@ -250,7 +318,8 @@ fn gpupacking_score(node: &NodeState, task: &Task) -> i64 {
 fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
     let cpu_left = (node.cpu_free - task.cpu_milli) as f64;
     let gpu_left = (node.gpu_milli_free() - task.total_gpu_milli()) as f64;
-    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64 + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
+    let s = 0.5 * cpu_left / scale.cpu_milli.max(1) as f64
+        + 0.5 * gpu_left / scale.gpu_milli.max(1) as f64;
     let pick = task.single_share().and_then(|d| {
         (0..node.gpus.len())
             .filter(|&i| node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model))
@@ -281,7 +350,15 @@ fn candidates(
     if let Some(d) = task.single_share() {
         for i in 0..free.len() {
             if node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model) {
-                let after = frag.value_after_share(idx, node, &before, i, free[i], d.compute_milli, task.cpu_milli);
+                let after = frag.value_after_share(
+                    idx,
+                    node,
+                    &before,
+                    i,
+                    free[i],
+                    d.compute_milli,
+                    task.cpu_milli,
+                );
                 out.push((Some(i), before.value - after));
             }
         }
@@ -319,7 +396,28 @@ fn fgd_eval(
             best = Some(Eval { score: s, pick });
         }
     }
-    best.unwrap_or(Eval { score: 0, pick: None })
+    best.unwrap_or(Eval {
+        score: 0,
+        pick: None,
+    })
+}
+
+fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
+    let cpu_left = (node.cpu_free - task.cpu_milli) as f64 / scale.cpu_milli.max(1) as f64;
+    let gpu_left_milli = node.gpu_milli_free() - task.total_gpu_milli();
+    let gpu_left = gpu_left_milli as f64 / scale.gpu_milli.max(1) as f64;
+    let v = match key {
+        TieKey::None => 0.0,
+        TieKey::BestFit => 1.0 - 0.5 * (cpu_left + gpu_left),
+        TieKey::WorstFit => 0.5 * (cpu_left + gpu_left),
+        TieKey::LeastGpuFree => 1.0 - gpu_left,
+        TieKey::CpuRich => {
+            let per_gpu =
+                (node.cpu_free - task.cpu_milli) as f64 / (1.0 + gpu_left_milli as f64 / 1000.0);
+            per_gpu / scale.cpu_milli.max(1) as f64
+        }
+    };
+    (v * 999.0).clamp(0.0, 999.0) as i64
 }
 
 fn vgpu_eval(
@@ -332,13 +430,13 @@ fn vgpu_eval(
     scale: Scale,
 ) -> Eval {
     let base = fgd_eval(frag, idx, node, task, plan, params.resolution);
-    if !params.tie_bestfit {
-        return base;
-    }
-    // Secondary key within equal fragmentation scores: best fit (0–100).
-    let bf = bestfit_score(node, task, scale).clamp(0, 1000);
+    let key = if task.gpus.is_empty() {
+        params.cpu_only
+    } else {
+        params.gpu_tie
+    };
     Eval {
-        score: base.score * 1000 + bf,
+        score: base.score * 1000 + tie_value(key, node, task, scale),
         pick: base.pick,
     }
 }

@@ -94,7 +94,13 @@ impl Scheduler {
         id
     }
 
-    fn cached_eval(&mut self, ledger: &Ledger, n: usize, shape: usize, task: &Task) -> Option<Eval> {
+    fn cached_eval(
+        &mut self,
+        ledger: &Ledger,
+        n: usize,
+        shape: usize,
+        task: &Task,
+    ) -> Option<Eval> {
         let node = ledger.node(n);
         if !self.policy.cacheable() {
             return self.policy.evaluate(n, node, task).ok();
@@ -147,7 +153,10 @@ impl Scheduler {
             .node(n)
             .plan(task, e.pick)
             .expect("a node that was just evaluated as feasible has a plan");
-        Some(Placement { node: n, containers })
+        Some(Placement {
+            node: n,
+            containers,
+        })
     }
 
     /// Filter and score for the given nodes: a score for each feasible node and a precise
@@ -169,13 +178,21 @@ impl Scheduler {
     }
 
     /// The concrete GPUs for `task` on node `n` (bind), against the live ledger.
-    pub fn place_on(&mut self, ledger: &Ledger, task: &Task, n: usize) -> Result<Placement, Reject> {
+    pub fn place_on(
+        &mut self,
+        ledger: &Ledger,
+        task: &Task,
+        n: usize,
+    ) -> Result<Placement, Reject> {
         let node = ledger
             .nodes()
             .get(n)
             .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
         let e = self.policy.evaluate(n, node, task)?;
         let containers = node.plan(task, e.pick)?;
-        Ok(Placement { node: n, containers })
+        Ok(Placement {
+            node: n,
+            containers,
+        })
     }
 }

@@ -194,7 +194,10 @@ impl Worker {
         // Precise sleeps: the default 50 µs timer slack would distort short kernels.
         // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only this thread.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
-        let mut eng = Engine { held: false, slice_start: 0 };
+        let mut eng = Engine {
+            held: false,
+            slice_start: 0,
+        };
         loop {
             let (seq, work) = {
                 let mut q = self.lock();
@@ -209,11 +212,17 @@ impl Worker {
                     q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&work, &mut eng)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.execute(&work, &mut eng)
+            }));
             if r.is_err() {
                 eprintln!("vgpu cuda-sim: internal error while executing device work (skipped)");
             }
-            let next_needs_engine = self.lock().ops.front().is_some_and(|(_, w)| w.needs_engine());
+            let next_needs_engine = self
+                .lock()
+                .ops
+                .front()
+                .is_some_and(|(_, w)| w.needs_engine());
             if eng.held && !next_needs_engine {
                 self.drv.state.engine_release(self.drv.slot, self.dev);
                 eng.held = false;
@@ -237,12 +246,23 @@ impl Worker {
                     },
                     // SAFETY: as above for `dst`; the staged bytes are at least `len` long.
                     CopySrc::Bytes(b) => unsafe {
-                        std::ptr::copy_nonoverlapping(b.as_ptr(), *dst as *mut u8, (*len).min(b.len()))
+                        std::ptr::copy_nonoverlapping(
+                            b.as_ptr(),
+                            *dst as *mut u8,
+                            (*len).min(b.len()),
+                        )
                     },
                 }
                 self.copy_time(*len as u64, start);
             }
-            Work::Memset { dst, pitch, elem, value, width, height } => {
+            Work::Memset {
+                dst,
+                pitch,
+                elem,
+                value,
+                width,
+                height,
+            } => {
                 // SAFETY: the rows were validated against the allocation when issued.
                 unsafe { memset_rows(*dst, *pitch, *elem, *value, *width, *height) };
             }
@@ -260,7 +280,8 @@ impl Worker {
             }
             Work::Callback { f, stream, data } => {
                 // SAFETY: `f` is the application's CUstreamCallback, checked non-null.
-                let f: unsafe extern "C" fn(CUstream, CUresult, *mut c_void) = unsafe { std::mem::transmute(*f) };
+                let f: unsafe extern "C" fn(CUstream, CUresult, *mut c_void) =
+                    unsafe { std::mem::transmute(*f) };
                 // SAFETY: as above.
                 unsafe { f(*stream as CUstream, CUDA_SUCCESS, *data as *mut c_void) };
             }
@@ -317,9 +338,19 @@ fn sleep_until(deadline: u64) {
     let now = mono_ns();
     if deadline > now + SPIN_NS {
         let t = deadline - SPIN_NS;
-        let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as libc::time_t, tv_nsec: (t % 1_000_000_000) as libc::c_long };
+        let ts = libc::timespec {
+            tv_sec: (t / 1_000_000_000) as libc::time_t,
+            tv_nsec: (t % 1_000_000_000) as libc::c_long,
+        };
         // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC; a null remainder is allowed.
-        unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
     }
     while mono_ns() < deadline {
         std::hint::spin_loop();
@@ -330,7 +361,14 @@ fn sleep_until(deadline: u64) {
 ///
 /// # Safety
 /// Every row `[dst + r*pitch, dst + r*pitch + width*elem)` must be writable memory.
-pub unsafe fn memset_rows(dst: usize, pitch: usize, elem: u8, value: u32, width: usize, height: usize) {
+pub unsafe fn memset_rows(
+    dst: usize,
+    pitch: usize,
+    elem: u8,
+    value: u32,
+    width: usize,
+    height: usize,
+) {
     for r in 0..height {
         let row = dst + r * pitch;
         match elem {
@@ -446,14 +484,18 @@ impl Stream {
     /// `cuStreamSynchronize`.
     pub fn synchronize(&self, drv: &'static Driver) -> CuResult<()> {
         self.check_not_capturing()?;
-        drv.worker(self.dev).wait_for(self.last.load(Ordering::Acquire));
+        drv.worker(self.dev)
+            .wait_for(self.last.load(Ordering::Acquire));
         Ok(())
     }
 
     /// `cuStreamQuery`.
     pub fn query(&self, drv: &'static Driver) -> CuResult<()> {
         self.check_not_capturing()?;
-        if drv.worker(self.dev).is_done(self.last.load(Ordering::Acquire)) {
+        if drv
+            .worker(self.dev)
+            .is_done(self.last.load(Ordering::Acquire))
+        {
             Ok(())
         } else {
             Err(CUDA_ERROR_NOT_READY)
@@ -466,7 +508,11 @@ impl Stream {
         if cap.is_some() {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
-        *cap = Some(Capture { mode, id: CAPTURE_IDS.fetch_add(1, Ordering::Relaxed), ..Capture::default() });
+        *cap = Some(Capture {
+            mode,
+            id: CAPTURE_IDS.fetch_add(1, Ordering::Relaxed),
+            ..Capture::default()
+        });
         Ok(())
     }
 
@@ -527,13 +573,22 @@ impl Event {
     pub fn record(self: &Arc<Self>, drv: &'static Driver, stream: &Stream) -> CuResult<()> {
         let gen_ = self.gen_.fetch_add(1, Ordering::AcqRel) + 1;
         if stream.is_capturing() {
-            return stream.enqueue(drv, Work::EventRecord { ev: self.clone(), gen_ });
+            return stream.enqueue(
+                drv,
+                Work::EventRecord {
+                    ev: self.clone(),
+                    gen_,
+                },
+            );
         }
         self.time.store(0, Ordering::Release);
         let w = drv.worker(stream.dev);
         // Hold the record slot while queuing, so a concurrent query sees a consistent pair.
         let mut rec = self.rec.lock().unwrap_or_else(|p| p.into_inner());
-        let seq = w.submit(Work::EventRecord { ev: self.clone(), gen_ });
+        let seq = w.submit(Work::EventRecord {
+            ev: self.clone(),
+            gen_,
+        });
         stream.last.store(seq, Ordering::Release);
         *rec = Some((stream.dev, seq));
         Ok(())
@@ -570,7 +625,10 @@ impl Event {
         }
         start.query(drv)?;
         end.query(drv)?;
-        let (a, b) = (start.time.load(Ordering::Acquire), end.time.load(Ordering::Acquire));
+        let (a, b) = (
+            start.time.load(Ordering::Acquire),
+            end.time.load(Ordering::Acquire),
+        );
         if a == 0 || b == 0 {
             return Err(CUDA_ERROR_NOT_READY);
         }
@@ -593,5 +651,9 @@ pub fn resolve_stream(drv: &'static Driver, h: CUstream) -> CuResult<Arc<Stream>
         return Ok(drv.current()?.default_stream.clone());
     }
     let id = from_ptr(h, Kind::Stream)?;
-    drv.objects().streams.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)
+    drv.objects()
+        .streams
+        .get(&id)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }

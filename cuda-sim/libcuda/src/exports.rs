@@ -53,7 +53,11 @@ macro_rules! inp {
 /// Fails with `CUDA_ERROR_INVALID_VALUE` if the out-pointer is null (checked before
 /// doing work that would have to be undone).
 fn nn<T>(p: *const T) -> CuResult<()> {
-    if p.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
+    if p.is_null() {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
 }
 
 /// Defines exported functions; `a [b]` exports the same body under a second name (the
@@ -91,7 +95,9 @@ fn cstr<'a>(p: *const c_char) -> CuResult<&'a str> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: the API contract: a non-null C string argument is NUL-terminated.
-    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| CUDA_ERROR_INVALID_VALUE)
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)
 }
 
 fn write_cstr(dst: *mut c_char, len: c_int, s: &str) -> CuResult<()> {
@@ -116,19 +122,28 @@ fn stream(s: CUstream) -> CuResult<(&'static Driver, Arc<Stream>)> {
 
 fn event(d: &Driver, e: CUevent) -> CuResult<Arc<Event>> {
     let id = from_ptr(e, Kind::Event)?;
-    d.objects().events.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)
+    d.objects()
+        .events
+        .get(&id)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
 // ---- errors, init, version -------------------------------------------------------------
 
-static NAMES: std::sync::OnceLock<Vec<(CUresult, std::ffi::CString, std::ffi::CString)>> = std::sync::OnceLock::new();
+static NAMES: std::sync::OnceLock<Vec<(CUresult, std::ffi::CString, std::ffi::CString)>> =
+    std::sync::OnceLock::new();
 
 fn names() -> &'static [(CUresult, std::ffi::CString, std::ffi::CString)] {
     NAMES.get_or_init(|| {
         RESULTS
             .iter()
             .map(|&(c, n, s)| {
-                (c, std::ffi::CString::new(n).expect("no NUL in names"), std::ffi::CString::new(s).expect("no NUL in strings"))
+                (
+                    c,
+                    std::ffi::CString::new(n).expect("no NUL in names"),
+                    std::ffi::CString::new(s).expect("no NUL in strings"),
+                )
             })
             .collect()
     })
@@ -192,9 +207,16 @@ fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
         attr::MAX_REGISTERS_PER_BLOCK | attr::MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
         attr::CLOCK_RATE => 1_980_000,
         attr::TEXTURE_ALIGNMENT => 512,
-        attr::GPU_OVERLAP | attr::CAN_MAP_HOST_MEMORY | attr::CONCURRENT_KERNELS | attr::ECC_ENABLED => 1,
+        attr::GPU_OVERLAP
+        | attr::CAN_MAP_HOST_MEMORY
+        | attr::CONCURRENT_KERNELS
+        | attr::ECC_ENABLED => 1,
         attr::MULTIPROCESSOR_COUNT => i.sm_count as c_int,
-        attr::KERNEL_EXEC_TIMEOUT | attr::INTEGRATED | attr::COMPUTE_MODE | attr::TCC_DRIVER | attr::MULTI_GPU_BOARD => 0,
+        attr::KERNEL_EXEC_TIMEOUT
+        | attr::INTEGRATED
+        | attr::COMPUTE_MODE
+        | attr::TCC_DRIVER
+        | attr::MULTI_GPU_BOARD => 0,
         attr::PCI_DOMAIN_ID => pci_at(0),
         attr::PCI_BUS_ID => pci_at(1),
         attr::PCI_DEVICE_ID => pci_at(2),
@@ -203,10 +225,15 @@ fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
         attr::L2_CACHE_SIZE => 50 * 1024 * 1024,
         attr::MAX_THREADS_PER_MULTIPROCESSOR => 2048,
         attr::ASYNC_ENGINE_COUNT => 2,
-        attr::UNIFIED_ADDRESSING | attr::STREAM_PRIORITIES_SUPPORTED | attr::GLOBAL_L1_CACHE_SUPPORTED => 1,
-        attr::LOCAL_L1_CACHE_SUPPORTED | attr::MANAGED_MEMORY | attr::CONCURRENT_MANAGED_ACCESS => 1,
+        attr::UNIFIED_ADDRESSING
+        | attr::STREAM_PRIORITIES_SUPPORTED
+        | attr::GLOBAL_L1_CACHE_SUPPORTED => 1,
+        attr::LOCAL_L1_CACHE_SUPPORTED | attr::MANAGED_MEMORY | attr::CONCURRENT_MANAGED_ACCESS => {
+            1
+        }
         attr::COMPUTE_PREEMPTION_SUPPORTED | attr::COOPERATIVE_LAUNCH => 1,
-        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
+        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
         attr::MEMORY_POOLS_SUPPORTED => 1,
         attr::COMPUTE_CAPABILITY_MAJOR => i.cc_major as c_int,
         attr::COMPUTE_CAPABILITY_MINOR => i.cc_minor as c_int,
@@ -824,7 +851,11 @@ fn memcpy_2d(c: CUDA_MEMCPY2D) -> CuResult<()> {
         c.srcArray as usize as u64,
         c.srcXInBytes as u64,
         c.srcY as u64,
-        if c.srcPitch == 0 { w } else { c.srcPitch as u64 },
+        if c.srcPitch == 0 {
+            w
+        } else {
+            c.srcPitch as u64
+        },
         w,
         h,
     )?;
@@ -836,7 +867,11 @@ fn memcpy_2d(c: CUDA_MEMCPY2D) -> CuResult<()> {
         c.dstArray as usize as u64,
         c.dstXInBytes as u64,
         c.dstY as u64,
-        if c.dstPitch == 0 { w } else { c.dstPitch as u64 },
+        if c.dstPitch == 0 {
+            w
+        } else {
+            c.dstPitch as u64
+        },
         w,
         h,
     )?;
@@ -1368,7 +1403,12 @@ static FUNC_NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, std::ffi::CS
 
 /// Reads the kernel's parameter bytes: from `kernelParams` (one pointer per parameter)
 /// or from the `extra` buffer protocol.
-fn first_params(f: &module::Function, kernel_params: *mut *mut c_void, extra: *mut *mut c_void, want: usize) -> CuResult<Vec<u64>> {
+fn first_params(
+    f: &module::Function,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    want: usize,
+) -> CuResult<Vec<u64>> {
     let n = f.params.len().min(want);
     let mut out = Vec::with_capacity(n);
     if !kernel_params.is_null() {
@@ -1387,7 +1427,11 @@ fn first_params(f: &module::Function, kernel_params: *mut *mut c_void, extra: *m
         return Ok(out);
     }
     if extra.is_null() {
-        return if n == 0 { Ok(out) } else { Err(CUDA_ERROR_INVALID_VALUE) };
+        return if n == 0 {
+            Ok(out)
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        };
     }
     let (mut buf, mut len) = (std::ptr::null::<u8>(), 0usize);
     for i in (0..64).step_by(2) {
@@ -1420,9 +1464,21 @@ fn first_params(f: &module::Function, kernel_params: *mut *mut c_void, extra: *m
     Ok(out)
 }
 
-fn launch(f: CUfunction, g: Geometry, s: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void, cooperative: bool) -> CuResult<()> {
+fn launch(
+    f: CUfunction,
+    g: Geometry,
+    s: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> CuResult<()> {
     let (d, st) = stream(s)?;
-    let func = d.objects().funcs.get(&from_ptr(f, Kind::Func)?).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let func = d
+        .objects()
+        .funcs
+        .get(&from_ptr(f, Kind::Func)?)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     module::check_geometry(&g)?;
     d.check_alive(st.dev)?;
     let sm = d.state.info(st.dev).sm_count;
@@ -1436,15 +1492,26 @@ fn launch(f: CUfunction, g: Geometry, s: CUstream, kernel_params: *mut *mut c_vo
         let p = first_params(&func, kernel_params, extra, 3)?;
         let (ptr, value, count) = (p[0], p[1] as u32, p[2]);
         let bytes = count.checked_mul(4).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        mem::check_device_range(&d.objects(), ptr, bytes.max(1)).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        let ns = module::cost_ns(&g, sm) + bytes / u64::from(d.state.info(st.dev).bandwidth_gbps.max(1));
-        let fill = Work::Memset { dst: ptr as usize, pitch: 0, elem: 4, value, width: count as usize, height: 1 };
+        mem::check_device_range(&d.objects(), ptr, bytes.max(1))
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let ns =
+            module::cost_ns(&g, sm) + bytes / u64::from(d.state.info(st.dev).bandwidth_gbps.max(1));
+        let fill = Work::Memset {
+            dst: ptr as usize,
+            pitch: 0,
+            elem: 4,
+            value,
+            width: count as usize,
+            height: 1,
+        };
         Work::Batch(Arc::new(vec![Work::Kernel { ns }, fill]))
     } else {
         if kernel_params.is_null() && extra.is_null() && !func.params.is_empty() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        Work::Kernel { ns: module::cost_ns(&g, sm) }
+        Work::Kernel {
+            ns: module::cost_ns(&g, sm),
+        }
     };
     st.enqueue(d, work)
 }
@@ -1478,12 +1545,19 @@ export! {
 
 fn new_graph(d: &Driver, g: Graph) -> u64 {
     let id = rt::new_handle(Kind::Graph);
-    d.objects().graphs.insert(id, Arc::new(std::sync::Mutex::new(g)));
+    d.objects()
+        .graphs
+        .insert(id, Arc::new(std::sync::Mutex::new(g)));
     id
 }
 
 fn instantiate(d: &Driver, graph: CUgraph) -> CuResult<u64> {
-    let g = d.objects().graphs.get(&from_ptr(graph, Kind::Graph)?).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let g = d
+        .objects()
+        .graphs
+        .get(&from_ptr(graph, Kind::Graph)?)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let snapshot = g.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let id = rt::new_handle(Kind::GraphExec);
     d.objects().graph_execs.insert(id, Arc::new(snapshot));

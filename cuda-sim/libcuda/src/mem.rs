@@ -52,7 +52,10 @@ pub struct Alloc {
 
 impl Alloc {
     fn is_device(&self) -> bool {
-        matches!(self.kind, AllocKind::Device | AllocKind::Managed | AllocKind::Pool(_) | AllocKind::VmmRange)
+        matches!(
+            self.kind,
+            AllocKind::Device | AllocKind::Managed | AllocKind::Pool(_) | AllocKind::VmmRange
+        )
     }
 }
 
@@ -110,7 +113,10 @@ impl Pool {
     pub fn trim(&self, drv: &Driver, keep: u64) {
         let mut cur = self.cached.load(Ordering::Acquire);
         while cur > keep {
-            match self.cached.compare_exchange(cur, keep, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .cached
+                .compare_exchange(cur, keep, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => {
                     drv.uncharge(self.dev, cur - keep);
                     return;
@@ -151,10 +157,24 @@ fn page_round(n: u64) -> CuResult<usize> {
 
 /// Maps `len` bytes of lazily committed, zero-filled memory.
 fn map_anon(len: usize, noreserve: bool) -> CuResult<usize> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if noreserve { libc::MAP_NORESERVE } else { 0 };
+    let flags =
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if noreserve { libc::MAP_NORESERVE } else { 0 };
     // SAFETY: an anonymous mapping at a kernel-chosen address; the result is checked.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
-    if p == libc::MAP_FAILED { Err(CUDA_ERROR_OUT_OF_MEMORY) } else { Ok(p as usize) }
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    } else {
+        Ok(p as usize)
+    }
 }
 
 fn unmap(base: usize, len: usize) {
@@ -165,7 +185,13 @@ fn unmap(base: usize, len: usize) {
 }
 
 /// Allocates `size` bytes of device memory of `kind` in context `ctx` on `dev`.
-pub fn alloc_device(drv: &'static Driver, ctx: u64, dev: usize, size: u64, kind: AllocKind) -> CuResult<u64> {
+pub fn alloc_device(
+    drv: &'static Driver,
+    ctx: u64,
+    dev: usize,
+    size: u64,
+    kind: AllocKind,
+) -> CuResult<u64> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -185,7 +211,19 @@ pub fn alloc_device(drv: &'static Driver, ctx: u64, dev: usize, size: u64, kind:
             return Err(e);
         }
     };
-    drv.objects().allocs.insert(base, Alloc { base, size, map_len: len, charged, dev, ctx, kind, maps: Vec::new() });
+    drv.objects().allocs.insert(
+        base,
+        Alloc {
+            base,
+            size,
+            map_len: len,
+            charged,
+            dev,
+            ctx,
+            kind,
+            maps: Vec::new(),
+        },
+    );
     Ok(base)
 }
 
@@ -194,7 +232,10 @@ pub fn free(drv: &'static Driver, ptr: u64) -> CuResult<()> {
     let a = {
         let o = drv.objects();
         let a = o.allocs.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if !matches!(a.kind, AllocKind::Device | AllocKind::Managed | AllocKind::Pool(_)) {
+        if !matches!(
+            a.kind,
+            AllocKind::Device | AllocKind::Managed | AllocKind::Pool(_)
+        ) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         a.dev
@@ -206,12 +247,18 @@ pub fn free(drv: &'static Driver, ptr: u64) -> CuResult<()> {
 
 /// Frees `ptr` at once (the caller has ordered it after the work that uses it).
 pub fn free_now(drv: &Driver, ptr: u64) {
-    let Some(a) = drv.objects().allocs.remove(&ptr) else { return };
+    let Some(a) = drv.objects().allocs.remove(&ptr) else {
+        return;
+    };
     unmap(a.base as usize, a.map_len);
     match a.kind {
         AllocKind::Pool(pid) => {
             let pool = drv.objects().pools.get(&pid).cloned().or_else(|| {
-                drv.default_pools.get(a.dev).and_then(|p| p.get()).filter(|p| p.id == pid).cloned()
+                drv.default_pools
+                    .get(a.dev)
+                    .and_then(|p| p.get())
+                    .filter(|p| p.id == pid)
+                    .cloned()
             });
             match pool {
                 Some(p) => {
@@ -231,7 +278,9 @@ pub fn free_now(drv: &Driver, ptr: u64) {
 }
 
 fn sub(a: &AtomicU64, v: u64) {
-    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| Some(x.saturating_sub(v)));
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+        Some(x.saturating_sub(v))
+    });
 }
 
 /// Frees everything a destroyed context allocated; returns the bytes released.
@@ -263,7 +312,19 @@ pub fn alloc_host(drv: &Driver, ctx: u64, size: u64) -> CuResult<u64> {
     }
     let len = page_round(size)?;
     let base = map_anon(len, false)? as u64;
-    drv.objects().allocs.insert(base, Alloc { base, size, map_len: len, charged: 0, dev: 0, ctx, kind: AllocKind::Host, maps: Vec::new() });
+    drv.objects().allocs.insert(
+        base,
+        Alloc {
+            base,
+            size,
+            map_len: len,
+            charged: 0,
+            dev: 0,
+            ctx,
+            kind: AllocKind::Host,
+            maps: Vec::new(),
+        },
+    );
     Ok(base)
 }
 
@@ -272,7 +333,10 @@ pub fn free_host(drv: &Driver, ptr: u64) -> CuResult<()> {
     let mut o = drv.objects();
     match o.allocs.get(&ptr) {
         Some(a) if a.kind == AllocKind::Host => {
-            let a = o.allocs.remove(&ptr).expect("present: just looked up under the same lock");
+            let a = o
+                .allocs
+                .remove(&ptr)
+                .expect("present: just looked up under the same lock");
             drop(o);
             unmap(a.base as usize, a.map_len);
             Ok(())
@@ -288,10 +352,26 @@ pub fn host_register(drv: &Driver, ctx: u64, ptr: u64, size: u64) -> CuResult<()
     }
     let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let mut o = drv.objects();
-    if o.allocs.range(..end).next_back().is_some_and(|(_, a)| a.base + a.size.max(1) > ptr) {
+    if o.allocs
+        .range(..end)
+        .next_back()
+        .is_some_and(|(_, a)| a.base + a.size.max(1) > ptr)
+    {
         return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     }
-    o.allocs.insert(ptr, Alloc { base: ptr, size, map_len: 0, charged: 0, dev: 0, ctx, kind: AllocKind::Registered, maps: Vec::new() });
+    o.allocs.insert(
+        ptr,
+        Alloc {
+            base: ptr,
+            size,
+            map_len: 0,
+            charged: 0,
+            dev: 0,
+            ctx,
+            kind: AllocKind::Registered,
+            maps: Vec::new(),
+        },
+    );
     Ok(())
 }
 
@@ -316,14 +396,23 @@ pub fn find(o: &Objects, p: u64, len: u64) -> Option<&Alloc> {
 
 /// Checks that `[p, p+len)` is accessible device memory; returns its device.
 pub fn check_device_range(o: &Objects, p: u64, len: u64) -> CuResult<usize> {
-    let a = find(o, p, len).filter(|a| a.is_device()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = find(o, p, len)
+        .filter(|a| a.is_device())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if a.kind == AllocKind::VmmRange {
         let end = p + len;
-        let ok = a.maps.iter().any(|&(m, l, _, rw)| rw && p >= m && end <= m + l);
+        let ok = a
+            .maps
+            .iter()
+            .any(|&(m, l, _, rw)| rw && p >= m && end <= m + l);
         if !ok {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let h = a.maps.iter().find(|&&(m, l, _, _)| p >= m && p < m + l).map(|m| m.2);
+        let h = a
+            .maps
+            .iter()
+            .find(|&&(m, l, _, _)| p >= m && p < m + l)
+            .map(|m| m.2);
         return Ok(h.and_then(|h| o.vmm.get(&h)).map(|v| v.dev).unwrap_or(0));
     }
     Ok(a.dev)
@@ -331,7 +420,12 @@ pub fn check_device_range(o: &Objects, p: u64, len: u64) -> CuResult<usize> {
 
 /// Whether `[p, p+len)` is pinned host memory (or device-accessible managed memory).
 fn is_pinned(o: &Objects, p: u64, len: u64) -> bool {
-    find(o, p, len).is_some_and(|a| matches!(a.kind, AllocKind::Host | AllocKind::Registered | AllocKind::Managed))
+    find(o, p, len).is_some_and(|a| {
+        matches!(
+            a.kind,
+            AllocKind::Host | AllocKind::Registered | AllocKind::Managed
+        )
+    })
 }
 
 /// Whether `p` lies in device memory (unified addressing).
@@ -399,7 +493,14 @@ pub fn copy_sync(drv: &'static Driver, dir: Dir, dst: u64, src: u64, n: u64) -> 
 /// An asynchronous copy on `stream`, with CUDA's rules for pageable host memory
 /// (host-to-device reads it before returning; device-to-host into pageable memory is
 /// synchronous).
-pub fn copy_async(drv: &'static Driver, dir: Dir, dst: u64, src: u64, n: u64, stream: &Stream) -> CuResult<()> {
+pub fn copy_async(
+    drv: &'static Driver,
+    dir: Dir,
+    dst: u64,
+    src: u64,
+    n: u64,
+    stream: &Stream,
+) -> CuResult<()> {
     if n == 0 {
         return Ok(());
     }
@@ -415,11 +516,25 @@ pub fn copy_async(drv: &'static Driver, dir: Dir, dst: u64, src: u64, n: u64, st
                 let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
                 CopySrc::Bytes(Arc::new(bytes))
             };
-            stream.enqueue(drv, Work::Copy { dst: dst as usize, src: srcv, len })
+            stream.enqueue(
+                drv,
+                Work::Copy {
+                    dst: dst as usize,
+                    src: srcv,
+                    len,
+                },
+            )
         }
         Dir::DtoH => {
             if is_pinned(&drv.objects(), dst, n) || stream.is_capturing() {
-                stream.enqueue(drv, Work::Copy { dst: dst as usize, src: CopySrc::Ptr(src as usize), len })
+                stream.enqueue(
+                    drv,
+                    Work::Copy {
+                        dst: dst as usize,
+                        src: CopySrc::Ptr(src as usize),
+                        len,
+                    },
+                )
             } else {
                 stream.synchronize(drv)?;
                 // SAFETY: validated device source; the application's host destination.
@@ -427,7 +542,14 @@ pub fn copy_async(drv: &'static Driver, dir: Dir, dst: u64, src: u64, n: u64, st
                 Ok(())
             }
         }
-        Dir::DtoD => stream.enqueue(drv, Work::Copy { dst: dst as usize, src: CopySrc::Ptr(src as usize), len }),
+        Dir::DtoD => stream.enqueue(
+            drv,
+            Work::Copy {
+                dst: dst as usize,
+                src: CopySrc::Ptr(src as usize),
+                len,
+            },
+        ),
     }
 }
 
@@ -463,7 +585,16 @@ pub fn memset(
         None => {
             drv.worker(d).drain();
             // SAFETY: the rows were validated against a live device allocation above.
-            unsafe { memset_rows(dst as usize, pitch as usize, elem, value, width as usize, height as usize) };
+            unsafe {
+                memset_rows(
+                    dst as usize,
+                    pitch as usize,
+                    elem,
+                    value,
+                    width as usize,
+                    height as usize,
+                )
+            };
             Ok(())
         }
     }
@@ -472,7 +603,9 @@ pub fn memset(
 /// `cuMemGetAddressRange`.
 pub fn address_range(drv: &Driver, p: u64) -> CuResult<(u64, u64)> {
     let o = drv.objects();
-    let a = find(&o, p, 1).filter(|a| a.is_device()).ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let a = find(&o, p, 1)
+        .filter(|a| a.is_device())
+        .ok_or(CUDA_ERROR_NOT_FOUND)?;
     Ok((a.base, a.size))
 }
 
@@ -480,7 +613,9 @@ pub fn address_range(drv: &Driver, p: u64) -> CuResult<(u64, u64)> {
 
 /// The device's default pool.
 pub fn default_pool(drv: &Driver, dev: usize) -> Arc<Pool> {
-    drv.default_pools[dev].get_or_init(|| Pool::new(dev)).clone()
+    drv.default_pools[dev]
+        .get_or_init(|| Pool::new(dev))
+        .clone()
 }
 
 /// Looks a pool up by handle (default pools included).
@@ -497,7 +632,13 @@ pub fn pool(drv: &Driver, id: u64) -> CuResult<Arc<Pool>> {
 }
 
 /// `cuMemAllocFromPoolAsync` / `cuMemAllocAsync`.
-pub fn alloc_async(drv: &'static Driver, pool: &Pool, size: u64, stream: &Stream, ctx: u64) -> CuResult<u64> {
+pub fn alloc_async(
+    drv: &'static Driver,
+    pool: &Pool,
+    size: u64,
+    stream: &Stream,
+    ctx: u64,
+) -> CuResult<u64> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -506,11 +647,16 @@ pub fn alloc_async(drv: &'static Driver, pool: &Pool, size: u64, stream: &Stream
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     drv.check_alive(pool.dev)?;
-    let charged = drv.state.granular(pool.dev, size).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let charged = drv
+        .state
+        .granular(pool.dev, size)
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     // Reuse the pool's cached reservation when it can cover the request.
     let from_cache = pool
         .cached
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(charged))
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+            c.checked_sub(charged)
+        })
         .is_ok();
     if !from_cache {
         drv.state
@@ -528,17 +674,32 @@ pub fn alloc_async(drv: &'static Driver, pool: &Pool, size: u64, stream: &Stream
     };
     let used = pool.used.fetch_add(charged, Ordering::AcqRel) + charged;
     pool.used_high.fetch_max(used, Ordering::AcqRel);
-    pool.reserved_high.fetch_max(used + pool.cached.load(Ordering::Acquire), Ordering::AcqRel);
+    pool.reserved_high
+        .fetch_max(used + pool.cached.load(Ordering::Acquire), Ordering::AcqRel);
     drv.objects().allocs.insert(
         base,
-        Alloc { base, size, map_len: len, charged, dev: pool.dev, ctx, kind: AllocKind::Pool(pool.id), maps: Vec::new() },
+        Alloc {
+            base,
+            size,
+            map_len: len,
+            charged,
+            dev: pool.dev,
+            ctx,
+            kind: AllocKind::Pool(pool.id),
+            maps: Vec::new(),
+        },
     );
     Ok(base)
 }
 
 /// `cuMemFreeAsync`: frees in stream order.
 pub fn free_async(drv: &'static Driver, ptr: u64, stream: &Stream) -> CuResult<()> {
-    if !drv.objects().allocs.get(&ptr).is_some_and(|a| a.is_device() && a.kind != AllocKind::VmmRange) {
+    if !drv
+        .objects()
+        .allocs
+        .get(&ptr)
+        .is_some_and(|a| a.is_device() && a.kind != AllocKind::VmmRange)
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     stream.enqueue(drv, Work::Free { ptr })
@@ -581,7 +742,16 @@ pub fn address_reserve(drv: &Driver, size: u64, align: u64, hint: u64) -> CuResu
     }
     drv.objects().allocs.insert(
         base,
-        Alloc { base, size, map_len: size as usize, charged: 0, dev: 0, ctx: 0, kind: AllocKind::VmmRange, maps: Vec::new() },
+        Alloc {
+            base,
+            size,
+            map_len: size as usize,
+            charged: 0,
+            dev: 0,
+            ctx: 0,
+            kind: AllocKind::VmmRange,
+            maps: Vec::new(),
+        },
     );
     Ok(base)
 }
@@ -594,7 +764,10 @@ pub fn address_free(drv: &Driver, ptr: u64, size: u64) -> CuResult<()> {
             if !a.maps.is_empty() {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            let a = o.allocs.remove(&ptr).expect("present: checked under the same lock");
+            let a = o
+                .allocs
+                .remove(&ptr)
+                .expect("present: checked under the same lock");
             drop(o);
             unmap(a.base as usize, a.map_len);
             Ok(())
@@ -605,7 +778,9 @@ pub fn address_free(drv: &Driver, ptr: u64, size: u64) -> CuResult<()> {
 
 /// `cuMemCreate`.
 pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResult<u64> {
-    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED
+        || prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = drv.device(prop.location.id)?;
@@ -627,7 +802,17 @@ pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResu
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let h = new_handle(Kind::Vmm);
-    drv.objects().vmm.insert(h, VmmHandle { dev, size, charged, fd, maps: 0, refs: 1 });
+    drv.objects().vmm.insert(
+        h,
+        VmmHandle {
+            dev,
+            size,
+            charged,
+            fd,
+            maps: 0,
+            refs: 1,
+        },
+    );
     Ok(h)
 }
 
@@ -657,7 +842,12 @@ pub fn vmm_retain(drv: &Driver, addr: u64) -> CuResult<u64> {
     let mut o = drv.objects();
     let h = find(&o, addr, 1)
         .filter(|a| a.kind == AllocKind::VmmRange)
-        .and_then(|a| a.maps.iter().find(|&&(m, l, _, _)| addr >= m && addr < m + l).map(|m| m.2))
+        .and_then(|a| {
+            a.maps
+                .iter()
+                .find(|&&(m, l, _, _)| addr >= m && addr < m + l)
+                .map(|m| m.2)
+        })
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     o.vmm.get_mut(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?.refs += 1;
     Ok(h)
@@ -665,19 +855,32 @@ pub fn vmm_retain(drv: &Driver, addr: u64) -> CuResult<u64> {
 
 /// (device, size) of a VMM handle.
 pub fn vmm_props(drv: &Driver, h: u64) -> CuResult<(usize, u64)> {
-    drv.objects().vmm.get(&h).map(|v| (v.dev, v.size)).ok_or(CUDA_ERROR_INVALID_VALUE)
+    drv.objects()
+        .vmm
+        .get(&h)
+        .map(|v| (v.dev, v.size))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuMemMap`.
 pub fn vmm_map(drv: &Driver, ptr: u64, size: u64, offset: u64, h: u64) -> CuResult<()> {
     let mut o = drv.objects();
-    let (fd, hsize) = o.vmm.get(&h).map(|v| (v.fd, v.size)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (fd, hsize) = o
+        .vmm
+        .get(&h)
+        .map(|v| (v.fd, v.size))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if size == 0 || offset.checked_add(size).is_none_or(|e| e > hsize) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let base = {
-        let a = find(&o, ptr, size).filter(|a| a.kind == AllocKind::VmmRange).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if a.maps.iter().any(|&(m, l, _, _)| ptr < m + l && m < ptr + size) {
+        let a = find(&o, ptr, size)
+            .filter(|a| a.kind == AllocKind::VmmRange)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if a.maps
+            .iter()
+            .any(|&(m, l, _, _)| ptr < m + l && m < ptr + size)
+        {
             return Err(CUDA_ERROR_ALREADY_MAPPED);
         }
         a.base
@@ -685,12 +888,23 @@ pub fn vmm_map(drv: &Driver, ptr: u64, size: u64, offset: u64, h: u64) -> CuResu
     // SAFETY: [ptr, ptr+size) lies inside our own PROT_NONE reservation (checked
     // above), so MAP_FIXED replaces only memory this driver owns.
     let p = unsafe {
-        libc::mmap(ptr as usize as *mut libc::c_void, size as usize, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, fd, offset as libc::off_t)
+        libc::mmap(
+            ptr as usize as *mut libc::c_void,
+            size as usize,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            offset as libc::off_t,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    o.allocs.get_mut(&base).expect("reservation found above").maps.push((ptr, size, h, false));
+    o.allocs
+        .get_mut(&base)
+        .expect("reservation found above")
+        .maps
+        .push((ptr, size, h, false));
     o.vmm.get_mut(&h).expect("handle found above").maps += 1;
     Ok(())
 }
@@ -698,7 +912,10 @@ pub fn vmm_map(drv: &Driver, ptr: u64, size: u64, offset: u64, h: u64) -> CuResu
 /// `cuMemSetAccess`: `rw` makes the mappings in the range readable and writable.
 pub fn vmm_set_access(drv: &Driver, ptr: u64, size: u64, prot: i32) -> CuResult<()> {
     let mut o = drv.objects();
-    let base = find(&o, ptr, size).filter(|a| a.kind == AllocKind::VmmRange).map(|a| a.base).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let base = find(&o, ptr, size)
+        .filter(|a| a.kind == AllocKind::VmmRange)
+        .map(|a| a.base)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let a = o.allocs.get_mut(&base).expect("found above");
     let end = ptr + size;
     let mut covered = 0;
@@ -719,8 +936,14 @@ pub fn vmm_set_access(drv: &Driver, ptr: u64, size: u64, prot: i32) -> CuResult<
 /// Access flags (`CUmemAccess_flags`) of the mapping containing `ptr`.
 pub fn vmm_get_access(drv: &Driver, ptr: u64) -> CuResult<u32> {
     let o = drv.objects();
-    let a = find(&o, ptr, 1).filter(|a| a.kind == AllocKind::VmmRange).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let m = a.maps.iter().find(|&&(m, l, _, _)| ptr >= m && ptr < m + l).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = find(&o, ptr, 1)
+        .filter(|a| a.kind == AllocKind::VmmRange)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let m = a
+        .maps
+        .iter()
+        .find(|&&(m, l, _, _)| ptr >= m && ptr < m + l)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     Ok(if m.3 { 3 } else { 0 })
 }
 
@@ -730,7 +953,10 @@ pub fn vmm_unmap(drv: &'static Driver, ptr: u64, size: u64) -> CuResult<()> {
         drv.worker(d).drain();
     }
     let mut o = drv.objects();
-    let base = find(&o, ptr, size).filter(|a| a.kind == AllocKind::VmmRange).map(|a| a.base).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let base = find(&o, ptr, size)
+        .filter(|a| a.kind == AllocKind::VmmRange)
+        .map(|a| a.base)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let end = ptr + size;
     let a = o.allocs.get_mut(&base).expect("found above");
     let (gone, keep): (Vec<(u64, u64, u64, bool)>, Vec<(u64, u64, u64, bool)>) =
@@ -762,21 +988,35 @@ pub fn vmm_unmap(drv: &'static Driver, ptr: u64, size: u64) -> CuResult<()> {
 // ---- arrays ------------------------------------------------------------------------------
 
 /// Creates an array (or a mipmapped array with `levels` > 0).
-pub fn array_create(drv: &Driver, dev: usize, desc: CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> CuResult<u64> {
+pub fn array_create(
+    drv: &Driver,
+    dev: usize,
+    desc: CUDA_ARRAY3D_DESCRIPTOR,
+    levels: u32,
+) -> CuResult<u64> {
     let elem = array_format_bytes(desc.Format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if desc.Width == 0 || !matches!(desc.NumChannels, 1 | 2 | 4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dims = |w: u64, h: u64, d: u64| -> CuResult<(u64, u64)> {
-        let row = w.checked_mul(elem * u64::from(desc.NumChannels)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let bytes = row.checked_mul(h.max(1)).and_then(|b| b.checked_mul(d.max(1))).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let row = w
+            .checked_mul(elem * u64::from(desc.NumChannels))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = row
+            .checked_mul(h.max(1))
+            .and_then(|b| b.checked_mul(d.max(1)))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         Ok((row, bytes))
     };
     let (w, h, d) = (desc.Width as u64, desc.Height as u64, desc.Depth as u64);
     let mut level_dims = Vec::new();
     let nlev = levels.max(1);
     for l in 0..nlev {
-        let (lw, lh, ld) = ((w >> l).max(1), if h == 0 { 0 } else { (h >> l).max(1) }, if d == 0 { 0 } else { (d >> l).max(1) });
+        let (lw, lh, ld) = (
+            (w >> l).max(1),
+            if h == 0 { 0 } else { (h >> l).max(1) },
+            if d == 0 { 0 } else { (d >> l).max(1) },
+        );
         level_dims.push((lw, lh, ld, dims(lw, lh, ld)?));
     }
     let total: u64 = level_dims.iter().map(|l| l.3.1).sum();
@@ -800,20 +1040,51 @@ pub fn array_create(drv: &Driver, dev: usize, desc: CUDA_ARRAY3D_DESCRIPTOR, lev
             ldesc.Width = lw as usize;
             ldesc.Height = lh as usize;
             ldesc.Depth = ld as usize;
-            o.arrays.insert(id, Arc::new(ArrayObj { id, dev, desc: ldesc, row_bytes: row, bytes, base: base + off, map_len: 0, charged: 0, levels: Vec::new() }));
+            o.arrays.insert(
+                id,
+                Arc::new(ArrayObj {
+                    id,
+                    dev,
+                    desc: ldesc,
+                    row_bytes: row,
+                    bytes,
+                    base: base + off,
+                    map_len: 0,
+                    charged: 0,
+                    levels: Vec::new(),
+                }),
+            );
             child_ids.push(id);
             off += bytes as usize;
         }
     }
     let id = new_handle(Kind::Array);
     let (row, _) = level_dims[0].3;
-    o.arrays.insert(id, Arc::new(ArrayObj { id, dev, desc, row_bytes: row, bytes: total, base, map_len: len, charged, levels: child_ids }));
+    o.arrays.insert(
+        id,
+        Arc::new(ArrayObj {
+            id,
+            dev,
+            desc,
+            row_bytes: row,
+            bytes: total,
+            base,
+            map_len: len,
+            charged,
+            levels: child_ids,
+        }),
+    );
     Ok(id)
 }
 
 /// Destroys an array (with its levels).
 pub fn array_destroy(drv: &'static Driver, id: u64) -> CuResult<()> {
-    let a = drv.objects().arrays.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let a = drv
+        .objects()
+        .arrays
+        .get(&id)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     if a.map_len == 0 {
         return Err(CUDA_ERROR_INVALID_HANDLE); // a level is destroyed with its parent
     }
@@ -832,7 +1103,11 @@ pub fn array_destroy(drv: &'static Driver, id: u64) -> CuResult<()> {
 
 /// Looks an array up.
 pub fn array(drv: &Driver, id: u64) -> CuResult<Arc<ArrayObj>> {
-    drv.objects().arrays.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)
+    drv.objects()
+        .arrays
+        .get(&id)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// One side of a 2D copy, resolved to an address and a pitch.
@@ -847,34 +1122,72 @@ pub struct Side {
 }
 
 /// Resolves one side of a `CUDA_MEMCPY2D`.
-pub fn side(drv: &Driver, mt: u32, host: u64, dptr: u64, arr: u64, x: u64, y: u64, pitch: u64, width: u64, height: u64) -> CuResult<Side> {
+pub fn side(
+    drv: &Driver,
+    mt: u32,
+    host: u64,
+    dptr: u64,
+    arr: u64,
+    x: u64,
+    y: u64,
+    pitch: u64,
+    width: u64,
+    height: u64,
+) -> CuResult<Side> {
     let row_span = |p: u64| -> CuResult<u64> {
-        height.saturating_sub(1).checked_mul(p).and_then(|v| v.checked_add(width)).ok_or(CUDA_ERROR_INVALID_VALUE)
+        height
+            .saturating_sub(1)
+            .checked_mul(p)
+            .and_then(|v| v.checked_add(width))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     };
     match mt {
-        memorytype::HOST => Ok(Side { addr: host + y * pitch + x, pitch, device: false }),
+        memorytype::HOST => Ok(Side {
+            addr: host + y * pitch + x,
+            pitch,
+            device: false,
+        }),
         memorytype::DEVICE => {
-            let addr = dptr.checked_add(y * pitch + x).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let addr = dptr
+                .checked_add(y * pitch + x)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
             check_device_range(&drv.objects(), addr, row_span(pitch)?)?;
-            Ok(Side { addr, pitch, device: true })
+            Ok(Side {
+                addr,
+                pitch,
+                device: true,
+            })
         }
         memorytype::UNIFIED => {
-            let addr = dptr.checked_add(y * pitch + x).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let addr = dptr
+                .checked_add(y * pitch + x)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let dev = is_device_ptr(&drv.objects(), addr);
             if dev {
                 check_device_range(&drv.objects(), addr, row_span(pitch)?)?;
             }
-            Ok(Side { addr, pitch, device: dev })
+            Ok(Side {
+                addr,
+                pitch,
+                device: dev,
+            })
         }
         memorytype::ARRAY => {
             let id = crate::rt::from_ptr(arr as usize as CUarray, Kind::Array)?;
             let a = array(drv, id)?;
             let p = a.row_bytes;
-            let off = y.checked_mul(p).and_then(|v| v.checked_add(x)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let off = y
+                .checked_mul(p)
+                .and_then(|v| v.checked_add(x))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
             if off.checked_add(row_span(p)?).is_none_or(|e| e > a.bytes) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            Ok(Side { addr: a.base as u64 + off, pitch: p, device: true })
+            Ok(Side {
+                addr: a.base as u64 + off,
+                pitch: p,
+                device: true,
+            })
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
@@ -882,7 +1195,13 @@ pub fn side(drv: &Driver, mt: u32, host: u64, dptr: u64, arr: u64, x: u64, y: u6
 
 /// Copies `height` rows of `width` bytes between resolved sides (synchronously, after
 /// the devices' queued work).
-pub fn copy_2d(drv: &'static Driver, dst: Side, src: Side, width: u64, height: u64) -> CuResult<()> {
+pub fn copy_2d(
+    drv: &'static Driver,
+    dst: Side,
+    src: Side,
+    width: u64,
+    height: u64,
+) -> CuResult<()> {
     if width > dst.pitch.max(width) || (height > 1 && (width > dst.pitch || width > src.pitch)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -893,7 +1212,11 @@ pub fn copy_2d(drv: &'static Driver, dst: Side, src: Side, width: u64, height: u
         // SAFETY: device/array rows were bounds-checked in `side`; host rows are the
         // application's, valid per the API contract.
         unsafe {
-            std::ptr::copy((src.addr + r * src.pitch) as *const u8, (dst.addr + r * dst.pitch) as *mut u8, width as usize)
+            std::ptr::copy(
+                (src.addr + r * src.pitch) as *const u8,
+                (dst.addr + r * dst.pitch) as *mut u8,
+                width as usize,
+            )
         };
     }
     Ok(())

@@ -130,7 +130,11 @@ pub fn parse_ptx(text: &str) -> CuResult<(Vec<Entry>, i32)> {
         let body_start = after_name.find('{').ok_or(CUDA_ERROR_INVALID_PTX)?;
         let head = &after_name[..body_start];
         if let (Some(a), Some(b)) = (head.find('('), head.rfind(')')) {
-            for p in head[a + 1..b].split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            for p in head[a + 1..b]
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+            {
                 params.push(param_size(p).ok_or(CUDA_ERROR_INVALID_PTX)?);
             }
         }
@@ -156,9 +160,20 @@ pub fn build(ctx: u64, entries: Vec<Entry>, ptx_version: i32) -> (Module, Vec<Fu
     let id = new_handle(Kind::Module);
     let funcs: Vec<Function> = entries
         .into_iter()
-        .map(|e| Function { id: new_handle(Kind::Func), module: id, name: e.name, params: e.params, ptx_version })
+        .map(|e| Function {
+            id: new_handle(Kind::Func),
+            module: id,
+            name: e.name,
+            params: e.params,
+            ptx_version,
+        })
         .collect();
-    let module = Module { id, ctx, funcs: funcs.iter().map(|f| (f.name.clone(), f.id)).collect(), ptx_version };
+    let module = Module {
+        id,
+        ctx,
+        funcs: funcs.iter().map(|f| (f.name.clone(), f.id)).collect(),
+        ptx_version,
+    };
     (module, funcs)
 }
 
@@ -235,27 +250,97 @@ mod tests {
         let (e, v) = parse_ptx(PTX).expect("valid ptx");
         assert_eq!(v, 80);
         assert_eq!(e.len(), 3);
-        assert_eq!(e[0], Entry { name: "vgpu_sim_spin".into(), params: vec![8] });
-        assert_eq!(e[1], Entry { name: "add".into(), params: vec![8, 4, 24] });
-        assert_eq!(e[2], Entry { name: "noargs".into(), params: vec![] });
+        assert_eq!(
+            e[0],
+            Entry {
+                name: "vgpu_sim_spin".into(),
+                params: vec![8]
+            }
+        );
+        assert_eq!(
+            e[1],
+            Entry {
+                name: "add".into(),
+                params: vec![8, 4, 24]
+            }
+        );
+        assert_eq!(
+            e[2],
+            Entry {
+                name: "noargs".into(),
+                params: vec![]
+            }
+        );
     }
 
     #[test]
     fn rejects_non_ptx() {
-        assert_eq!(parse_image(b"\x7fELF\x02\x01").unwrap_err(), CUDA_ERROR_NO_BINARY_FOR_GPU);
+        assert_eq!(
+            parse_image(b"\x7fELF\x02\x01").unwrap_err(),
+            CUDA_ERROR_NO_BINARY_FOR_GPU
+        );
         assert_eq!(parse_image(b"hello").unwrap_err(), CUDA_ERROR_INVALID_PTX);
-        assert_eq!(parse_image(b".version 8.0\n.target sm_90\n.entry (").unwrap_err(), CUDA_ERROR_INVALID_PTX);
+        assert_eq!(
+            parse_image(b".version 8.0\n.target sm_90\n.entry (").unwrap_err(),
+            CUDA_ERROR_INVALID_PTX
+        );
     }
 
     #[test]
     fn geometry_limits() {
-        let ok = Geometry { grid: [1, 1, 1], block: [1024, 1, 1], shared: 0 };
+        let ok = Geometry {
+            grid: [1, 1, 1],
+            block: [1024, 1, 1],
+            shared: 0,
+        };
         assert!(check_geometry(&ok).is_ok());
-        assert!(check_geometry(&Geometry { block: [1025, 1, 1], ..ok }).is_err());
-        assert!(check_geometry(&Geometry { block: [32, 32, 2], ..ok }).is_err());
-        assert!(check_geometry(&Geometry { grid: [0, 1, 1], ..ok }).is_err());
-        assert_eq!(cost_ns(&Geometry { grid: [132 * 2, 1, 1], block: [1024, 1, 1], shared: 0 }, 132), 3_000);
-        assert!(cooperative_fits(&Geometry { grid: [264, 1, 1], block: [1024, 1, 1], shared: 0 }, 132));
-        assert!(!cooperative_fits(&Geometry { grid: [265, 1, 1], block: [1024, 1, 1], shared: 0 }, 132));
+        assert!(
+            check_geometry(&Geometry {
+                block: [1025, 1, 1],
+                ..ok
+            })
+            .is_err()
+        );
+        assert!(
+            check_geometry(&Geometry {
+                block: [32, 32, 2],
+                ..ok
+            })
+            .is_err()
+        );
+        assert!(
+            check_geometry(&Geometry {
+                grid: [0, 1, 1],
+                ..ok
+            })
+            .is_err()
+        );
+        assert_eq!(
+            cost_ns(
+                &Geometry {
+                    grid: [132 * 2, 1, 1],
+                    block: [1024, 1, 1],
+                    shared: 0
+                },
+                132
+            ),
+            3_000
+        );
+        assert!(cooperative_fits(
+            &Geometry {
+                grid: [264, 1, 1],
+                block: [1024, 1, 1],
+                shared: 0
+            },
+            132
+        ));
+        assert!(!cooperative_fits(
+            &Geometry {
+                grid: [265, 1, 1],
+                block: [1024, 1, 1],
+                shared: 0
+            },
+            132
+        ));
     }
 }

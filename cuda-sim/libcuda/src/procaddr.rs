@@ -230,17 +230,30 @@ pub fn lookup(name: &str, version: i32, flags: u64) -> (Option<usize>, i32) {
     let Some(versions) = table().get(name) else {
         return (None, proc_status::SYMBOL_NOT_FOUND);
     };
-    let Some(v) = versions.iter().filter(|v| v.since <= version).max_by_key(|v| v.since) else {
+    let Some(v) = versions
+        .iter()
+        .filter(|v| v.since <= version)
+        .max_by_key(|v| v.since)
+    else {
         return (None, proc_status::VERSION_NOT_SUFFICIENT);
     };
     if v.legacy == 0 {
         return (None, proc_status::SYMBOL_NOT_FOUND);
     }
     let per_thread = flags & proc_flags::PER_THREAD_DEFAULT_STREAM != 0;
-    let f = if per_thread && v.per_thread != 0 { v.per_thread } else { v.legacy };
+    let f = if per_thread && v.per_thread != 0 {
+        v.per_thread
+    } else {
+        v.legacy
+    };
     static TRACE: OnceLock<bool> = OnceLock::new();
-    if *TRACE.get_or_init(|| std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0")) {
-        eprintln!("vgpu cuda-sim: cuGetProcAddress({name}, {version}, {flags}) -> {}", v.symbol);
+    if *TRACE.get_or_init(|| {
+        std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0")
+    }) {
+        eprintln!(
+            "vgpu cuda-sim: cuGetProcAddress({name}, {version}, {flags}) -> {}",
+            v.symbol
+        );
     }
     (Some(f), proc_status::SUCCESS)
 }
@@ -255,21 +268,54 @@ mod tests {
         assert_eq!(s, proc_status::SUCCESS);
         assert_eq!(f, Some(cuMemAlloc_v2 as *const () as usize));
         // The 32-bit ABI of CUDA 2.0 is not simulated: not found, never the v2 ABI.
-        assert_eq!(lookup("cuMemAlloc", 2000, 0), (None, proc_status::SYMBOL_NOT_FOUND));
-        assert_eq!(lookup("cuLaunchKernelEx", 11000, 0), (None, proc_status::VERSION_NOT_SUFFICIENT));
-        assert_eq!(lookup("cuNoSuchThing", 13000, 0), (None, proc_status::SYMBOL_NOT_FOUND));
-        assert_eq!(lookup("cuCtxCreate", 11040, 0).0, Some(cuCtxCreate_v3 as *const () as usize));
-        assert_eq!(lookup("cuCtxCreate", 13000, 0).0, Some(cuCtxCreate_v4 as *const () as usize));
-        assert_eq!(lookup("cuGraphInstantiate", 12000, 0).0, Some(cuGraphInstantiateWithFlags as *const () as usize));
+        assert_eq!(
+            lookup("cuMemAlloc", 2000, 0),
+            (None, proc_status::SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            lookup("cuLaunchKernelEx", 11000, 0),
+            (None, proc_status::VERSION_NOT_SUFFICIENT)
+        );
+        assert_eq!(
+            lookup("cuNoSuchThing", 13000, 0),
+            (None, proc_status::SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            lookup("cuCtxCreate", 11040, 0).0,
+            Some(cuCtxCreate_v3 as *const () as usize)
+        );
+        assert_eq!(
+            lookup("cuCtxCreate", 13000, 0).0,
+            Some(cuCtxCreate_v4 as *const () as usize)
+        );
+        assert_eq!(
+            lookup("cuGraphInstantiate", 12000, 0).0,
+            Some(cuGraphInstantiateWithFlags as *const () as usize)
+        );
     }
 
     #[test]
     fn per_thread_flag_selects_ptsz_variants() {
-        assert_eq!(lookup("cuLaunchKernel", 12000, 0).0, Some(cuLaunchKernel as *const () as usize));
-        assert_eq!(lookup("cuLaunchKernel", 12000, 2).0, Some(cuLaunchKernel_ptsz as *const () as usize));
-        assert_eq!(lookup("cuLaunchKernel", 12000, 1).0, Some(cuLaunchKernel as *const () as usize));
-        assert_eq!(lookup("cuMemcpyHtoD", 12000, 2).0, Some(cuMemcpyHtoD_v2_ptds as *const () as usize));
+        assert_eq!(
+            lookup("cuLaunchKernel", 12000, 0).0,
+            Some(cuLaunchKernel as *const () as usize)
+        );
+        assert_eq!(
+            lookup("cuLaunchKernel", 12000, 2).0,
+            Some(cuLaunchKernel_ptsz as *const () as usize)
+        );
+        assert_eq!(
+            lookup("cuLaunchKernel", 12000, 1).0,
+            Some(cuLaunchKernel as *const () as usize)
+        );
+        assert_eq!(
+            lookup("cuMemcpyHtoD", 12000, 2).0,
+            Some(cuMemcpyHtoD_v2_ptds as *const () as usize)
+        );
         // Functions without a per-thread variant are the same either way.
-        assert_eq!(lookup("cuMemAlloc", 12000, 2).0, lookup("cuMemAlloc", 12000, 0).0);
+        assert_eq!(
+            lookup("cuMemAlloc", 12000, 2).0,
+            lookup("cuMemAlloc", 12000, 0).0
+        );
     }
 }

@@ -172,7 +172,8 @@ pub fn init() -> CuResult<&'static Driver> {
                 objects: Mutex::new(objects),
                 workers: (0..n).map(|_| OnceLock::new()).collect(),
                 default_pools: (0..n).map(|_| OnceLock::new()).collect(),
-                trace: std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0"),
+                trace: std::env::var_os("VGPU_SIM_TRACE")
+                    .is_some_and(|v| !v.is_empty() && v != "0"),
             })
         })
         .as_ref()
@@ -209,22 +210,33 @@ impl Driver {
 
     /// Fails if device `d` has fallen off the bus.
     pub fn check_alive(&self, d: usize) -> CuResult<()> {
-        if self.state.is_lost(d) { Err(CUDA_ERROR_DEVICE_UNAVAILABLE) } else { Ok(()) }
+        if self.state.is_lost(d) {
+            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        } else {
+            Ok(())
+        }
     }
 
     /// The execution worker of device `d`.
     pub fn worker(&'static self, d: usize) -> Arc<Worker> {
-        self.workers[d].get_or_init(|| Worker::start(self, d)).clone()
+        self.workers[d]
+            .get_or_init(|| Worker::start(self, d))
+            .clone()
     }
 
     /// Charges `bytes` of device `d` memory to this process (rounded to the device's
     /// granularity); returns the charged amount.
     pub fn charge(&self, d: usize, bytes: u64, counted: bool) -> CuResult<u64> {
-        let charged = self.state.granular(d, bytes.max(1)).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        self.state.reserve(self.slot, d, charged, counted).map_err(|e| match e {
-            AllocError::OutOfMemory | AllocError::Injected => CUDA_ERROR_OUT_OF_MEMORY,
-            AllocError::DeviceLost => CUDA_ERROR_DEVICE_UNAVAILABLE,
-        })?;
+        let charged = self
+            .state
+            .granular(d, bytes.max(1))
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.state
+            .reserve(self.slot, d, charged, counted)
+            .map_err(|e| match e {
+                AllocError::OutOfMemory | AllocError::Injected => CUDA_ERROR_OUT_OF_MEMORY,
+                AllocError::DeviceLost => CUDA_ERROR_DEVICE_UNAVAILABLE,
+            })?;
         Ok(charged)
     }
 
@@ -243,7 +255,9 @@ impl Driver {
                 .reserve(self.slot, d, overhead, false)
                 .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
         }
-        self.state.slot(self.slot).devs[d].contexts.fetch_add(1, Ordering::AcqRel);
+        self.state.slot(self.slot).devs[d]
+            .contexts
+            .fetch_add(1, Ordering::AcqRel);
         let id = new_handle(Kind::Ctx);
         let ctx = Arc::new(Ctx {
             id,
@@ -271,7 +285,11 @@ impl Driver {
             o.streams.retain(|_, s| s.ctx != ctx.id);
         }
         let sd = &self.state.slot(self.slot).devs[ctx.dev];
-        let _ = sd.contexts.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| Some(c.saturating_sub(1)));
+        let _ = sd
+            .contexts
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(1))
+            });
         let overhead = self.state.info(ctx.dev).context_overhead;
         if overhead > 0 {
             self.state.release(self.slot, ctx.dev, overhead);
@@ -289,7 +307,12 @@ impl Driver {
 
     /// `cuCtxDestroy`.
     pub fn ctx_destroy(&'static self, id: u64) -> CuResult<()> {
-        let ctx = self.objects().ctxs.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let ctx = self
+            .objects()
+            .ctxs
+            .get(&id)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         if ctx.primary {
             // The primary context is released through cuDevicePrimaryCtxRelease.
             return Err(CUDA_ERROR_INVALID_CONTEXT);
@@ -381,7 +404,12 @@ impl Driver {
 
     /// Looks a context up by handle.
     pub fn ctx(&self, id: u64) -> CuResult<Arc<Ctx>> {
-        let c = self.objects().ctxs.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let c = self
+            .objects()
+            .ctxs
+            .get(&id)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         if c.destroyed.load(Ordering::Acquire) {
             return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED);
         }
@@ -390,7 +418,9 @@ impl Driver {
 
     /// The calling thread's current context.
     pub fn current(&self) -> CuResult<Arc<Ctx>> {
-        let top = CTX_STACK.with(|s| s.borrow().last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let top = CTX_STACK
+            .with(|s| s.borrow().last().copied())
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         self.ctx(top)
     }
 }

@@ -9,7 +9,9 @@ use vgpu_cuda_sim::config::format_uuid;
 use vgpu_cuda_sim::state::{State, event_type};
 
 #[derive(Parser, Debug)]
-#[command(about = "Inspect the simulated GPU node and inject faults (uses VGPU_SIM_DIR and VGPU_SIM_CONFIG)")]
+#[command(
+    about = "Inspect the simulated GPU node and inject faults (uses VGPU_SIM_DIR and VGPU_SIM_CONFIG)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -53,14 +55,19 @@ enum Cmd {
 
 fn check_dev(st: &State, d: usize) -> Result<()> {
     if d >= st.device_count() {
-        bail!("no device {d}: the node has {} device(s)", st.device_count());
+        bail!(
+            "no device {d}: the node has {} device(s)",
+            st.device_count()
+        );
     }
     Ok(())
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let st = State::open_from_env().map_err(anyhow::Error::msg).context("open simulated node")?;
+    let st = State::open_from_env()
+        .map_err(anyhow::Error::msg)
+        .context("open simulated node")?;
     match cli.cmd {
         Cmd::Status => {
             println!("state: {}", st.dir().display());

@@ -1,0 +1,395 @@
+//! `cuda-probe`: a small scripted CUDA driver API and NVML client, for tests that need
+//! real processes using a GPU (the simulated one, or a real one).
+//!
+//! It loads `libcuda.so.1` and `libnvidia-ml.so.1` by name with `dlopen` (so
+//! `LD_LIBRARY_PATH` and `LD_PRELOAD` decide what it gets, exactly as for any CUDA
+//! program), resolves entry points by their exported names, and runs its arguments as a
+//! script, printing `key=value` results:
+//!
+//! ```text
+//! init                         cuInit, retain device 0's primary context, make it current
+//! device N                     use device N for what follows (before init)
+//! meminfo                      free= total=
+//! alloc BYTES                  alloc=ok|err code=   (keeps the allocation)
+//! alloc-until-oom CHUNK        allocations= allocated= code=  (keeps them)
+//! free-all                     frees everything allocated so far
+//! roundtrip BYTES              roundtrip=ok after copying a pattern to the device and back
+//! saturate SECS KERNEL_NS AT   from unix time AT (ms; 0 = now) for SECS seconds keep the GPU
+//!                              busy with spin kernels, 4 in flight; kernels= device_ns=
+//! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
+//! ready                        prints "ready pid=<pid>"
+//! wait                         blocks until stdin is closed
+//! sleep MS                     sleeps
+//! ```
+
+// The probe calls C entry points resolved with dlopen/dlsym; each block says why the
+// call matches its C signature.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use libloading::{Library, Symbol};
+
+type CuResult = c_uint;
+
+const SPIN_PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry vgpu_sim_spin(.param .u64 ns) { ret; }\n\0";
+
+struct Cuda {
+    lib: Library,
+}
+
+impl Cuda {
+    fn sym<T>(&self, name: &str) -> Result<Symbol<'_, T>> {
+        // SAFETY: the caller names a CUDA driver entry point with its C signature `T`.
+        unsafe { self.lib.get(name.as_bytes()) }.with_context(|| format!("resolve {name}"))
+    }
+
+    fn check(&self, what: &str, r: CuResult) -> Result<()> {
+        if r != 0 {
+            bail!("{what} failed with CUresult {r}");
+        }
+        Ok(())
+    }
+}
+
+struct State {
+    cuda: Option<Cuda>,
+    device: c_int,
+    ptrs: Vec<u64>,
+}
+
+fn arg<'a>(it: &mut impl Iterator<Item = &'a String>, what: &str) -> Result<u64> {
+    let v = it.next().with_context(|| format!("missing {what}"))?;
+    vgpu_core::bytes::parse_bytes(v).with_context(|| format!("bad {what} {v:?}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn cuda(st: &State) -> Result<&Cuda> {
+    st.cuda.as_ref().context("`init` must come first")
+}
+
+fn init(st: &mut State) -> Result<()> {
+    // SAFETY: loading the CUDA driver library; its initializers are the driver's.
+    let lib = unsafe { Library::new("libcuda.so.1") }.context("dlopen libcuda.so.1")?;
+    let c = Cuda { lib };
+    // SAFETY (all calls below): arguments follow the CUDA driver API signatures.
+    unsafe {
+        let cu_init: Symbol<'_, unsafe extern "C" fn(c_uint) -> CuResult> = c.sym("cuInit")?;
+        c.check("cuInit", cu_init(0))?;
+        let retain: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult> =
+            c.sym("cuDevicePrimaryCtxRetain")?;
+        let mut ctx = std::ptr::null_mut();
+        c.check("cuDevicePrimaryCtxRetain", retain(&mut ctx, st.device))?;
+        let set: Symbol<'_, unsafe extern "C" fn(*mut c_void) -> CuResult> =
+            c.sym("cuCtxSetCurrent")?;
+        c.check("cuCtxSetCurrent", set(ctx))?;
+    }
+    st.cuda = Some(c);
+    println!("init=ok");
+    Ok(())
+}
+
+fn meminfo(st: &State) -> Result<(u64, u64)> {
+    let c = cuda(st)?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
+    unsafe {
+        let f: Symbol<'_, unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult> =
+            c.sym("cuMemGetInfo_v2")?;
+        c.check("cuMemGetInfo_v2", f(&mut free, &mut total))?;
+    }
+    Ok((free as u64, total as u64))
+}
+
+fn alloc(st: &mut State, bytes: u64) -> Result<Result<u64, CuResult>> {
+    let c = cuda(st)?;
+    let mut p = 0u64;
+    // SAFETY: cuMemAlloc_v2(CUdeviceptr*, size_t).
+    let r = unsafe {
+        let f: Symbol<'_, unsafe extern "C" fn(*mut u64, usize) -> CuResult> =
+            c.sym("cuMemAlloc_v2")?;
+        f(&mut p, bytes as usize)
+    };
+    if r == 0 {
+        st.ptrs.push(p);
+        Ok(Ok(p))
+    } else {
+        Ok(Err(r))
+    }
+}
+
+fn free_all(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: cuMemFree_v2(CUdeviceptr) on pointers cuMemAlloc_v2 returned.
+    unsafe {
+        let f: Symbol<'_, unsafe extern "C" fn(u64) -> CuResult> = c.sym("cuMemFree_v2")?;
+        for &p in &st.ptrs {
+            c.check("cuMemFree_v2", f(p))?;
+        }
+    }
+    st.ptrs.clear();
+    Ok(())
+}
+
+fn roundtrip(st: &mut State, bytes: u64) -> Result<()> {
+    let p = alloc(st, bytes)?.map_err(|e| anyhow::anyhow!("cuMemAlloc_v2 failed with {e}"))?;
+    let c = cuda(st)?;
+    let src: Vec<u8> = (0..bytes)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+        .collect();
+    let mut dst = vec![0u8; bytes as usize];
+    // SAFETY: copies of `bytes` bytes between host vectors of that size and `p`.
+    unsafe {
+        let h2d: Symbol<'_, unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult> =
+            c.sym("cuMemcpyHtoD_v2")?;
+        let d2h: Symbol<'_, unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult> =
+            c.sym("cuMemcpyDtoH_v2")?;
+        c.check("cuMemcpyHtoD_v2", h2d(p, src.as_ptr().cast(), src.len()))?;
+        c.check(
+            "cuMemcpyDtoH_v2",
+            d2h(dst.as_mut_ptr().cast(), p, dst.len()),
+        )?;
+    }
+    if src != dst {
+        bail!("data did not round-trip through device memory");
+    }
+    println!("roundtrip=ok bytes={bytes}");
+    Ok(())
+}
+
+type LaunchFn = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CuResult;
+
+fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY (block): every call follows its CUDA driver API signature; kernel
+    // parameters point to a live u64 for the duration of each launch call.
+    unsafe {
+        let load: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult> =
+            c.sym("cuModuleLoadData")?;
+        let getf: Symbol<
+            '_,
+            unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult,
+        > = c.sym("cuModuleGetFunction")?;
+        let mk_stream: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult> =
+            c.sym("cuStreamCreate")?;
+        let mk_event: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult> =
+            c.sym("cuEventCreate")?;
+        let record: Symbol<'_, unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult> =
+            c.sym("cuEventRecord")?;
+        let sync: Symbol<'_, unsafe extern "C" fn(*mut c_void) -> CuResult> =
+            c.sym("cuEventSynchronize")?;
+        let launch: Symbol<'_, LaunchFn> = c.sym("cuLaunchKernel")?;
+        let mut module = std::ptr::null_mut();
+        c.check(
+            "cuModuleLoadData",
+            load(&mut module, SPIN_PTX.as_ptr().cast()),
+        )?;
+        let mut func = std::ptr::null_mut();
+        c.check(
+            "cuModuleGetFunction",
+            getf(&mut func, module, c"vgpu_sim_spin".as_ptr()),
+        )?;
+        let mut stream = std::ptr::null_mut();
+        c.check("cuStreamCreate", mk_stream(&mut stream, 0))?;
+        let mut free_events = Vec::new();
+        for _ in 0..4 {
+            let mut e = std::ptr::null_mut();
+            c.check("cuEventCreate", mk_event(&mut e, 2))?;
+            free_events.push(e);
+        }
+        let wait = at_ms.saturating_sub(now_ms());
+        std::thread::sleep(Duration::from_millis(wait));
+        let start = Instant::now();
+        let end = start + Duration::from_secs(secs);
+        let mut inflight = VecDeque::new();
+        let mut done = 0u64;
+        let mut ns = kernel_ns;
+        loop {
+            while Instant::now() < end
+                && let Some(e) = free_events.pop()
+            {
+                let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+                c.check(
+                    "cuLaunchKernel",
+                    launch(
+                        func,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                )?;
+                c.check("cuEventRecord", record(e, stream))?;
+                inflight.push_back(e);
+            }
+            let Some(e) = inflight.pop_front() else { break };
+            c.check("cuEventSynchronize", sync(e))?;
+            if Instant::now() <= end {
+                done += 1;
+            }
+            free_events.push(e);
+        }
+        println!(
+            "kernels={done} device_ns={} window_ns={}",
+            done * kernel_ns,
+            secs * 1_000_000_000
+        );
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct NvmlProcess {
+    pid: c_uint,
+    used: u64,
+    gpu_instance: c_uint,
+    compute_instance: c_uint,
+}
+
+fn nvml(device: c_int) -> Result<()> {
+    // SAFETY: loading NVML; the calls below follow nvml.h's signatures.
+    unsafe {
+        let lib = Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: Symbol<'_, unsafe extern "C" fn() -> c_uint> = lib.get(b"nvmlInit_v2")?;
+        let handle: Symbol<'_, unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_uint> =
+            lib.get(b"nvmlDeviceGetHandleByIndex_v2")?;
+        let mem: Symbol<'_, unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_uint> =
+            lib.get(b"nvmlDeviceGetMemoryInfo")?;
+        let procs: Symbol<
+            '_,
+            unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut NvmlProcess) -> c_uint,
+        > = lib.get(b"nvmlDeviceGetComputeRunningProcesses_v3")?;
+        let r = init();
+        if r != 0 {
+            bail!("nvmlInit_v2 failed with {r}");
+        }
+        let mut h = std::ptr::null_mut();
+        let r = handle(device as c_uint, &mut h);
+        if r != 0 {
+            bail!("nvmlDeviceGetHandleByIndex_v2 failed with {r}");
+        }
+        let mut m = NvmlMemory::default();
+        let r = mem(h, &mut m);
+        if r != 0 {
+            bail!("nvmlDeviceGetMemoryInfo failed with {r}");
+        }
+        let mut list = [NvmlProcess::default(); 256];
+        let mut n = list.len() as c_uint;
+        let r = procs(h, &mut n, list.as_mut_ptr());
+        if r != 0 {
+            bail!("nvmlDeviceGetComputeRunningProcesses_v3 failed with {r}");
+        }
+        let ps: Vec<String> = list[..n as usize]
+            .iter()
+            .map(|p| format!("{}:{}", p.pid, p.used))
+            .collect();
+        println!(
+            "nvml_used={} nvml_total={} nvml_free={} procs={}",
+            m.used,
+            m.total,
+            m.free,
+            ps.join(",")
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut st = State {
+        cuda: None,
+        device: 0,
+        ptrs: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(cmd) = it.next() {
+        match cmd.as_str() {
+            "device" => st.device = arg(&mut it, "device index")? as c_int,
+            "init" => init(&mut st)?,
+            "meminfo" => {
+                let (f, t) = meminfo(&st)?;
+                println!("free={f} total={t}");
+            }
+            "alloc" => {
+                let n = arg(&mut it, "size")?;
+                match alloc(&mut st, n)? {
+                    Ok(p) => println!("alloc=ok ptr={p:#x}"),
+                    Err(e) => println!("alloc=err code={e}"),
+                }
+            }
+            "alloc-until-oom" => {
+                let chunk = arg(&mut it, "chunk size")?;
+                let (mut n, mut total) = (0u64, 0u64);
+                let code = loop {
+                    match alloc(&mut st, chunk)? {
+                        Ok(_) => {
+                            n += 1;
+                            total += chunk;
+                        }
+                        Err(e) => break e,
+                    }
+                };
+                println!("allocations={n} allocated={total} code={code}");
+            }
+            "free-all" => free_all(&mut st)?,
+            "roundtrip" => {
+                let n = arg(&mut it, "size")?;
+                roundtrip(&mut st, n)?;
+            }
+            "saturate" => {
+                let secs = arg(&mut it, "seconds")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                let at = arg(&mut it, "start time")?;
+                saturate(&st, secs, kns, at)?;
+            }
+            "nvml" => nvml(st.device)?,
+            "ready" => println!("ready pid={}", std::process::id()),
+            "wait" => {
+                std::io::stdout().flush()?;
+                let mut sink = Vec::new();
+                let _ = std::io::stdin().read_to_end(&mut sink);
+            }
+            "sleep" => std::thread::sleep(Duration::from_millis(arg(&mut it, "milliseconds")?)),
+            other => bail!("unknown probe command {other:?}"),
+        }
+        std::io::stdout().flush()?;
+    }
+    Ok(())
+}

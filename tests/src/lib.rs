@@ -1,0 +1,206 @@
+//! Helpers for vgpu's cross-component tests: where the built artefacts are, a fresh
+//! simulated node per test, and the `cuda-probe` client run as a real child process.
+
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the repository root")
+        .to_owned()
+}
+
+/// `target/cuda-sim`, where `cargo xtask sim` installs the simulated driver.
+pub fn sim_lib_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let dir = target.join("cuda-sim");
+    assert!(
+        dir.join("libcuda.so.1").exists() && dir.join("libnvidia-ml.so.1").exists(),
+        "the simulated driver is not built: run `cargo xtask sim` first (looked in {})",
+        dir.display()
+    );
+    dir
+}
+
+/// The `cuda-probe` binary built with these tests (next to the test binary's `deps/`).
+pub fn probe_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the running test binary");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps");
+    let bin = dir.join("cuda-probe");
+    assert!(
+        bin.exists(),
+        "cuda-probe is not built at {} (cargo builds it with the tests)",
+        bin.display()
+    );
+    bin
+}
+
+/// A simulated node of its own: a state directory and a device configuration.
+#[derive(Debug)]
+pub struct SimNode {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl SimNode {
+    /// A node with the devices described by `config_toml` (TOML of `VGPU_SIM_CONFIG`).
+    pub fn new(config_toml: &str) -> SimNode {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, config_toml).expect("write the simulator config");
+        SimNode { dir, config }
+    }
+
+    /// The state directory (`VGPU_SIM_DIR`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// A command with the environment that makes CUDA/NVML clients use this node.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("LD_LIBRARY_PATH", sim_lib_dir())
+            .env("VGPU_SIM_DIR", self.state_dir())
+            .env("VGPU_SIM_CONFIG", &self.config);
+        c
+    }
+
+    /// Runs `cuda-probe` with `args` to completion; returns its stdout. Panics with its
+    /// output if it fails.
+    pub fn probe(&self, args: &[&str]) -> String {
+        let out = self
+            .command(probe_bin())
+            .args(args)
+            .output()
+            .expect("run cuda-probe");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "cuda-probe {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Starts `cuda-probe` with `args` in the background and waits (at most `timeout`)
+    /// until it prints a line starting with `ready`.
+    pub fn spawn_probe(&self, args: &[&str], timeout: Duration) -> Probe {
+        let mut child = self
+            .command(probe_bin())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cuda-probe");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.starts_with("ready") => {
+                    seen.push(line);
+                    return Probe {
+                        child,
+                        lines: rx,
+                        seen,
+                    };
+                }
+                Ok(line) => seen.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "cuda-probe {args:?} did not become ready within {timeout:?}; output so far: {seen:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A `cuda-probe` running in the background.
+#[derive(Debug)]
+pub struct Probe {
+    /// The process.
+    pub child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Lines printed so far.
+    pub seen: Vec<String>,
+}
+
+impl Probe {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Closes its stdin (the probe's signal to finish) and collects its remaining output.
+    pub fn finish(mut self, timeout: Duration) -> Vec<String> {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + timeout;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(line);
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => assert!(
+                st.success(),
+                "cuda-probe failed: {st}; output {:?}",
+                self.seen
+            ),
+            _ => {
+                let _ = self.child.kill();
+                panic!(
+                    "cuda-probe did not finish within {timeout:?}; output {:?}",
+                    self.seen
+                );
+            }
+        }
+        self.seen
+    }
+}
+
+/// The value of `key=value` in the probe's output (the last occurrence).
+pub fn field(out: &str, key: &str) -> Option<String> {
+    out.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_owned())
+        .last()
+}
+
+/// Like [`field`], parsed as an integer; panics with the output if absent.
+pub fn num(out: &str, key: &str) -> u64 {
+    field(out, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric {key}= in probe output:\n{out}"))
+}

@@ -1,0 +1,152 @@
+//! The simulated driver, tested as a node is used: real processes, one shared GPU.
+
+use std::time::{Duration, Instant};
+
+use vgpu_tests::{SimNode, num};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// One 8 GiB device, 256 MiB per context, 2 MiB allocation granularity.
+fn small_node() -> SimNode {
+    SimNode::new(
+        r#"
+        [[device]]
+        name = "NVIDIA A100-SXM4-40GB"
+        memory = "8Gi"
+        context_overhead = "256Mi"
+        alloc_granularity = "2Mi"
+        "#,
+    )
+}
+
+#[test]
+fn capacity_is_shared_across_processes_and_oom_is_exact() {
+    let node = small_node();
+    let a = node.spawn_probe(
+        &["init", "alloc", "4Gi", "ready", "wait"],
+        Duration::from_secs(20),
+    );
+    // B sees A's context and allocation, plus its own context.
+    let out = node.probe(&["init", "meminfo"]);
+    assert_eq!(num(&out, "total"), 8 * GIB);
+    assert_eq!(
+        num(&out, "free"),
+        8 * GIB - 2 * 256 * MIB - 4 * GIB,
+        "{out}"
+    );
+    // B takes exactly what is left, in 2 MiB steps, and then the next allocation fails.
+    let out = node.probe(&["init", "alloc-until-oom", "2Mi", "meminfo", "alloc", "1"]);
+    assert_eq!(num(&out, "allocated"), 8 * GIB - 2 * 256 * MIB - 4 * GIB);
+    assert_eq!(num(&out, "code"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(num(&out, "free"), 0);
+    assert!(out.contains("alloc=err code=2"), "{out}");
+    a.finish(Duration::from_secs(10));
+    // With A gone, its memory is back.
+    let out = node.probe(&["init", "meminfo"]);
+    assert_eq!(num(&out, "free"), 8 * GIB - 256 * MIB);
+}
+
+#[test]
+fn the_last_byte_fits_and_the_next_does_not() {
+    let node = small_node();
+    let free = 8 * GIB - 256 * MIB;
+    let out = node.probe(&["init", "alloc", &free.to_string(), "meminfo", "alloc", "1"]);
+    assert!(out.contains("alloc=ok"), "{out}");
+    assert_eq!(num(&out, "free"), 0);
+    assert!(out.contains("alloc=err code=2"), "{out}");
+    let out = node.probe(&["init", "alloc", &(free + 1).to_string()]);
+    assert!(
+        out.contains("alloc=err code=2"),
+        "one byte over the device: {out}"
+    );
+}
+
+#[test]
+fn sigkill_returns_memory_to_the_node() {
+    let node = small_node();
+    let a = node.spawn_probe(
+        &["init", "alloc", "6Gi", "ready", "wait"],
+        Duration::from_secs(20),
+    );
+    let out = node.probe(&["init", "meminfo"]);
+    assert_eq!(num(&out, "free"), 8 * GIB - 2 * 256 * MIB - 6 * GIB);
+    a.kill9();
+    let t0 = Instant::now();
+    loop {
+        let out = node.probe(&["init", "meminfo"]);
+        if num(&out, "free") == 8 * GIB - 256 * MIB {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "memory of a killed process not back within 1 s: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And a process can now take what the killed one held.
+    let out = node.probe(&["init", "alloc", "7Gi"]);
+    assert!(out.contains("alloc=ok"), "{out}");
+}
+
+#[test]
+fn data_round_trips_through_device_memory() {
+    let node = small_node();
+    let out = node.probe(&["init", "roundtrip", "64Mi", "roundtrip", "4097"]);
+    assert_eq!(out.matches("roundtrip=ok").count(), 2, "{out}");
+}
+
+#[test]
+fn nvml_agrees_with_the_driver() {
+    let node = small_node();
+    let a = node.spawn_probe(
+        &["init", "alloc", "1Gi", "alloc", "3", "ready", "wait"],
+        Duration::from_secs(20),
+    );
+    let pid = a.pid();
+    let out = node.probe(&["init", "meminfo", "nvml"]);
+    let driver_used = num(&out, "total") - num(&out, "free");
+    assert_eq!(num(&out, "nvml_used"), driver_used, "{out}");
+    assert_eq!(num(&out, "nvml_total"), 8 * GIB);
+    // A holds its context, 1 GiB and one 2 MiB granule.
+    let procs = vgpu_tests::field(&out, "procs").unwrap_or_default();
+    let want = format!("{pid}:{}", 256 * MIB + GIB + 2 * MIB);
+    assert!(
+        procs.split(',').any(|p| p == want),
+        "NVML processes {procs:?} lack {want}"
+    );
+    a.finish(Duration::from_secs(10));
+}
+
+#[test]
+fn two_saturating_processes_each_get_half_the_gpu() {
+    let node = small_node();
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+        + 2000;
+    let at = start.to_string();
+    let spawn = || {
+        node.command(vgpu_tests::probe_bin())
+            .args(["init", "saturate", "5", "1000000", at.as_str()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn cuda-probe")
+    };
+    let (a, b) = (spawn(), spawn());
+    let mut shares = Vec::new();
+    for child in [a, b] {
+        let out = child.wait_with_output().expect("wait for cuda-probe");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        shares.push(num(&text, "device_ns") as f64 / num(&text, "window_ns") as f64);
+    }
+    eprintln!("achieved shares of two saturating processes: {shares:?}");
+    for s in &shares {
+        assert!(
+            (0.45..=0.55).contains(s),
+            "each saturating process should get 50 ± 5 % of the GPU; got {shares:?}"
+        );
+    }
+}
