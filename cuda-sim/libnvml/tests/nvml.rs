@@ -263,6 +263,20 @@ fn init_is_ref_counted() {
 }
 
 #[test]
+fn unusable_config_fails_init_as_driver_not_loaded() {
+    scenario(
+        "unusable_config_fails_init_as_driver_not_loaded",
+        Some("[[device]]\nmemory = \"8G\"\n"),
+        || {
+            assert_eq!(nv!(nvmlInit_v2()), NVML_ERROR_DRIVER_NOT_LOADED);
+            let mut n: c_uint = 0;
+            assert_eq!(nv!(nvmlDeviceGetCount_v2(&mut n)), NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nv!(nvmlShutdown()), NVML_ERROR_UNINITIALIZED);
+        },
+    );
+}
+
+#[test]
 fn handles_identity_and_argument_checks() {
     let config = r#"
         [[device]]
