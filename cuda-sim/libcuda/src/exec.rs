@@ -218,11 +218,9 @@ impl Worker {
             if r.is_err() {
                 eprintln!("vgpu cuda-sim: internal error while executing device work (skipped)");
             }
-            let next_needs_engine = self
-                .lock()
-                .ops
-                .front()
-                .is_some_and(|(_, w)| w.needs_engine());
+            // Keep the engine while more kernels are queued (event records and the like in
+            // between do not need it); give it up when no kernel is left in the queue.
+            let next_needs_engine = self.lock().ops.iter().any(|(_, w)| w.needs_engine());
             if eng.held && !next_needs_engine {
                 self.drv.state.engine_release(self.drv.slot, self.dev);
                 eng.held = false;
