@@ -90,7 +90,21 @@ fn cudarc_child_scenario() {
         return;
     }
     scenario();
-    println!("cudarc scenario done");
+    // cudarc loaded the simulator, not some other libcuda.
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    let dir = sim_dir().canonicalize().expect("canonical target/cuda-sim");
+    let loaded = maps
+        .lines()
+        .find(|l| l.contains("libcuda.so"))
+        .expect("libcuda is mapped");
+    assert!(
+        loaded.contains(dir.to_str().expect("utf-8 path")),
+        "cudarc loaded another libcuda: {loaded}"
+    );
+    println!(
+        "cudarc scenario done, driver {}",
+        loaded.rsplit(' ').next().unwrap_or("")
+    );
 }
 
 fn scenario() {
