@@ -166,6 +166,11 @@ async fn bind_writes_the_assignment_once_then_the_binding_and_the_watch_confirms
     })
     .await;
     assert_eq!(total_free(&inst, "node-b"), 2000 - 300);
+
+    // A bind retried after it landed succeeds without writing anything again.
+    assert_eq!(inst.bind(&pod, "node-b").await, "");
+    assert_eq!(fake.calls().iter().filter(|c| c.method != "GET").count(), 2);
+    assert_eq!(total_free(&inst, "node-b"), 2000 - 300);
     inst.stop();
 }
 

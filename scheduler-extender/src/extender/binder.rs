@@ -24,6 +24,8 @@ pub struct BindPlan {
     pub node: String,
     /// The assignment record (`vgpu.io/assignment`), JSON.
     pub assignment_json: String,
+    /// The watch already shows the pod bound to `node` with this record: nothing to write.
+    pub already_bound: bool,
 }
 
 impl BindPlan {

@@ -160,6 +160,10 @@ impl Extender {
     async fn try_bind(&self, body: &[u8]) -> Result<(), ExtenderError> {
         let args: ExtenderBindingArgs = parse(Verb::Bind, body)?;
         let plan = self.state.begin_bind(&args)?;
+        if plan.already_bound {
+            debug!(pod = %plan.pod_key(), node = %plan.node, "already bound with its record");
+            return Ok(());
+        }
         match self.binder.bind(&plan).await {
             Ok(()) => {
                 self.state.finish_bind(&plan.uid);

@@ -887,6 +887,7 @@ impl State {
             uid: args.pod_uid.clone(),
             node: args.node.clone(),
             assignment_json: a.to_json(),
+            already_bound: false,
         };
         // A retried bind to the same node reuses its decision (never decides twice).
         if let Some(a) = inner.assumptions.get_mut(&args.pod_uid) {
@@ -898,10 +899,14 @@ impl State {
                 return Ok(plan(&a.assignment));
             }
         }
+        // Already bound there with its record (a bind retried after it landed): done.
         if let Some(a) = inner.pods.get(&args.pod_uid).and_then(PodEntry::counted)
             && a.node == args.node
         {
-            return Ok(plan(a));
+            return Ok(BindPlan {
+                already_bound: true,
+                ..plan(a)
+            });
         }
         let request = match pending {
             Some(p) => p.request,
