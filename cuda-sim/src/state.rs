@@ -785,10 +785,19 @@ impl State {
         out
     }
 
-    /// Forgets the accounting of exited processes.
+    /// Forgets the accounting of exited processes on every device.
     pub fn clear_exited_accounting(&self) {
         for r in &self.layout().exited {
             r.seq.store(0, Ordering::Release);
+        }
+    }
+
+    /// Forgets the accounting of exited processes on device `d`.
+    pub fn clear_exited_accounting_on(&self, d: usize) {
+        for r in &self.layout().exited {
+            if r.device.load(Ordering::Relaxed) as usize == d {
+                r.seq.store(0, Ordering::Release);
+            }
         }
     }
 

@@ -1067,7 +1067,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingBufferSize(
     })
 }
 
-/// `nvmlDeviceClearAccountingPids`: forgets exited processes (node-wide in the simulator).
+/// `nvmlDeviceClearAccountingPids`: forgets the device's exited processes.
 ///
 /// # Safety
 /// None (no pointers).
@@ -1075,7 +1075,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingBufferSize(
 pub unsafe extern "C" fn nvmlDeviceClearAccountingPids(device: nvmlDevice_t) -> nvmlReturn_t {
     guard(|| {
         let dev = sim::live_device(device)?;
-        dev.st.clear_exited_accounting();
+        dev.st.clear_exited_accounting_on(dev.d);
         Ok(())
     })
 }

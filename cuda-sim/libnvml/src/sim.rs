@@ -386,7 +386,7 @@ impl Dev {
             .accounting_mode
             .store(u32::from(on), Ordering::Release);
         if !on {
-            self.st.clear_exited_accounting();
+            self.st.clear_exited_accounting_on(self.d);
         }
     }
 
