@@ -83,12 +83,12 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Version>> {
             "cuCtxPopCurrent" => [2000: cuCtxPopCurrent, 4000: cuCtxPopCurrent_v2],
             "cuCtxSetCurrent" => [4000: cuCtxSetCurrent],
             "cuCtxGetCurrent" => [4000: cuCtxGetCurrent],
-            "cuCtxGetDevice" => [2000: cuCtxGetDevice, 12080: cuCtxGetDevice_v2],
+            "cuCtxGetDevice" => [2000: cuCtxGetDevice, 13000: cuCtxGetDevice_v2],
             "cuCtxGetFlags" => [7000: cuCtxGetFlags],
             "cuCtxSetFlags" => [12010: cuCtxSetFlags],
             "cuCtxGetId" => [12000: cuCtxGetId],
             "cuCtxGetApiVersion" => [3020: cuCtxGetApiVersion],
-            "cuCtxSynchronize" => [2000: cuCtxSynchronize, 12080: cuCtxSynchronize_v2],
+            "cuCtxSynchronize" => [2000: cuCtxSynchronize, 13000: cuCtxSynchronize_v2],
             "cuCtxGetLimit" => [3010: cuCtxGetLimit],
             "cuCtxSetLimit" => [3010: cuCtxSetLimit],
             "cuCtxGetCacheConfig" => [3020: cuCtxGetCacheConfig],
@@ -227,18 +227,32 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Version>> {
 /// Resolves `name` for a caller built against `version` with `flags`. Returns the
 /// function address (if any) and the `CUdriverProcAddressQueryResult`.
 pub fn lookup(name: &str, version: i32, flags: u64) -> (Option<usize>, i32) {
+    let (r, status, symbol) = resolve(name, version, flags);
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    if *TRACE.get_or_init(|| {
+        std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0")
+    }) {
+        eprintln!(
+            "vgpu cuda-sim: cuGetProcAddress({name}, {version}, {flags}) -> {}",
+            symbol.unwrap_or("not found")
+        );
+    }
+    (r, status)
+}
+
+fn resolve(name: &str, version: i32, flags: u64) -> (Option<usize>, i32, Option<&'static str>) {
     let Some(versions) = table().get(name) else {
-        return (None, proc_status::SYMBOL_NOT_FOUND);
+        return (None, proc_status::SYMBOL_NOT_FOUND, None);
     };
     let Some(v) = versions
         .iter()
         .filter(|v| v.since <= version)
         .max_by_key(|v| v.since)
     else {
-        return (None, proc_status::VERSION_NOT_SUFFICIENT);
+        return (None, proc_status::VERSION_NOT_SUFFICIENT, None);
     };
     if v.legacy == 0 {
-        return (None, proc_status::SYMBOL_NOT_FOUND);
+        return (None, proc_status::SYMBOL_NOT_FOUND, None);
     }
     let per_thread = flags & proc_flags::PER_THREAD_DEFAULT_STREAM != 0;
     let f = if per_thread && v.per_thread != 0 {
@@ -246,16 +260,7 @@ pub fn lookup(name: &str, version: i32, flags: u64) -> (Option<usize>, i32) {
     } else {
         v.legacy
     };
-    static TRACE: OnceLock<bool> = OnceLock::new();
-    if *TRACE.get_or_init(|| {
-        std::env::var_os("VGPU_SIM_TRACE").is_some_and(|v| !v.is_empty() && v != "0")
-    }) {
-        eprintln!(
-            "vgpu cuda-sim: cuGetProcAddress({name}, {version}, {flags}) -> {}",
-            v.symbol
-        );
-    }
-    (Some(f), proc_status::SUCCESS)
+    (Some(f), proc_status::SUCCESS, Some(v.symbol))
 }
 
 #[cfg(test)]
