@@ -89,6 +89,7 @@ fn ci() -> Result<()> {
         run(Command::new("python3")
             .args(["-m", "pytest", "-q"])
             .arg(&py)
+            .env("VGPU_SIM_PREBUILT", "1")
             .current_dir(root()))?;
     }
     run(cargo()
