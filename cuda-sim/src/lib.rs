@@ -11,5 +11,6 @@
 // unsafe is confined to `state.rs`, each block with its SAFETY argument.
 #![allow(unsafe_code)]
 
+pub mod bench;
 pub mod config;
 pub mod state;
