@@ -154,7 +154,101 @@ fn scenario() {
     );
 
     kernels(&ctx, &stream);
+    streams(&ctx);
     ctx.synchronize().expect("context synchronize");
+    let (before, _) = ctx.mem_get_info().expect("mem info");
+    non_primary(before);
+    let (after, _) = ctx.mem_get_info().expect("mem info");
+    assert_eq!(
+        after, before,
+        "destroying a created context gives its memory back"
+    );
+}
+
+/// Ordering across streams through events, and queries of busy streams and events.
+fn streams(ctx: &Arc<CudaContext>) {
+    let module = ctx
+        .load_module(Ptx::from_src(PTX))
+        .expect("load PTX module");
+    let spin = module
+        .load_function("vgpu_sim_spin")
+        .expect("spin function");
+    let fill = module
+        .load_function("vgpu_sim_fill_u32")
+        .expect("fill function");
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+
+    // A 200 ms spin on stream a; stream b joins a, then fills: the fill must not run
+    // before the spin is done, and a busy event/stream reports "not ready".
+    let a = ctx.new_stream().expect("stream a");
+    let b = ctx.new_stream().expect("stream b");
+    let mut buf = b.alloc_zeros::<u32>(1024).expect("alloc");
+    b.synchronize().expect("sync");
+    const NS: u64 = 200_000_000;
+    let mut launch = a.launch_builder(&spin);
+    launch.arg(&NS);
+    // SAFETY: one .u64 parameter, as the kernel declares.
+    unsafe { launch.launch(one) }.expect("launch spin");
+    let done = a.record_event(None).expect("record on a");
+    assert!(
+        !done.try_is_complete().expect("event query"),
+        "an event behind a 200 ms kernel is complete at once"
+    );
+    b.join(&a).expect("b waits for a");
+    let value = 7u32;
+    let count = 1024u64;
+    let mut launch = b.launch_builder(&fill);
+    launch.arg(&mut buf).arg(&value).arg(&count);
+    // SAFETY: the arguments match the kernel's parameters; count is within buf.
+    unsafe { launch.launch(LaunchConfig::for_num_elems(1024)) }.expect("launch fill");
+    let fill_done = b.record_event(None).expect("record on b");
+    assert!(
+        !fill_done.try_is_complete().expect("event query"),
+        "the fill on b ran before the spin on a that it waits for"
+    );
+    b.synchronize().expect("sync b");
+    assert!(
+        done.is_complete(),
+        "b finished before the spin on a it waited for"
+    );
+    assert!(
+        b.clone_dtoh(&buf)
+            .expect("dtoh")
+            .iter()
+            .all(|&w| w == value)
+    );
+
+    // The per-thread default stream works as a stream.
+    let pts = ctx.per_thread_stream();
+    let data: Vec<u32> = (0..4096).collect();
+    let dev = pts
+        .clone_htod(&data)
+        .expect("htod on the per-thread stream");
+    assert_eq!(pts.clone_dtoh(&dev).expect("dtoh"), data);
+    pts.synchronize().expect("sync per-thread stream");
+}
+
+/// A created (non-primary) context costs device memory and is destroyed on drop;
+/// `free` is the device's free memory before it.
+fn non_primary(free: usize) {
+    let ctx = CudaContext::new_non_primary(0, 0).expect("cuCtxCreate");
+    assert!(!ctx.is_primary());
+    let (with_ctx, _) = ctx.mem_get_info().expect("mem info");
+    assert!(
+        with_ctx < free,
+        "a second context costs device memory ({free} -> {with_ctx})"
+    );
+    let stream = ctx.default_stream();
+    let data = vec![0xABu8; 1 << 16];
+    let dev = stream.clone_htod(&data).expect("htod");
+    assert_eq!(stream.clone_dtoh(&dev).expect("dtoh"), data);
+    drop(dev);
+    drop(stream);
+    drop(ctx);
 }
 
 /// htod, dtoh, dtod and memset really move bytes.
