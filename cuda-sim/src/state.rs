@@ -1185,6 +1185,43 @@ mod tests {
     }
 
     #[test]
+    fn racing_reservations_never_exceed_capacity() {
+        let cfg = SimConfig::from_toml(
+            "[[device]]\nmemory = \"64Mi\"\ncontext_overhead = \"0\"",
+            "t",
+        )
+        .expect("cfg");
+        let (dir, first) = open_tmp(&cfg);
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let st = State::open(dir.path(), &cfg).expect("handle");
+                    let slot = st.claim_slot().expect("slot");
+                    // Odd sizes, so that the last reservations only partly fit.
+                    for i in 0..10_000u64 {
+                        let n = 4096 + (i % 7) * 1000;
+                        if st.reserve(slot, 0, n, false).is_ok() {
+                            granted.fetch_add(n, Ordering::Relaxed);
+                        }
+                    }
+                    std::mem::forget(st); // keep the slot: its charges must stay counted
+                });
+            }
+        });
+        let total = granted.load(Ordering::Relaxed);
+        assert!(
+            total <= 64 << 20,
+            "granted {total} bytes of a 64 MiB device"
+        );
+        assert!(
+            total > (64 << 20) - 10_000,
+            "the device should have been filled: {total}"
+        );
+        assert_eq!(first.dev(0).used.load(Ordering::Relaxed), total);
+    }
+
+    #[test]
     fn released_slot_returns_memory_and_records_accounting() {
         let (_d, st) = open_tmp(&SimConfig::default());
         let s = st.claim_slot().expect("slot");
