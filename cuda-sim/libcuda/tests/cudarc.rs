@@ -182,13 +182,15 @@ fn streams(ctx: &Arc<CudaContext>) {
         shared_mem_bytes: 0,
     };
 
-    // A 200 ms spin on stream a; stream b joins a, then fills: the fill must not run
-    // before the spin is done, and a busy event/stream reports "not ready".
+    // A 1 s spin on stream a; stream b joins a, then fills: the fill must not run
+    // before the spin is done, and a busy event reports "not ready". (1 s, so that even
+    // a heavily loaded machine does not stall this thread for the whole kernel between
+    // the launch and the queries.)
     let a = ctx.new_stream().expect("stream a");
     let b = ctx.new_stream().expect("stream b");
     let mut buf = b.alloc_zeros::<u32>(1024).expect("alloc");
     b.synchronize().expect("sync");
-    const NS: u64 = 200_000_000;
+    const NS: u64 = 1_000_000_000;
     let mut launch = a.launch_builder(&spin);
     launch.arg(&NS);
     // SAFETY: one .u64 parameter, as the kernel declares.
@@ -196,7 +198,7 @@ fn streams(ctx: &Arc<CudaContext>) {
     let done = a.record_event(None).expect("record on a");
     assert!(
         !done.try_is_complete().expect("event query"),
-        "an event behind a 200 ms kernel is complete at once"
+        "an event behind a 1 s kernel is complete at once"
     );
     b.join(&a).expect("b waits for a");
     let value = 7u32;
