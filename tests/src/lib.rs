@@ -192,10 +192,10 @@ impl Probe {
 /// The value of `key=value` in the probe's output (the last occurrence).
 pub fn field(out: &str, key: &str) -> Option<String> {
     out.split_whitespace()
+        .rev()
         .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| *k == key)
+        .find(|(k, _)| *k == key)
         .map(|(_, v)| v.to_owned())
-        .last()
 }
 
 /// Like [`field`], parsed as an integer; panics with the output if absent.

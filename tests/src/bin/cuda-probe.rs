@@ -82,7 +82,7 @@ fn init(st: &mut State) -> Result<()> {
     // SAFETY: loading the CUDA driver library; its initializers are the driver's.
     let lib = unsafe { Library::new("libcuda.so.1") }.context("dlopen libcuda.so.1")?;
     let c = Cuda { lib };
-    // SAFETY (all calls below): arguments follow the CUDA driver API signatures.
+    // SAFETY: every call below passes arguments matching its CUDA driver API signature.
     unsafe {
         let cu_init: Symbol<'_, unsafe extern "C" fn(c_uint) -> CuResult> = c.sym("cuInit")?;
         c.check("cuInit", cu_init(0))?;
@@ -183,7 +183,7 @@ type LaunchFn = unsafe extern "C" fn(
 
 fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
     let c = cuda(st)?;
-    // SAFETY (block): every call follows its CUDA driver API signature; kernel
+    // SAFETY: every call follows its CUDA driver API signature; kernel
     // parameters point to a live u64 for the duration of each launch call.
     unsafe {
         let load: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult> =
