@@ -908,13 +908,17 @@ impl State {
                     let o = owner as usize - 1;
                     let dead = self.slot(o).state.load(Ordering::Acquire) != SLOT_LIVE
                         || !self.slot_owner_alive(o);
-                    if dead
-                        && e.engine_owner
+                    if dead {
+                        // Reclaim the dead process (its engine turn, its "want" flag so
+                        // that nobody hands it the engine again, its memory).
+                        self.reap(Some(slot));
+                        if e.engine_owner
                             .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
-                    {
-                        e.engine_seq.fetch_add(1, Ordering::Release);
-                        futex_wake(&e.engine_seq);
+                        {
+                            e.engine_seq.fetch_add(1, Ordering::Release);
+                            futex_wake(&e.engine_seq);
+                        }
                     }
                 }
             }

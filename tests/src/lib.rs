@@ -18,8 +18,9 @@ pub fn repo_root() -> PathBuf {
 
 /// `target/cuda-sim`, where `cargo xtask sim` installs the simulated driver.
 pub fn sim_lib_dir() -> PathBuf {
+    // A relative CARGO_TARGET_DIR is relative to where cargo ran: the repository root.
     let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+        .map(|t| repo_root().join(t))
         .unwrap_or_else(|| repo_root().join("target"));
     let dir = target.join("cuda-sim");
     assert!(
