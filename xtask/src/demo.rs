@@ -21,12 +21,14 @@ name = "NVIDIA H100 80GB HBM3"
 memory = "80Gi"
 sm_count = 132
 compute_capability = "9.0"
+context_overhead = "300Mi"
 
 [[device]]
 name = "NVIDIA A100-SXM4-40GB"
 memory = "40Gi"
 sm_count = 108
 compute_capability = "8.0"
+context_overhead = "300Mi"
 "#;
 
 /// How long tenants A and B keep launching kernels; far longer than the demo runs.
@@ -208,11 +210,12 @@ pub fn demo(libs: &Path, bin: &Path) -> Result<()> {
     section("view 1: vgpu-smi (an NVML client on the nvml-wrapper crate)");
     node.show()?;
     println!(
-        "What you see: each tenant's memory is its allocation plus its CUDA context (300 MiB on\n\
-         this simulated GPU, as on real ones). GPU 0 is fully busy and A and B get about half of it\n\
-         each: nothing regulates them, so the GPU's time-slicer alternates between their contexts.\n\
-         C holds 30 GiB of GPU 1 but computes nothing (0 %). The SM column is each process's share\n\
-         of the device's time over the last 1.5 s, as NVML's process utilization samples report it."
+        "What you see: each tenant's memory is its allocation plus its CUDA context (300 MiB\n\
+         on this node; a few hundred MiB on real GPUs). GPU 0 is (nearly) always busy, and A\n\
+         and B get about half of it each: nothing regulates them, so the GPU's time-slicer\n\
+         alternates between their contexts. C holds 30 GiB of GPU 1 but computes nothing\n\
+         (0 %). The SM column is each process's share of the device's time over the last\n\
+         1.5 s, from NVML's per-process utilization samples."
     );
 
     println!(
@@ -257,10 +260,10 @@ pub fn demo(libs: &Path, bin: &Path) -> Result<()> {
     section("view 3: A has GPU 0 to itself");
     node.show()?;
     println!(
-        "A now gets the whole GPU: time-slicing is work-conserving, an idle or absent tenant\n\
-         leaves its time to the others. What it cannot do is enforce limits: A could also have\n\
-         taken all 80 GiB, or kept B to a sliver of the GPU. Enforcing each tenant's memory and\n\
-         compute share is vgpu's job (the shim and the node daemon)."
+        "A now gets (nearly) the whole GPU: time-slicing is work-conserving, an idle or\n\
+         absent tenant leaves its time to the others. What it cannot do is enforce limits: A\n\
+         could also have taken all 80 GiB, or kept B to a sliver of the GPU. Enforcing each\n\
+         tenant's memory and compute share is vgpu's job (the shim and the node daemon)."
     );
 
     println!("\nStopping the tenants and removing the node...");
