@@ -539,7 +539,11 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     );
     println!(
         "candidates per filter: {}; mean feasible: {:.0}",
-        if args.candidates == 0 { args.nodes } else { args.candidates.min(args.nodes) },
+        if args.candidates == 0 {
+            args.nodes
+        } else {
+            args.candidates.min(args.nodes)
+        },
         fig.mean_feasible
     );
     println!(
@@ -554,7 +558,10 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     println!("on-CPU time of the handling thread (excludes time given to other processes):");
     println!("{}", line("  filter", &fig.cpu_filter));
     println!("{}", line("  prioritize", &fig.cpu_prioritize));
-    println!("{}", line("  filter+prioritize", &fig.cpu_filter_prioritize));
+    println!(
+        "{}",
+        line("  filter+prioritize", &fig.cpu_filter_prioritize)
+    );
     println!("{}", line("  bind", &fig.cpu_bind));
     if let Some(s) = &fig.http_filter_prioritize {
         println!("{}", line("http filter+prioritize", s));
