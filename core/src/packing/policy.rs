@@ -92,6 +92,9 @@ pub struct Eval {
     /// The GPU for a single-share task, when the policy chose one; otherwise the
     /// ledger's default plan (tightest fit, lowest-numbered whole GPUs) applies.
     pub pick: Option<usize>,
+    /// GPUs (bit i = GPU i) whose placement reaches `score` equally; a policy with a live
+    /// secondary key chooses among them ([`Policy::live`]).
+    pub ties: u64,
 }
 
 /// Knobs of the `vgpu` policy (see ADR 0006).
@@ -104,11 +107,11 @@ pub struct VgpuParams {
     pub cpu_only: TieKey,
     /// Secondary key for GPU tasks.
     pub gpu_tie: TieKey,
-    /// GPU-level fit among equal fragmentation scores: 0 off, 1 within the node only
-    /// (choose the tightest GPU), 2 also across nodes.
-    pub gpu_fit: u8,
     /// Share of tasks the typical tasks cover (FGD: 0.95).
     pub coverage: f64,
+    /// Break ties between equal fragmentation scores by the cluster-wide sum-of-squares
+    /// key ([`sum_of_squares_delta`]).
+    pub sum_of_squares: bool,
     /// Experimental integer knob (0 = off).
     pub x: i64,
 }
@@ -137,8 +140,8 @@ impl Default for VgpuParams {
             resolution: 100.0,
             cpu_only: TieKey::LeastGpuFree,
             gpu_tie: TieKey::None,
-            gpu_fit: 0,
             coverage: 0.95,
+            sum_of_squares: true,
             x: 0,
         }
     }
@@ -168,7 +171,7 @@ impl VgpuParams {
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
                 "x" => p.x = v.parse().map_err(|_| format!("bad x {v:?}"))?,
-                "gfit" => p.gpu_fit = v.parse().map_err(|_| format!("bad gfit {v:?}"))?,
+                "ss" => p.sum_of_squares = v == "1",
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
             }
@@ -252,15 +255,17 @@ impl Policy {
                     }
                     None => None,
                 };
-                Eval { score, pick }
+                Eval { score, pick, ties: 0 }
             }
             PolicyName::BestFit => Eval {
                 score: bestfit_score(node, task, self.scale),
                 pick: None,
+                ties: 0,
             },
             PolicyName::GpuPacking => Eval {
                 score: gpupacking_score(node, task),
                 pick: None,
+                ties: 0,
             },
             PolicyName::Spread => spread_eval(node, task, self.scale),
             PolicyName::Fgd => {
@@ -341,6 +346,7 @@ fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
     Eval {
         score: (s * 100.0) as i64,
         pick,
+        ties: 0,
     }
 }
 
@@ -406,12 +412,13 @@ fn fgd_eval(
             (sig * resolution) as i64
         };
         if best.is_none_or(|b| s > b.score) {
-            best = Some(Eval { score: s, pick });
+            best = Some(Eval { score: s, pick, ties: 0 });
         }
     }
     best.unwrap_or(Eval {
         score: 0,
         pick: None,
+        ties: 0,
     })
 }
 
@@ -453,8 +460,9 @@ fn vgpu_eval(
 ) -> Eval {
     let (_, cands) = candidates(frag, idx, node, task, plan);
     let share = task.single_share().map_or(0, |d| d.compute_milli);
-    let lambda = params.x as f64 / 10.0;
-    let mut best: Option<(i64, i64, Option<usize>)> = None;
+    let lambda = if params.x < 100 { params.x as f64 / 10.0 } else { 0.0 };
+    let mut best: Option<(i64, Option<usize>)> = None;
+    let mut ties = 0u64;
     for (pick, delta) in cands {
         let dw = if lambda == 0.0 {
             0.0
@@ -474,25 +482,81 @@ fn vgpu_eval(
                     .sum(),
             }
         };
-        let primary = quantized(delta + lambda * dw, params.resolution);
-        let fit = match (params.gpu_fit, pick) {
-            (0, _) | (_, None) => 0,
-            (_, Some(i)) => 1000 - i64::from(node.gpus[i].milli - share),
-        };
-        if best.is_none_or(|(p, f, _)| (primary, fit) > (p, f)) {
-            best = Some((primary, fit, pick));
+        let mut primary = quantized(delta + lambda * dw, params.resolution);
+        if params.x >= 100 {
+            if let Some(i) = pick {
+                if node.gpus[i].milli == MILLI_PER_GPU && share < 500 {
+                    primary += params.x / 100;
+                }
+            }
+        }
+        match best {
+            Some((p, _)) if primary < p => {}
+            Some((p, _)) if primary == p => {
+                if let Some(i) = pick.filter(|&i| i < 64) {
+                    ties |= 1 << i;
+                }
+            }
+            _ => {
+                best = Some((primary, pick));
+                ties = pick.filter(|&i| i < 64).map_or(0, |i| 1 << i);
+            }
         }
     }
-    let (primary, fit, pick) = best.unwrap_or((0, 0, None));
+    let (primary, pick) = best.unwrap_or((0, None));
     let key = if task.gpus.is_empty() {
         params.cpu_only
     } else {
         params.gpu_tie
     };
-    let fit = if params.gpu_fit >= 2 { fit } else { 0 };
-    let cpu_per_gpu_milli = frag.cpu_per_gpu_milli();
     Eval {
-        score: primary * 1_000_000 + fit * 1000 + tie_value(key, node, task, scale, cpu_per_gpu_milli),
+        score: primary * 1000 + tie_value(key, node, task, scale, frag.cpu_per_gpu_milli()),
         pick,
+        ties,
+    }
+}
+
+/// Sum-of-squares secondary key (Csirik et al.): the change of `Σ_h N(h)²` over the
+/// cluster's GPU gaps `h` (free milli strictly between 0 and 1000, `N(h)` GPUs each) when
+/// a share of `s` goes on a GPU with `g` free. Lower keeps the gaps balanced, so that later
+/// tasks find gaps that fit them exactly.
+pub fn sum_of_squares_delta(hist: &[u32], g: u32, s: u32) -> i64 {
+    let n = |h: u32| i64::from(hist.get(h as usize).copied().unwrap_or(0));
+    let mut d = 0;
+    if g > 0 && g < MILLI_PER_GPU {
+        d += 1 - 2 * n(g);
+    }
+    let after = g.saturating_sub(s);
+    if after > 0 && after < MILLI_PER_GPU {
+        d += 2 * n(after) + 1;
+    }
+    d
+}
+
+impl Policy {
+    /// The live secondary key for a cached verdict: depends on cluster-wide state (the
+    /// free-milli histogram of every GPU), so it is computed at every decision. Returns
+    /// the key (higher is better) and the GPU to use. `None` when the policy has none.
+    pub fn live(&self, node: &NodeState, task: &Task, eval: &Eval, hist: &[u32]) -> Option<(i64, Option<usize>)> {
+        if self.name != PolicyName::Vgpu || !self.vgpu.sum_of_squares {
+            return None;
+        }
+        let Some(d) = task.single_share() else {
+            return Some((0, eval.pick));
+        };
+        let mut best: Option<(i64, usize)> = None;
+        let mut mask = eval.ties;
+        if mask == 0 {
+            return Some((0, eval.pick));
+        }
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let key = -sum_of_squares_delta(hist, node.gpus[i].milli, d.compute_milli);
+            if best.is_none_or(|(k, _)| key > k) {
+                best = Some((key, i));
+            }
+        }
+        best.map(|(k, i)| (k, Some(i)))
     }
 }
