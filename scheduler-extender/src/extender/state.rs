@@ -150,10 +150,12 @@ struct NodeEntry {
     slot: Option<usize>,
     /// Whether any of its GPUs is unhealthy.
     unhealthy: bool,
+    /// Why it takes no new pod right now (its pods stay accounted).
+    unavailable: Option<String>,
 }
 
 impl NodeEntry {
-    fn new(spec: Result<NodeSpec, String>) -> Self {
+    fn new(spec: Result<NodeSpec, String>, unavailable: Option<String>) -> Self {
         let unhealthy = spec
             .as_ref()
             .is_ok_and(|s| s.gpus.iter().any(|g| g.model.starts_with(UNHEALTHY_PREFIX)));
@@ -161,6 +163,7 @@ impl NodeEntry {
             spec,
             slot: None,
             unhealthy,
+            unavailable,
         }
     }
 }
@@ -303,17 +306,6 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
         ));
     };
     let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
-    let advertised = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(RESOURCE_GPU))
-        .map(|q| q.0.as_str());
-    if matches!(advertised, None | Some("0")) {
-        return Err(format!(
-            "node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)"
-        ));
-    }
     // An unhealthy GPU keeps its index (pods already on it stay accounted) but
     // its model is marked, so that `effective_task` keeps new pods off it.
     Ok(NodeSpec {
@@ -333,6 +325,22 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
                 memory_mib: g.memory_mib,
             })
             .collect(),
+    })
+}
+
+/// Why a node with an inventory takes no new pod right now, if so: kubelet reports
+/// 0 `vgpu.io/gpu` while the device plugin is not registered (e.g. for about a
+/// second after a kubelet restart). Kept apart from the inventory so that such a
+/// flap changes no ledger entry: the pods on the node stay accounted.
+fn unavailable(node: &Node) -> Option<String> {
+    let advertised = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(RESOURCE_GPU))
+        .map(|q| q.0.as_str());
+    matches!(advertised, None | Some("0")).then(|| {
+        format!("node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)")
     })
 }
 
@@ -624,6 +632,9 @@ impl Inner {
         if let Err(reason) = &entry.spec {
             return Err(reason.clone());
         }
+        if let Some(reason) = &entry.unavailable {
+            return Err(reason.clone());
+        }
         if !self.conflicts.is_empty()
             && let Some(reason) = self.conflict_on(name)
         {
@@ -736,7 +747,7 @@ impl State {
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.clone()?;
-                Some((name, NodeEntry::new(node_spec(n))))
+                Some((name, NodeEntry::new(node_spec(n), unavailable(n))))
             })
             .collect();
         self.rebuild(&mut inner);
@@ -748,13 +759,17 @@ impl State {
             return;
         };
         let spec = node_spec(node);
+        let unavailable = unavailable(node);
         let mut inner = self.write();
-        let same = inner.nodes.get(&name).is_some_and(|e| e.spec == spec);
-        if same {
+        if let Some(entry) = inner.nodes.get_mut(&name)
+            && entry.spec == spec
+        {
+            // Same GPUs: at most the availability changed; no ledger entry moves.
+            entry.unavailable = unavailable;
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
-        inner.nodes.insert(name, NodeEntry::new(spec));
+        inner.nodes.insert(name, NodeEntry::new(spec, unavailable));
         self.rebuild(&mut inner);
     }
 
@@ -1006,7 +1021,11 @@ impl State {
             node: args.node.clone(),
         };
         let node_index = inner.ledger.node_index(&args.node).ok_or_else(unknown)?;
-        if let Some(reason) = inner.conflict_on(&args.node) {
+        let unavailable = inner
+            .nodes
+            .get(&args.node)
+            .and_then(|e| e.unavailable.clone());
+        if let Some(reason) = unavailable.or_else(|| inner.conflict_on(&args.node)) {
             return Err(ExtenderError::NoLongerFits {
                 pod: key,
                 node: args.node.clone(),
