@@ -1172,7 +1172,10 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
         || r,
         || match real::lib(crate::table::entry(id).lib) {
             Ok(lib) if lib.ptr(id) == r as usize => hook_addr(id) as *mut c_void,
-            _ => r,
+            Ok(_) => r,
+            // The configured real library cannot be loaded: our hook reports it (loudly)
+            // rather than letting the application run unenforced.
+            Err(_) => hook_addr(id) as *mut c_void,
         },
     )
 }

@@ -281,7 +281,7 @@ impl Region {
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = ty as libc::c_short;
         fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = slot as libc::off_t;
+        fl.l_start = libc::off_t::try_from(slot).unwrap_or(libc::off_t::MAX);
         fl.l_len = 1;
         // SAFETY: the fd is open for the life of `self`; `fl` is a valid flock.
         let rc = unsafe { libc::fcntl(self.lock_file.as_raw_fd(), cmd, &mut fl) };
