@@ -551,7 +551,7 @@ impl State {
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = ty as libc::c_short;
         fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = slot as libc::off_t;
+        fl.l_start = libc::off_t::try_from(slot).expect("slot indices are below MAX_SLOTS");
         fl.l_len = 1;
         fl.l_pid = 0;
         // SAFETY: the fd is open for the lifetime of `self`; `fl` is a valid flock.
@@ -835,10 +835,7 @@ impl State {
         let cap = self.info(d).memory;
         for attempt in 0..2 {
             let mut cur = dev.used.load(Ordering::Acquire);
-            loop {
-                let Some(new) = cur.checked_add(bytes).filter(|&n| n <= cap) else {
-                    break;
-                };
+            while let Some(new) = cur.checked_add(bytes).filter(|&n| n <= cap) {
                 match dev
                     .used
                     .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
@@ -911,13 +908,17 @@ impl State {
                     let o = owner as usize - 1;
                     let dead = self.slot(o).state.load(Ordering::Acquire) != SLOT_LIVE
                         || !self.slot_owner_alive(o);
-                    if dead
-                        && e.engine_owner
+                    if dead {
+                        // Reclaim the dead process (its engine turn, its "want" flag so
+                        // that nobody hands it the engine again, its memory).
+                        self.reap(Some(slot));
+                        if e.engine_owner
                             .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
-                    {
-                        e.engine_seq.fetch_add(1, Ordering::Release);
-                        futex_wake(&e.engine_seq);
+                        {
+                            e.engine_seq.fetch_add(1, Ordering::Release);
+                            futex_wake(&e.engine_seq);
+                        }
                     }
                 }
             }
@@ -1119,7 +1120,7 @@ fn sub_saturating_u32(a: &AtomicU32, v: u32) {
 /// Waits while `*word == val`, at most `timeout`. Returns false on timeout.
 fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) -> bool {
     let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     // SAFETY: `word` points into a shared mapping that outlives the call; FUTEX_WAIT
@@ -1192,7 +1193,7 @@ mod tests {
         )
         .expect("cfg");
         let (dir, first) = open_tmp(&cfg);
-        let granted = std::sync::atomic::AtomicU64::new(0);
+        let granted = AtomicU64::new(0);
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {

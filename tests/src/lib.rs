@@ -18,8 +18,9 @@ pub fn repo_root() -> PathBuf {
 
 /// `target/cuda-sim`, where `cargo xtask sim` installs the simulated driver.
 pub fn sim_lib_dir() -> PathBuf {
+    // A relative CARGO_TARGET_DIR is relative to where cargo ran: the repository root.
     let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+        .map(|t| repo_root().join(t))
         .unwrap_or_else(|| repo_root().join("target"));
     let dir = target.join("cuda-sim");
     assert!(
@@ -276,10 +277,10 @@ impl Probe {
 /// The value of `key=value` in the probe's output (the last occurrence).
 pub fn field(out: &str, key: &str) -> Option<String> {
     out.split_whitespace()
+        .rev()
         .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| *k == key)
+        .find(|(k, _)| *k == key)
         .map(|(_, v)| v.to_owned())
-        .last()
 }
 
 /// Like [`field`], parsed as an integer; panics with the output if absent.

@@ -150,3 +150,27 @@ fn two_saturating_processes_each_get_half_the_gpu() {
         );
     }
 }
+
+#[test]
+fn a_process_killed_while_holding_the_gpu_does_not_stall_the_others() {
+    let node = small_node();
+    let share = |out: &str| num(out, "device_ns") as f64 / num(out, "window_ns") as f64;
+    // Baseline: what one saturating process gets alone on this machine right now.
+    let alone = share(&node.probe(&["init", "saturate", "2", "1000000", "0"]));
+    // A saturates the GPU with 5 ms kernels, so it holds the engine most of the time.
+    let a = node.spawn_probe(
+        &["init", "ready", "saturate", "60", "5000000", "0"],
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    a.kill9();
+    // B then gets the GPU as if alone: the dead owner's turn is taken back within
+    // milliseconds (a stalled engine would leave B next to nothing).
+    let out = node.probe(&["init", "saturate", "2", "1000000", "0"]);
+    let after = share(&out);
+    eprintln!("GPU share alone {alone:.3}, after the holder was killed {after:.3}");
+    assert!(
+        after >= 0.6 * alone,
+        "GPU share after the holder was killed: {after} vs {alone} alone ({out})"
+    );
+}

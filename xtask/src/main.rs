@@ -4,11 +4,15 @@
 //!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
 //! - `ci`: what CI checks, in order: formatting, clippy, the simulator, every test
 //!   (Rust and the third-party Python clients), docs.
+//! - `demo`: the main demo: a simulated 2-GPU node with real CUDA processes on it, shown
+//!   through a real NVML client (`vgpu-smi`); see `docs/demo.md`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+
+mod demo;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -98,11 +102,30 @@ fn ci() -> Result<()> {
     Ok(())
 }
 
+/// Builds the simulator, `vgpu-smi` and `cuda-probe` (release), then runs the demo.
+fn demo() -> Result<()> {
+    let libs = sim()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "vgpu-smi",
+        "-p",
+        "vgpu-tests",
+        "--bin",
+        "vgpu-smi",
+        "--bin",
+        "cuda-probe",
+    ]))?;
+    demo::demo(&libs, &target_dir().join("release"))
+}
+
 fn main() -> Result<()> {
     let task = std::env::args().nth(1).unwrap_or_default();
     match task.as_str() {
         "sim" => sim().map(|_| ()),
         "ci" => ci(),
-        other => bail!("unknown task {other:?}: expected `sim` or `ci`"),
+        "demo" => demo(),
+        other => bail!("unknown task {other:?}: expected `sim`, `ci` or `demo`"),
     }
 }

@@ -29,6 +29,9 @@ pub enum AllocKind {
     VmmRange,
 }
 
+/// A VMM mapping inside a reservation: (address, length, handle, accessible).
+pub type VmmMapping = (u64, u64, u64, bool);
+
 /// One memory range known to the driver.
 #[derive(Debug, Clone)]
 pub struct Alloc {
@@ -46,8 +49,8 @@ pub struct Alloc {
     pub ctx: u64,
     /// Kind.
     pub kind: AllocKind,
-    /// VMM mappings inside a reservation: (address, length, handle, accessible).
-    pub maps: Vec<(u64, u64, u64, bool)>,
+    /// VMM mappings inside a reservation.
+    pub maps: Vec<VmmMapping>,
 }
 
 impl Alloc {
@@ -710,7 +713,7 @@ pub fn free_async(drv: &'static Driver, ptr: u64, stream: &Stream) -> CuResult<(
 /// `cuMemAddressReserve`.
 pub fn address_reserve(drv: &Driver, size: u64, align: u64, hint: u64) -> CuResult<u64> {
     let gran = drv.state.info(0).alloc_granularity;
-    if size == 0 || size % gran != 0 || (align != 0 && !align.is_power_of_two()) {
+    if size == 0 || !size.is_multiple_of(gran) || (align != 0 && !align.is_power_of_two()) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let align = align.max(gran);
@@ -785,7 +788,7 @@ pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResu
     }
     let dev = drv.device(prop.location.id)?;
     let gran = drv.state.info(dev).alloc_granularity;
-    if size == 0 || size % gran != 0 {
+    if size == 0 || !size.is_multiple_of(gran) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     drv.check_alive(dev)?;
@@ -959,7 +962,7 @@ pub fn vmm_unmap(drv: &'static Driver, ptr: u64, size: u64) -> CuResult<()> {
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let end = ptr + size;
     let a = o.allocs.get_mut(&base).expect("found above");
-    let (gone, keep): (Vec<(u64, u64, u64, bool)>, Vec<(u64, u64, u64, bool)>) =
+    let (gone, keep): (Vec<VmmMapping>, Vec<VmmMapping>) =
         a.maps.iter().partition(|m| m.0 >= ptr && m.0 + m.1 <= end);
     if gone.iter().map(|m| m.1).sum::<u64>() != size {
         return Err(CUDA_ERROR_INVALID_VALUE);

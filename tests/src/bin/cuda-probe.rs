@@ -160,7 +160,7 @@ fn init(st: &mut State) -> Result<()> {
         lib,
         route: st.route,
     };
-    // SAFETY (all calls below): arguments follow the CUDA driver API signatures.
+    // SAFETY: every call below passes arguments matching its CUDA driver API signature.
     unsafe {
         let cu_init: unsafe extern "C" fn(c_uint) -> CuResult = c.sym("cuInit")?;
         c.check("cuInit", cu_init(0))?;
@@ -259,7 +259,7 @@ type LaunchFn = unsafe extern "C" fn(
 
 fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
     let c = cuda(st)?;
-    // SAFETY (block): every call follows its CUDA driver API signature; kernel
+    // SAFETY: every call follows its CUDA driver API signature; kernel
     // parameters point to a live u64 for the duration of each launch call.
     unsafe {
         let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult =
@@ -471,7 +471,7 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
     let c = cuda(st)?;
     let n = bytes as usize;
     let mut h = 0u64;
-    // SAFETY (block): every call follows its CUDA driver API signature with valid
+    // SAFETY: every call follows its CUDA driver API signature with valid
     // out- and in-pointers.
     let r = unsafe {
         match api {
