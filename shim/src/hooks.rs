@@ -171,13 +171,17 @@ fn charged(
         shim.unreserve(dev, charge);
         return r;
     }
+    // Device pointers die with their context; VMM handles and arrays are kept until
+    // released (the simulator keeps them; on a real driver a leaked handle of a
+    // destroyed context stays charged until the process exits: the safe direction).
+    let ctx = if kind == Kind::Ptr { current_ctx() } else { 0 };
     shim.track(
         kind,
         key(),
         Charge {
             dev,
             bytes: charge,
-            ctx: current_ctx(),
+            ctx,
         },
     );
     r
@@ -1149,6 +1153,9 @@ proc_hooks! {
     nvmlDeviceGetGraphicsRunningProcesses PROC_V1;
     nvmlDeviceGetGraphicsRunningProcesses_v2 PROC_V2;
     nvmlDeviceGetGraphicsRunningProcesses_v3 PROC_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses PROC_V1;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 PROC_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 PROC_V2;
 }
 
 // ---- dlsym ---------------------------------------------------------------------------

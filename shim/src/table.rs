@@ -99,6 +99,9 @@ table! {
     nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false;
     nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false;
     nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
 }
 
 /// The row whose exported symbol is `name`.

@@ -448,3 +448,47 @@ print("pids=" + ",".join(str(p.pid) for p in n.nvmlDeviceGetComputeRunningProces
     assert_eq!(num(&out, "used2"), 100 * MIB, "{out}");
     assert_eq!(field(&out, "pids"), Some(pid.to_string()), "{out}");
 }
+
+#[test]
+fn memory_of_a_destroyed_context_goes_back_to_the_quota() {
+    let node = node();
+    let c = Container::new("256Mi");
+    let out = node.probe_in(
+        Some(&c),
+        &[
+            "init",
+            "ctx-create",
+            "alloc-api",
+            "mem",
+            "200Mi",
+            "alloc-api",
+            "vmm",
+            "20Mi",
+            "alloc-api",
+            "array",
+            "30Mi",
+            "meminfo",
+            "ctx-destroy",
+            "meminfo",
+            "alloc",
+            "200Mi",
+            "meminfo",
+            "primary-release",
+            "init",
+            "meminfo",
+        ],
+    );
+    let infos: Vec<&str> = out.lines().filter(|l| l.starts_with("free=")).collect();
+    // Device memory goes with its context; VMM allocations and arrays stay charged
+    // until released (as the simulated driver keeps them).
+    assert_eq!(
+        infos,
+        [
+            "free=6291456 total=268435456",
+            "free=216006656 total=268435456",
+            "free=6291456 total=268435456",
+            "free=216006656 total=268435456",
+        ],
+        "{out}"
+    );
+}

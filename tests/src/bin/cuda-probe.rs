@@ -24,6 +24,10 @@
 //!                              pool, vmm, array, array3d or mipmap (kept)
 //! until-oom API CHUNK          allocations= allocated= code= with that API (kept)
 //! totalmem                     totalmem= (cuDeviceTotalMem_v2)
+//! ctx-create                   cuCtxCreate on the device (current from then on)
+//! ctx-destroy                  destroys the last created context (and what it holds);
+//!                              the primary context is current again
+//! primary-release              releases the primary context (and what it holds)
 //! ready                        prints "ready pid=<pid>"
 //! wait                         blocks until stdin is closed
 //! sleep MS                     sleeps
@@ -122,6 +126,8 @@ struct State {
     route: Route,
     ptrs: Vec<u64>,
     others: Vec<(Api, u64)>,
+    primary: usize,
+    created: Vec<usize>,
 }
 
 fn arg<'a>(it: &mut impl Iterator<Item = &'a String>, what: &str) -> Result<u64> {
@@ -170,6 +176,7 @@ fn init(st: &mut State) -> Result<()> {
         c.check("cuDevicePrimaryCtxRetain", retain(&mut ctx, st.device))?;
         let set: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxSetCurrent")?;
         c.check("cuCtxSetCurrent", set(ctx))?;
+        st.primary = ctx as usize;
     }
     st.cuda = Some(c);
     println!("init=ok");
@@ -596,6 +603,55 @@ fn free_others(st: &mut State) -> Result<()> {
     Ok(())
 }
 
+/// `cuCtxCreate` on the probe's device (it becomes current).
+fn ctx_create(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: cuCtxCreate_v2(CUcontext*, unsigned int, CUdevice).
+    unsafe {
+        let f: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CuResult =
+            c.sym("cuCtxCreate_v2")?;
+        c.check("cuCtxCreate_v2", f(&mut ctx, 0, st.device))?;
+    }
+    st.created.push(ctx as usize);
+    println!("ctx=created");
+    Ok(())
+}
+
+/// `cuCtxDestroy` of the last created context; the primary context becomes current.
+/// Allocations made in it are gone (forgotten by the probe).
+fn ctx_destroy(st: &mut State) -> Result<()> {
+    let ctx = st.created.pop().context("no created context")?;
+    let c = cuda(st)?;
+    // SAFETY: cuCtxDestroy_v2(CUcontext) and cuCtxSetCurrent(CUcontext) on contexts
+    // this process holds.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxDestroy_v2")?;
+        c.check("cuCtxDestroy_v2", f(ctx as *mut c_void))?;
+        let set: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxSetCurrent")?;
+        c.check("cuCtxSetCurrent", set(st.primary as *mut c_void))?;
+    }
+    st.ptrs.clear();
+    st.others.clear();
+    println!("ctx=destroyed");
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxRelease` (the probe's one reference): everything allocated in
+/// the primary context is gone.
+fn primary_release(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: cuDevicePrimaryCtxRelease_v2(CUdevice) after our one retain.
+    unsafe {
+        let f: unsafe extern "C" fn(c_int) -> CuResult = c.sym("cuDevicePrimaryCtxRelease_v2")?;
+        c.check("cuDevicePrimaryCtxRelease_v2", f(st.device))?;
+    }
+    st.ptrs.clear();
+    st.others.clear();
+    println!("primary=released");
+    Ok(())
+}
+
 fn total_mem(st: &State) -> Result<u64> {
     let c = cuda(st)?;
     let mut t = 0usize;
@@ -616,6 +672,8 @@ fn main() -> Result<()> {
         route: Route::Dlsym,
         ptrs: Vec::new(),
         others: Vec::new(),
+        primary: 0,
+        created: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(cmd) = it.next() {
@@ -682,6 +740,9 @@ fn main() -> Result<()> {
                 };
                 println!("allocations={n} allocated={total} code={code}");
             }
+            "ctx-create" => ctx_create(&mut st)?,
+            "ctx-destroy" => ctx_destroy(&mut st)?,
+            "primary-release" => primary_release(&mut st)?,
             "totalmem" => println!("totalmem={}", total_mem(&st)?),
             "roundtrip" => {
                 let n = arg(&mut it, "size")?;
