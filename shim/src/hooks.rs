@@ -1096,7 +1096,7 @@ unsafe fn procs(
             return r;
         }
         shim.region.reap_if_due(Some(shim.slot), 0);
-        let pids = shim.region.live_pids();
+        let dev = nvml_index(device);
         let base = infos.cast::<u8>();
         // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.
         let n = unsafe { *count } as usize;
@@ -1105,20 +1105,19 @@ unsafe fn procs(
             // SAFETY: entry i lies within the `n` written entries; pid is its first
             // (4-byte) field, read unaligned.
             let pid = unsafe { base.add(i * stride).cast::<u32>().read_unaligned() };
-            if pids.contains(&pid) {
-                if kept != i {
-                    // SAFETY: both entries lie within the buffer; `kept < i` so they do
-                    // not overlap.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            base.add(i * stride),
-                            base.add(kept * stride),
-                            stride,
-                        )
-                    };
-                }
-                kept += 1;
+            let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
+                continue;
+            };
+            let dst = base.wrapping_add(kept * stride);
+            if kept != i {
+                // SAFETY: both entries lie within the buffer; `kept < i` so they do
+                // not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
             }
+            // The process's memory as the container counts it (what its quota covers).
+            // SAFETY: usedGpuMemory is the u64 at offset 8 of every entry version.
+            unsafe { dst.add(8).cast::<u64>().write_unaligned(used) };
+            kept += 1;
         }
         // SAFETY: non-null out-pointer.
         unsafe { *count = kept as c_uint };

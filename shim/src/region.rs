@@ -455,6 +455,18 @@ impl Region {
             .collect()
     }
 
+    /// Bytes the live process `pid` holds on device `d` (None: not one of ours).
+    pub fn pid_used(&self, pid: u32, d: usize) -> Option<u64> {
+        self.layout()
+            .slots
+            .iter()
+            .find(|s| {
+                s.state.load(Ordering::Acquire) == SLOT_LIVE && s.pid.load(Ordering::Relaxed) == pid
+            })
+            .and_then(|s| s.used.get(d))
+            .map(|u| u.load(Ordering::Acquire))
+    }
+
     /// Bytes slot `slot` holds on device `d`.
     pub fn slot_used(&self, slot: usize, d: usize) -> u64 {
         self.layout()
@@ -528,5 +540,43 @@ mod tests {
         assert_eq!(r.used(2), 0);
         assert_eq!(r.contexts(2), 0);
         assert!(r.live_pids().is_empty());
+    }
+
+    proptest::proptest! {
+        /// Any interleaving of charges and uncharges from several slots keeps the
+        /// container at or under its quota, equal to the sum of its slots, and never
+        /// wraps; releasing every slot brings it back to zero.
+        #[test]
+        fn accounting_never_exceeds_or_wraps(
+            quota in 1u64..(1 << 40),
+            ops in proptest::collection::vec((0usize..4, proptest::bool::ANY, 0u64..(1 << 38)), 1..200),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let r = Region::open(dir.path()).unwrap();
+            r.init_quota(0, Some(quota));
+            let slots: Vec<usize> = (0..4).map(|_| r.claim_slot().unwrap()).collect();
+            let mut model = [0u64; 4];
+            for (i, charge, bytes) in ops {
+                let s = slots[i];
+                if charge {
+                    let fits = model.iter().sum::<u64>().checked_add(bytes).is_some_and(|n| n <= quota);
+                    proptest::prop_assert_eq!(r.try_charge(s, 0, bytes), fits);
+                    if fits {
+                        model[i] += bytes;
+                    }
+                } else {
+                    let b = bytes.min(model[i]);
+                    r.uncharge(s, 0, b);
+                    model[i] -= b;
+                }
+                proptest::prop_assert!(r.used(0) <= quota);
+                proptest::prop_assert_eq!(r.used(0), model.iter().sum::<u64>());
+                proptest::prop_assert_eq!(r.slot_used(s, 0), model[i]);
+            }
+            for s in slots {
+                r.release_slot(s);
+            }
+            proptest::prop_assert_eq!(r.used(0), 0);
+        }
     }
 }

@@ -492,3 +492,36 @@ fn memory_of_a_destroyed_context_goes_back_to_the_quota() {
         "{out}"
     );
 }
+
+#[test]
+fn gpustat_shows_the_container_its_own_gpu() {
+    let node = node();
+    let c = Container::new("768Mi");
+    let other = Container::new("2Gi");
+    let o = node.spawn_probe_in(
+        Some(&other),
+        &["init", "alloc", "1Gi", "ready", "wait"],
+        Duration::from_secs(30),
+    );
+    let p = node.spawn_probe_in(
+        Some(&c),
+        &["init", "alloc", "100Mi", "ready", "wait"],
+        Duration::from_secs(30),
+    );
+    let code = r#"
+import json, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "gpustat", "--json"], check=True, capture_output=True, text=True).stdout
+g = json.loads(out)["gpus"][0]
+print(f"total={g['memory.total']} used={g['memory.used']}")
+print("procs=" + ",".join(f"{p['pid']}:{p['gpu_memory_usage']}" for p in g["processes"]))
+"#;
+    let out = python(&node, &c, "gpustat", code);
+    let pid = p.pid();
+    o.finish(Duration::from_secs(10));
+    p.finish(Duration::from_secs(10));
+    let Some(out) = out else { return };
+    // gpustat reports MiB.
+    assert_eq!(num(&out, "total"), 768, "{out}");
+    assert_eq!(num(&out, "used"), 100, "{out}");
+    assert_eq!(field(&out, "procs"), Some(format!("{pid}:100")), "{out}");
+}
