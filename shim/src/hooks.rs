@@ -1,5 +1,5 @@
 //! The exported hooks, all together. Each is thin: it resolves the real function once,
-//! enters [`guard`] (no panic crosses into the application; a re-entered hook calls the
+//! enters `guard` (no panic crosses into the application; a re-entered hook calls the
 //! real function directly), checks its raw pointers, runs the safe logic of
 //! [`crate::state`], and returns a `CUresult` / `nvmlReturn_t`. No lock is held while the
 //! real driver runs.
