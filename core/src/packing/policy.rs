@@ -104,6 +104,11 @@ pub struct VgpuParams {
     pub cpu_only: TieKey,
     /// Secondary key for GPU tasks.
     pub gpu_tie: TieKey,
+    /// GPU-level fit among equal fragmentation scores: 0 off, 1 within the node only
+    /// (choose the tightest GPU), 2 also across nodes.
+    pub gpu_fit: u8,
+    /// Share of tasks the typical tasks cover (FGD: 0.95).
+    pub coverage: f64,
     /// Experimental integer knob (0 = off).
     pub x: i64,
 }
@@ -121,6 +126,9 @@ pub enum TieKey {
     LeastGpuFree,
     /// Most free CPU per free GPU after placement.
     CpuRich,
+    /// Largest CPU surplus after placement: free CPU minus what the node's free GPUs will
+    /// need at the workload's CPU per GPU.
+    Surplus,
 }
 
 impl Default for VgpuParams {
@@ -129,6 +137,8 @@ impl Default for VgpuParams {
             resolution: 100.0,
             cpu_only: TieKey::LeastGpuFree,
             gpu_tie: TieKey::None,
+            gpu_fit: 0,
+            coverage: 0.95,
             x: 0,
         }
     }
@@ -145,6 +155,7 @@ impl VgpuParams {
                 "worstfit" => TieKey::WorstFit,
                 "leastgpu" => TieKey::LeastGpuFree,
                 "cpurich" => TieKey::CpuRich,
+                "surplus" => TieKey::Surplus,
                 _ => return Err(format!("unknown tie key {v:?}")),
             })
         };
@@ -157,6 +168,8 @@ impl VgpuParams {
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
                 "x" => p.x = v.parse().map_err(|_| format!("bad x {v:?}"))?,
+                "gfit" => p.gpu_fit = v.parse().map_err(|_| format!("bad gfit {v:?}"))?,
+                "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
             }
         }
@@ -402,7 +415,7 @@ fn fgd_eval(
     })
 }
 
-fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
+fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale, cpu_per_gpu_milli: f64) -> i64 {
     let cpu_left = (node.cpu_free - task.cpu_milli) as f64 / scale.cpu_milli.max(1) as f64;
     let gpu_left_milli = node.gpu_milli_free() - task.total_gpu_milli();
     let gpu_left = gpu_left_milli as f64 / scale.gpu_milli.max(1) as f64;
@@ -411,6 +424,10 @@ fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
         TieKey::BestFit => 1.0 - 0.5 * (cpu_left + gpu_left),
         TieKey::WorstFit => 0.5 * (cpu_left + gpu_left),
         TieKey::LeastGpuFree => 1.0 - gpu_left,
+        TieKey::Surplus => {
+            let need = gpu_left_milli as f64 * cpu_per_gpu_milli;
+            0.5 + ((node.cpu_free - task.cpu_milli) as f64 - need) / (2.0 * scale.cpu_milli.max(1) as f64)
+        }
         TieKey::CpuRich => {
             let per_gpu =
                 (node.cpu_free - task.cpu_milli) as f64 / (1.0 + gpu_left_milli as f64 / 1000.0);
@@ -418,6 +435,11 @@ fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
         }
     };
     (v * 999.0).clamp(0.0, 999.0) as i64
+}
+
+fn quantized(delta: f64, resolution: f64) -> i64 {
+    let sig = 1.0 / (1.0 + (-delta / 1000.0).exp());
+    (sig * resolution) as i64
 }
 
 fn vgpu_eval(
@@ -429,14 +451,48 @@ fn vgpu_eval(
     params: VgpuParams,
     scale: Scale,
 ) -> Eval {
-    let base = fgd_eval(frag, idx, node, task, plan, params.resolution);
+    let (_, cands) = candidates(frag, idx, node, task, plan);
+    let share = task.single_share().map_or(0, |d| d.compute_milli);
+    let lambda = params.x as f64 / 10.0;
+    let mut best: Option<(i64, i64, Option<usize>)> = None;
+    for (pick, delta) in cands {
+        let dw = if lambda == 0.0 {
+            0.0
+        } else {
+            match pick {
+                Some(i) => {
+                    let a = node.gpus[i].milli;
+                    frag.gpu_waste(a) - frag.gpu_waste(a - share)
+                }
+                None => plan
+                    .iter()
+                    .flatten()
+                    .map(|g| {
+                        let a = node.gpus[usize::from(g.gpu)].milli;
+                        frag.gpu_waste(a) - frag.gpu_waste(a - g.milli)
+                    })
+                    .sum(),
+            }
+        };
+        let primary = quantized(delta + lambda * dw, params.resolution);
+        let fit = match (params.gpu_fit, pick) {
+            (0, _) | (_, None) => 0,
+            (_, Some(i)) => 1000 - i64::from(node.gpus[i].milli - share),
+        };
+        if best.is_none_or(|(p, f, _)| (primary, fit) > (p, f)) {
+            best = Some((primary, fit, pick));
+        }
+    }
+    let (primary, fit, pick) = best.unwrap_or((0, 0, None));
     let key = if task.gpus.is_empty() {
         params.cpu_only
     } else {
         params.gpu_tie
     };
+    let fit = if params.gpu_fit >= 2 { fit } else { 0 };
+    let cpu_per_gpu_milli = frag.cpu_per_gpu_milli();
     Eval {
-        score: base.score * 1000 + tie_value(key, node, task, scale),
-        pick: base.pick,
+        score: primary * 1_000_000 + fit * 1000 + tie_value(key, node, task, scale, cpu_per_gpu_milli),
+        pick,
     }
 }

@@ -224,6 +224,8 @@ pub struct Cluster {
     pub placed: usize,
     /// Pods that fit nowhere and were left out.
     pub unplaced: usize,
+    /// Time of one full ledger rebuild over the filled cluster.
+    pub rebuild: Duration,
 }
 
 /// Builds and fills a cluster through the state's own bind path.
@@ -270,11 +272,16 @@ pub fn populate(args: &BenchArgs, rng: &mut StdRng) -> Result<Cluster, BenchErro
     }
     // Recompute the policy's typical tasks from the full workload.
     state.expire_now();
+    // What a node inventory change costs at this scale: a full ledger rebuild.
+    let t = Instant::now();
+    state.replace_nodes(&nodes);
+    let rebuild = t.elapsed();
     Ok(Cluster {
         extender: Extender::new(state, Arc::new(NoopBinder)),
         node_names,
         placed,
         unplaced,
+        rebuild,
     })
 }
 
@@ -485,6 +492,10 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         stats.placed, stats.assumptions, stats.conflicts
     );
     println!("mean feasible nodes per filter: {:.0}", fig.mean_feasible);
+    println!(
+        "full ledger rebuild (node inventory change, restart): {:.1} ms",
+        cluster.rebuild.as_secs_f64() * 1e3
+    );
     println!("{}", line("filter", &fig.filter));
     println!("{}", line("prioritize", &fig.prioritize));
     println!("{}", line("filter+prioritize", &fig.filter_prioritize));
@@ -502,6 +513,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         "pods": cluster.placed,
         "policy": args.policy.as_str(),
         "samples": args.samples,
+        "rebuild_ms": cluster.rebuild.as_secs_f64() * 1e3,
         "figures": fig,
     });
     println!("{json}");

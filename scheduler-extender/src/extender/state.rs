@@ -25,6 +25,7 @@
 //! that bind (whose request carries only the pod's name and UID) knows what the
 //! pod asks for without another API call.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, Placement, Reject, Task};
+use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Reject, Task};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
     GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
@@ -145,6 +146,23 @@ struct Assumption {
 struct NodeEntry {
     /// The node's GPUs, or why it has none we can use.
     spec: Result<NodeSpec, String>,
+    /// Its index in the ledger (set by every rebuild).
+    slot: Option<usize>,
+    /// Whether any of its GPUs is unhealthy.
+    unhealthy: bool,
+}
+
+impl NodeEntry {
+    fn new(spec: Result<NodeSpec, String>) -> Self {
+        let unhealthy = spec
+            .as_ref()
+            .is_ok_and(|s| s.gpus.iter().any(|g| g.model.starts_with(UNHEALTHY_PREFIX)));
+        Self {
+            spec,
+            slot: None,
+            unhealthy,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -299,13 +317,9 @@ const UNHEALTHY_PREFIX: &str = "unhealthy:";
 
 /// The task as the ledger must see it: unhealthy GPUs (model prefixed with
 /// [`UNHEALTHY_PREFIX`]) are excluded by the model constraint.
-fn effective_task(task: &Task, node: &NodeSpec) -> Task {
-    if !node
-        .gpus
-        .iter()
-        .any(|g| g.model.starts_with(UNHEALTHY_PREFIX))
-    {
-        return task.clone();
+fn effective_task<'t>(task: &'t Task, node: &NodeSpec, unhealthy: bool) -> Cow<'t, Task> {
+    if !unhealthy {
+        return Cow::Borrowed(task);
     }
     let mut t = task.clone();
     let healthy: Vec<String> = node
@@ -321,7 +335,42 @@ fn effective_task(task: &Task, node: &NodeSpec) -> Task {
     } else {
         healthy
     };
-    t
+    Cow::Owned(t)
+}
+
+/// An allocation-free feasibility check for the common case of one GPU demand
+/// (one GPU container): the same rules as [`NodeState::plan`] (whole GPUs need
+/// fully free GPUs of an allowed model; a share needs `count` distinct allowed
+/// GPUs each with room, and taking one never changes another's room), so the
+/// answer is exact. `None` when the task is not of that shape; filter then asks
+/// the ledger's full `fit`, as it does for the reason of every rejection.
+fn quick_fit(node: &NodeState, task: &Task) -> Option<bool> {
+    let [d] = task.gpus.as_slice() else {
+        return None;
+    };
+    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
+        return None;
+    }
+    let any_model = task.models.is_any();
+    let whole = d.is_whole();
+    let mut fitting = 0u32;
+    for i in 0..node.gpus.len() {
+        if !any_model && !task.models.allows(&node.spec.gpus[i].model) {
+            continue;
+        }
+        let fits = if whole {
+            node.gpu_fully_free(i)
+        } else {
+            node.share_fits(i, d)
+        };
+        if fits {
+            fitting += 1;
+            if fitting >= d.count {
+                return Some(true);
+            }
+        }
+    }
+    Some(false)
 }
 
 /// A pod's assignment annotation, if valid and present.
@@ -488,14 +537,19 @@ impl Inner {
 
     /// Rebuilds the ledger from the nodes, pods and assumptions.
     fn rebuild(&mut self) {
-        let mut names: Vec<&String> = self.nodes.keys().collect();
+        let mut names: Vec<String> = self.nodes.keys().cloned().collect();
         names.sort();
         let mut ledger = Ledger::new();
         for name in names {
-            if let Ok(spec) = &self.nodes[name].spec
-                && ledger.add_node(spec.clone()).is_err()
-            {
-                warn!(node = %name, "duplicate node in rebuild");
+            let Some(entry) = self.nodes.get_mut(&name) else {
+                continue;
+            };
+            entry.slot = None;
+            if let Ok(spec) = &entry.spec {
+                match ledger.add_node(spec.clone()) {
+                    Ok(i) => entry.slot = Some(i),
+                    Err(_) => warn!(node = %name, "duplicate node in rebuild"),
+                }
             }
         }
         self.ledger = ledger;
@@ -537,25 +591,35 @@ impl Inner {
             .map(|(_, reason)| format!("ledger conflict: {reason}"))
     }
 
-    /// The precise verdict for one node.
-    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
+    /// A candidate's ledger index and health flag, or why it cannot take vgpu pods
+    /// at all (unresolvable).
+    fn locate(&self, name: &str) -> Result<(usize, bool), String> {
         let Some(entry) = self.nodes.get(name) else {
-            return Err((
-                false,
-                "node not known to the extender (not in its node watch)".into(),
-            ));
+            return Err("node not known to the extender (not in its node watch)".into());
         };
         if let Err(reason) = &entry.spec {
-            return Err((false, reason.clone()));
+            return Err(reason.clone());
         }
-        if let Some(reason) = self.conflict_on(name) {
-            return Err((false, reason));
+        if !self.conflicts.is_empty()
+            && let Some(reason) = self.conflict_on(name)
+        {
+            return Err(reason);
         }
-        let Some(i) = self.ledger.node_index(name) else {
-            return Err((false, "node not in the ledger".into()));
+        let Some(i) = entry.slot else {
+            return Err("node not in the ledger".into());
         };
+        Ok((i, entry.unhealthy))
+    }
+
+    /// The precise verdict for one node: `Err((resolvable, reason))` when it cannot
+    /// take the task.
+    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
+        let (i, unhealthy) = self.locate(name).map_err(|r| (false, r))?;
         let node = self.ledger.node(i);
-        let task = effective_task(task, &node.spec);
+        let task = effective_task(task, &node.spec, unhealthy);
+        if quick_fit(node, &task) == Some(true) {
+            return Ok(());
+        }
         node.fit(&task)
             .map(|_| ())
             .map_err(|r| (resolvable(&r), r.to_string()))
@@ -648,7 +712,7 @@ impl State {
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.clone()?;
-                Some((name, NodeEntry { spec: node_spec(n) }))
+                Some((name, NodeEntry::new(node_spec(n))))
             })
             .collect();
         self.rebuild(&mut inner);
@@ -666,7 +730,7 @@ impl State {
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
-        inner.nodes.insert(name, NodeEntry { spec });
+        inner.nodes.insert(name, NodeEntry::new(spec));
         self.rebuild(&mut inner);
     }
 
@@ -841,31 +905,23 @@ impl State {
             return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
         }
         let base = task_of(&request);
-        // Nodes that filter would reject score nothing; the others in one policy pass.
-        let mut tasks: Vec<Option<Task>> = Vec::with_capacity(candidates.names.len());
-        let nodes: Vec<Option<usize>> = candidates
+        // Nodes that filter would reject score nothing; the others in one policy
+        // pass (cached per node state and pod shape).
+        let located: Vec<Option<(usize, bool)>> = candidates
             .names
             .iter()
-            .map(|name| {
-                let i = inner.ledger.node_index(name)?;
-                if inner.conflict_on(name).is_some() {
-                    return None;
-                }
-                Some(i)
-            })
+            .map(|name| inner.locate(name).ok())
             .collect();
-        for n in &nodes {
-            tasks.push(n.map(|i| effective_task(&base, &inner.ledger.node(i).spec)));
-        }
-        let raw: Vec<Option<i64>> = if tasks.iter().flatten().all(|t| *t == base) {
+        let raw: Vec<Option<i64>> = if located.iter().flatten().all(|(_, u)| !u) {
+            let nodes: Vec<Option<usize>> = located.iter().map(|l| l.map(|(i, _)| i)).collect();
             self.policy.scores(&inner.ledger, &base, &nodes)
         } else {
-            nodes
+            located
                 .iter()
-                .zip(&tasks)
-                .map(|(n, t)| {
-                    let (n, t) = ((*n)?, t.as_ref()?);
-                    self.policy.score(&inner.ledger, n, t).ok()
+                .map(|l| {
+                    let (i, unhealthy) = (*l)?;
+                    let task = effective_task(&base, &inner.ledger.node(i).spec, unhealthy);
+                    self.policy.score(&inner.ledger, i, &task).ok()
                 })
                 .collect()
         };
@@ -934,7 +990,8 @@ impl State {
             });
         }
         let spec = inner.ledger.node(node_index).spec.clone();
-        let task = effective_task(&task_of(&request), &spec);
+        let unhealthy = inner.nodes.get(&args.node).is_some_and(|e| e.unhealthy);
+        let task = effective_task(&task_of(&request), &spec, unhealthy).into_owned();
         let grants = self
             .policy
             .place(&inner.ledger, node_index, &task)
@@ -1078,7 +1135,8 @@ impl State {
                     }
                 }
             }
-            let task = effective_task(&task, &node.spec);
+            let unhealthy = inner.nodes.get(&name).is_some_and(|e| e.unhealthy);
+            let task = effective_task(&task, &node.spec, unhealthy);
             if request.is_empty() || node.fit(&task).is_ok() {
                 out.insert(
                     name,
@@ -1130,6 +1188,61 @@ fn normalise(candidates: &Candidates<'_>, raw: &[Option<i64>]) -> HostPriorityLi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use vgpu_core::resources::ModelConstraint;
+
+    fn demand() -> impl Strategy<Value = GpuDemand> {
+        prop_oneof![
+            (1u32..=4).prop_map(GpuDemand::whole),
+            (1u32..=9, 1u32..=3, proptest::option::of(1u64..=40_000)).prop_map(
+                |(sl, count, mib)| GpuDemand {
+                    count,
+                    compute_milli: sl * 100,
+                    memory: mib.map_or(MemoryDemand::FractionMilli(sl * 100), MemoryDemand::Mib),
+                    slices: sl,
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        /// The allocation-free fast path agrees with the ledger's full fit.
+        #[test]
+        fn quick_fit_agrees_with_fit(
+            gpus in proptest::collection::vec((prop::bool::ANY, prop::bool::ANY), 1..8),
+            placed in proptest::collection::vec(demand(), 0..12),
+            probe in demand(),
+            constrained in prop::bool::ANY,
+        ) {
+            let spec = NodeSpec {
+                name: "n".into(),
+                cpu_milli: 0,
+                memory_mib: 0,
+                gpus: gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (big, t4))| GpuSpec {
+                        uuid: format!("GPU-{i}"),
+                        model: if *t4 { "T4".into() } else { "A100".into() },
+                        memory_mib: if *big { 81_920 } else { 16_384 },
+                    })
+                    .collect(),
+            };
+            let mut ledger = Ledger::with_nodes([spec]).expect("one node");
+            for (k, d) in placed.into_iter().enumerate() {
+                let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![d], models: ModelConstraint::any() };
+                if let Ok(plan) = ledger.node(0).fit(&task) {
+                    ledger
+                        .commit(&format!("p{k}"), &task, Placement { node: 0, containers: plan })
+                        .expect("a fitting plan commits");
+                }
+            }
+            let models = if constrained { ModelConstraint::only(["A100"]) } else { ModelConstraint::any() };
+            let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![probe], models };
+            let node = ledger.node(0);
+            prop_assert_eq!(quick_fit(node, &task), Some(node.fit(&task).is_ok()));
+        }
+    }
 
     #[test]
     fn normalise_gives_the_best_ten_and_others_less() {
