@@ -118,7 +118,7 @@ fn every_allocation_path_fails_at_the_first_byte_over_the_quota() {
 #[test]
 fn exported_symbols_and_cu_get_proc_address_are_enforced_like_dlsym() {
     let node = node();
-    for route in ["global", "procaddr"] {
+    for route in ["global", "procaddr", "procaddr-ptds"] {
         for api in APIS {
             first_byte_over_fails(&node, api, route);
         }
@@ -524,4 +524,89 @@ print("procs=" + ",".join(f"{p['pid']}:{p['gpu_memory_usage']}" for p in g["proc
     assert_eq!(num(&out, "total"), 768, "{out}");
     assert_eq!(num(&out, "used"), 100, "{out}");
     assert_eq!(field(&out, "procs"), Some(format!("{pid}:100")), "{out}");
+}
+
+#[test]
+fn cu_get_proc_address_returns_the_hook_of_the_exact_variant() {
+    let node = node();
+    let c = Container::new("1Gi");
+    let out = node.probe_in(
+        Some(&c),
+        &[
+            "init",
+            "procaddr",
+            "cuMemAllocAsync",
+            "13000",
+            "0",
+            "symaddr",
+            "cuMemAllocAsync",
+            "procaddr",
+            "cuMemAllocAsync",
+            "13000",
+            "2",
+            "symaddr",
+            "cuMemAllocAsync_ptsz",
+            "procaddr",
+            "cuCtxCreate",
+            "12050",
+            "0",
+            "symaddr",
+            "cuCtxCreate_v4",
+            "procaddr",
+            "cuCtxCreate",
+            "11040",
+            "0",
+            "symaddr",
+            "cuCtxCreate_v3",
+            "procaddr",
+            "cuMemAlloc",
+            "2000",
+            "0",
+            "procaddr",
+            "cuMemAllocAsync",
+            "11000",
+            "0",
+        ],
+    );
+    // The n-th value of `key` in the output.
+    let nth = |key: &str, n: usize| -> String {
+        out.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| *k == key)
+            .nth(n)
+            .map(|(_, v)| v.to_owned())
+            .unwrap_or_else(|| panic!("no {key} #{n} in {out}"))
+    };
+    // The driver's choice of ABI and per-thread variant, mapped to the matching hook
+    // (the global scope finds the shim's export of that exact name).
+    let lookups = [
+        ("procaddr_cuMemAllocAsync", 0, "symaddr_cuMemAllocAsync"),
+        (
+            "procaddr_cuMemAllocAsync",
+            1,
+            "symaddr_cuMemAllocAsync_ptsz",
+        ),
+        ("procaddr_cuCtxCreate", 0, "symaddr_cuCtxCreate_v4"),
+        ("procaddr_cuCtxCreate", 1, "symaddr_cuCtxCreate_v3"),
+    ];
+    for (got, n, want) in lookups {
+        assert_eq!(nth(got, n), nth(want, 0), "{got} #{n}: {out}");
+        assert_ne!(nth(want, 0), "0x0", "{out}");
+    }
+    assert_ne!(
+        nth("symaddr_cuMemAllocAsync", 0),
+        nth("symaddr_cuMemAllocAsync_ptsz", 0)
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    // What the driver does not resolve stays unresolved: never a hook of another ABI.
+    assert!(
+        out.contains("procaddr_cuMemAlloc=0x0 code=500 status=1"),
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("procaddr_cuMemAllocAsync=0x0 code=500 status=2")),
+        "{out}"
+    );
 }

@@ -17,13 +17,17 @@
 //! saturate SECS KERNEL_NS AT   from unix time AT (ms; 0 = now) for SECS seconds keep the GPU
 //!                              busy with spin kernels, 4 in flight; kernels= device_ns=
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
-//! route dlsym|global|procaddr  how entry points are resolved (before init): dlsym on the
+//! route dlsym|global|procaddr|procaddr-ptds
+//!                              how entry points are resolved (before init): dlsym on the
 //!                              driver's handle (default), the global scope (as a linked
-//!                              program binds), or cuGetProcAddress_v2 (CUDA 13.0)
+//!                              program binds), or cuGetProcAddress_v2 (CUDA 13.0; -ptds:
+//!                              with the per-thread-default-stream flag)
 //! alloc-api API BYTES          alloc=ok|err code= with API mem, pitch, managed, async,
 //!                              pool, vmm, array, array3d or mipmap (kept)
 //! until-oom API CHUNK          allocations= allocated= code= with that API (kept)
 //! totalmem                     totalmem= (cuDeviceTotalMem_v2)
+//! procaddr NAME VERSION FLAGS  procaddr_NAME=<address> code= status= (cuGetProcAddress_v2)
+//! symaddr NAME                 symaddr_NAME=<address> in the global scope (0: none)
 //! ctx-create                   cuCtxCreate on the device (current from then on)
 //! ctx-destroy                  destroys the last created context (and what it holds);
 //!                              the primary context is current again
@@ -55,6 +59,8 @@ enum Route {
     Dlsym,
     Global,
     ProcAddr,
+    /// `cuGetProcAddress_v2` with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+    ProcAddrPtds,
 }
 
 struct Cuda {
@@ -84,7 +90,7 @@ impl Cuda {
                         .with_context(|| format!("resolve {name} in the global scope"))?;
                 s.into_raw() as usize
             }
-            Route::ProcAddr => {
+            Route::ProcAddr | Route::ProcAddrPtds => {
                 type GetProc = unsafe extern "C" fn(
                     *const c_char,
                     *mut *mut c_void,
@@ -99,8 +105,13 @@ impl Cuda {
                 let cname = std::ffi::CString::new(base)?;
                 let mut p = std::ptr::null_mut();
                 let mut status = 0;
+                let flags = if self.route == Route::ProcAddrPtds {
+                    2
+                } else {
+                    0
+                };
                 // SAFETY: valid name and out-pointers.
-                let r = unsafe { gp(cname.as_ptr(), &mut p, 13000, 0, &mut status) };
+                let r = unsafe { gp(cname.as_ptr(), &mut p, 13000, flags, &mut status) };
                 if r != 0 || p.is_null() {
                     bail!("cuGetProcAddress_v2({base}) failed: {r} status {status}");
                 }
@@ -714,7 +725,10 @@ fn main() -> Result<()> {
                     Some("dlsym") => Route::Dlsym,
                     Some("global") => Route::Global,
                     Some("procaddr") => Route::ProcAddr,
-                    other => bail!("unknown route {other:?} (dlsym, global, procaddr)"),
+                    Some("procaddr-ptds") => Route::ProcAddrPtds,
+                    other => {
+                        bail!("unknown route {other:?} (dlsym, global, procaddr, procaddr-ptds)")
+                    }
                 }
             }
             "alloc-api" => {
@@ -743,6 +757,38 @@ fn main() -> Result<()> {
             "ctx-create" => ctx_create(&mut st)?,
             "ctx-destroy" => ctx_destroy(&mut st)?,
             "primary-release" => primary_release(&mut st)?,
+            "procaddr" => {
+                let name = it.next().context("missing name")?;
+                let version = arg(&mut it, "CUDA version")?;
+                let flags = arg(&mut it, "flags")?;
+                let c = cuda(&st)?;
+                type GetProc = unsafe extern "C" fn(
+                    *const c_char,
+                    *mut *mut c_void,
+                    c_int,
+                    u64,
+                    *mut c_int,
+                ) -> CuResult;
+                // SAFETY: cuGetProcAddress_v2's C signature; valid name and out-pointers.
+                let (r, p, status) = unsafe {
+                    let gp: Symbol<'_, GetProc> = c.lib.get(b"cuGetProcAddress_v2")?;
+                    let cname = std::ffi::CString::new(name.as_str())?;
+                    let mut p = std::ptr::null_mut();
+                    let mut status = 0;
+                    let r = gp(cname.as_ptr(), &mut p, version as c_int, flags, &mut status);
+                    (r, p, status)
+                };
+                println!("procaddr_{name}={:#x} code={r} status={status}", p as usize);
+            }
+            "symaddr" => {
+                let name = it.next().context("missing name")?;
+                let this = libloading::os::unix::Library::this();
+                // SAFETY: reading a symbol's address, not calling it.
+                let p = unsafe { this.get::<usize>(name.as_bytes()) }
+                    .map(|s| s.into_raw() as usize)
+                    .unwrap_or(0);
+                println!("symaddr_{name}={p:#x}");
+            }
             "totalmem" => println!("totalmem={}", total_mem(&st)?),
             "roundtrip" => {
                 let n = arg(&mut it, "size")?;
