@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use vgpu_cuda_abi::cuda::*;
 use vgpu_cuda_abi::nvml::{
     NVML_ERROR_NO_PERMISSION, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlReturn_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 
 use crate::config::MAX_DEVICES;
@@ -1155,6 +1155,55 @@ proc_hooks! {
     nvmlDeviceGetMPSComputeRunningProcesses PROC_V1;
     nvmlDeviceGetMPSComputeRunningProcesses_v2 PROC_V2;
     nvmlDeviceGetMPSComputeRunningProcesses_v3 PROC_V2;
+}
+
+type NvmlProcUtil = unsafe extern "C" fn(
+    nvmlDevice_t,
+    *mut nvmlProcessUtilizationSample_t,
+    *mut c_uint,
+    u64,
+) -> nvmlReturn_t;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    processSamplesCount: *mut c_uint,
+    lastSeenTimeStamp: u64,
+) -> nvmlReturn_t {
+    let f = real_or!(
+        nvmlDeviceGetProcessUtilization,
+        NvmlProcUtil,
+        NVML_ERROR_NO_PERMISSION
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, utilization, processSamplesCount, lastSeenTimeStamp) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
+        };
+        let r = call();
+        if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
+            return r;
+        }
+        let pids = shim.region.live_pids();
+        // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
+        let n = unsafe { *processSamplesCount } as usize;
+        let mut kept = 0usize;
+        for i in 0..n {
+            // SAFETY: sample i lies within the `n` written samples.
+            let s = unsafe { utilization.add(i).read_unaligned() };
+            if pids.contains(&s.pid) {
+                // SAFETY: `kept <= i < n`: within the written samples.
+                unsafe { utilization.add(kept).write_unaligned(s) };
+                kept += 1;
+            }
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { *processSamplesCount = kept as c_uint };
+        r
+    })
 }
 
 // ---- dlsym ---------------------------------------------------------------------------

@@ -102,6 +102,7 @@ table! {
     nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
     nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
     nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
+    nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
 }
 
 /// The row whose exported symbol is `name`.

@@ -140,10 +140,6 @@ const PASSED_THROUGH: &[(&str, &str)] = &[
         "compute view: comes with the daemon (issue 4)",
     ),
     (
-        "nvmlDeviceGetProcessUtilization",
-        "compute view: comes with the daemon (issue 4)",
-    ),
-    (
         "nvmlDeviceGetDecoderUtilization",
         "video engines are not shared by quota",
     ),
