@@ -1222,6 +1222,10 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
     let Some(id) = crate::table::find(bytes) else {
         return r;
     };
+    if real::loading() {
+        // The real library's own initializers look themselves up.
+        return r;
+    }
     guard(
         r,
         || r,

@@ -1,6 +1,7 @@
 //! The real driver and NVML: loaded once, every intercepted entry point resolved once,
 //! never through ourselves.
 
+use std::cell::Cell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,18 +124,46 @@ fn load(lib: Lib, name: &str) -> Result<RealLib, String> {
 static CUDA: OnceLock<Result<RealLib, String>> = OnceLock::new();
 static NVML: OnceLock<Result<RealLib, String>> = OnceLock::new();
 
+thread_local! {
+    /// Set while this thread loads a real library (its initializers may call `dlsym`).
+    static LOADING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is inside the `dlopen` of a real library.
+pub fn loading() -> bool {
+    LOADING.try_with(Cell::get).unwrap_or(false)
+}
+
+fn get_or_load(
+    cell: &'static OnceLock<Result<RealLib, String>>,
+    lib: Lib,
+) -> Result<&'static RealLib, &'static str> {
+    if let Some(r) = cell.get() {
+        return r.as_ref().map_err(String::as_str);
+    }
+    if loading() {
+        // A re-entrant lookup from the library's own initializers: never wait on
+        // ourselves.
+        return Err("the real library is still loading");
+    }
+    cell.get_or_init(|| {
+        let _ = LOADING.try_with(|l| l.set(true));
+        let r = load(lib, &crate::state::lib_name(lib));
+        let _ = LOADING.try_with(|l| l.set(false));
+        r
+    })
+    .as_ref()
+    .map_err(String::as_str)
+}
+
 /// The real CUDA driver (loaded on first use).
 pub fn cuda() -> Result<&'static RealLib, &'static str> {
-    CUDA.get_or_init(|| load(Lib::Cuda, &crate::state::lib_name(Lib::Cuda)))
-        .as_ref()
-        .map_err(String::as_str)
+    get_or_load(&CUDA, Lib::Cuda)
 }
 
 /// The real NVML (loaded on first use).
 pub fn nvml() -> Result<&'static RealLib, &'static str> {
-    NVML.get_or_init(|| load(Lib::Nvml, &crate::state::lib_name(Lib::Nvml)))
-        .as_ref()
-        .map_err(String::as_str)
+    get_or_load(&NVML, Lib::Nvml)
 }
 
 /// The real library of `lib`.
