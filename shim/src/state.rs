@@ -201,10 +201,13 @@ impl Shim {
             return true;
         }
         log(self, || {
+            let quota = self
+                .region
+                .quota(dev)
+                .map_or_else(|| "no quota".to_owned(), |q| format!("a quota of {q}"));
             format!(
-                "device {dev}: {bytes} bytes refused, container uses {} of {:?}",
-                self.region.used(dev),
-                self.region.quota(dev)
+                "device {dev}: {bytes} bytes refused (out of memory): the container uses {} bytes of {quota}",
+                self.region.used(dev)
             )
         });
         false

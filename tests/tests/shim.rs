@@ -640,3 +640,45 @@ print("pids=" + ",".join(str(p) for p in sorted(seen)))
     let Some(out) = out else { return };
     assert_eq!(field(&out, "pids"), Some(pid.to_string()), "{out}");
 }
+
+#[test]
+fn programs_that_never_use_cuda_are_untouched() {
+    let c = Container::new("8G"); // invalid, but never read: no CUDA call is made
+    let mut cmd = Command::new("sh");
+    c.apply(&mut cmd);
+    let out = cmd
+        .args(["-c", "echo hello"])
+        .output()
+        .expect("run sh under the shim");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !c.dir().exists(),
+        "the shim created its region without any CUDA call"
+    );
+}
+
+#[test]
+fn refusals_are_logged_only_when_asked() {
+    let node = node();
+    let quiet = Container::new("64Mi");
+    let out = run(&node, &quiet, &["init", "alloc", "128Mi"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("alloc=err code=2"));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let loud = Container::new("64Mi").with("VGPU_LOG", "1");
+    let out = run(&node, &loud, &["init", "alloc", "128Mi"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("device 0: 134217728 bytes refused (out of memory): the container uses 0 bytes of a quota of 67108864"),
+        "{err}"
+    );
+}
