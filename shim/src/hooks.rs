@@ -1240,16 +1240,20 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
 }
 
 /// `dlsym`: a program that `dlopen`s the driver and looks up an intercepted entry point
-/// gets our hook. `RTLD_NEXT` lookups jump straight to libc's `dlsym` with the caller's
-/// return address intact (a naked tail jump), because `RTLD_NEXT` is relative to the
-/// caller.
+/// on its handle gets our hook. `RTLD_NEXT` and `RTLD_DEFAULT` lookups jump straight to
+/// libc's `dlsym` with the caller's return address intact (a naked tail jump): both are
+/// resolved relative to the caller's scope, and in the global scope the preloaded shim's
+/// exports come first anyway.
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
+        "test rdi, rdi",
+        "jz 2f",
         "cmp rdi, -1",
         "jne {hook}",
+        "2:",
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
         "jz {hook}",
