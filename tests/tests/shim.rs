@@ -616,24 +616,28 @@ fn nvml_process_utilization_lists_only_the_container() {
     let node = node();
     let c = Container::new("1Gi");
     let other = Container::new("1Gi");
-    let args = ["init", "ready", "saturate", "3", "2000000", "0"];
+    let args = ["init", "ready", "saturate", "5", "2000000", "0"];
     let a = node.spawn_probe_in(Some(&c), &args, Duration::from_secs(30));
     let b = node.spawn_probe_in(Some(&other), &args, Duration::from_secs(30));
-    let code = r#"
+    // Polls until the container's own process shows up (both are busy all along).
+    let code = format!(
+        r#"
 import time, pynvml as n
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
-time.sleep(1.2)
 seen = set()
-for _ in range(10):
+deadline = time.time() + 4
+while time.time() < deadline and {pid} not in seen:
     try:
-        seen |= {s.pid for s in n.nvmlDeviceGetProcessUtilization(h, 0)}
+        seen |= {{s.pid for s in n.nvmlDeviceGetProcessUtilization(h, 0)}}
     except n.NVMLError_NotFound:
         pass
     time.sleep(0.1)
 print("pids=" + ",".join(str(p) for p in sorted(seen)))
-"#;
-    let out = python(&node, &c, "pynvml", code);
+"#,
+        pid = a.pid()
+    );
+    let out = python(&node, &c, "pynvml", &code);
     let pid = a.pid();
     a.finish(Duration::from_secs(20));
     b.finish(Duration::from_secs(20));
