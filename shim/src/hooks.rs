@@ -217,6 +217,9 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
 }
 
 /// Replaces a resolved real entry point by its hook when it is one we intercept.
+///
+/// # Safety
+/// `symbol` and `pfn` are the arguments of a `cuGetProcAddress` call that succeeded.
 unsafe fn map_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
     if pfn.is_null() {
         return;
@@ -479,6 +482,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 type MemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+/// A stream-ordered allocation, charged at the call.
+///
+/// # Safety
+/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
 unsafe fn alloc_async(f: MemAllocAsync, dptr: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, n, s) };
@@ -519,6 +526,10 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 
 type MemAllocPool =
     unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+/// An allocation from a pool, charged at the call.
+///
+/// # Safety
+/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
 unsafe fn alloc_pool(
     f: MemAllocPool,
     dptr: *mut CUdeviceptr,
@@ -825,6 +836,10 @@ fn primary_released(dev: CUdevice, reset: bool) {
 }
 
 type PrimaryRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
+/// A primary-context release or reset, and its accounting.
+///
+/// # Safety
+/// `f` is the real release or reset function.
 unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dev) };
@@ -941,6 +956,10 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 }
 
 type CtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// A context destruction, and its accounting.
+///
+/// # Safety
+/// `f` is the real `cuCtxDestroy` of that ABI.
 unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ctx) };
@@ -1076,6 +1095,10 @@ type NvmlProcs = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_void) ->
 
 /// Keeps only the container's processes in a process list of `stride`-byte entries
 /// whose first field is the pid.
+///
+/// # Safety
+/// `f` is the real process-list function whose entries are `stride` bytes; the other
+/// arguments are the caller's, per NVML.
 unsafe fn procs(
     f: NvmlProcs,
     stride: usize,
