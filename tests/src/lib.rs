@@ -250,19 +250,23 @@ impl Probe {
         {
             self.seen.push(line);
         }
-        // Its stdout closes as it exits: give the kernel a moment to make it reapable.
-        let mut status = self.child.try_wait();
-        while matches!(status, Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-            status = self.child.try_wait();
-        }
+        // The output ends when the probe closes stdout; the exit status follows shortly.
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => break None,
+            }
+        };
         match status {
-            Ok(Some(st)) => assert!(
+            Some(st) => assert!(
                 st.success(),
                 "cuda-probe failed: {st}; output {:?}",
                 self.seen
             ),
-            _ => {
+            None => {
                 let _ = self.child.kill();
                 panic!(
                     "cuda-probe did not finish within {timeout:?}; output {:?}",

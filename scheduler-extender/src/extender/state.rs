@@ -171,11 +171,35 @@ struct Pending {
     until: Instant,
 }
 
+/// FNV-1a: node names are short and come from the API server (not an attacker),
+/// and filter looks up every candidate, so a cheaper hash than SipHash pays.
+#[derive(Debug, Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type FnvBuild = std::hash::BuildHasherDefault<Fnv>;
+
 #[derive(Debug, Default)]
 struct Inner {
     nodes_synced: bool,
     pods_synced: bool,
-    nodes: HashMap<String, NodeEntry>,
+    nodes: HashMap<String, NodeEntry, FnvBuild>,
     pods: HashMap<String, PodEntry>,
     assumptions: HashMap<String, Assumption>,
     ledger: Ledger,
