@@ -19,7 +19,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
 
 use crate::config::MAX_DEVICES;
 
@@ -83,13 +82,19 @@ unsafe impl Send for Region {}
 // SAFETY: as above, all access through `&Layout` is to atomics or immutable fields.
 unsafe impl Sync for Region {}
 
+/// CLOCK_MONOTONIC in ns: one clock for every process of the machine (never 0).
 fn mono_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    // Never 0, so that "never reaped" (0) is always due.
-    u64::try_from(start.elapsed().as_nanos())
-        .unwrap_or(u64::MAX)
-        .saturating_add(1)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+        .max(1)
 }
 
 fn map(file: &File, len: usize) -> io::Result<*mut Layout> {
@@ -377,8 +382,7 @@ impl Region {
         n
     }
 
-    /// Like [`Region::reap`], at most once per `min_interval_ns` across the container
-    /// (per process clock; a missed interval only delays reclaiming).
+    /// Like [`Region::reap`], at most once per `min_interval_ns` across the container.
     pub fn reap_if_due(&self, own: Option<usize>, min_interval_ns: u64) {
         let last = self.layout().header.last_reap_ns.load(Ordering::Relaxed);
         let now = mono_ns();
