@@ -686,3 +686,31 @@ async fn fractional_pods_share_a_gpu_and_memory_limits_are_precise() {
         .expect("node");
     assert_eq!(free.iter().map(|&m| u64::from(m)).sum::<u64>(), 4000 - 900);
 }
+
+#[tokio::test]
+async fn full_node_lists_past_axum_default_body_limit_are_accepted() {
+    // nodeCacheCapable: false at 2,000 nodes: ~4 MiB of Node objects (axum's default
+    // limit is 2 MiB). Only the two fixture nodes have inventories.
+    let (served, _) = extender_over_fixture_nodes(&[]).await;
+    let mut req = body("extender-nodecache-false/001-filter-request.json");
+    let template = req["Nodes"]["items"][0].clone();
+    let items = req["Nodes"]["items"].as_array_mut().expect("items");
+    for i in 0..2000 {
+        let mut n = template.clone();
+        n["metadata"]["name"] = json!(format!("extra-node-{i:04}"));
+        items.push(n);
+    }
+    let bytes = serde_json::to_vec(&req).expect("json");
+    assert!(bytes.len() > 2 << 20, "{} bytes", bytes.len());
+    let (status, ans) = served.post("/scheduler/filter", bytes).await;
+    assert_eq!(status, 200);
+    let ans: Value = serde_json::from_slice(&ans).expect("json");
+    assert_eq!(ans["Error"], "");
+    assert_eq!(ans["Nodes"]["items"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        ans["FailedAndUnresolvableNodes"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(2000)
+    );
+}

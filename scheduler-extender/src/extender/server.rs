@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State as AxumState;
+use axum::extract::{DefaultBodyLimit, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -299,6 +299,10 @@ async fn readyz(AxumState(ext): AxumState<Extender>) -> Response {
 
 /// The router: `POST {url_prefix}/{filter,prioritize,bind,preempt}`, plus
 /// `GET /healthz` (alive) and `GET /readyz` (state synced).
+///
+/// Request bodies may be up to [`MAX_BODY_BYTES`]: with `nodeCacheCapable: false`
+/// kube-scheduler sends every candidate Node in full (several KiB each), far past
+/// axum's default 2 MiB limit at a few hundred nodes.
 pub fn router(extender: Extender, url_prefix: &str) -> Router {
     let prefix = url_prefix.trim_end_matches('/');
     Router::new()
@@ -308,8 +312,12 @@ pub fn router(extender: Extender, url_prefix: &str) -> Router {
         .route(&format!("{prefix}/preempt"), post(preempt_route))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(extender)
 }
+
+/// Largest request body accepted: 5,000 full Node objects of ~10 KiB each fit.
+pub const MAX_BODY_BYTES: usize = 128 << 20;
 
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve_on(
