@@ -876,6 +876,11 @@ impl State {
                 }
                 inner.reconcile(&uid);
             }
+        }
+        {
+            // The typical tasks are statistics of the workload: recomputing them
+            // needs only a shared lock, so filters go on meanwhile.
+            let inner = self.read();
             if self.policy.stale(inner.ledger.pod_count()) {
                 self.refresh_policy(&inner);
             }
