@@ -568,7 +568,8 @@ impl Inner {
     }
 
     /// Rebuilds the ledger from the nodes, pods and assumptions.
-    fn rebuild(&mut self) {
+    /// Returns the tasks of every pod it placed (the workload, for the policy).
+    fn rebuild(&mut self) -> Vec<Task> {
         let mut names: Vec<String> = self.nodes.keys().cloned().collect();
         names.sort();
         let mut ledger = Ledger::new();
@@ -595,9 +596,22 @@ impl Inner {
             .collect();
         uids.sort();
         uids.dedup();
+        let mut workload = Vec::with_capacity(uids.len());
         for uid in uids {
-            self.reconcile(&uid);
+            // The ledger is fresh: commit what is wanted (reconcile's path, without
+            // the comparison with a previous entry).
+            let Some((node, task, placement)) = self.desired(&uid) else {
+                continue;
+            };
+            match self.ledger.commit(&uid, &task, placement) {
+                Ok(()) => workload.push(task),
+                Err(e) => {
+                    warn!(%uid, %node, error = %e, "recorded assignment conflicts with the ledger; node refused until it clears");
+                    self.conflicts.insert(uid, (node, e.to_string()));
+                }
+            }
         }
+        workload
     }
 
     /// The tasks of every pod the ledger holds (the workload the policy adapts to).
@@ -687,8 +701,9 @@ impl State {
 
     /// Rebuilds the ledger and restarts the policy over it.
     fn rebuild(&self, inner: &mut Inner) {
-        inner.rebuild();
-        self.refresh_policy(inner);
+        let workload = inner.rebuild();
+        let tasks: Vec<&Task> = workload.iter().collect();
+        self.policy.reset(&inner.ledger, &tasks);
     }
 
     /// Restarts the policy with the typical tasks of the current workload.
