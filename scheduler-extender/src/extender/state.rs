@@ -15,8 +15,9 @@
 //!    [`ANNOTATION_GPU_INVENTORY`].
 //!
 //! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
-//! else from its live assumption. A node change rebuilds it; a pod change updates
-//! only that pod's entry. A restarted extender therefore rebuilds exactly the
+//! else from its live assumption. A change of a node's GPUs rebuilds it (a node
+//! reporting 0 `vgpu.io/gpu` for a moment does not); a pod change updates only
+//! that pod's entry. A restarted extender therefore rebuilds exactly the
 //! same ledger from the API objects, less only the assumptions of binds that
 //! never reached the API server.
 //!
