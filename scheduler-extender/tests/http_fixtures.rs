@@ -714,3 +714,91 @@ async fn full_node_lists_past_axum_default_body_limit_are_accepted() {
         Some(2000)
     );
 }
+
+#[tokio::test]
+async fn unhealthy_gpus_take_no_new_pods_but_keep_theirs() {
+    use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
+    // node-h: two GPUs, the first unhealthy; a pod already holds 0.3 of it.
+    let mut node = common::gpu_node("node-h", 2, "A100", 81920);
+    let mut inv = NodeInventory::from_json(
+        node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
+            .as_str()
+            .expect("inventory"),
+    )
+    .expect("valid");
+    inv.gpus[0].healthy = false;
+    node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY] = json!(inv.to_json());
+    let record = Assignment {
+        version: vgpu_core::resources::ASSIGNMENT_VERSION,
+        node: "node-h".into(),
+        containers: vec![vgpu_core::resources::ContainerAssignment {
+            name: "main".into(),
+            gpus: vec![vgpu_core::resources::GpuGrant {
+                uuid: "GPU-node-h-0".into(),
+                compute_milli: 300,
+                memory_mib: 24576,
+                slices: 3,
+            }],
+        }],
+    };
+    let mut old = common::gpu_pod("old", "uid-old", json!({"vgpu.io/gpu": "3"}));
+    old["metadata"]["annotations"] = json!({ANNOTATION_ASSIGNMENT: record.to_json()});
+    old["spec"]["nodeName"] = json!("node-h");
+    old["status"]["phase"] = json!("Running");
+
+    let state = Arc::new(State::new(
+        StateConfig::default(),
+        ExtenderPolicy::new(PolicyName::Vgpu),
+    ));
+    state.replace_nodes(&[serde_json::from_value(node).expect("node")]);
+    state.replace_pods(&[serde_json::from_value(old).expect("pod")]);
+    state.mark_synced(WatchKind::Nodes);
+    state.mark_synced(WatchKind::Pods);
+    let binder = common::recording_binder();
+    let served = Served::start(Extender::new(state.clone(), binder.clone())).await;
+    // The old pod stays accounted on the unhealthy GPU.
+    assert_eq!(state.gpu_milli_free("node-h"), Some(vec![700, 1000]));
+
+    // A 0.5 pod fits only the healthy GPU.
+    let p = common::gpu_pod("p", "uid-p", json!({"vgpu.io/gpu": "5"}));
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &json!({"Pod": p, "NodeNames": ["node-h"]}),
+        )
+        .await;
+    assert_eq!(ans["NodeNames"], json!(["node-h"]), "{ans}");
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "node-h"}),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    let plan = binder
+        .plans
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .expect("plan");
+    let a = Assignment::from_json(&plan.assignment_json).expect("record");
+    assert_eq!(a.containers[0].gpus[0].uuid, "GPU-node-h-1");
+
+    // Two whole GPUs: only one healthy GPU exists, so the node is rejected.
+    let w = common::gpu_pod("w", "uid-w", json!({"vgpu.io/gpu": "20"}));
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &json!({"Pod": w, "NodeNames": ["node-h"]}),
+        )
+        .await;
+    assert_eq!(ans["NodeNames"], json!([]), "{ans}");
+    let reason = ans["FailedAndUnresolvableNodes"]["node-h"]
+        .as_str()
+        .expect("reason");
+    assert!(
+        reason.starts_with("GPU count: 1 GPUs of an allowed model < 2"),
+        "{reason}"
+    );
+}
