@@ -262,6 +262,9 @@ fn reconcile(shim: &Shim, pool: u64) -> u64 {
 /// Reconciles every pool of this process (on `dev`, or on all devices) that holds
 /// credit; returns the bytes given back.
 fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
+    if !shim.pools_used() {
+        return 0;
+    }
     let pools = shim.pools().with_credit(dev);
     pools.into_iter().map(|p| reconcile(shim, p)).sum()
 }
@@ -270,6 +273,9 @@ fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
 /// thresholds (`whole_context`: every stream-ordered free has executed).
 fn synchronized(whole_context: bool) {
     let Mode::Enforce(shim) = mode() else { return };
+    if !shim.pools_used() {
+        return;
+    }
     if whole_context {
         let back = shim.pools().ctx_synchronized();
         for (dev, b) in back {

@@ -3,7 +3,7 @@
 //! failure policy. Nothing here holds a lock across a call into the real driver.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -62,6 +62,8 @@ pub struct Shim {
     /// The memory pools this process allocates from (bookkeeping only; never held
     /// across a driver call).
     pools: Mutex<Pools>,
+    /// Whether this process has used a memory pool at all (spares the lock otherwise).
+    pools_used: AtomicBool,
 }
 
 /// How hooks behave.
@@ -114,6 +116,7 @@ fn init() -> Result<Shim, (OnError, String)> {
         primary_ctx: std::array::from_fn(|_| AtomicUsize::new(0)),
         ctx_dev: Mutex::new(HashMap::new()),
         pools: Mutex::new(Pools::default()),
+        pools_used: AtomicBool::new(false),
     })
 }
 
@@ -294,7 +297,13 @@ impl Shim {
     /// The pools' bookkeeping (a short in-process lock; never held across a driver
     /// call).
     pub fn pools(&self) -> MutexGuard<'_, Pools> {
+        self.pools_used.store(true, Ordering::Relaxed);
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this process has used a memory pool at all.
+    pub fn pools_used(&self) -> bool {
+        self.pools_used.load(Ordering::Relaxed)
     }
 
     /// The quota of `dev` in force (None: unlimited).
