@@ -58,16 +58,25 @@ fn with_checkpoint(
 /// (1) With a release threshold of u64::MAX, memory freed into the pool stays charged:
 /// a plain allocation of one granule fails, the pool reuses its cache up to the quota,
 /// and the node never holds more than quota + context for the container. (2) After
-/// `cuMemPoolTrimTo(pool, 0)` the plain allocation succeeds.
+/// `cuMemPoolTrimTo(pool, 0)` the plain allocation succeeds. Through every route
+/// (`dlsym`, exported symbols, `cuGetProcAddress` with and without per-thread default
+/// streams, which resolves the `_ptsz` variants of the allocation, free and
+/// synchronisation hooks).
 #[test]
 fn memory_a_pool_keeps_cached_stays_charged_until_trimmed() {
-    for api in ["async", "pool"] {
+    let routes = ["dlsym", "global", "procaddr", "procaddr-ptds"];
+    for (api, route) in ["async", "pool"]
+        .into_iter()
+        .flat_map(|a| routes.map(|r| (a, r)))
+    {
         let node = node();
         let c = Container::new("1Gi");
         let (out, used) = with_checkpoint(
             &node,
             &c,
             &[
+                "route",
+                route,
                 "init",
                 "pool-threshold",
                 "max",
@@ -98,24 +107,27 @@ fn memory_a_pool_keeps_cached_stays_charged_until_trimmed() {
             ],
         );
         let a = allocs(&out);
-        assert_eq!(a.len(), 5, "{api}: {out}");
-        assert!(a[0].starts_with("alloc=ok"), "{api}: {out}");
-        assert_eq!(a[1], OOM, "{api}: the cached GiB is still charged: {out}");
+        assert_eq!(a.len(), 5, "{api}/{route}: {out}");
+        assert!(a[0].starts_with("alloc=ok"), "{api}/{route}: {out}");
+        assert_eq!(
+            a[1], OOM,
+            "{api}/{route}: the cached GiB is still charged: {out}"
+        );
         assert!(
             a[2].starts_with("alloc=ok"),
-            "{api}: the pool reuses its cache up to the quota: {out}"
+            "{api}/{route}: the pool reuses its cache up to the quota: {out}"
         );
         assert_eq!(
             a[3], OOM,
-            "{api}: cached again after the second free: {out}"
+            "{api}/{route}: cached again after the second free: {out}"
         );
         assert!(
             a[4].starts_with("alloc=ok"),
-            "{api}: after the trim the plain allocation fits: {out}"
+            "{api}/{route}: after the trim the plain allocation fits: {out}"
         );
         assert!(
             out.contains("pool_reserved=1073741824 pool_used=0"),
-            "{api}: the driver keeps the freed GiB: {out}"
+            "{api}/{route}: the driver keeps the freed GiB: {out}"
         );
         let infos: Vec<&str> = out.lines().filter(|l| l.starts_with("free=")).collect();
         assert_eq!(
@@ -125,14 +137,14 @@ fn memory_a_pool_keeps_cached_stays_charged_until_trimmed() {
                 "free=1073741824 total=1073741824",
                 "free=1071644672 total=1073741824"
             ],
-            "{api}: {out}"
+            "{api}/{route}: {out}"
         );
         // (4) Physically: one GiB (reused, not doubled) and one context.
         assert!(
             used <= GIB + CTX,
-            "{api}: the node holds {used} bytes for a 1 GiB container (+ {CTX} context)"
+            "{api}/{route}: the node holds {used} bytes for a 1 GiB container (+ {CTX} context)"
         );
-        assert_eq!(used, GIB + CTX, "{api}: {out}");
+        assert_eq!(used, GIB + CTX, "{api}/{route}: {out}");
     }
 }
 
@@ -282,4 +294,35 @@ fn lowering_the_release_threshold_gives_the_cache_back() {
         "the cache serves the pool: {out}"
     );
     assert!(out.contains("free=0 total=1073741824"), "{out}");
+}
+
+/// The cache of one process's pool is the container's: another process of the same
+/// container cannot allocate it.
+#[test]
+fn a_pool_cache_of_one_process_is_charged_to_the_whole_container() {
+    let node = node();
+    let c = Container::new("1Gi");
+    let holder = node.spawn_probe_in(
+        Some(&c),
+        &[
+            "init",
+            "pool-threshold",
+            "max",
+            "alloc-api",
+            "async",
+            "1Gi",
+            "free-async-all",
+            "sync",
+            "ready",
+            "wait",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(physical_used(&node), GIB + CTX);
+    let out = node.probe_in(Some(&c), &["init", "alloc", "2Mi", "meminfo"]);
+    assert_eq!(allocs(&out), [OOM], "{out}");
+    assert!(out.contains("free=0 total=1073741824"), "{out}");
+    holder.finish(Duration::from_secs(30));
+    let out = node.probe_in(Some(&c), &["init", "alloc", "1Gi"]);
+    assert!(allocs(&out)[0].starts_with("alloc=ok"), "{out}");
 }
