@@ -243,20 +243,27 @@ fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
 /// flight); returns the bytes given back. A reading raced by an allocation is retried,
 /// never used.
 fn reconcile(shim: &Shim, pool: u64) -> u64 {
+    reconcile_reading(shim, pool).0
+}
+
+/// [`reconcile`], also returning the driver's reserved figure it read last.
+fn reconcile_reading(shim: &Shim, pool: u64) -> (u64, Option<u64>) {
+    let mut last = None;
     for _ in 0..4 {
         let Some(epoch) = shim.pools().snapshot(pool) else {
-            return 0;
+            return (0, last);
         };
         let Some(reserved) = pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) else {
-            return 0;
+            return (0, last);
         };
+        last = Some(reserved);
         let settled = shim.pools().settle(pool, epoch, reserved);
         if let Some((dev, back)) = settled {
             shim.unreserve(dev, back);
-            return back;
+            return (back, last);
         }
     }
-    0
+    (0, last)
 }
 
 /// Reconciles every pool of this process (on `dev`, or on all devices) that holds
@@ -313,12 +320,17 @@ fn pool_alloc(
     if need == 0 {
         return call();
     }
-    // The driver may have released part of the cache since the credit was last
-    // reconciled: a stale credit must not serve an allocation.
-    if shim.pools().get(pool).is_some_and(|a| a.credit() >= need) {
-        reconcile(shim, pool);
+    // The credit serves only what the driver really has cached now: it may have
+    // released part of it since the last reconciliation, and frees it has not executed
+    // yet are credit but no cache (the allocation would be reserved anew).
+    let mut cached = 0;
+    if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
+        && let (_, Some(reserved)) = reconcile_reading(shim, pool)
+        && let Some(used) = pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
+    {
+        cached = reserved.saturating_sub(used);
     }
-    let fresh = if shim.pools().take_credit(pool, dev, need) {
+    let fresh = if shim.pools().take_credit(pool, dev, need, cached) {
         false
     } else {
         if !reserve(shim, dev, need) {

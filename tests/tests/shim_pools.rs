@@ -326,3 +326,47 @@ fn a_pool_cache_of_one_process_is_charged_to_the_whole_container() {
     let out = node.probe_in(Some(&c), &["init", "alloc", "1Gi"]);
     assert!(allocs(&out)[0].starts_with("alloc=ok"), "{out}");
 }
+
+/// A stream-ordered free followed at once by an allocation from the same pool: the
+/// freed block is credit but, until the free executes, no cache (the simulator reserves
+/// the request anew). Whichever way the race between the free and the allocation goes,
+/// the node never holds more than the quota + the context for the container.
+#[test]
+fn reuse_before_the_free_executes_never_exceeds_the_quota() {
+    let mut served = 0;
+    for _ in 0..10 {
+        let node = node();
+        let c = Container::new("1Gi");
+        let (out, used) = with_checkpoint(
+            &node,
+            &c,
+            &[
+                "init",
+                "pool-threshold",
+                "max",
+                "alloc-api",
+                "async",
+                "1Gi",
+                "free-async-all",
+                "alloc-api",
+                "async",
+                "1Gi",
+            ],
+            &["sync", "meminfo"],
+        );
+        let a = allocs(&out);
+        assert_eq!(a.len(), 2, "{out}");
+        assert!(a[0].starts_with("alloc=ok"), "{out}");
+        assert!(
+            a[1].starts_with("alloc=ok") || a[1] == OOM,
+            "either served from the executed free or refused: {out}"
+        );
+        served += usize::from(a[1].starts_with("alloc=ok"));
+        assert!(
+            used <= GIB + CTX,
+            "the node holds {used} bytes for a 1 GiB container: {out}"
+        );
+        assert!(out.contains("total=1073741824"), "{out}");
+    }
+    eprintln!("served from the cache in {served} of 10 runs");
+}
