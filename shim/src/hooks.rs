@@ -269,11 +269,15 @@ fn reconcile_reading(shim: &Shim, pool: u64) -> (u64, Option<u64>) {
 /// Reconciles every pool of this process (on `dev`, or on all devices) that holds
 /// credit; returns the bytes given back.
 fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
-    if !shim.pools_used() {
+    if !shim.pools_used() || !shim.take_credit_mark() {
         return 0;
     }
     let pools = shim.pools().with_credit(dev);
-    pools.into_iter().map(|p| reconcile(shim, p)).sum()
+    let back = pools.into_iter().map(|p| reconcile(shim, p)).sum();
+    if !shim.pools().with_credit(None).is_empty() {
+        shim.mark_credit();
+    }
+    back
 }
 
 /// After a synchronisation, when the driver releases what its pools keep above their
@@ -343,6 +347,8 @@ fn pool_alloc(
     let (_, back) = shim.pools().finish(pool, need, fresh, r == CUDA_SUCCESS);
     shim.unreserve(dev, back);
     if r != CUDA_SUCCESS {
+        // Credit taken for the allocation is credit again.
+        shim.mark_credit();
         return r;
     }
     let ptr = result();
@@ -351,9 +357,11 @@ fn pool_alloc(
         if grow > 0 {
             if reserve(shim, dev, grow) {
                 shim.pools().add_charge(pool, grow);
+                shim.mark_credit();
             } else {
                 let fr = free(ptr);
                 let (d, back) = shim.pools().freed(pool, need, false);
+                shim.mark_credit();
                 shim.unreserve(d, back);
                 state::log(shim, || {
                     format!(

@@ -64,6 +64,9 @@ pub struct Shim {
     pools: Mutex<Pools>,
     /// Whether this process has used a memory pool at all (spares the lock otherwise).
     pools_used: AtomicBool,
+    /// Set when a pool may have gained credit since the last reconciliation of all
+    /// pools (spares the lock and the driver queries otherwise).
+    pool_credit: AtomicBool,
 }
 
 /// How hooks behave.
@@ -117,6 +120,7 @@ fn init() -> Result<Shim, (OnError, String)> {
         ctx_dev: Mutex::new(HashMap::new()),
         pools: Mutex::new(Pools::default()),
         pools_used: AtomicBool::new(false),
+        pool_credit: AtomicBool::new(false),
     })
 }
 
@@ -265,6 +269,7 @@ impl Shim {
             self.unreserve(c.dev, c.bytes);
         } else {
             let (dev, back) = self.pools().freed(c.pool, c.bytes, synchronous);
+            self.mark_credit();
             self.unreserve(dev, back);
         }
     }
@@ -304,6 +309,17 @@ impl Shim {
     /// Whether this process has used a memory pool at all.
     pub fn pools_used(&self) -> bool {
         self.pools_used.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a pool may hold credit (after the change is in the bookkeeping).
+    pub fn mark_credit(&self) {
+        self.pool_credit.store(true, Ordering::Release);
+    }
+
+    /// Takes the note of [`Shim::mark_credit`]: whether a pool may hold credit. A
+    /// caller that leaves credit in place marks it again.
+    pub fn take_credit_mark(&self) -> bool {
+        self.pool_credit.swap(false, Ordering::AcqRel)
     }
 
     /// The quota of `dev` in force (None: unlimited).
