@@ -370,3 +370,45 @@ fn reuse_before_the_free_executes_never_exceeds_the_quota() {
     }
     eprintln!("served from the cache in {served} of 10 runs");
 }
+
+/// Pool allocations of a destroyed context go back to their pool, which keeps them
+/// charged as long as it keeps them cached.
+#[test]
+fn pool_memory_of_a_destroyed_context_stays_charged_while_cached() {
+    for (threshold, plain_fits) in [("0", true), ("max", false)] {
+        let node = node();
+        let c = Container::new("1Gi");
+        let out = node.probe_in(
+            Some(&c),
+            &[
+                "init",
+                "pool-threshold",
+                threshold,
+                "ctx-create",
+                "alloc-api",
+                "async",
+                "1Gi",
+                "ctx-destroy",
+                "alloc",
+                "2Mi",
+                "pool-trim",
+                "0",
+                "alloc",
+                "1Gi",
+            ],
+        );
+        let a = allocs(&out);
+        assert_eq!(a.len(), 3, "{threshold}: {out}");
+        assert!(a[0].starts_with("alloc=ok"), "{threshold}: {out}");
+        assert_eq!(
+            a[1].starts_with("alloc=ok"),
+            plain_fits,
+            "{threshold}: {out}"
+        );
+        if plain_fits {
+            assert_eq!(a[2], OOM, "{threshold}: 2 MiB are allocated: {out}");
+        } else {
+            assert!(a[2].starts_with("alloc=ok"), "{threshold}: trimmed: {out}");
+        }
+    }
+}
