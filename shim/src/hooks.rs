@@ -163,7 +163,7 @@ fn charged(
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     let charge = round_up(bytes, granularity(shim, dev));
-    if !shim.reserve(dev, charge) {
+    if !reserve(shim, dev, charge) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let r = call();
@@ -182,24 +182,228 @@ fn charged(
             dev,
             bytes: charge,
             ctx,
+            pool: 0,
         },
     );
     r
 }
 
-/// Frees, uncharging what the allocation was charged.
-fn uncharged(kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+/// Frees, uncharging what the allocation was charged (for an allocation from a memory
+/// pool: into the pool's credit, reconciled with the driver after a synchronous free).
+/// `synchronous`: the memory is freed when the call returns (not stream-ordered).
+fn uncharged(kind: Kind, key: u64, synchronous: bool, call: impl FnOnce() -> CUresult) -> CUresult {
     let Mode::Enforce(shim) = mode() else {
         return call();
     };
     let c = shim.untrack(kind, key);
     let r = call();
     match c {
-        Some(c) if r == CUDA_SUCCESS => shim.unreserve(c.dev, c.bytes),
+        Some(c) if r == CUDA_SUCCESS => {
+            shim.release(c, synchronous);
+            if c.pool != 0 && synchronous {
+                reconcile(shim, c.pool);
+            }
+        }
         Some(c) => shim.retrack(kind, key, c),
         None => {}
     }
     r
+}
+
+// ---- memory pools: what they keep stays charged ---------------------------------------
+
+/// Reserves `bytes` on `dev`; before refusing, gives back what this process's pools on
+/// `dev` no longer hold (the driver may have released cached memory since).
+fn reserve(shim: &Shim, dev: usize, bytes: u64) -> bool {
+    shim.reserve_or(dev, bytes, || reconcile_all(shim, Some(dev)) > 0)
+}
+
+/// A `u64` attribute of `pool` from the real driver (None: the query failed).
+fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuMemPoolGetAttribute");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute,
+    // void*).
+    let f = unsafe {
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult,
+        >(p)
+    };
+    let mut v = 0u64;
+    // SAFETY: the reserved/used attributes are cuuint64_t, written to a valid u64.
+    let r = unsafe { f(pool as CUmemoryPool, attr, (&raw mut v).cast()) };
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Lowers the charge of `pool` to what the driver reserves for it (plus allocations in
+/// flight); returns the bytes given back. A reading raced by an allocation is retried,
+/// never used.
+fn reconcile(shim: &Shim, pool: u64) -> u64 {
+    reconcile_reading(shim, pool).0
+}
+
+/// [`reconcile`], also returning the driver's reserved figure it read last.
+fn reconcile_reading(shim: &Shim, pool: u64) -> (u64, Option<u64>) {
+    let mut last = None;
+    for _ in 0..4 {
+        let Some(epoch) = shim.pools().snapshot(pool) else {
+            return (0, last);
+        };
+        let Some(reserved) = pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) else {
+            return (0, last);
+        };
+        last = Some(reserved);
+        let settled = shim.pools().settle(pool, epoch, reserved);
+        if let Some((dev, back)) = settled {
+            shim.unreserve(dev, back);
+            return (back, last);
+        }
+    }
+    (0, last)
+}
+
+/// Reconciles every pool of this process (on `dev`, or on all devices) that holds
+/// credit; returns the bytes given back.
+fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
+    if !shim.pools_used() || !shim.take_credit_mark() {
+        return 0;
+    }
+    let pools = shim.pools().with_credit(dev);
+    let back = pools.into_iter().map(|p| reconcile(shim, p)).sum();
+    if !shim.pools().with_credit(None).is_empty() {
+        shim.mark_credit();
+    }
+    back
+}
+
+/// After a synchronisation, when the driver releases what its pools keep above their
+/// thresholds (`whole_context`: every stream-ordered free has executed).
+fn synchronized(whole_context: bool) {
+    let Mode::Enforce(shim) = mode() else { return };
+    if !shim.pools_used() {
+        return;
+    }
+    if whole_context {
+        let back = shim.pools().ctx_synchronized();
+        for (dev, b) in back {
+            shim.unreserve(dev, b);
+        }
+    }
+    reconcile_all(shim, None);
+}
+
+/// A stream-ordered allocation of `bytes` from `pool` (device `dev` unless the pool's
+/// is known): served from the pool's credit when it covers it, else charged; then the
+/// driver's reserved figure is checked, and growth beyond the charge is charged too or
+/// the allocation undone (`free`).
+fn pool_alloc(
+    pool: u64,
+    dev: Option<usize>,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    result: impl FnOnce() -> CUdeviceptr,
+    free: impl FnOnce(CUdeviceptr) -> CUresult,
+) -> CUresult {
+    let shim = match mode() {
+        Mode::Enforce(s) => s,
+        Mode::Unenforced => return call(),
+        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+    };
+    let known = shim.pools().get(pool).map(|a| a.dev);
+    let Some(dev) = known.or(dev) else {
+        return call();
+    };
+    if dev >= MAX_DEVICES {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let need = round_up(bytes, granularity(shim, dev));
+    if need == 0 {
+        return call();
+    }
+    // The credit serves only what the driver really has cached now: it may have
+    // released part of it since the last reconciliation, and frees it has not executed
+    // yet are credit but no cache (the allocation would be reserved anew).
+    let mut cached = 0;
+    if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
+        && let (_, Some(reserved)) = reconcile_reading(shim, pool)
+        && let Some(used) = pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
+    {
+        cached = reserved.saturating_sub(used);
+    }
+    let fresh = if shim.pools().take_credit(pool, dev, need, cached) {
+        false
+    } else {
+        if !reserve(shim, dev, need) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        shim.pools().add_fresh(pool, dev, need);
+        true
+    };
+    let r = call();
+    let (_, back) = shim.pools().finish(pool, need, fresh, r == CUDA_SUCCESS);
+    shim.unreserve(dev, back);
+    if r != CUDA_SUCCESS {
+        // Credit taken for the allocation is credit again.
+        shim.mark_credit();
+        return r;
+    }
+    let ptr = result();
+    if let Some(reserved) = pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
+        let grow = shim.pools().growth(pool, reserved);
+        if grow > 0 {
+            if reserve(shim, dev, grow) {
+                shim.pools().add_charge(pool, grow);
+                shim.mark_credit();
+            } else {
+                let fr = free(ptr);
+                let (d, back) = shim.pools().freed(pool, need, false);
+                shim.mark_credit();
+                shim.unreserve(d, back);
+                state::log(shim, || {
+                    format!(
+                        "device {dev}: pool {pool:#x} grew by {grow} bytes beyond its charge; \
+                         the allocation is undone (free: {fr}), out of memory"
+                    )
+                });
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+    }
+    shim.track(
+        Kind::Ptr,
+        ptr,
+        Charge {
+            dev,
+            bytes: need,
+            ctx: current_ctx(),
+            pool,
+        },
+    );
+    r
+}
+
+/// The current memory pool of `dev` (`cuDeviceGetMemPool`), which `cuMemAllocAsync`
+/// allocates from.
+fn current_pool(dev: usize) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuDeviceGetMemPool");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>(
+            p,
+        )
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and a device ordinal.
+    let r = unsafe { f(&mut pool, CUdevice::try_from(dev).ok()?) };
+    (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
 }
 
 // ---- initialisation and entry-point resolution ------------------------------------
@@ -315,6 +519,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return r;
         };
         if let Some(q) = shim.quota(dev) {
+            // What the pools no longer keep is not the container's any more.
+            reconcile_all(shim, Some(dev));
             // SAFETY: the driver just wrote both non-null out-pointers.
             let (rf, rt) = unsafe { (*free as u64, *total as u64) };
             let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
@@ -454,7 +660,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let g = granularity(shim, dev);
         let (est, actual) = (round_up(est, g), round_up(actual, g));
         if actual > est {
-            if !shim.reserve(dev, actual - est) {
+            if !reserve(shim, dev, actual - est) {
                 // SAFETY: freeing the allocation just made.
                 let _ = unsafe { cuMemFree_v2(key) };
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -477,26 +683,45 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr) };
     // A re-entered free (from the pitch hook's rollback) must still uncharge.
-    let body = || uncharged(Kind::Ptr, dptr, call);
+    let body = || uncharged(Kind::Ptr, dptr, true, call);
     guard(CUDA_ERROR_UNKNOWN, body, body)
 }
 
 type MemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-/// A stream-ordered allocation, charged at the call.
+type MemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+/// A stream-ordered allocation from the device's current pool.
 ///
 /// # Safety
-/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
-unsafe fn alloc_async(f: MemAllocAsync, dptr: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+/// `f` is the real function and `free` the real `cuMemFreeAsync` of the same
+/// per-thread-stream variant; the other arguments are the caller's, per the CUDA API.
+unsafe fn alloc_async(
+    f: MemAllocAsync,
+    free: Option<MemFreeAsync>,
+    dptr: *mut CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, n, s) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() {
             return call();
         }
-        // SAFETY: non-null, and written by the driver on success.
-        charged(Kind::Ptr, current_device(), n as u64, call, || unsafe {
-            *dptr
-        })
+        let dev = current_device();
+        match dev.and_then(current_pool) {
+            Some(pool) => pool_alloc(
+                pool,
+                dev,
+                n as u64,
+                call,
+                // SAFETY: non-null, and written by the driver on success.
+                || unsafe { *dptr },
+                // SAFETY: freeing, in the caller's stream, the allocation just made.
+                |p| free.map_or(CUDA_ERROR_NOT_FOUND, |fr| unsafe { fr(p, s) }),
+            ),
+            // SAFETY: non-null, and written by the driver on success.
+            None => charged(Kind::Ptr, dev, n as u64, call, || unsafe { *dptr }),
+        }
     })
 }
 #[unsafe(no_mangle)]
@@ -506,8 +731,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     hStream: CUstream,
 ) -> CUresult {
     let f = real_or!(cuMemAllocAsync, MemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: the C signature of cuMemFreeAsync.
+    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync) };
     // SAFETY: the caller's arguments, forwarded.
-    unsafe { alloc_async(f, dptr, bytesize, hStream) }
+    unsafe { alloc_async(f, free, dptr, bytesize, hStream) }
 }
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
@@ -520,18 +747,22 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
         MemAllocAsync,
         CUDA_ERROR_NOT_INITIALIZED
     );
+    // SAFETY: the C signature of cuMemFreeAsync_ptsz.
+    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
     // SAFETY: the caller's arguments, forwarded.
-    unsafe { alloc_async(f, dptr, bytesize, hStream) }
+    unsafe { alloc_async(f, free, dptr, bytesize, hStream) }
 }
 
 type MemAllocPool =
     unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-/// An allocation from a pool, charged at the call.
+/// An allocation from a pool.
 ///
 /// # Safety
-/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
+/// `f` is the real function and `free` the real `cuMemFreeAsync` of the same
+/// per-thread-stream variant; the other arguments are the caller's, per the CUDA API.
 unsafe fn alloc_pool(
     f: MemAllocPool,
+    free: Option<MemFreeAsync>,
     dptr: *mut CUdeviceptr,
     n: usize,
     pool: CUmemoryPool,
@@ -540,13 +771,19 @@ unsafe fn alloc_pool(
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, n, pool, s) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        if dptr.is_null() {
+        if dptr.is_null() || pool.is_null() {
             return call();
         }
-        // SAFETY: non-null, and written by the driver on success.
-        charged(Kind::Ptr, current_device(), n as u64, call, || unsafe {
-            *dptr
-        })
+        pool_alloc(
+            pool as u64,
+            current_device(),
+            n as u64,
+            call,
+            // SAFETY: non-null, and written by the driver on success.
+            || unsafe { *dptr },
+            // SAFETY: freeing, in the caller's stream, the allocation just made.
+            |p| free.map_or(CUDA_ERROR_NOT_FOUND, |fr| unsafe { fr(p, s) }),
+        )
     })
 }
 #[unsafe(no_mangle)]
@@ -561,8 +798,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         MemAllocPool,
         CUDA_ERROR_NOT_INITIALIZED
     );
+    // SAFETY: the C signature of cuMemFreeAsync.
+    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync) };
     // SAFETY: the caller's arguments, forwarded.
-    unsafe { alloc_pool(f, dptr, bytesize, pool, hStream) }
+    unsafe { alloc_pool(f, free, dptr, bytesize, pool, hStream) }
 }
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
@@ -576,18 +815,19 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
         MemAllocPool,
         CUDA_ERROR_NOT_INITIALIZED
     );
+    // SAFETY: the C signature of cuMemFreeAsync_ptsz.
+    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
     // SAFETY: the caller's arguments, forwarded.
-    unsafe { alloc_pool(f, dptr, bytesize, pool, hStream) }
+    unsafe { alloc_pool(f, free, dptr, bytesize, pool, hStream) }
 }
 
-type MemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     let f = real_or!(cuMemFreeAsync, MemFreeAsync, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Ptr, dptr, call)
+        uncharged(Kind::Ptr, dptr, false, call)
     })
 }
 #[unsafe(no_mangle)]
@@ -600,7 +840,185 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstrea
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Ptr, dptr, call)
+        uncharged(Kind::Ptr, dptr, false, call)
+    })
+}
+
+// ---- memory pools and synchronisation: where the driver releases pool memory ----------
+
+type MemPoolCreate = unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    poolProps: *const CUmemPoolProps,
+) -> CUresult {
+    let f = real_or!(cuMemPoolCreate, MemPoolCreate, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pool, poolProps) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS
+            && !pool.is_null()
+            && !poolProps.is_null()
+            && let Mode::Enforce(shim) = mode()
+        {
+            // SAFETY: a non-null in-pointer the driver accepted, and the out-pointer it
+            // wrote on success.
+            let (props, handle) = unsafe { (poolProps.read_unaligned(), *pool) };
+            if props.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE
+                && let Ok(dev) = usize::try_from(props.location.id)
+            {
+                shim.pools().register(handle as u64, dev);
+            }
+        }
+        r
+    })
+}
+
+type MemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    let f = real_or!(cuMemPoolDestroy, MemPoolDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pool) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let Mode::Enforce(shim) = mode() else {
+            return call();
+        };
+        // What is still allocated (stream-ordered frees not yet executed included)
+        // outlives the pool in the driver until freed.
+        let used = pool_attr(pool as u64, mempool_attr::USED_MEM_CURRENT);
+        let r = call();
+        if r == CUDA_SUCCESS {
+            let (dev, back) = shim.pools().destroyed(pool as u64, used);
+            shim.unreserve(dev, back);
+        }
+        r
+    })
+}
+
+type MemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
+    let f = real_or!(cuMemPoolTrimTo, MemPoolTrimTo, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pool, minBytesToKeep) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS
+            && let Mode::Enforce(shim) = mode()
+        {
+            reconcile(shim, pool as u64);
+        }
+        r
+    })
+}
+
+type MemPoolSetAttribute = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    let f = real_or!(
+        cuMemPoolSetAttribute,
+        MemPoolSetAttribute,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pool, attr, value) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        // A lower release threshold can release cached memory at once.
+        if r == CUDA_SUCCESS
+            && attr == mempool_attr::RELEASE_THRESHOLD
+            && let Mode::Enforce(shim) = mode()
+        {
+            reconcile(shim, pool as u64);
+        }
+        r
+    })
+}
+
+type StreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
+    let f = real_or!(
+        cuStreamSynchronize,
+        StreamSynchronize,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(hStream) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        synchronized(false);
+        r
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSynchronize_ptsz(hStream: CUstream) -> CUresult {
+    let f = real_or!(
+        cuStreamSynchronize_ptsz,
+        StreamSynchronize,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(hStream) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        synchronized(false);
+        r
+    })
+}
+
+type EventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
+    let f = real_or!(
+        cuEventSynchronize,
+        EventSynchronize,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(hEvent) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        synchronized(false);
+        r
+    })
+}
+
+type CtxSynchronize = unsafe extern "C" fn() -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    let f = real_or!(cuCtxSynchronize, CtxSynchronize, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: no arguments.
+    let call = || unsafe { f() };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        synchronized(r == CUDA_SUCCESS);
+        r
+    })
+}
+
+type CtxSynchronizeV2 = unsafe extern "C" fn(CUcontext) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    let f = real_or!(
+        cuCtxSynchronize_v2,
+        CtxSynchronizeV2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(ctx) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        // Only one context's work is known to be done: destroyed pools keep their
+        // charges (they may belong to another context).
+        synchronized(false);
+        r
     })
 }
 
@@ -644,7 +1062,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Vmm, handle, call)
+        uncharged(Kind::Vmm, handle, true, call)
     })
 }
 
@@ -720,7 +1138,7 @@ pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Array, hArray as u64, call)
+        uncharged(Kind::Array, hArray as u64, true, call)
     })
 }
 
@@ -777,7 +1195,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hMipmappedArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Mipmap, hMipmappedArray as u64, call)
+        uncharged(Kind::Mipmap, hMipmappedArray as u64, true, call)
     })
 }
 
@@ -831,7 +1249,10 @@ fn primary_released(dev: CUdevice, reset: bool) {
     };
     if before > 0 && (reset || before == 1) {
         shim.region.count_context(shim.slot, d, false);
-        shim.drop_context_allocs(shim.primary_ctx[d].swap(0, Ordering::AcqRel));
+        let pools = shim.drop_context_allocs(shim.primary_ctx[d].swap(0, Ordering::AcqRel));
+        for p in pools {
+            reconcile(shim, p);
+        }
     }
 }
 
@@ -976,7 +1397,9 @@ unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
             if let Some(d) = dev {
                 shim.region.count_context(shim.slot, d, false);
             }
-            shim.drop_context_allocs(ctx as usize);
+            for p in shim.drop_context_allocs(ctx as usize) {
+                reconcile(shim, p);
+            }
         }
         r
     })

@@ -6,6 +6,8 @@
 //! - [`hooks`]: the exported functions, thin: guard, pointer checks, safe logic, result.
 //! - [`real`]: the real driver and NVML, resolved once, never through ourselves.
 //! - [`state`]: configuration, failure policy, this process's allocations.
+//! - [`pools`]: what is charged for each stream-ordered memory pool (its cache stays
+//!   charged until the driver releases it).
 //! - [`region`]: the container's shared accounting (atomics in a mapped file, kernel
 //!   liveness locks, no cross-process lock).
 //! - [`config`]: the environment, parsed and validated.
@@ -19,6 +21,7 @@
 
 pub mod config;
 pub mod hooks;
+pub mod pools;
 pub mod real;
 pub mod region;
 pub mod state;

@@ -3,11 +3,12 @@
 //! failure policy. Nothing here holds a lock across a call into the real driver.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::config::{Config, MAX_DEVICES, OnError};
+use crate::pools::Pools;
 use crate::region::Region;
 use crate::table::Lib;
 
@@ -36,6 +37,9 @@ pub struct Charge {
     pub bytes: u64,
     /// The context it belongs to (freed with it), 0 if not tied to one.
     pub ctx: usize,
+    /// The memory pool it came from (its charge becomes the pool's credit when freed),
+    /// 0 if none.
+    pub pool: u64,
 }
 
 /// The enforcing state.
@@ -55,6 +59,14 @@ pub struct Shim {
     pub primary_ctx: [AtomicUsize; MAX_DEVICES],
     /// Device of each non-primary context this process created.
     pub ctx_dev: Mutex<HashMap<usize, usize>>,
+    /// The memory pools this process allocates from (bookkeeping only; never held
+    /// across a driver call).
+    pools: Mutex<Pools>,
+    /// Whether this process has used a memory pool at all (spares the lock otherwise).
+    pools_used: AtomicBool,
+    /// Set when a pool may have gained credit since the last reconciliation of all
+    /// pools (spares the lock and the driver queries otherwise).
+    pool_credit: AtomicBool,
 }
 
 /// How hooks behave.
@@ -106,6 +118,9 @@ fn init() -> Result<Shim, (OnError, String)> {
         primary_refs: std::array::from_fn(|_| AtomicU32::new(0)),
         primary_ctx: std::array::from_fn(|_| AtomicUsize::new(0)),
         ctx_dev: Mutex::new(HashMap::new()),
+        pools: Mutex::new(Pools::default()),
+        pools_used: AtomicBool::new(false),
+        pool_credit: AtomicBool::new(false),
     })
 }
 
@@ -194,10 +209,20 @@ impl Shim {
     /// Reserves `bytes` on `dev`: all or nothing, never over the quota. Reaps dead
     /// processes of the container before declaring out-of-memory.
     pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
+        self.reserve_or(dev, bytes, || false)
+    }
+
+    /// Like [`Shim::reserve`], and before declaring out-of-memory also runs `reclaim`
+    /// (which gives back what this process's pools no longer hold, and says whether it
+    /// gave anything back).
+    pub fn reserve_or(&self, dev: usize, bytes: u64, reclaim: impl FnOnce() -> bool) -> bool {
         if self.region.try_charge(self.slot, dev, bytes) {
             return true;
         }
         if self.region.reap(Some(self.slot)) > 0 && self.region.try_charge(self.slot, dev, bytes) {
+            return true;
+        }
+        if reclaim() && self.region.try_charge(self.slot, dev, bytes) {
             return true;
         }
         log(self, || {
@@ -222,7 +247,7 @@ impl Shim {
     pub fn track(&self, kind: Kind, key: u64, c: Charge) {
         if let Some(old) = self.allocs().insert((kind, key), c) {
             // The driver reused a handle we thought live: its old charge is gone.
-            self.unreserve(old.dev, old.bytes);
+            self.release(old, true);
         }
     }
 
@@ -236,10 +261,24 @@ impl Shim {
         self.allocs().insert((kind, key), c);
     }
 
-    /// Uncharges everything that belonged to context `ctx` (destroyed with it).
-    pub fn drop_context_allocs(&self, ctx: usize) {
+    /// Gives back the charge of a freed allocation: at once, or, for an allocation from
+    /// a memory pool, into the pool's credit (the pool may keep the memory).
+    /// `synchronous`: freed at once (not stream-ordered).
+    pub fn release(&self, c: Charge, synchronous: bool) {
+        if c.pool == 0 {
+            self.unreserve(c.dev, c.bytes);
+        } else {
+            let (dev, back) = self.pools().freed(c.pool, c.bytes, synchronous);
+            self.mark_credit();
+            self.unreserve(dev, back);
+        }
+    }
+
+    /// Uncharges everything that belonged to context `ctx` (destroyed with it); returns
+    /// the pools whose allocations went back to them (to reconcile).
+    pub fn drop_context_allocs(&self, ctx: usize) -> Vec<u64> {
         if ctx == 0 {
-            return;
+            return Vec::new();
         }
         let gone: Vec<Charge> = {
             let mut m = self.allocs();
@@ -250,9 +289,37 @@ impl Shim {
                 .collect();
             keys.iter().filter_map(|k| m.remove(k)).collect()
         };
+        let mut pools = Vec::new();
         for c in gone {
-            self.unreserve(c.dev, c.bytes);
+            if c.pool != 0 && !pools.contains(&c.pool) {
+                pools.push(c.pool);
+            }
+            self.release(c, true);
         }
+        pools
+    }
+
+    /// The pools' bookkeeping (a short in-process lock; never held across a driver
+    /// call).
+    pub fn pools(&self) -> MutexGuard<'_, Pools> {
+        self.pools_used.store(true, Ordering::Relaxed);
+        self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this process has used a memory pool at all.
+    pub fn pools_used(&self) -> bool {
+        self.pools_used.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a pool may hold credit (after the change is in the bookkeeping).
+    pub fn mark_credit(&self) {
+        self.pool_credit.store(true, Ordering::Release);
+    }
+
+    /// Takes the note of [`Shim::mark_credit`]: whether a pool may hold credit. A
+    /// caller that leaves credit in place marks it again.
+    pub fn take_credit_mark(&self) -> bool {
+        self.pool_credit.swap(false, Ordering::AcqRel)
     }
 
     /// The quota of `dev` in force (None: unlimited).

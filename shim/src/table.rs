@@ -74,6 +74,15 @@ table! {
     cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true;
     cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false;
     cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true;
+    cuMemPoolCreate: Cuda "cuMemPoolCreate" 11020 false;
+    cuMemPoolDestroy: Cuda "cuMemPoolDestroy" 11020 false;
+    cuMemPoolTrimTo: Cuda "cuMemPoolTrimTo" 11020 false;
+    cuMemPoolSetAttribute: Cuda "cuMemPoolSetAttribute" 11020 false;
+    cuStreamSynchronize: Cuda "cuStreamSynchronize" 2000 false;
+    cuStreamSynchronize_ptsz: Cuda "cuStreamSynchronize" 7000 true;
+    cuEventSynchronize: Cuda "cuEventSynchronize" 2000 false;
+    cuCtxSynchronize: Cuda "cuCtxSynchronize" 2000 false;
+    cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false;
     cuMemCreate: Cuda "cuMemCreate" 10020 false;
     cuMemRelease: Cuda "cuMemRelease" 10020 false;
     cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false;

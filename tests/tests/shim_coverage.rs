@@ -40,6 +40,9 @@ const CUDA_FAMILIES: &[&str] = &[
     "cuModuleLoad",
     "cuLibraryLoad",
     "cuStreamAddCallback",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
 ];
 
 const NVML_FAMILIES: &[&str] = &["Memory", "Processes", "Utilization"];
@@ -99,20 +102,7 @@ const PASSED_THROUGH: &[(&str, &str)] = &[
         "maps a cuMemCreate allocation, which is charged at creation",
     ),
     ("cuMemAddressReserve", "reserves virtual addresses only"),
-    (
-        "cuMemPoolCreate",
-        "an empty pool; what is allocated from it is charged",
-    ),
-    (
-        "cuMemPoolDestroy",
-        "its allocations are freed (and uncharged) by cuMemFreeAsync",
-    ),
-    (
-        "cuMemPoolTrimTo",
-        "releases cached pool memory, never charged to the container",
-    ),
     ("cuMemPoolGetAttribute", "a query"),
-    ("cuMemPoolSetAttribute", "a setting"),
     ("cuDevicePrimaryCtxGetState", "a query"),
     (
         "cuMipmappedArrayGetLevel",

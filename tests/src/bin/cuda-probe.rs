@@ -32,6 +32,17 @@
 //! ctx-destroy                  destroys the last created context (and what it holds);
 //!                              the primary context is current again
 //! primary-release              releases the primary context (and what it holds)
+//! pool-create                  cuMemPoolCreate on the device: `alloc-api pool` and the
+//!                              pool commands use it from then on (default: the
+//!                              device's default pool)
+//! pool-threshold BYTES|max     sets the pool's CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+//! pool-trim BYTES              cuMemPoolTrimTo(pool, BYTES)
+//! pool-destroy                 cuMemPoolDestroy of the created pool
+//! pool-info                    pool_reserved= pool_used= (the driver's current figures)
+//! free-async-all               cuMemFreeAsync of every async/pool allocation kept, on
+//!                              the legacy stream, without synchronising
+//! sync                         cuStreamSynchronize(legacy stream)
+//! ctx-sync                     cuCtxSynchronize
 //! ready                        prints "ready pid=<pid>"
 //! wait                         blocks until stdin is closed
 //! sleep MS                     sleeps
@@ -139,6 +150,8 @@ struct State {
     others: Vec<(Api, u64)>,
     primary: usize,
     created: Vec<usize>,
+    /// The pool of `alloc-api pool` and the pool commands (0: the default pool).
+    pool: usize,
 }
 
 fn arg<'a>(it: &mut impl Iterator<Item = &'a String>, what: &str) -> Result<u64> {
@@ -516,13 +529,9 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
                 f(&mut h, n, std::ptr::null_mut())
             }
             Api::Pool => {
-                let get: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
-                    c.sym("cuDeviceGetDefaultMemPool")?;
                 let f: unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> CuResult =
                     c.sym("cuMemAllocFromPoolAsync")?;
-                let mut pool = std::ptr::null_mut();
-                c.check("cuDeviceGetDefaultMemPool", get(&mut pool, st.device))?;
-                f(&mut h, n, pool, std::ptr::null_mut())
+                f(&mut h, n, the_pool(st)?, std::ptr::null_mut())
             }
             Api::Vmm => {
                 let f: unsafe extern "C" fn(*mut u64, usize, *const MemProp, u64) -> CuResult =
@@ -575,6 +584,134 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
     } else {
         Ok(Err(r))
     }
+}
+
+/// The probe's pool: the created one, else the device's default pool.
+fn the_pool(st: &State) -> Result<*mut c_void> {
+    if st.pool != 0 {
+        return Ok(st.pool as *mut c_void);
+    }
+    let c = cuda(st)?;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice).
+    unsafe {
+        let get: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+            c.sym("cuDeviceGetDefaultMemPool")?;
+        c.check("cuDeviceGetDefaultMemPool", get(&mut pool, st.device))?;
+    }
+    Ok(pool)
+}
+
+/// The pool commands.
+fn pool_cmd(st: &mut State, cmd: &str, arg: Option<u64>) -> Result<()> {
+    let pool = if cmd == "pool-create" {
+        std::ptr::null_mut()
+    } else {
+        the_pool(st)?
+    };
+    let c = cuda(st)?;
+    // SAFETY: each call follows its CUDA driver API signature with a pool handle the
+    // driver gave and valid in- and out-pointers.
+    unsafe {
+        match cmd {
+            "pool-create" => {
+                #[repr(C)]
+                struct PoolProps {
+                    alloc_type: c_uint,
+                    handle_types: c_uint,
+                    loc_type: c_uint,
+                    loc_id: c_int,
+                    win32: *mut c_void,
+                    max_size: usize,
+                    usage: u16,
+                    reserved: [u8; 54],
+                }
+                let f: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult =
+                    c.sym("cuMemPoolCreate")?;
+                let props = PoolProps {
+                    alloc_type: 1,
+                    handle_types: 0,
+                    loc_type: 1,
+                    loc_id: st.device,
+                    win32: std::ptr::null_mut(),
+                    max_size: 0,
+                    usage: 0,
+                    reserved: [0; 54],
+                };
+                let mut p = std::ptr::null_mut();
+                c.check("cuMemPoolCreate", f(&mut p, &props))?;
+                st.pool = p as usize;
+                println!("pool=created");
+            }
+            "pool-threshold" => {
+                let f: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+                    c.sym("cuMemPoolSetAttribute")?;
+                let mut v: u64 = arg.context("missing threshold")?;
+                c.check("cuMemPoolSetAttribute", f(pool, 4, (&raw mut v).cast()))?;
+                println!("pool_threshold={v}");
+            }
+            "pool-trim" => {
+                let f: unsafe extern "C" fn(*mut c_void, usize) -> CuResult =
+                    c.sym("cuMemPoolTrimTo")?;
+                let keep = arg.context("missing bytes to keep")?;
+                c.check("cuMemPoolTrimTo", f(pool, keep as usize))?;
+                println!("pool=trimmed");
+            }
+            "pool-destroy" => {
+                let f: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuMemPoolDestroy")?;
+                c.check("cuMemPoolDestroy", f(pool))?;
+                st.pool = 0;
+                println!("pool=destroyed");
+            }
+            "pool-info" => {
+                let f: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+                    c.sym("cuMemPoolGetAttribute")?;
+                let (mut reserved, mut used) = (0u64, 0u64);
+                c.check(
+                    "cuMemPoolGetAttribute",
+                    f(pool, 5, (&raw mut reserved).cast()),
+                )?;
+                c.check("cuMemPoolGetAttribute", f(pool, 7, (&raw mut used).cast()))?;
+                println!("pool_reserved={reserved} pool_used={used}");
+            }
+            "sync" => {
+                let f: unsafe extern "C" fn(*mut c_void) -> CuResult =
+                    c.sym("cuStreamSynchronize")?;
+                c.check("cuStreamSynchronize", f(std::ptr::null_mut()))?;
+                println!("sync=ok");
+            }
+            "ctx-sync" => {
+                let f: unsafe extern "C" fn() -> CuResult = c.sym("cuCtxSynchronize")?;
+                c.check("cuCtxSynchronize", f())?;
+                println!("sync=ok");
+            }
+            other => bail!("unknown pool command {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemFreeAsync` of every stream-ordered allocation `alloc_api` kept, without
+/// synchronising.
+fn free_async_all(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: cuMemFreeAsync(CUdeviceptr, CUstream) on pointers the driver returned,
+    // on the legacy stream.
+    let f: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = c.sym("cuMemFreeAsync")?;
+    for &(api, h) in st
+        .others
+        .iter()
+        .filter(|(a, _)| matches!(a, Api::Async | Api::Pool))
+    {
+        // SAFETY: as above.
+        c.check(&format!("cuMemFreeAsync({api:?})"), unsafe {
+            f(h, std::ptr::null_mut())
+        })?;
+    }
+    st.others
+        .retain(|(a, _)| !matches!(a, Api::Async | Api::Pool));
+    println!("free_async=ok");
+    Ok(())
 }
 
 /// Frees everything `alloc_api` kept.
@@ -685,6 +822,7 @@ fn main() -> Result<()> {
         others: Vec::new(),
         primary: 0,
         created: Vec::new(),
+        pool: 0,
     };
     let mut it = args.iter();
     while let Some(cmd) = it.next() {
@@ -755,6 +893,19 @@ fn main() -> Result<()> {
                 println!("allocations={n} allocated={total} code={code}");
             }
             "ctx-create" => ctx_create(&mut st)?,
+            "pool-create" | "pool-destroy" | "pool-info" | "sync" | "ctx-sync" => {
+                pool_cmd(&mut st, cmd, None)?
+            }
+            "pool-threshold" | "pool-trim" => {
+                let v = match it.next().map(String::as_str) {
+                    Some("max") => u64::MAX,
+                    Some(v) => vgpu_core::bytes::parse_bytes(v)
+                        .with_context(|| format!("bad byte count {v:?}"))?,
+                    None => bail!("{cmd}: missing bytes"),
+                };
+                pool_cmd(&mut st, cmd, Some(v))?
+            }
+            "free-async-all" => free_async_all(&mut st)?,
             "ctx-destroy" => ctx_destroy(&mut st)?,
             "primary-release" => primary_release(&mut st)?,
             "procaddr" => {

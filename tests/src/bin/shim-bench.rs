@@ -217,6 +217,16 @@ fn main() -> Result<()> {
             sym(&cuda, "cuMemGetInfo_v2")?;
         let info_shim: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult =
             std::mem::transmute(via_dlsym(c"cuMemGetInfo_v2"));
+        type AllocAsync = unsafe extern "C" fn(*mut u64, usize, Handle) -> CuResult;
+        type FreeAsync = unsafe extern "C" fn(u64, Handle) -> CuResult;
+        let alloc_async_bare: AllocAsync = sym(&cuda, "cuMemAllocAsync")?;
+        let free_async_bare: FreeAsync = sym(&cuda, "cuMemFreeAsync")?;
+        let alloc_async_shim: AllocAsync = std::mem::transmute(via_dlsym(c"cuMemAllocAsync"));
+        let free_async_shim: FreeAsync = std::mem::transmute(via_dlsym(c"cuMemFreeAsync"));
+        let sync_bare: unsafe extern "C" fn(Handle) -> CuResult =
+            sym(&cuda, "cuStreamSynchronize")?;
+        let sync_shim: unsafe extern "C" fn(Handle) -> CuResult =
+            std::mem::transmute(via_dlsym(c"cuStreamSynchronize"));
         let hooked = alloc_shim as usize != alloc_bare as usize;
         let passthrough_same = get_cur_shim as usize == get_cur_bare as usize
             && launch_shim as usize == launch_bare as usize;
@@ -244,6 +254,8 @@ fn main() -> Result<()> {
             Pair::new("cuLaunchKernel"),
             Pair::new("cuMemAlloc+cuMemFree 1 MiB"),
             Pair::new("cuMemGetInfo"),
+            Pair::new("cuMemAllocAsync+cuMemFreeAsync 1 MiB"),
+            Pair::new("cuStreamSynchronize (idle)"),
         ];
         let mut c: Handle = std::ptr::null_mut();
         let (mut f, mut t) = (0usize, 0usize);
@@ -272,6 +284,12 @@ fn main() -> Result<()> {
                 fr(p);
             }
         };
+        let alloc_free_async = |a: AllocAsync, fr: FreeAsync| {
+            let mut p = 0u64;
+            if a(&mut p, 1 << 20, std::ptr::null_mut()) == 0 {
+                fr(p, std::ptr::null_mut());
+            }
+        };
         warm_up(1000, || alloc_free(alloc_shim, free_shim));
         warm_up(1000, || alloc_free(alloc_bare, free_bare));
         let rounds = 10;
@@ -298,6 +316,20 @@ fn main() -> Result<()> {
             });
             pairs[3].shim.run(per, || {
                 info_shim(&mut f, &mut t);
+            });
+            pairs[4].bare.run(per / 4, || {
+                alloc_free_async(alloc_async_bare, free_async_bare)
+            });
+            sync(std::ptr::null_mut());
+            pairs[4].shim.run(per / 4, || {
+                alloc_free_async(alloc_async_shim, free_async_shim)
+            });
+            sync_shim(std::ptr::null_mut());
+            pairs[5].bare.run(per, || {
+                sync_bare(std::ptr::null_mut());
+            });
+            pairs[5].shim.run(per, || {
+                sync_shim(std::ptr::null_mut());
             });
         }
 
