@@ -398,6 +398,24 @@ impl FakeKubelet {
         *lock(&self.lister.delay) = d;
     }
 
+    /// Records devices for a regular container directly, as kubelet does after an
+    /// `Allocate` (for tests that drive `Allocate` themselves).
+    pub fn record(&self, namespace: &str, pod: &str, container: &str, ids: &[String]) {
+        let mut sh = lock(&self.shared);
+        for id in ids {
+            sh.allocated.insert(
+                id.clone(),
+                (namespace.to_owned(), pod.to_owned(), container.to_owned()),
+            );
+        }
+        let cs = sh
+            .pods
+            .entry((namespace.to_owned(), pod.to_owned()))
+            .or_default();
+        cs.retain(|(n, _)| n != container);
+        cs.push((container.to_owned(), ids.to_vec()));
+    }
+
     /// Removes a pod (its devices become free again).
     pub fn remove_pod(&self, namespace: &str, pod: &str) {
         let mut sh = lock(&self.shared);
