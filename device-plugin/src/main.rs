@@ -26,6 +26,44 @@ struct Cli {
 enum Cmd {
     /// Measure Allocate and PreStartContainer latency on an in-process fake node.
     Bench(bench::BenchArgs),
+    /// Print the node's GPU inventory (JSON, one line) now and on every health change.
+    Health(HealthArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct HealthArgs {
+    /// NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "VGPU_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// XIDs that do not make a GPU unhealthy (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "13,31,43,45,68,109")]
+    ignored_xids: Vec<u64>,
+    /// Milliseconds after an XID/ECC fault before a GPU that answers NVML is healthy again (0: never).
+    #[arg(long, default_value_t = 60_000)]
+    health_recovery_ms: u64,
+    /// How often each GPU is checked to answer NVML, ms.
+    #[arg(long, default_value_t = 1000)]
+    health_poll_ms: u64,
+}
+
+async fn health_cmd(args: HealthArgs) -> Result<()> {
+    let mut cfg = Config::new("local");
+    cfg.ignored_xids = args.ignored_xids.iter().copied().collect();
+    cfg.health_recovery =
+        (args.health_recovery_ms > 0).then(|| Duration::from_millis(args.health_recovery_ms));
+    cfg.health_poll = Duration::from_millis(args.health_poll_ms.max(1));
+    let mut rx = health::spawn_nvml_monitor(&cfg, args.nvml_lib)?;
+    loop {
+        let inv = vgpu_core::inventory::NodeInventory {
+            version: vgpu_core::inventory::INVENTORY_VERSION,
+            gpus: rx.borrow_and_update().clone(),
+        };
+        println!("{}", inv.to_json());
+        tokio::select! {
+            r = rx.changed() => r.context("the NVML monitor stopped")?,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -126,6 +164,7 @@ async fn run(args: RunArgs) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -145,6 +184,7 @@ fn main() -> std::process::ExitCode {
     let r = rt.block_on(async {
         match cli.cmd {
             Some(Cmd::Bench(b)) => bench::run(b).await,
+            Some(Cmd::Health(h)) => health_cmd(h).await,
             None => run(cli.run).await,
         }
     });

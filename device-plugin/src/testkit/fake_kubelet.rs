@@ -46,11 +46,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A pod's regular containers and their device IDs, as `List` reports them.
+type ListedContainers = Vec<(String, Vec<String>)>;
+
 #[derive(Debug, Default)]
 struct Shared {
     registrations: Vec<(Instant, RegisterRequest)>,
     /// (namespace, pod) → container → device IDs (regular containers only are listed).
-    pods: BTreeMap<(String, String), Vec<(String, Vec<String>)>>,
+    pods: BTreeMap<(String, String), ListedContainers>,
     /// Every device ID held by some container (kubelet's ledger).
     allocated: BTreeMap<String, (String, String, String)>,
     devices: Vec<Device>,
