@@ -19,6 +19,7 @@ pub mod config;
 pub mod handshake;
 pub mod health;
 pub mod ids;
+pub mod inventory;
 pub mod kubelet;
 pub mod plugin;
 pub mod server;

@@ -153,6 +153,12 @@ async fn run(args: RunArgs) -> Result<()> {
             .applied_objects()
             .for_each(|_| futures::future::ready(())),
     );
+    tokio::spawn(vgpu_device_plugin::inventory::publish(
+        client.clone(),
+        cfg.node_name.clone(),
+        gpus.clone(),
+        Duration::from_secs(5),
+    ));
     let handshake = Handshake::new(cfg.clone(), client, Some(store));
     let plugin = Plugin::new(cfg.clone(), gpus, handshake);
     server::run(cfg, plugin, async {

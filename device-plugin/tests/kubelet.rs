@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tonic::Code;
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
+use vgpu_core::inventory::NodeInventory;
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
 use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
-use vgpu_device_plugin::testkit::node::{PodContainer, TestNode, fake_containers, gpus, pod_json};
+use vgpu_device_plugin::testkit::node::{
+    NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -91,6 +94,26 @@ async fn reregisters_on_a_fresh_socket_after_kubelet_restarts() {
     }
 }
 
+/// Waits until the node's published inventory satisfies `pred`.
+async fn wait_inventory(node: &TestNode, what: &str, pred: impl Fn(&NodeInventory) -> bool) {
+    let end = Instant::now() + T;
+    loop {
+        let inv = node.api.node(NODE).and_then(|n| {
+            n["metadata"]["annotations"]["vgpu.io/gpu-inventory"]
+                .as_str()
+                .map(|t| NodeInventory::from_json(t).expect("valid inventory"))
+        });
+        if inv.as_ref().is_some_and(&pred) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out waiting for the inventory: {what}; last {inv:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_changes_send_the_full_list_both_ways() {
     let node = TestNode::start(gpus(2, 81920)).await.expect("node");
@@ -119,6 +142,12 @@ async fn health_changes_send_the_full_list_both_ways() {
         })
         .await
         .expect("healthy again");
+    wait_inventory(&node, "all healthy", |i| i.gpus.iter().all(|g| g.healthy)).await;
+    let n = node.api.node(NODE).expect("node");
+    assert_eq!(
+        n["metadata"]["labels"]["vgpu.io/gpu-model"],
+        "NVIDIA-A100-SXM4-80GB"
+    );
 }
 
 /// 50 pods with differing requests, admitted one after another as kubelet does, then

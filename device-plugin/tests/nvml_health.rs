@@ -134,7 +134,11 @@ fn nvml_faults_flip_health_both_ways() {
     p.wait("GPU 1 unhealthy while lost", |i| health(i) == [true, false]);
     // Past the recovery time it stays unhealthy while NVML cannot reach it.
     if let Some(i) = p.next(Duration::from_millis(900)) {
-        assert_eq!(health(&i), [true, false], "a lost GPU must not come back by itself");
+        assert_eq!(
+            health(&i),
+            [true, false],
+            "a lost GPU must not come back by itself"
+        );
     }
     sim(&node, &["lost", "--device", "1", "--restore"]);
     p.wait("GPU 1 healthy after restore", |i| health(i) == [true, true]);

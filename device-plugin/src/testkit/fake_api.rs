@@ -20,6 +20,7 @@ use tokio::sync::broadcast;
 struct Inner {
     rv: u64,
     pods: BTreeMap<(String, String), Value>,
+    nodes: BTreeMap<String, Value>,
     log: Vec<(u64, &'static str, Value)>,
 }
 
@@ -65,6 +66,7 @@ impl FakeApi {
         let app = Router::new()
             .route("/api/v1/pods", get(list_or_watch))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -122,6 +124,11 @@ impl FakeApi {
             .pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// The node as patched so far (merge patches applied to an empty object).
+    pub fn node(&self, name: &str) -> Option<Value> {
+        lock(&self.inner).nodes.get(name).cloned()
     }
 
     /// How many single-pod GETs were served.
@@ -219,4 +226,43 @@ async fn get_pod(
             format!("pods \"{name}\" not found"),
         ),
     }
+}
+
+/// JSON merge patch (RFC 7386).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+async fn patch_node(
+    State(fake): State<FakeApi>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    let mut inner = lock(&fake.inner);
+    let node = inner
+        .nodes
+        .entry(name.clone())
+        .or_insert_with(|| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}));
+    if !node.is_object() {
+        *node = json!({});
+    }
+    merge(node, &patch);
+    if let Value::Object(o) = node {
+        o.entry("metadata").or_insert_with(|| json!({}));
+    }
+    axum::Json(node.clone()).into_response()
 }

@@ -156,6 +156,12 @@ impl TestNode {
             .for_each(|_| futures::future::ready(()));
         let mut tasks = vec![tokio::spawn(refl)];
         let (tx, rx) = watch::channel(gpu_list);
+        tasks.push(tokio::spawn(crate::inventory::publish(
+            client.clone(),
+            NODE.to_owned(),
+            rx.clone(),
+            Duration::from_millis(100),
+        )));
         let handshake = Handshake::new(cfg.clone(), client, Some(store.clone()));
         let plugin = Plugin::new(cfg.clone(), rx, handshake.clone());
         let c2 = cfg.clone();
