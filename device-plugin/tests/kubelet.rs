@@ -154,6 +154,17 @@ async fn health_changes_send_the_full_list_both_ways() {
 /// every PreStartContainer at once: each container's quota file must be its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_pods_each_get_exactly_their_assignment() {
+    fifty_pods(false).await;
+}
+
+/// The same, with each pod's PreStartContainer sent as soon as it is admitted, so the
+/// calls overlap each other and the admission of later pods (kubelet's pod workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_pods_started_while_others_are_admitted_get_their_own_quota() {
+    fifty_pods(true).await;
+}
+
+async fn fifty_pods(interleaved: bool) {
     let g = gpus(12, 81920);
     let mut node = TestNode::start(g.clone()).await.expect("node");
     node.kubelet.set_list_delay(Duration::from_millis(3));
@@ -161,6 +172,7 @@ async fn fifty_concurrent_pods_each_get_exactly_their_assignment() {
     let mut expected: BTreeMap<String, (u64, u32, String)> = BTreeMap::new();
     let mut client = node.client.clone();
     let mut all = Vec::new();
+    let mut tasks = Vec::new();
     for i in 0..50u32 {
         let slices = 1 + (i % 3);
         // Place like an extender would, but not in kubelet's order: last GPU first.
@@ -188,11 +200,18 @@ async fn fifty_concurrent_pods_each_get_exactly_their_assignment() {
             Some("/var/run/vgpu")
         );
         expected.insert(name.clone(), (mem, milli, g[gi].uuid.clone()));
-        all.push((name, ids));
+        all.push((name.clone(), ids.clone()));
+        if interleaved {
+            let mut c = node.client.clone();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(u64::from(i % 5))).await;
+                let r = tokio::time::timeout(T, FakeKubelet::prestart(&mut c, &ids)).await;
+                (name, r)
+            }));
+        }
     }
     let lists_before = node.kubelet.list_stats().1;
-    let mut tasks = Vec::new();
-    for (name, ids) in all.clone() {
+    for (name, ids) in all.clone().into_iter().filter(|_| !interleaved) {
         let mut c = node.client.clone();
         tasks.push(tokio::spawn(async move {
             let r = tokio::time::timeout(T, FakeKubelet::prestart(&mut c, &ids)).await;
@@ -206,7 +225,7 @@ async fn fifty_concurrent_pods_each_get_exactly_their_assignment() {
     }
     let (max_conc, lists) = node.kubelet.list_stats();
     println!(
-        "50 PreStartContainer calls used {} List calls, at most {max_conc} at once",
+        "50 PreStartContainer calls (interleaved: {interleaved}) used {} List calls after admission, at most {max_conc} at once",
         lists - lists_before
     );
     assert!(max_conc <= 10, "kubelet's PodResources limit");
