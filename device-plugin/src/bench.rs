@@ -24,6 +24,26 @@ pub struct BenchArgs {
     /// Extra latency of each PodResources List, ms (a real kubelet: 2.3 median, 68 worst).
     #[arg(long, default_value_t = 2.3)]
     pub list_delay_ms: f64,
+    /// Seconds of steady state (everything registered and idle) to measure CPU and memory.
+    #[arg(long, default_value_t = 5)]
+    pub idle_s: u64,
+}
+
+/// CPU time of this process so far (user + system), from `/proc/self/stat` (USER_HZ 100).
+fn cpu_time() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Resident memory of this process, MiB, from `/proc/self/status`.
+fn rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
@@ -48,6 +68,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut used = vec![0u32; g.len()];
     let mut client = node.client.clone();
     let mut alloc = Vec::new();
+    let mut pref = Vec::new();
     let mut all_ids = Vec::new();
     for i in 0..args.pods {
         let slices = 1 + (i % 3);
@@ -71,12 +92,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             &containers,
         ))
         .await?;
-        let t = Instant::now();
         let adm = node
             .kubelet
             .admit(&mut client, "bench", &name, &fake_containers(&containers))
             .await?;
-        alloc.push(t.elapsed());
+        for (p, a) in &adm.timings {
+            pref.extend(*p);
+            alloc.push(*a);
+        }
         for (_, _, ids, _) in adm.containers {
             all_ids.push(ids);
         }
@@ -113,7 +136,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.list_delay_ms
     );
     println!(
-        "admission (GetPreferredAllocation + Allocate) per container: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "GetPreferredAllocation: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(pct(&mut pref, 0.5)),
+        ms(pct(&mut pref, 0.99)),
+        ms(pct(&mut pref, 1.0))
+    );
+    println!(
+        "Allocate: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         ms(pct(&mut alloc, 0.5)),
         ms(pct(&mut alloc, 0.99)),
         ms(pct(&mut alloc, 1.0))
@@ -132,6 +161,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         lists - lists_before,
         all_ids.len()
     );
+    if args.idle_s > 0 {
+        let c0 = cpu_time();
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.idle_s)).await;
+        if let (Some(c0), Some(c1)) = (c0, cpu_time()) {
+            println!(
+                "steady state over {:.1} s (plugin + fake kubelet + fake API server in one process): {:.2} % of one core, RSS {:.1} MiB",
+                t0.elapsed().as_secs_f64(),
+                100.0 * (c1 - c0).as_secs_f64() / t0.elapsed().as_secs_f64(),
+                rss_mib().unwrap_or(f64::NAN)
+            );
+        }
+    }
     if failed > 0 {
         anyhow::bail!("{failed} PreStartContainer calls failed");
     }

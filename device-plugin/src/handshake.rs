@@ -743,8 +743,9 @@ fn write_atomic(dir: &Path, path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".{QUOTA_FILE}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;
+    // No fsync: readers need atomicity (the rename), not durability; after a node crash
+    // the containers are gone and kubelet calls PreStartContainer again.
     f.write_all(data)?;
-    f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, path)?;
     Ok(())

@@ -161,6 +161,8 @@ pub struct Admitted {
     pub pod: String,
     /// (container, init, device IDs, `Allocate` answer).
     pub containers: Vec<(String, bool, Vec<String>, ContainerAllocateResponse)>,
+    /// Per container: `GetPreferredAllocation` round trip (when called), `Allocate` round trip.
+    pub timings: Vec<(Option<Duration>, Duration)>,
 }
 
 /// A failure of the fake kubelet's side (a test fails with it).
@@ -453,6 +455,7 @@ impl FakeKubelet {
             namespace: namespace.to_owned(),
             pod: pod.to_owned(),
             containers: Vec::new(),
+            timings: Vec::new(),
         };
         let mut order: Vec<&FakeContainer> = containers.iter().filter(|c| c.init).collect();
         order.extend(containers.iter().filter(|c| !c.init));
@@ -460,6 +463,7 @@ impl FakeKubelet {
             if c.slices == 0 {
                 continue;
             }
+            let mut pref_time = None;
             let ids = if reusable.len() >= c.slices {
                 reusable.iter().take(c.slices).cloned().collect::<Vec<_>>()
             } else {
@@ -483,6 +487,7 @@ impl FakeKubelet {
                     )));
                 }
                 let size = i32::try_from(c.slices).map_err(io)?;
+                let t_pref = Instant::now();
                 let pref = client
                     .get_preferred_allocation(PreferredAllocationRequest {
                         container_requests: vec![ContainerPreferredAllocationRequest {
@@ -497,6 +502,7 @@ impl FakeKubelet {
                         status,
                     })?
                     .into_inner();
+                pref_time = Some(t_pref.elapsed());
                 let mut ids = pref
                     .container_responses
                     .into_iter()
@@ -520,6 +526,7 @@ impl FakeKubelet {
                 }
                 ids
             };
+            let t_alloc = Instant::now();
             let resp = client
                 .allocate(AllocateRequest {
                     container_requests: vec![ContainerAllocateRequest {
@@ -561,6 +568,7 @@ impl FakeKubelet {
                 // Devices of app containers are not reused by later app containers.
                 reusable.retain(|r| !ids.contains(r));
             }
+            out.timings.push((pref_time, t_alloc.elapsed()));
             out.containers.push((c.name.clone(), c.init, ids, r));
         }
         Ok(out)
