@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::reflector::Store;
 use tokio::sync::oneshot;
@@ -88,6 +88,16 @@ pub enum HandshakeError {
         #[source]
         source: AssignmentError,
     },
+    /// The pod's status does not tell yet which container this is; kubelet retries.
+    #[error("pod {namespace}/{name}: {reason}")]
+    NotYet {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is not known yet.
+        reason: String,
+    },
     /// Kubelet's devices are on other GPUs than the assignment names.
     #[error(
         "pod {namespace}/{name} container {container:?}: assigned {assigned:?} but kubelet's devices are on {devices:?}"
@@ -122,9 +132,9 @@ impl HandshakeError {
         match self {
             HandshakeError::BadId(_) => tonic::Status::invalid_argument(msg),
             HandshakeError::NoContainer { .. } => tonic::Status::not_found(msg),
-            HandshakeError::List { .. } | HandshakeError::Api { .. } => {
-                tonic::Status::unavailable(msg)
-            }
+            HandshakeError::List { .. }
+            | HandshakeError::Api { .. }
+            | HandshakeError::NotYet { .. } => tonic::Status::unavailable(msg),
             HandshakeError::Write { .. } => tonic::Status::internal(msg),
             HandshakeError::Ambiguous { .. }
             | HandshakeError::Pod { .. }
@@ -324,8 +334,22 @@ fn total_slices(c: &ContainerAssignment) -> u32 {
     c.gpus.iter().map(|g| g.slices).sum()
 }
 
-/// Whether init container `name` has finished successfully, per the pod's status.
-fn init_done(pod: &Pod, name: &str) -> bool {
+/// How long `PreStartContainer` waits for the pod status to tell whether an init
+/// container finished, when the same devices serve it and then an app container.
+pub const INIT_STATUS_WAIT: Duration = Duration::from_secs(2);
+
+/// An init container's state per the pod's status in the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InitState {
+    /// Finished successfully (or the pod is `Initialized`).
+    Done,
+    /// Its last run failed: kubelet will run it again.
+    Failed,
+    /// Not started, running, or the status does not say.
+    Unknown,
+}
+
+fn init_state(pod: &Pod, name: &str) -> InitState {
     let initialized = pod
         .status
         .as_ref()
@@ -335,15 +359,40 @@ fn init_done(pod: &Pod, name: &str) -> bool {
                 .any(|c| c.type_ == "Initialized" && c.status == "True")
         });
     if initialized {
-        return true;
+        return InitState::Done;
     }
-    pod.status
+    let Some(st) = pod
+        .status
         .as_ref()
         .and_then(|s| s.init_container_statuses.as_ref())
         .and_then(|ss| ss.iter().find(|s| s.name == name))
-        .and_then(|s| s.state.as_ref())
-        .and_then(|st| st.terminated.as_ref())
-        .is_some_and(|t| t.exit_code == 0)
+    else {
+        return InitState::Unknown;
+    };
+    match st.state.as_ref() {
+        Some(s) if s.terminated.as_ref().is_some_and(|t| t.exit_code == 0) => InitState::Done,
+        Some(s) if s.terminated.is_some() => InitState::Failed,
+        Some(s)
+            if s.waiting.is_some()
+                && st
+                    .last_state
+                    .as_ref()
+                    .and_then(|l| l.terminated.as_ref())
+                    .is_some_and(|t| t.exit_code != 0) =>
+        {
+            InitState::Failed
+        }
+        _ => InitState::Unknown,
+    }
+}
+
+/// Whether the allocation directory already holds init container `name`'s quota for
+/// the pod `uid` (a previous `PreStartContainer` for the same devices).
+fn holds_init_quota(dir: &Path, uid: &str, name: &str) -> bool {
+    std::fs::read_to_string(dir.join(QUOTA_FILE))
+        .ok()
+        .and_then(|t| ContainerQuota::from_json(&t).ok())
+        .is_some_and(|q| q.init && q.uid == uid && q.container == name)
 }
 
 impl Handshake {
@@ -491,29 +540,63 @@ impl Handshake {
                 assignment.node, self.cfg.node_name
             )));
         }
-        let spec_init: Vec<&Container> = pod
+        let spec_init: Vec<String> = pod
             .spec
             .as_ref()
             .and_then(|s| s.init_containers.as_ref())
-            .map(|v| v.iter().collect())
+            .map(|v| v.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
         // A pending init container with a grant of this size comes first: kubelet runs
         // init containers before any app container, and reuses their devices later.
         let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-        let pending_init = spec_init
-            .iter()
-            .filter_map(|c| assignment.container(&c.name))
-            .find(|a| !init_done(&pod, &a.name));
-        let (grant, init) = match (pending_init, &exact_container) {
-            (Some(a), _) if total_slices(a) == n => (a, true),
-            (_, Some(c)) => (
-                assignment.container(c).ok_or_else(|| {
-                    pod_err(format!("container {c:?} has no grant in the assignment"))
-                })?,
-                false,
-            ),
-            (_, None) => {
-                return Err(HandshakeError::NoContainer { ids: ids_text });
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let dir = self.allocation_dir(ids.iter().map(String::as_str));
+        let mut pod = pod;
+        let waited_since = tokio::time::Instant::now();
+        let (grant, init) = loop {
+            let pending_init = spec_init
+                .iter()
+                .filter_map(|c| assignment.container(c))
+                .find(|a| init_state(&pod, &a.name) != InitState::Done);
+            match (pending_init, &exact_container) {
+                (Some(a), None) if total_slices(a) == n => break (a.clone(), true),
+                (Some(a), Some(_)) if total_slices(a) == n => {
+                    // The same devices serve this init container and, after it, an app
+                    // container. The first call after Allocate is the init container's;
+                    // a later one is the app container's once the init container is done,
+                    // or the init container's again if it failed.
+                    if !holds_init_quota(&dir, &uid, &a.name)
+                        || init_state(&pod, &a.name) == InitState::Failed
+                    {
+                        break (a.clone(), true);
+                    }
+                    if waited_since.elapsed() >= INIT_STATUS_WAIT {
+                        return Err(HandshakeError::NotYet {
+                            namespace,
+                            name: pod_name,
+                            reason: format!(
+                                "the status of init container {:?} does not say yet whether it finished; kubelet will retry",
+                                a.name
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    pod = self
+                        .get_pod(&namespace, &pod_name)
+                        .await?
+                        .ok_or_else(|| pod_err("deleted from the API server".into()))?;
+                }
+                (_, Some(c)) => {
+                    break (
+                        assignment.container(c).cloned().ok_or_else(|| {
+                            pod_err(format!("container {c:?} has no grant in the assignment"))
+                        })?,
+                        false,
+                    );
+                }
+                (_, None) => {
+                    return Err(HandshakeError::NoContainer { ids: ids_text });
+                }
             }
         };
         let assigned: Vec<(String, u32)> = {
@@ -540,7 +623,7 @@ impl Handshake {
             version: QUOTA_VERSION,
             namespace: namespace.clone(),
             pod: pod_name.clone(),
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            uid: uid.clone(),
             container: grant.name.clone(),
             init,
             gpus: grant
@@ -555,7 +638,6 @@ impl Handshake {
                 .collect(),
             device_ids: ids.iter().cloned().collect(),
         };
-        let dir = self.allocation_dir(ids.iter().map(String::as_str));
         let path = dir.join(QUOTA_FILE);
         write_atomic(&dir, &path, quota.to_json().as_bytes()).map_err(|source| {
             HandshakeError::Write {

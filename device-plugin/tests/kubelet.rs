@@ -439,12 +439,51 @@ async fn multi_container_and_init_container_pods() {
         .expect("init");
     let q = read_quota(&node, &shared_ids).expect("quota");
     assert_eq!((q.container.as_str(), q.gpus[0].memory_mib), ("init", 500));
+    // The init container finished, but its status reaches the API server only after
+    // kubelet already asks for the app container: the plugin waits for it.
+    let t0 = Instant::now();
+    let mut c3 = node.client.clone();
+    let ids3 = shared_ids.clone();
+    let call = tokio::spawn(async move { FakeKubelet::prestart(&mut c3, &ids3).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     mark_init_done(&node, "ns", "same", "init");
+    call.await.expect("task").expect("main");
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    let q = read_quota(&node, &shared_ids).expect("quota");
+    assert_eq!(
+        (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+        ("main", false, 700)
+    );
     FakeKubelet::prestart(&mut node.client, &shared_ids)
         .await
-        .expect("main");
-    let q = read_quota(&node, &shared_ids).expect("quota");
-    assert_eq!((q.container.as_str(), q.gpus[0].memory_mib), ("main", 700));
+        .expect("main restarts");
+    assert_eq!(
+        read_quota(&node, &shared_ids).expect("quota").container,
+        "main"
+    );
+
+    // When the status never says, the call is refused as retryable, never guessed.
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("init", true, grant(&g[0].uuid, 500, 100, 1)),
+        ("main", false, grant(&g[0].uuid, 900, 100, 1)),
+    ];
+    node.put_pod(pod_json("ns", "silent", "ux", 2, &cs))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "silent", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let ids = adm.containers[0].2.clone();
+    FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect("init");
+    let e = FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect_err("cannot tell");
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    assert_eq!(read_quota(&node, &ids).expect("quota").container, "init");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
