@@ -1,7 +1,7 @@
 //! The `DevicePlugin` gRPC service kubelet calls.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ pub enum AllocateError {
     #[error("prepare allocation directory {path}")]
     Dir {
         /// The directory.
-        path: std::path::PathBuf,
+        path: PathBuf,
         /// The I/O error.
         #[source]
         source: std::io::Error,
@@ -305,5 +305,63 @@ impl DevicePlugin for Plugin {
                 Err(e.to_status())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin(mode: DeviceMode, root: &Path) -> Plugin {
+        let mut cfg = Config::new("n");
+        cfg.state_dir = root.join("state");
+        cfg.host_state_dir = PathBuf::from("/host/vgpu");
+        cfg.dev_dir = root.join("dev");
+        cfg.device_mode = mode;
+        std::fs::create_dir_all(&cfg.dev_dir).unwrap();
+        std::fs::write(cfg.dev_dir.join("nvidiactl"), b"").unwrap();
+        prepare_state_dir(&cfg).unwrap();
+        let cfg = Arc::new(cfg);
+        let uri: http::Uri = "http://127.0.0.1:9".parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
+        let (_tx, rx) = watch::channel(crate::testkit::node::gpus(2, 1024));
+        let hs = Handshake::new(cfg.clone(), client, None);
+        Plugin::new(cfg, rx, hs)
+    }
+
+    #[tokio::test]
+    async fn cdi_mode_names_cdi_devices_and_nodes_mode_device_nodes() {
+        let root = tempfile::tempdir().unwrap();
+        let g = crate::testkit::node::gpus(2, 1024);
+        let ids = vec![ids::device_id(&g[1].uuid, 4), ids::device_id(&g[1].uuid, 5)];
+        let r = plugin(DeviceMode::Cdi, root.path())
+            .allocate_one(&ids)
+            .unwrap();
+        assert!(r.devices.is_empty());
+        assert_eq!(r.cdi_devices.len(), 1);
+        assert_eq!(
+            r.cdi_devices[0].name,
+            format!("nvidia.com/gpu={}", g[1].uuid)
+        );
+        let r = plugin(DeviceMode::Nodes, root.path())
+            .allocate_one(&ids)
+            .unwrap();
+        let paths: Vec<&str> = r
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        assert_eq!(paths, ["/dev/nvidia1", "/dev/nvidiactl"]);
+        assert!(
+            r.mounts
+                .iter()
+                .all(|m| m.host_path.starts_with("/host/vgpu")
+                    || m.container_path == "/usr/local/vgpu/libvgpu.so")
+        );
+        let e = plugin(DeviceMode::Nodes, root.path())
+            .allocate_one(&["GPU-nope-1".to_owned()])
+            .unwrap_err();
+        assert_eq!(e.to_status().code(), tonic::Code::InvalidArgument);
+        assert!(e.to_string().contains("GPU-nope-1"), "{e}");
     }
 }
