@@ -158,17 +158,22 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 type ListResult = Result<Arc<ListPodResourcesResponse>, HandshakeError>;
 
+/// Most PodResources `List` calls the plugin runs at once (kubelet allows 10 in all, for
+/// every client of the node).
+pub const MAX_CONCURRENT_LISTS: usize = 3;
+
 #[derive(Debug, Default)]
 struct ListState {
-    running: bool,
+    running: usize,
     waiters: Vec<oneshot::Sender<ListResult>>,
 }
 
-/// PodResources `List`, shared by concurrent callers: at most one call runs at a time,
-/// and every caller gets the answer of a call that *started after it asked* (so a
-/// container whose devices kubelet recorded before the request is in the answer). All
-/// requests that arrive while a call runs share the next one. Kubelet allows only 10
-/// concurrent PodResources calls; this uses one.
+/// PodResources `List`, shared by concurrent callers. Every caller gets the answer of a
+/// call that *started after it asked* (so a container whose devices kubelet recorded
+/// before the request is in the answer). A caller starts a call at once while fewer than
+/// [`MAX_CONCURRENT_LISTS`] run; otherwise it waits with every other caller that arrives
+/// meanwhile, and the next call to start serves them all. Kubelet allows only 10
+/// concurrent PodResources calls for all its clients; this uses at most 3.
 #[derive(Debug, Clone)]
 pub struct SharedList {
     socket: PathBuf,
@@ -205,7 +210,12 @@ impl SharedList {
         let start = {
             let mut st = lock(&self.state);
             st.waiters.push(tx);
-            !std::mem::replace(&mut st.running, true)
+            if st.running < MAX_CONCURRENT_LISTS {
+                st.running += 1;
+                true
+            } else {
+                false
+            }
         };
         if start {
             let me = self.clone();
@@ -224,7 +234,7 @@ impl SharedList {
             let batch = {
                 let mut st = lock(&self.state);
                 if st.waiters.is_empty() {
-                    st.running = false;
+                    st.running -= 1;
                     return;
                 }
                 std::mem::take(&mut st.waiters)
