@@ -3,7 +3,7 @@
 //! Kubelet deletes every plugin socket when it restarts and re-creates `kubelet.sock`.
 //! The loop watches both files (by inode): when `kubelet.sock` is a new file or our socket
 //! is gone, it stops the old server, binds a fresh socket, and registers again. Measured
-//! re-registration time is logged (`reregistered_in_ms`).
+//! re-registration time is logged (`took_ms`).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -158,7 +158,7 @@ pub async fn run(cfg: Arc<Config>, plugin: Plugin, shutdown: impl Future<Output 
                 info!(
                     socket = %served.socket.display(),
                     resource = %cfg.resource_name,
-                    reregistered_in_ms = t0.elapsed().as_secs_f64() * 1e3,
+                    took_ms = t0.elapsed().as_secs_f64() * 1e3,
                     "registered with kubelet"
                 );
                 started = None;
