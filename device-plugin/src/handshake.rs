@@ -722,34 +722,27 @@ impl Handshake {
             let Some(a) = assignment_of(&pod).and_then(|t| Assignment::from_json(t).ok()) else {
                 continue;
             };
-            let have: BTreeMap<&str, bool> = all
+            let have: BTreeSet<&str> = all
                 .iter()
                 .filter(|l| l.namespace == ns && l.pod == name)
-                .map(|l| (l.container.as_str(), true))
+                .map(|l| l.container.as_str())
                 .collect();
-            let spec = pod.spec.as_ref()?;
-            let inits: Vec<&str> = spec
+            let Some(spec) = pod.spec.as_ref() else {
+                continue;
+            };
+            // Init containers are never listed (kubelet 1.28); they wait for devices only
+            // while no app container of the pod has any.
+            let inits = spec
                 .init_containers
                 .iter()
                 .flatten()
-                .map(|c| c.name.as_str())
+                .filter(|_| have.is_empty())
+                .map(|c| c.name.as_str());
+            let order: Vec<&str> = inits
+                .chain(spec.containers.iter().map(|c| c.name.as_str()))
                 .collect();
-            let admitted_any = !have.is_empty();
-            let order = inits
-                .iter()
-                .filter(|_| !admitted_any)
-                .chain(
-                    spec.containers
-                        .iter()
-                        .map(|c| &c.name)
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .iter(),
-                )
-                .copied()
-                .collect::<Vec<&str>>();
             for cname in order {
-                if have.contains_key(cname) {
+                if have.contains(cname) {
                     continue;
                 }
                 let Some(g) = a.container(cname) else {
