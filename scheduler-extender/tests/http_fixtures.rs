@@ -686,3 +686,119 @@ async fn fractional_pods_share_a_gpu_and_memory_limits_are_precise() {
         .expect("node");
     assert_eq!(free.iter().map(|&m| u64::from(m)).sum::<u64>(), 4000 - 900);
 }
+
+#[tokio::test]
+async fn full_node_lists_past_axum_default_body_limit_are_accepted() {
+    // nodeCacheCapable: false at 2,000 nodes: ~4 MiB of Node objects (axum's default
+    // limit is 2 MiB). Only the two fixture nodes have inventories.
+    let (served, _) = extender_over_fixture_nodes(&[]).await;
+    let mut req = body("extender-nodecache-false/001-filter-request.json");
+    let template = req["Nodes"]["items"][0].clone();
+    let items = req["Nodes"]["items"].as_array_mut().expect("items");
+    for i in 0..2000 {
+        let mut n = template.clone();
+        n["metadata"]["name"] = json!(format!("extra-node-{i:04}"));
+        items.push(n);
+    }
+    let bytes = serde_json::to_vec(&req).expect("json");
+    assert!(bytes.len() > 2 << 20, "{} bytes", bytes.len());
+    let (status, ans) = served.post("/scheduler/filter", bytes).await;
+    assert_eq!(status, 200);
+    let ans: Value = serde_json::from_slice(&ans).expect("json");
+    assert_eq!(ans["Error"], "");
+    assert_eq!(ans["Nodes"]["items"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        ans["FailedAndUnresolvableNodes"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(2000)
+    );
+}
+
+#[tokio::test]
+async fn unhealthy_gpus_take_no_new_pods_but_keep_theirs() {
+    use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
+    // node-h: two GPUs, the first unhealthy; a pod already holds 0.3 of it.
+    let mut node = common::gpu_node("node-h", 2, "A100", 81920);
+    let mut inv = NodeInventory::from_json(
+        node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
+            .as_str()
+            .expect("inventory"),
+    )
+    .expect("valid");
+    inv.gpus[0].healthy = false;
+    node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY] = json!(inv.to_json());
+    let record = Assignment {
+        version: vgpu_core::resources::ASSIGNMENT_VERSION,
+        node: "node-h".into(),
+        containers: vec![vgpu_core::resources::ContainerAssignment {
+            name: "main".into(),
+            gpus: vec![vgpu_core::resources::GpuGrant {
+                uuid: "GPU-node-h-0".into(),
+                compute_milli: 300,
+                memory_mib: 24576,
+                slices: 3,
+            }],
+        }],
+    };
+    let mut old = common::gpu_pod("old", "uid-old", json!({"vgpu.io/gpu": "3"}));
+    old["metadata"]["annotations"] = json!({ANNOTATION_ASSIGNMENT: record.to_json()});
+    old["spec"]["nodeName"] = json!("node-h");
+    old["status"]["phase"] = json!("Running");
+
+    let state = Arc::new(State::new(
+        StateConfig::default(),
+        ExtenderPolicy::new(PolicyName::Vgpu),
+    ));
+    state.replace_nodes(&[serde_json::from_value(node).expect("node")]);
+    state.replace_pods(&[serde_json::from_value(old).expect("pod")]);
+    state.mark_synced(WatchKind::Nodes);
+    state.mark_synced(WatchKind::Pods);
+    let binder = common::recording_binder();
+    let served = Served::start(Extender::new(state.clone(), binder.clone())).await;
+    // The old pod stays accounted on the unhealthy GPU.
+    assert_eq!(state.gpu_milli_free("node-h"), Some(vec![700, 1000]));
+
+    // A 0.5 pod fits only the healthy GPU.
+    let p = common::gpu_pod("p", "uid-p", json!({"vgpu.io/gpu": "5"}));
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &json!({"Pod": p, "NodeNames": ["node-h"]}),
+        )
+        .await;
+    assert_eq!(ans["NodeNames"], json!(["node-h"]), "{ans}");
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "node-h"}),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    let plan = binder
+        .plans
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .expect("plan");
+    let a = Assignment::from_json(&plan.assignment_json).expect("record");
+    assert_eq!(a.containers[0].gpus[0].uuid, "GPU-node-h-1");
+
+    // Two whole GPUs: only one healthy GPU exists, so the node is rejected.
+    let w = common::gpu_pod("w", "uid-w", json!({"vgpu.io/gpu": "20"}));
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/filter",
+            &json!({"Pod": w, "NodeNames": ["node-h"]}),
+        )
+        .await;
+    assert_eq!(ans["NodeNames"], json!([]), "{ans}");
+    let reason = ans["FailedAndUnresolvableNodes"]["node-h"]
+        .as_str()
+        .expect("reason");
+    assert!(
+        reason.starts_with("GPU count: 1 GPUs of an allowed model < 2"),
+        "{reason}"
+    );
+}

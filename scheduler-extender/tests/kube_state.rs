@@ -455,3 +455,58 @@ async fn concurrent_binds_never_double_assign_a_gpu() {
     .await;
     assert_eq!(total_free(&inst, "node-a"), 2000 - 1800);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_plugin_is_unregistered_takes_no_pods_but_keeps_its_ledger() {
+    let fake = FakeApi::start().await;
+    fake.put_node(gpu_node("node-a", 1, "A100", 81920));
+    let inst = Instance::start(&fake, StateConfig::default()).await;
+    let p1 = gpu_pod("p1", "uid-1", slices(4));
+    fake.put_pod(p1.clone());
+    inst.eventually("pod seen", || inst.state().stats().pods == 1)
+        .await;
+    inst.filter(&p1, &["node-a"]).await;
+    assert_eq!(inst.bind(&p1, "node-a").await, "");
+    inst.eventually("confirmed", || inst.state().stats().assumptions == 0)
+        .await;
+    assert_eq!(total_free(&inst, "node-a"), 600);
+
+    // Kubelet restarted: the node reports 0 vgpu.io/gpu until the plugin registers.
+    let mut node = gpu_node("node-a", 1, "A100", 81920);
+    node["status"]["allocatable"]["vgpu.io/gpu"] = json!("0");
+    fake.put_node(node);
+    let p2 = gpu_pod("p2", "uid-2", slices(1));
+    let reason = "node advertises no vgpu.io/gpu (device plugin not registered with kubelet)";
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let ans = inst.filter(&p2, &["node-a"]).await;
+        if ans["FailedAndUnresolvableNodes"]["node-a"] == reason {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "never unavailable: {ans}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its pods stay accounted meanwhile.
+    assert_eq!(total_free(&inst, "node-a"), 600);
+    assert_eq!(inst.state().stats().placed, 1);
+
+    // Registered again: schedulable, with p1 still counted.
+    fake.put_node(gpu_node("node-a", 1, "A100", 81920));
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let ans = inst.filter(&p2, &["node-a"]).await;
+        if ans["NodeNames"] == json!(["node-a"]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "never available again: {ans}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(total_free(&inst, "node-a"), 600);
+    inst.stop();
+}

@@ -47,6 +47,66 @@ pub fn probe_bin() -> PathBuf {
     bin
 }
 
+/// `libvgpu.so` of the profile these tests were built with (cargo builds it as a
+/// dependency of this package).
+pub fn shim_lib() -> PathBuf {
+    let bin = probe_bin();
+    let dir = bin.parent().expect("cuda-probe lives in target/<profile>");
+    for p in [dir.join("deps").join("libvgpu.so"), dir.join("libvgpu.so")] {
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "libvgpu.so is not built in {} (cargo builds it with the tests)",
+        dir.display()
+    );
+}
+
+/// A container for the shim: its accounting directory and quota.
+#[derive(Debug)]
+pub struct Container {
+    dir: tempfile::TempDir,
+    /// `VGPU_MEMORY_LIMIT` (None: unset).
+    pub limit: Option<String>,
+    /// Extra `VGPU_*` variables.
+    pub env: Vec<(String, String)>,
+}
+
+impl Container {
+    /// A container whose processes share one budget of `limit` per device.
+    pub fn new(limit: &str) -> Container {
+        Container {
+            dir: tempfile::tempdir().expect("create a temporary directory"),
+            limit: Some(limit.to_owned()),
+            env: Vec::new(),
+        }
+    }
+
+    /// The accounting directory (`VGPU_CONTAINER_DIR`).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().join("vgpu")
+    }
+
+    /// Adds a variable to every process of the container.
+    pub fn with(mut self, k: &str, v: &str) -> Container {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+
+    /// Applies the container's preload and settings to `c`.
+    pub fn apply(&self, c: &mut Command) {
+        c.env("LD_PRELOAD", shim_lib())
+            .env("VGPU_CONTAINER_DIR", self.dir());
+        if let Some(l) = &self.limit {
+            c.env("VGPU_MEMORY_LIMIT", l);
+        }
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+    }
+}
+
 /// A simulated node of its own: a state directory and a device configuration.
 #[derive(Debug)]
 pub struct SimNode {
@@ -80,11 +140,16 @@ impl SimNode {
     /// Runs `cuda-probe` with `args` to completion; returns its stdout. Panics with its
     /// output if it fails.
     pub fn probe(&self, args: &[&str]) -> String {
-        let out = self
-            .command(probe_bin())
-            .args(args)
-            .output()
-            .expect("run cuda-probe");
+        self.probe_in(None, args)
+    }
+
+    /// Like [`SimNode::probe`], inside `container` (under the shim) when given.
+    pub fn probe_in(&self, container: Option<&Container>, args: &[&str]) -> String {
+        let mut cmd = self.command(probe_bin());
+        if let Some(c) = container {
+            c.apply(&mut cmd);
+        }
+        let out = cmd.args(args).output().expect("run cuda-probe");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -98,8 +163,21 @@ impl SimNode {
     /// Starts `cuda-probe` with `args` in the background and waits (at most `timeout`)
     /// until it prints a line starting with `ready`.
     pub fn spawn_probe(&self, args: &[&str], timeout: Duration) -> Probe {
-        let mut child = self
-            .command(probe_bin())
+        self.spawn_probe_in(None, args, timeout)
+    }
+
+    /// Like [`SimNode::spawn_probe`], inside `container` (under the shim) when given.
+    pub fn spawn_probe_in(
+        &self,
+        container: Option<&Container>,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Probe {
+        let mut cmd = self.command(probe_bin());
+        if let Some(c) = container {
+            c.apply(&mut cmd);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -172,13 +250,23 @@ impl Probe {
         {
             self.seen.push(line);
         }
-        match self.child.try_wait() {
-            Ok(Some(st)) => assert!(
+        // The output ends when the probe closes stdout; the exit status follows shortly.
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => break None,
+            }
+        };
+        match status {
+            Some(st) => assert!(
                 st.success(),
                 "cuda-probe failed: {st}; output {:?}",
                 self.seen
             ),
-            _ => {
+            None => {
                 let _ = self.child.kill();
                 panic!(
                     "cuda-probe did not finish within {timeout:?}; output {:?}",

@@ -57,20 +57,27 @@ fn sim() -> Result<PathBuf> {
     let rel = target_dir().join("release");
     let out = target_dir().join("cuda-sim");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    for (built, names) in [
-        ("libcuda.so", ["libcuda.so.1", "libcuda.so"]),
-        ("libnvidia_ml.so", ["libnvidia-ml.so.1", "libnvidia-ml.so"]),
+    // The versioned name is the file; the unversioned one is a symlink to it, as NVIDIA's
+    // driver installs them, so that a program that loads both names (cudarc tries
+    // `libcuda.so` first) maps one library, not two copies with separate state.
+    for (built, versioned, plain) in [
+        ("libcuda.so", "libcuda.so.1", "libcuda.so"),
+        ("libnvidia_ml.so", "libnvidia-ml.so.1", "libnvidia-ml.so"),
     ] {
         let src = rel.join(built);
-        for n in names {
-            let dst = out.join(n);
-            // Copy to a temporary name and rename, so that a running process that has the
-            // old library mapped keeps a consistent file.
-            let tmp = out.join(format!(".{n}.tmp"));
-            std::fs::copy(&src, &tmp)
-                .with_context(|| format!("copy {} to {}", src.display(), tmp.display()))?;
-            std::fs::rename(&tmp, &dst).with_context(|| format!("install {}", dst.display()))?;
-        }
+        let dst = out.join(versioned);
+        // Copy to a temporary name and rename, so that a running process that has the
+        // old library mapped keeps a consistent file.
+        let tmp = out.join(format!(".{versioned}.tmp"));
+        std::fs::copy(&src, &tmp)
+            .with_context(|| format!("copy {} to {}", src.display(), tmp.display()))?;
+        std::fs::rename(&tmp, &dst).with_context(|| format!("install {}", dst.display()))?;
+        let link = out.join(plain);
+        let tmp_link = out.join(format!(".{plain}.tmp"));
+        let _ = std::fs::remove_file(&tmp_link);
+        std::os::unix::fs::symlink(versioned, &tmp_link)
+            .with_context(|| format!("link {}", tmp_link.display()))?;
+        std::fs::rename(&tmp_link, &link).with_context(|| format!("install {}", link.display()))?;
     }
     eprintln!("xtask: simulated driver installed in {}", out.display());
     Ok(out)

@@ -116,6 +116,9 @@ pub struct Fragmentation {
     typical: Vec<TypicalTask>,
     /// Per node index: allowed[t * gpus + i].
     allowed: Vec<Option<Vec<bool>>>,
+    coverage: f64,
+    /// Expected final waste of one GPU by its free milli (see [`expected_waste`]).
+    waste: Vec<f64>,
 }
 
 /// The fragmentation of one node state, prepared for evaluating candidate placements.
@@ -132,9 +135,39 @@ impl Fragmentation {
     /// A model over these typical tasks.
     pub fn new(typical: Vec<TypicalTask>) -> Self {
         Fragmentation {
+            waste: expected_waste(&typical),
             typical,
             allowed: Vec::new(),
+            coverage: 0.95,
         }
+    }
+
+    /// Expected final waste (milli-GPU) of a GPU with `free` milli free.
+    pub fn gpu_waste(&self, free: u32) -> f64 {
+        self.waste[free.min(1000) as usize]
+    }
+
+    /// Records the coverage the typical tasks were chosen with (informational).
+    pub fn with_coverage(mut self, coverage: f64) -> Self {
+        self.coverage = coverage;
+        self
+    }
+
+    /// The coverage the typical tasks were chosen with.
+    pub fn coverage(&self) -> f64 {
+        self.coverage
+    }
+
+    /// CPU milli-cores per milli-GPU of the typical GPU tasks (frequency-weighted).
+    pub fn cpu_per_gpu_milli(&self) -> f64 {
+        let (mut cpu, mut gpu) = (0.0, 0.0);
+        for t in &self.typical {
+            if t.gpu_count > 0 {
+                cpu += t.freq * t.cpu_milli as f64;
+                gpu += t.freq * f64::from(t.gpu_milli) * f64::from(t.gpu_count);
+            }
+        }
+        if gpu > 0.0 { cpu / gpu } else { 0.0 }
     }
 
     /// The typical tasks.
@@ -260,6 +293,36 @@ impl Fragmentation {
         }
         f
     }
+}
+
+/// The expected final waste of one GPU by its free milli, if tasks keep arriving from the
+/// typical distribution and each lands on this GPU only when it fits:
+///
+/// ```text
+/// W(r) = r                                   if no typical GPU task fits in r
+///      = Σ_{t fits} p_t · W(r − m_t) / Σ_{t fits} p_t   otherwise
+/// ```
+///
+/// where `m_t` is the task's per-GPU milli and `p_t` its frequency times its GPU count.
+/// FGD's per-GPU term `r · P(m > r)` is the one-step version of this.
+pub fn expected_waste(typical: &[TypicalTask]) -> Vec<f64> {
+    let shapes: Vec<(usize, f64)> = typical
+        .iter()
+        .filter(|t| t.gpu_count > 0 && t.gpu_milli > 0)
+        .map(|t| (t.gpu_milli.min(1000) as usize, t.freq * f64::from(t.gpu_count)))
+        .collect();
+    let mut w = vec![0.0; 1001];
+    for r in 1..=1000usize {
+        let (mut num, mut den) = (0.0, 0.0);
+        for &(m, p) in &shapes {
+            if m <= r {
+                num += p * w[r - m];
+                den += p;
+            }
+        }
+        w[r] = if den > 0.0 { num / den } else { r as f64 };
+    }
+    w
 }
 
 /// FGD's score for a fragmentation decrease `delta` (milli-GPU): `int(100·sigmoid(Δ/1000))`.

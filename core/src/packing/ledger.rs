@@ -538,6 +538,8 @@ pub struct Ledger {
     by_name: HashMap<String, usize>,
     pods: HashMap<String, usize>,
     host: HashMap<String, (u64, u64)>,
+    /// Number of GPUs by free milli-GPU (index 0..=1000).
+    free_hist: Vec<u32>,
 }
 
 impl Ledger {
@@ -562,8 +564,31 @@ impl Ledger {
         }
         let i = self.nodes.len();
         self.by_name.insert(spec.name.clone(), i);
+        if self.free_hist.is_empty() {
+            self.free_hist = vec![0; MILLI_PER_GPU as usize + 1];
+        }
+        self.free_hist[MILLI_PER_GPU as usize] += u32::try_from(spec.gpus.len()).expect("GPU count fits u32");
         self.nodes.push(NodeState::new(spec));
         Ok(i)
+    }
+
+    /// Number of GPUs in the cluster by free milli-GPU: `hist[m]` GPUs have exactly `m`
+    /// milli free (0..=1000).
+    pub fn free_histogram(&self) -> &[u32] {
+        &self.free_hist
+    }
+
+    fn hist_update(hist: &mut [u32], node: &NodeState, placement: &Placement, add: bool) {
+        for grants in &placement.containers {
+            for g in grants {
+                let m = node.gpus[usize::from(g.gpu)].milli.min(MILLI_PER_GPU) as usize;
+                if add {
+                    hist[m] += 1;
+                } else {
+                    hist[m] = hist[m].saturating_sub(1);
+                }
+            }
+        }
     }
 
     /// All nodes, by index.
@@ -669,7 +694,9 @@ impl Ledger {
         }
         node.cpu_free -= task.cpu_milli;
         node.memory_free -= task.memory_mib;
+        Self::hist_update(&mut self.free_hist, node, &placement, false);
         node.apply(&placement, 1);
+        Self::hist_update(&mut self.free_hist, node, &placement, true);
         debug_assert_eq!(node.gpus, free);
         let n = placement.node;
         node.pods.insert(pod.to_owned(), placement);
@@ -694,7 +721,9 @@ impl Ledger {
         let (cpu, mem) = self.host.remove(pod).unwrap_or((0, 0));
         node.cpu_free += cpu;
         node.memory_free += mem;
+        Self::hist_update(&mut self.free_hist, node, &placement, false);
         node.apply(&placement, -1);
+        Self::hist_update(&mut self.free_hist, node, &placement, true);
         Ok(placement)
     }
 }

@@ -92,6 +92,9 @@ pub struct Eval {
     /// The GPU for a single-share task, when the policy chose one; otherwise the
     /// ledger's default plan (tightest fit, lowest-numbered whole GPUs) applies.
     pub pick: Option<usize>,
+    /// GPUs (bit i = GPU i) whose placement reaches `score` equally; a policy with a live
+    /// secondary key chooses among them ([`Policy::live`]).
+    pub ties: u64,
 }
 
 /// Knobs of the `vgpu` policy (see ADR 0006).
@@ -104,6 +107,11 @@ pub struct VgpuParams {
     pub cpu_only: TieKey,
     /// Secondary key for GPU tasks.
     pub gpu_tie: TieKey,
+    /// Share of tasks the typical tasks cover (FGD: 0.95).
+    pub coverage: f64,
+    /// Break ties between equal fragmentation scores by the cluster-wide sum-of-squares
+    /// key ([`sum_of_squares_delta`]).
+    pub sum_of_squares: bool,
     /// Experimental integer knob (0 = off).
     pub x: i64,
 }
@@ -121,6 +129,9 @@ pub enum TieKey {
     LeastGpuFree,
     /// Most free CPU per free GPU after placement.
     CpuRich,
+    /// Largest CPU surplus after placement: free CPU minus what the node's free GPUs will
+    /// need at the workload's CPU per GPU.
+    Surplus,
 }
 
 impl Default for VgpuParams {
@@ -129,6 +140,8 @@ impl Default for VgpuParams {
             resolution: 100.0,
             cpu_only: TieKey::LeastGpuFree,
             gpu_tie: TieKey::None,
+            coverage: 0.95,
+            sum_of_squares: true,
             x: 0,
         }
     }
@@ -145,6 +158,7 @@ impl VgpuParams {
                 "worstfit" => TieKey::WorstFit,
                 "leastgpu" => TieKey::LeastGpuFree,
                 "cpurich" => TieKey::CpuRich,
+                "surplus" => TieKey::Surplus,
                 _ => return Err(format!("unknown tie key {v:?}")),
             })
         };
@@ -157,6 +171,8 @@ impl VgpuParams {
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
                 "x" => p.x = v.parse().map_err(|_| format!("bad x {v:?}"))?,
+                "ss" => p.sum_of_squares = v == "1",
+                "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
             }
         }
@@ -239,15 +255,17 @@ impl Policy {
                     }
                     None => None,
                 };
-                Eval { score, pick }
+                Eval { score, pick, ties: 0 }
             }
             PolicyName::BestFit => Eval {
                 score: bestfit_score(node, task, self.scale),
                 pick: None,
+                ties: 0,
             },
             PolicyName::GpuPacking => Eval {
                 score: gpupacking_score(node, task),
                 pick: None,
+                ties: 0,
             },
             PolicyName::Spread => spread_eval(node, task, self.scale),
             PolicyName::Fgd => {
@@ -328,6 +346,7 @@ fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
     Eval {
         score: (s * 100.0) as i64,
         pick,
+        ties: 0,
     }
 }
 
@@ -393,16 +412,17 @@ fn fgd_eval(
             (sig * resolution) as i64
         };
         if best.is_none_or(|b| s > b.score) {
-            best = Some(Eval { score: s, pick });
+            best = Some(Eval { score: s, pick, ties: 0 });
         }
     }
     best.unwrap_or(Eval {
         score: 0,
         pick: None,
+        ties: 0,
     })
 }
 
-fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
+fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale, cpu_per_gpu_milli: f64) -> i64 {
     let cpu_left = (node.cpu_free - task.cpu_milli) as f64 / scale.cpu_milli.max(1) as f64;
     let gpu_left_milli = node.gpu_milli_free() - task.total_gpu_milli();
     let gpu_left = gpu_left_milli as f64 / scale.gpu_milli.max(1) as f64;
@@ -411,6 +431,10 @@ fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
         TieKey::BestFit => 1.0 - 0.5 * (cpu_left + gpu_left),
         TieKey::WorstFit => 0.5 * (cpu_left + gpu_left),
         TieKey::LeastGpuFree => 1.0 - gpu_left,
+        TieKey::Surplus => {
+            let need = gpu_left_milli as f64 * cpu_per_gpu_milli;
+            0.5 + ((node.cpu_free - task.cpu_milli) as f64 - need) / (2.0 * scale.cpu_milli.max(1) as f64)
+        }
         TieKey::CpuRich => {
             let per_gpu =
                 (node.cpu_free - task.cpu_milli) as f64 / (1.0 + gpu_left_milli as f64 / 1000.0);
@@ -418,6 +442,11 @@ fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale) -> i64 {
         }
     };
     (v * 999.0).clamp(0.0, 999.0) as i64
+}
+
+fn quantized(delta: f64, resolution: f64) -> i64 {
+    let sig = 1.0 / (1.0 + (-delta / 1000.0).exp());
+    (sig * resolution) as i64
 }
 
 fn vgpu_eval(
@@ -429,14 +458,105 @@ fn vgpu_eval(
     params: VgpuParams,
     scale: Scale,
 ) -> Eval {
-    let base = fgd_eval(frag, idx, node, task, plan, params.resolution);
+    let (_, cands) = candidates(frag, idx, node, task, plan);
+    let share = task.single_share().map_or(0, |d| d.compute_milli);
+    let lambda = if params.x < 100 { params.x as f64 / 10.0 } else { 0.0 };
+    let mut best: Option<(i64, Option<usize>)> = None;
+    let mut ties = 0u64;
+    for (pick, delta) in cands {
+        let dw = if lambda == 0.0 {
+            0.0
+        } else {
+            match pick {
+                Some(i) => {
+                    let a = node.gpus[i].milli;
+                    frag.gpu_waste(a) - frag.gpu_waste(a - share)
+                }
+                None => plan
+                    .iter()
+                    .flatten()
+                    .map(|g| {
+                        let a = node.gpus[usize::from(g.gpu)].milli;
+                        frag.gpu_waste(a) - frag.gpu_waste(a - g.milli)
+                    })
+                    .sum(),
+            }
+        };
+        let mut primary = quantized(delta + lambda * dw, params.resolution);
+        if params.x >= 100 {
+            if let Some(i) = pick {
+                if node.gpus[i].milli == MILLI_PER_GPU && share < 500 {
+                    primary += params.x / 100;
+                }
+            }
+        }
+        match best {
+            Some((p, _)) if primary < p => {}
+            Some((p, _)) if primary == p => {
+                if let Some(i) = pick.filter(|&i| i < 64) {
+                    ties |= 1 << i;
+                }
+            }
+            _ => {
+                best = Some((primary, pick));
+                ties = pick.filter(|&i| i < 64).map_or(0, |i| 1 << i);
+            }
+        }
+    }
+    let (primary, pick) = best.unwrap_or((0, None));
     let key = if task.gpus.is_empty() {
         params.cpu_only
     } else {
         params.gpu_tie
     };
     Eval {
-        score: base.score * 1000 + tie_value(key, node, task, scale),
-        pick: base.pick,
+        score: primary * 1000 + tie_value(key, node, task, scale, frag.cpu_per_gpu_milli()),
+        pick,
+        ties,
+    }
+}
+
+/// Sum-of-squares secondary key (Csirik et al.): the change of `Σ_h N(h)²` over the
+/// cluster's GPU gaps `h` (free milli strictly between 0 and 1000, `N(h)` GPUs each) when
+/// a share of `s` goes on a GPU with `g` free. Lower keeps the gaps balanced, so that later
+/// tasks find gaps that fit them exactly.
+pub fn sum_of_squares_delta(hist: &[u32], g: u32, s: u32) -> i64 {
+    let n = |h: u32| i64::from(hist.get(h as usize).copied().unwrap_or(0));
+    let mut d = 0;
+    if g > 0 && g < MILLI_PER_GPU {
+        d += 1 - 2 * n(g);
+    }
+    let after = g.saturating_sub(s);
+    if after > 0 && after < MILLI_PER_GPU {
+        d += 2 * n(after) + 1;
+    }
+    d
+}
+
+impl Policy {
+    /// The live secondary key for a cached verdict: depends on cluster-wide state (the
+    /// free-milli histogram of every GPU), so it is computed at every decision. Returns
+    /// the key (higher is better) and the GPU to use. `None` when the policy has none.
+    pub fn live(&self, node: &NodeState, task: &Task, eval: &Eval, hist: &[u32]) -> Option<(i64, Option<usize>)> {
+        if self.name != PolicyName::Vgpu || !self.vgpu.sum_of_squares {
+            return None;
+        }
+        let Some(d) = task.single_share() else {
+            return Some((0, eval.pick));
+        };
+        let mut best: Option<(i64, usize)> = None;
+        let mut mask = eval.ties;
+        if mask == 0 {
+            return Some((0, eval.pick));
+        }
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let key = -sum_of_squares_delta(hist, node.gpus[i].milli, d.compute_milli);
+            if best.is_none_or(|(k, _)| key > k) {
+                best = Some((key, i));
+            }
+        }
+        best.map(|(k, i)| (k, Some(i)))
     }
 }

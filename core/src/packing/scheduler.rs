@@ -17,12 +17,15 @@ struct Entry {
     score: i64,
     /// GPU pick + 1; 0 = none.
     pick: u32,
+    /// GPUs tied with the pick.
+    ties: u64,
 }
 
 const EMPTY: Entry = Entry {
     generation: 0,
     score: i64::MIN,
     pick: 0,
+    ties: 0,
 };
 
 /// A policy over a ledger, with a fixed tie-breaking node order.
@@ -114,6 +117,7 @@ impl Scheduler {
             return (e.score != i64::MIN).then(|| Eval {
                 score: e.score,
                 pick: e.pick.checked_sub(1).map(|p| p as usize),
+                ties: e.ties,
             });
         }
         let r = self.policy.evaluate(n, node, task).ok();
@@ -123,6 +127,7 @@ impl Scheduler {
             pick: r
                 .and_then(|e| e.pick)
                 .map_or(0, |p| u32::try_from(p + 1).expect("GPU index fits u32")),
+            ties: r.map_or(0, |e| e.ties),
         };
         r
     }
@@ -132,7 +137,8 @@ impl Scheduler {
         let n_nodes = ledger.nodes().len();
         self.sync_order(n_nodes);
         let shape = self.shape_id(task);
-        let mut best: Option<(usize, Eval)> = None;
+        let mut best: Option<(usize, (i64, i64), Option<usize>)> = None;
+        let hist = ledger.free_histogram();
         for k in 0..self.order.len() {
             let n = self.order[k];
             if n >= n_nodes {
@@ -142,13 +148,26 @@ impl Scheduler {
             if node.cpu_free < task.cpu_milli || node.memory_free < task.memory_mib {
                 continue;
             }
-            if let Some(e) = self.cached_eval(ledger, n, shape, task)
-                && best.is_none_or(|(_, b)| e.score > b.score)
-            {
-                best = Some((n, e));
+            let Some(e) = self.cached_eval(ledger, n, shape, task) else {
+                continue;
+            };
+            if best.is_some_and(|(_, (s, _), _)| e.score < s) {
+                continue;
+            }
+            let (live, pick) = self
+                .policy
+                .live(node, task, &e, hist)
+                .unwrap_or((0, e.pick));
+            if best.is_none_or(|(_, key, _)| (e.score, live) > key) {
+                best = Some((n, (e.score, live), pick));
             }
         }
-        let (n, e) = best?;
+        let (n, _, pick) = best?;
+        let e = Eval {
+            score: 0,
+            pick,
+            ties: 0,
+        };
         let containers = ledger
             .node(n)
             .plan(task, e.pick)
@@ -189,7 +208,11 @@ impl Scheduler {
             .get(n)
             .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
         let e = self.policy.evaluate(n, node, task)?;
-        let containers = node.plan(task, e.pick)?;
+        let pick = self
+            .policy
+            .live(node, task, &e, ledger.free_histogram())
+            .map_or(e.pick, |(_, p)| p);
+        let containers = node.plan(task, pick)?;
         Ok(Placement {
             node: n,
             containers,

@@ -9,7 +9,7 @@
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
 //! - [`sync`]: Node and Pod watches feeding [`state::State`].
 //! - [`serve`]: configuration and the `serve` entry point.
-//! - [`bench`]: the latency benchmark (`bench-extender`).
+//! - [`bench`](mod@bench): the latency benchmark (`bench-extender`).
 //!
 //! Design and its reasons: `docs/adr/0007-extender-state-and-bind.md`.
 

@@ -10,6 +10,7 @@
 //! yet, every node's fragmentation is 0: scores tie except for the policy's own
 //! tie-breaker, and kube-scheduler's other scores decide.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_core::packing::{
@@ -19,11 +20,58 @@ use vgpu_core::packing::{
 /// Share of the workload the typical tasks cover (FGD's 95 %).
 pub const TYPICAL_COVERAGE: f64 = 0.95;
 
+/// Cached score of one (node, pod shape): valid while the node's generation is
+/// unchanged (a node's score depends only on its state, the task and the typical
+/// tasks, and a new set of typical tasks starts a new cache).
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    /// Node generation + 1 when computed; 0 = empty.
+    generation: u64,
+    /// `i64::MIN` when the node does not fit.
+    score: i64,
+}
+
+const EMPTY: Cached = Cached {
+    generation: 0,
+    score: i64::MIN,
+};
+
+/// Shapes remembered at most; past that the cache starts afresh (pods with
+/// one-off memory requests would otherwise grow it without bound).
+const MAX_SHAPES: usize = 1024;
+
 #[derive(Debug)]
 struct Current {
     policy: Policy,
     /// Number of tasks the typical tasks were computed from.
     basis: usize,
+    shapes: HashMap<Task, usize>,
+    /// Per node index, per shape id.
+    cache: Vec<Vec<Cached>>,
+}
+
+impl Current {
+    fn new(policy: Policy, basis: usize) -> Self {
+        Self {
+            policy,
+            basis,
+            shapes: HashMap::new(),
+            cache: Vec::new(),
+        }
+    }
+
+    fn shape_id(&mut self, task: &Task) -> usize {
+        if let Some(&id) = self.shapes.get(task) {
+            return id;
+        }
+        if self.shapes.len() >= MAX_SHAPES {
+            self.shapes.clear();
+            self.cache.clear();
+        }
+        let id = self.shapes.len();
+        self.shapes.insert(task.clone(), id);
+        id
+    }
 }
 
 /// A [`Policy`] behind a lock, refreshed from the ledger's workload.
@@ -56,10 +104,7 @@ impl ExtenderPolicy {
     pub fn new(name: PolicyName) -> Self {
         Self {
             name,
-            current: Mutex::new(Current {
-                policy: Self::build(name, &Ledger::new(), &[]),
-                basis: 0,
-            }),
+            current: Mutex::new(Current::new(Self::build(name, &Ledger::new(), &[]), 0)),
         }
     }
 
@@ -86,10 +131,7 @@ impl ExtenderPolicy {
     /// typical tasks of `tasks`.
     pub fn reset(&self, ledger: &Ledger, tasks: &[&Task]) {
         let policy = Self::build(self.name, ledger, tasks);
-        *self.lock() = Current {
-            policy,
-            basis: tasks.len(),
-        };
+        *self.lock() = Current::new(policy, tasks.len());
     }
 
     /// Whether the workload has moved enough (> 1 % or 100 pods) since the typical
@@ -110,7 +152,9 @@ impl ExtenderPolicy {
         self.lock().policy.evaluate(n, node, task).map(|e| e.score)
     }
 
-    /// Scores of several nodes under one lock (prioritize).
+    /// Scores of several nodes under one lock (prioritize), cached per node state
+    /// and pod shape: after the first pod of a shape, only nodes that changed since
+    /// are evaluated again.
     pub fn scores(
         &self,
         ledger: &Ledger,
@@ -118,12 +162,33 @@ impl ExtenderPolicy {
         nodes: &[Option<usize>],
     ) -> Vec<Option<i64>> {
         let mut current = self.lock();
+        let cacheable = current.policy.cacheable();
+        let shape = current.shape_id(task);
+        if current.cache.len() < ledger.nodes().len() {
+            current.cache.resize_with(ledger.nodes().len(), Vec::new);
+        }
         nodes
             .iter()
             .map(|n| {
                 let n = (*n)?;
                 let node = ledger.nodes().get(n)?;
-                current.policy.evaluate(n, node, task).ok().map(|e| e.score)
+                if !cacheable {
+                    return current.policy.evaluate(n, node, task).ok().map(|e| e.score);
+                }
+                let row = &mut current.cache[n];
+                if row.len() <= shape {
+                    row.resize(shape + 1, EMPTY);
+                }
+                let hit = row[shape];
+                if hit.generation == node.generation + 1 {
+                    return (hit.score != i64::MIN).then_some(hit.score);
+                }
+                let score = current.policy.evaluate(n, node, task).ok().map(|e| e.score);
+                current.cache[n][shape] = Cached {
+                    generation: node.generation + 1,
+                    score: score.unwrap_or(i64::MIN),
+                };
+                score
             })
             .collect()
     }

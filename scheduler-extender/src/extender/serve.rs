@@ -101,7 +101,7 @@ impl ServeArgs {
 /// `shutdown` resolves. Returns the state (for tests).
 pub async fn run_with_client(
     client: kube::Client,
-    args: &ServeArgs,
+    args: ServeArgs,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
@@ -138,7 +138,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             addr: args.listen,
             source,
         })?;
-    run_with_client(client, &args, listener, shutdown_signal()).await
+    run_with_client(client, args, listener, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

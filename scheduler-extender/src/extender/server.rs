@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State as AxumState;
+use axum::extract::{DefaultBodyLimit, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,8 +20,8 @@ use super::binder::{Binder, outcome_uncertain};
 use super::error::{ExtenderError, Verb, error_response};
 use super::state::{Candidates, State};
 use super::types::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
-    ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeList,
+    ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
+    ExtenderFilterAnswer, ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeListRef,
 };
 
 /// The extender: decisions over [`State`], writes through a [`Binder`].
@@ -44,6 +44,41 @@ fn json_answer<T: serde::Serialize>(verb: Verb, value: &T) -> Answer {
     }
 }
 
+/// Parses filter/prioritize arguments, borrowing the node names from the body;
+/// falls back to an owned parse (returned second) when that is not possible.
+fn parse_args(
+    verb: Verb,
+    body: &[u8],
+) -> Result<(ExtenderArgsRef<'_>, Option<ExtenderArgs>), ExtenderError> {
+    match serde_json::from_slice::<ExtenderArgsRef<'_>>(body) {
+        Ok(args) => Ok((args, None)),
+        Err(_) => {
+            let owned: ExtenderArgs = parse(verb, body)?;
+            Ok((ExtenderArgsRef::default(), Some(owned)))
+        }
+    }
+}
+
+/// The candidates of a request parsed by [`parse_args`].
+fn candidates_of<'a>(
+    args: &'a ExtenderArgsRef<'a>,
+    owned: Option<&'a ExtenderArgs>,
+) -> Candidates<'a> {
+    if let Some(owned) = owned {
+        return Candidates::from_args(owned);
+    }
+    let names = match (&args.node_names, &args.nodes) {
+        (Some(names), _) => names.clone(),
+        (None, Some(list)) => list
+            .items
+            .iter()
+            .map(|n| n.metadata.name.as_deref().unwrap_or(""))
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    Candidates { names }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(verb: Verb, body: &[u8]) -> Result<T, ExtenderError> {
     serde_json::from_slice(body).map_err(|source| ExtenderError::BadRequest { verb, source })
 }
@@ -64,7 +99,7 @@ impl Extender {
     #[must_use]
     pub fn filter(&self, body: &[u8]) -> Answer {
         match self.try_filter(body) {
-            Ok(result) => json_answer(Verb::Filter, &result),
+            Ok(bytes) => (StatusCode::OK, bytes),
             Err(e) => {
                 warn!(error = %super::error::error_chain(&e), "filter failed");
                 error_response(Verb::Filter, &e)
@@ -72,13 +107,14 @@ impl Extender {
         }
     }
 
-    fn try_filter(&self, body: &[u8]) -> Result<ExtenderFilterResult, ExtenderError> {
-        let args: ExtenderArgs = parse(Verb::Filter, body)?;
+    fn try_filter(&self, body: &[u8]) -> Result<Vec<u8>, ExtenderError> {
+        let (args, owned) = parse_args(Verb::Filter, body)?;
         let pod = args
             .pod
             .as_ref()
+            .or(owned.as_ref().and_then(|o| o.pod.as_ref()))
             .ok_or(ExtenderError::MissingPod { verb: Verb::Filter })?;
-        let candidates = Candidates::from_args(&args);
+        let candidates = candidates_of(&args, owned.as_ref());
         let outcome = self.state.filter(pod, &candidates)?;
         debug!(
             feasible = outcome.feasible.len(),
@@ -86,21 +122,18 @@ impl Extender {
             "filter"
         );
         // Answer in the form of the request: names for names, objects for objects.
-        let (nodes, node_names) = match args.nodes {
-            Some(list) if args.node_names.is_none() => {
-                let mut keep = vec![false; list.items.len()];
-                for &i in &outcome.feasible {
-                    keep[i] = true;
-                }
-                let items = list
-                    .items
-                    .into_iter()
-                    .zip(keep)
-                    .filter_map(|(node, k)| k.then_some(node))
-                    .collect();
+        let asked_names =
+            args.node_names.is_some() || owned.as_ref().is_some_and(|o| o.node_names.is_some());
+        let list = args
+            .nodes
+            .as_ref()
+            .or(owned.as_ref().and_then(|o| o.nodes.as_ref()));
+        let (nodes, node_names) = match list {
+            Some(list) if !asked_names => {
+                let items = outcome.feasible.iter().map(|&i| &list.items[i]).collect();
                 (
-                    Some(NodeList {
-                        metadata: list.metadata,
+                    Some(NodeListRef {
+                        metadata: &list.metadata,
                         items,
                     }),
                     None,
@@ -112,28 +145,37 @@ impl Extender {
                     outcome
                         .feasible
                         .iter()
-                        .map(|&i| candidates.names[i].to_string())
+                        .map(|&i| candidates.names[i])
                         .collect(),
                 ),
             ),
         };
-        Ok(ExtenderFilterResult {
+        let answer = ExtenderFilterAnswer {
             nodes,
             node_names,
             failed_nodes: outcome.failed,
             failed_and_unresolvable_nodes: outcome.unresolvable,
             error: String::new(),
+        };
+        serde_json::to_vec(&answer).map_err(|source| ExtenderError::BadRequest {
+            verb: Verb::Filter,
+            source,
         })
     }
 
     /// Answers a prioritize request body.
     #[must_use]
     pub fn prioritize(&self, body: &[u8]) -> Answer {
-        let result = parse::<ExtenderArgs>(Verb::Prioritize, body).and_then(|args| {
-            let pod = args.pod.as_ref().ok_or(ExtenderError::MissingPod {
-                verb: Verb::Prioritize,
-            })?;
-            self.state.prioritize(pod, &Candidates::from_args(&args))
+        let result = parse_args(Verb::Prioritize, body).and_then(|(args, owned)| {
+            let pod = args
+                .pod
+                .as_ref()
+                .or(owned.as_ref().and_then(|o| o.pod.as_ref()))
+                .ok_or(ExtenderError::MissingPod {
+                    verb: Verb::Prioritize,
+                })?;
+            self.state
+                .prioritize(pod, &candidates_of(&args, owned.as_ref()))
         });
         match result {
             Ok(list) => json_answer(Verb::Prioritize, &list),
@@ -257,6 +299,10 @@ async fn readyz(AxumState(ext): AxumState<Extender>) -> Response {
 
 /// The router: `POST {url_prefix}/{filter,prioritize,bind,preempt}`, plus
 /// `GET /healthz` (alive) and `GET /readyz` (state synced).
+///
+/// Request bodies may be up to [`MAX_BODY_BYTES`]: with `nodeCacheCapable: false`
+/// kube-scheduler sends every candidate Node in full (several KiB each), far past
+/// axum's default 2 MiB limit at a few hundred nodes.
 pub fn router(extender: Extender, url_prefix: &str) -> Router {
     let prefix = url_prefix.trim_end_matches('/');
     Router::new()
@@ -266,8 +312,12 @@ pub fn router(extender: Extender, url_prefix: &str) -> Router {
         .route(&format!("{prefix}/preempt"), post(preempt_route))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(extender)
 }
+
+/// Largest request body accepted: 5,000 full Node objects of ~10 KiB each fit.
+pub const MAX_BODY_BYTES: usize = 128 << 20;
 
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve_on(

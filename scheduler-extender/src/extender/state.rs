@@ -15,8 +15,9 @@
 //!    [`ANNOTATION_GPU_INVENTORY`].
 //!
 //! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
-//! else from its live assumption. A node change rebuilds it; a pod change updates
-//! only that pod's entry. A restarted extender therefore rebuilds exactly the
+//! else from its live assumption. A change of a node's GPUs rebuilds it (a node
+//! reporting 0 `vgpu.io/gpu` for a moment does not); a pod change updates only
+//! that pod's entry. A restarted extender therefore rebuilds exactly the
 //! same ledger from the API objects, less only the assumptions of binds that
 //! never reached the API server.
 //!
@@ -25,6 +26,7 @@
 //! that bind (whose request carries only the pod's name and UID) knows what the
 //! pod asks for without another API call.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -32,7 +34,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, Placement, Reject, Task};
+use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Reject, Task};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
     GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
@@ -145,6 +147,26 @@ struct Assumption {
 struct NodeEntry {
     /// The node's GPUs, or why it has none we can use.
     spec: Result<NodeSpec, String>,
+    /// Its index in the ledger (set by every rebuild).
+    slot: Option<usize>,
+    /// Whether any of its GPUs is unhealthy.
+    unhealthy: bool,
+    /// Why it takes no new pod right now (its pods stay accounted).
+    unavailable: Option<String>,
+}
+
+impl NodeEntry {
+    fn new(spec: Result<NodeSpec, String>, unavailable: Option<String>) -> Self {
+        let unhealthy = spec
+            .as_ref()
+            .is_ok_and(|s| s.gpus.iter().any(|g| g.model.starts_with(UNHEALTHY_PREFIX)));
+        Self {
+            spec,
+            slot: None,
+            unhealthy,
+            unavailable,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -153,11 +175,35 @@ struct Pending {
     until: Instant,
 }
 
+/// FNV-1a: node names are short and come from the API server (not an attacker),
+/// and filter looks up every candidate, so a cheaper hash than SipHash pays.
+#[derive(Debug, Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type FnvBuild = std::hash::BuildHasherDefault<Fnv>;
+
 #[derive(Debug, Default)]
 struct Inner {
     nodes_synced: bool,
     pods_synced: bool,
-    nodes: HashMap<String, NodeEntry>,
+    nodes: HashMap<String, NodeEntry, FnvBuild>,
     pods: HashMap<String, PodEntry>,
     assumptions: HashMap<String, Assumption>,
     ledger: Ledger,
@@ -261,17 +307,6 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
         ));
     };
     let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
-    let advertised = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(RESOURCE_GPU))
-        .map(|q| q.0.as_str());
-    if matches!(advertised, None | Some("0")) {
-        return Err(format!(
-            "node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)"
-        ));
-    }
     // An unhealthy GPU keeps its index (pods already on it stay accounted) but
     // its model is marked, so that `effective_task` keeps new pods off it.
     Ok(NodeSpec {
@@ -294,18 +329,30 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
     })
 }
 
+/// Why a node with an inventory takes no new pod right now, if so: kubelet reports
+/// 0 `vgpu.io/gpu` while the device plugin is not registered (e.g. for about a
+/// second after a kubelet restart). Kept apart from the inventory so that such a
+/// flap changes no ledger entry: the pods on the node stay accounted.
+fn unavailable(node: &Node) -> Option<String> {
+    let advertised = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(RESOURCE_GPU))
+        .map(|q| q.0.as_str());
+    matches!(advertised, None | Some("0")).then(|| {
+        format!("node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)")
+    })
+}
+
 /// Model-name prefix that marks an unhealthy GPU inside the ledger.
 const UNHEALTHY_PREFIX: &str = "unhealthy:";
 
 /// The task as the ledger must see it: unhealthy GPUs (model prefixed with
 /// [`UNHEALTHY_PREFIX`]) are excluded by the model constraint.
-fn effective_task(task: &Task, node: &NodeSpec) -> Task {
-    if !node
-        .gpus
-        .iter()
-        .any(|g| g.model.starts_with(UNHEALTHY_PREFIX))
-    {
-        return task.clone();
+fn effective_task<'t>(task: &'t Task, node: &NodeSpec, unhealthy: bool) -> Cow<'t, Task> {
+    if !unhealthy {
+        return Cow::Borrowed(task);
     }
     let mut t = task.clone();
     let healthy: Vec<String> = node
@@ -321,7 +368,42 @@ fn effective_task(task: &Task, node: &NodeSpec) -> Task {
     } else {
         healthy
     };
-    t
+    Cow::Owned(t)
+}
+
+/// An allocation-free feasibility check for the common case of one GPU demand
+/// (one GPU container): the same rules as [`NodeState::plan`] (whole GPUs need
+/// fully free GPUs of an allowed model; a share needs `count` distinct allowed
+/// GPUs each with room, and taking one never changes another's room), so the
+/// answer is exact. `None` when the task is not of that shape; filter then asks
+/// the ledger's full `fit`, as it does for the reason of every rejection.
+fn quick_fit(node: &NodeState, task: &Task) -> Option<bool> {
+    let [d] = task.gpus.as_slice() else {
+        return None;
+    };
+    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
+        return None;
+    }
+    let any_model = task.models.is_any();
+    let whole = d.is_whole();
+    let mut fitting = 0u32;
+    for i in 0..node.gpus.len() {
+        if !any_model && !task.models.allows(&node.spec.gpus[i].model) {
+            continue;
+        }
+        let fits = if whole {
+            node.gpu_fully_free(i)
+        } else {
+            node.share_fits(i, d)
+        };
+        if fits {
+            fitting += 1;
+            if fitting >= d.count {
+                return Some(true);
+            }
+        }
+    }
+    Some(false)
 }
 
 /// A pod's assignment annotation, if valid and present.
@@ -487,15 +569,21 @@ impl Inner {
     }
 
     /// Rebuilds the ledger from the nodes, pods and assumptions.
-    fn rebuild(&mut self) {
-        let mut names: Vec<&String> = self.nodes.keys().collect();
+    /// Returns the tasks of every pod it placed (the workload, for the policy).
+    fn rebuild(&mut self) -> Vec<Task> {
+        let mut names: Vec<String> = self.nodes.keys().cloned().collect();
         names.sort();
         let mut ledger = Ledger::new();
         for name in names {
-            if let Ok(spec) = &self.nodes[name].spec
-                && ledger.add_node(spec.clone()).is_err()
-            {
-                warn!(node = %name, "duplicate node in rebuild");
+            let Some(entry) = self.nodes.get_mut(&name) else {
+                continue;
+            };
+            entry.slot = None;
+            if let Ok(spec) = &entry.spec {
+                match ledger.add_node(spec.clone()) {
+                    Ok(i) => entry.slot = Some(i),
+                    Err(_) => warn!(node = %name, "duplicate node in rebuild"),
+                }
             }
         }
         self.ledger = ledger;
@@ -509,9 +597,22 @@ impl Inner {
             .collect();
         uids.sort();
         uids.dedup();
+        let mut workload = Vec::with_capacity(uids.len());
         for uid in uids {
-            self.reconcile(&uid);
+            // The ledger is fresh: commit what is wanted (reconcile's path, without
+            // the comparison with a previous entry).
+            let Some((node, task, placement)) = self.desired(&uid) else {
+                continue;
+            };
+            match self.ledger.commit(&uid, &task, placement) {
+                Ok(()) => workload.push(task),
+                Err(e) => {
+                    warn!(%uid, %node, error = %e, "recorded assignment conflicts with the ledger; node refused until it clears");
+                    self.conflicts.insert(uid, (node, e.to_string()));
+                }
+            }
         }
+        workload
     }
 
     /// The tasks of every pod the ledger holds (the workload the policy adapts to).
@@ -537,25 +638,38 @@ impl Inner {
             .map(|(_, reason)| format!("ledger conflict: {reason}"))
     }
 
-    /// The precise verdict for one node.
-    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
+    /// A candidate's ledger index and health flag, or why it cannot take vgpu pods
+    /// at all (unresolvable).
+    fn locate(&self, name: &str) -> Result<(usize, bool), String> {
         let Some(entry) = self.nodes.get(name) else {
-            return Err((
-                false,
-                "node not known to the extender (not in its node watch)".into(),
-            ));
+            return Err("node not known to the extender (not in its node watch)".into());
         };
         if let Err(reason) = &entry.spec {
-            return Err((false, reason.clone()));
+            return Err(reason.clone());
         }
-        if let Some(reason) = self.conflict_on(name) {
-            return Err((false, reason));
+        if let Some(reason) = &entry.unavailable {
+            return Err(reason.clone());
         }
-        let Some(i) = self.ledger.node_index(name) else {
-            return Err((false, "node not in the ledger".into()));
+        if !self.conflicts.is_empty()
+            && let Some(reason) = self.conflict_on(name)
+        {
+            return Err(reason);
+        }
+        let Some(i) = entry.slot else {
+            return Err("node not in the ledger".into());
         };
+        Ok((i, entry.unhealthy))
+    }
+
+    /// The precise verdict for one node: `Err((resolvable, reason))` when it cannot
+    /// take the task.
+    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
+        let (i, unhealthy) = self.locate(name).map_err(|r| (false, r))?;
         let node = self.ledger.node(i);
-        let task = effective_task(task, &node.spec);
+        let task = effective_task(task, &node.spec, unhealthy);
+        if quick_fit(node, &task) == Some(true) {
+            return Ok(());
+        }
         node.fit(&task)
             .map(|_| ())
             .map_err(|r| (resolvable(&r), r.to_string()))
@@ -588,8 +702,9 @@ impl State {
 
     /// Rebuilds the ledger and restarts the policy over it.
     fn rebuild(&self, inner: &mut Inner) {
-        inner.rebuild();
-        self.refresh_policy(inner);
+        let workload = inner.rebuild();
+        let tasks: Vec<&Task> = workload.iter().collect();
+        self.policy.reset(&inner.ledger, &tasks);
     }
 
     /// Restarts the policy with the typical tasks of the current workload.
@@ -648,7 +763,7 @@ impl State {
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.clone()?;
-                Some((name, NodeEntry { spec: node_spec(n) }))
+                Some((name, NodeEntry::new(node_spec(n), unavailable(n))))
             })
             .collect();
         self.rebuild(&mut inner);
@@ -660,13 +775,17 @@ impl State {
             return;
         };
         let spec = node_spec(node);
+        let unavailable = unavailable(node);
         let mut inner = self.write();
-        let same = inner.nodes.get(&name).is_some_and(|e| e.spec == spec);
-        if same {
+        if let Some(entry) = inner.nodes.get_mut(&name)
+            && entry.spec == spec
+        {
+            // Same GPUs: at most the availability changed; no ledger entry moves.
+            entry.unavailable = unavailable;
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
-        inner.nodes.insert(name, NodeEntry { spec });
+        inner.nodes.insert(name, NodeEntry::new(spec, unavailable));
         self.rebuild(&mut inner);
     }
 
@@ -773,6 +892,11 @@ impl State {
                 }
                 inner.reconcile(&uid);
             }
+        }
+        {
+            // The typical tasks are statistics of the workload: recomputing them
+            // needs only a shared lock, so filters go on meanwhile.
+            let inner = self.read();
             if self.policy.stale(inner.ledger.pod_count()) {
                 self.refresh_policy(&inner);
             }
@@ -841,31 +965,23 @@ impl State {
             return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
         }
         let base = task_of(&request);
-        // Nodes that filter would reject score nothing; the others in one policy pass.
-        let mut tasks: Vec<Option<Task>> = Vec::with_capacity(candidates.names.len());
-        let nodes: Vec<Option<usize>> = candidates
+        // Nodes that filter would reject score nothing; the others in one policy
+        // pass (cached per node state and pod shape).
+        let located: Vec<Option<(usize, bool)>> = candidates
             .names
             .iter()
-            .map(|name| {
-                let i = inner.ledger.node_index(name)?;
-                if inner.conflict_on(name).is_some() {
-                    return None;
-                }
-                Some(i)
-            })
+            .map(|name| inner.locate(name).ok())
             .collect();
-        for n in &nodes {
-            tasks.push(n.map(|i| effective_task(&base, &inner.ledger.node(i).spec)));
-        }
-        let raw: Vec<Option<i64>> = if tasks.iter().flatten().all(|t| *t == base) {
+        let raw: Vec<Option<i64>> = if located.iter().flatten().all(|(_, u)| !u) {
+            let nodes: Vec<Option<usize>> = located.iter().map(|l| l.map(|(i, _)| i)).collect();
             self.policy.scores(&inner.ledger, &base, &nodes)
         } else {
-            nodes
+            located
                 .iter()
-                .zip(&tasks)
-                .map(|(n, t)| {
-                    let (n, t) = ((*n)?, t.as_ref()?);
-                    self.policy.score(&inner.ledger, n, t).ok()
+                .map(|l| {
+                    let (i, unhealthy) = (*l)?;
+                    let task = effective_task(&base, &inner.ledger.node(i).spec, unhealthy);
+                    self.policy.score(&inner.ledger, i, &task).ok()
                 })
                 .collect()
         };
@@ -926,7 +1042,11 @@ impl State {
             node: args.node.clone(),
         };
         let node_index = inner.ledger.node_index(&args.node).ok_or_else(unknown)?;
-        if let Some(reason) = inner.conflict_on(&args.node) {
+        let unavailable = inner
+            .nodes
+            .get(&args.node)
+            .and_then(|e| e.unavailable.clone());
+        if let Some(reason) = unavailable.or_else(|| inner.conflict_on(&args.node)) {
             return Err(ExtenderError::NoLongerFits {
                 pod: key,
                 node: args.node.clone(),
@@ -934,7 +1054,8 @@ impl State {
             });
         }
         let spec = inner.ledger.node(node_index).spec.clone();
-        let task = effective_task(&task_of(&request), &spec);
+        let unhealthy = inner.nodes.get(&args.node).is_some_and(|e| e.unhealthy);
+        let task = effective_task(&task_of(&request), &spec, unhealthy).into_owned();
         let grants = self
             .policy
             .place(&inner.ledger, node_index, &task)
@@ -1078,7 +1199,8 @@ impl State {
                     }
                 }
             }
-            let task = effective_task(&task, &node.spec);
+            let unhealthy = inner.nodes.get(&name).is_some_and(|e| e.unhealthy);
+            let task = effective_task(&task, &node.spec, unhealthy);
             if request.is_empty() || node.fit(&task).is_ok() {
                 out.insert(
                     name,
@@ -1130,6 +1252,61 @@ fn normalise(candidates: &Candidates<'_>, raw: &[Option<i64>]) -> HostPriorityLi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use vgpu_core::resources::ModelConstraint;
+
+    fn demand() -> impl Strategy<Value = GpuDemand> {
+        prop_oneof![
+            (1u32..=4).prop_map(GpuDemand::whole),
+            (1u32..=9, 1u32..=3, proptest::option::of(1u64..=40_000)).prop_map(
+                |(sl, count, mib)| GpuDemand {
+                    count,
+                    compute_milli: sl * 100,
+                    memory: mib.map_or(MemoryDemand::FractionMilli(sl * 100), MemoryDemand::Mib),
+                    slices: sl,
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        /// The allocation-free fast path agrees with the ledger's full fit.
+        #[test]
+        fn quick_fit_agrees_with_fit(
+            gpus in proptest::collection::vec((prop::bool::ANY, prop::bool::ANY), 1..8),
+            placed in proptest::collection::vec(demand(), 0..12),
+            probe in demand(),
+            constrained in prop::bool::ANY,
+        ) {
+            let spec = NodeSpec {
+                name: "n".into(),
+                cpu_milli: 0,
+                memory_mib: 0,
+                gpus: gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (big, t4))| GpuSpec {
+                        uuid: format!("GPU-{i}"),
+                        model: if *t4 { "T4".into() } else { "A100".into() },
+                        memory_mib: if *big { 81_920 } else { 16_384 },
+                    })
+                    .collect(),
+            };
+            let mut ledger = Ledger::with_nodes([spec]).expect("one node");
+            for (k, d) in placed.into_iter().enumerate() {
+                let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![d], models: ModelConstraint::any() };
+                if let Ok(plan) = ledger.node(0).fit(&task) {
+                    ledger
+                        .commit(&format!("p{k}"), &task, Placement { node: 0, containers: plan })
+                        .expect("a fitting plan commits");
+                }
+            }
+            let models = if constrained { ModelConstraint::only(["A100"]) } else { ModelConstraint::any() };
+            let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![probe], models };
+            let node = ledger.node(0);
+            prop_assert_eq!(quick_fit(node, &task), Some(node.fit(&task).is_ok()));
+        }
+    }
 
     #[test]
     fn normalise_gives_the_best_ten_and_others_less() {

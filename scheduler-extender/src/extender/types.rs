@@ -44,6 +44,49 @@ pub struct ExtenderArgs {
     pub node_names: Option<Vec<String>>,
 }
 
+/// [`ExtenderArgs`] parsed without copying the node names out of the body (the hot
+/// path of filter and prioritize at thousands of nodes). Node names are DNS names
+/// and never contain JSON escapes; a body where one does fails this parse and is
+/// read as [`ExtenderArgs`] instead.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderArgsRef<'a> {
+    /// The pod being scheduled.
+    #[serde(default)]
+    pub pod: Option<Pod>,
+    /// Candidate nodes as full objects (when `nodeCacheCapable: false`).
+    #[serde(default)]
+    pub nodes: Option<NodeList>,
+    /// Candidate node names (when `nodeCacheCapable: true`), borrowed from the body.
+    #[serde(default, borrow)]
+    pub node_names: Option<Vec<&'a str>>,
+}
+
+/// A [`NodeList`] written from borrowed nodes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeListRef<'a> {
+    /// List metadata, as received.
+    pub metadata: &'a ListMeta,
+    /// The nodes.
+    pub items: Vec<&'a Node>,
+}
+
+/// [`ExtenderFilterResult`] as written, borrowing names and nodes from the request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderFilterAnswer<'a> {
+    /// Feasible nodes as full objects (answer form when the request had `Nodes`).
+    pub nodes: Option<NodeListRef<'a>>,
+    /// Feasible node names (answer form when the request had `NodeNames`).
+    pub node_names: Option<Vec<&'a str>>,
+    /// Rejected nodes whose verdict preemption could change, with the reason.
+    pub failed_nodes: FailedNodesMap,
+    /// Rejected nodes that preemption cannot help, with the reason.
+    pub failed_and_unresolvable_nodes: FailedNodesMap,
+    /// A failure of the whole request; empty on success.
+    pub error: String,
+}
+
 /// Reasons keyed by node name (`FailedNodesMap`).
 pub type FailedNodesMap = BTreeMap<String, String>;
 

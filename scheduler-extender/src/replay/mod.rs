@@ -25,7 +25,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use vgpu_core::packing::{
-    Fragmentation, Ledger, NodeSpec, Policy, PolicyName, Scale, Scheduler, Task, typical_tasks,
+    Fragmentation, Ledger, NodeSpec, Policy, PolicyName, Scale, Scheduler, Task, VgpuParams,
+    typical_tasks,
 };
 
 pub use trace::{TraceError, read_nodes, read_tasks};
@@ -55,6 +56,10 @@ pub struct ReplayArgs {
     /// Print the full curve (every 1 %) instead of every 10 %.
     #[arg(long)]
     pub full_curve: bool,
+    /// Overrides of the `vgpu` policy's parameters (`res=100,cpu=leastgpu,gpu=none`), for
+    /// experiments.
+    #[arg(long, default_value = "")]
+    pub vgpu: String,
     /// Worker threads (default: available parallelism).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -72,6 +77,9 @@ pub enum ReplayError {
     /// A bad `--policy` value.
     #[error("--policy: {0}")]
     Policy(#[from] vgpu_core::packing::UnknownPolicy),
+    /// A bad `--vgpu` value.
+    #[error("--vgpu: {0}")]
+    VgpuParams(String),
     /// A bad `--tune-ratio` value.
     #[error("--tune-ratio {0}: must be a positive finite number")]
     TuneRatio(f64),
@@ -189,6 +197,7 @@ pub fn replay_seed(
     workload: &Workload,
     policy_name: PolicyName,
     frag: Option<&Fragmentation>,
+    params: VgpuParams,
     seed: u64,
     ratio: f64,
 ) -> SeedResult {
@@ -197,7 +206,8 @@ pub fn replay_seed(
     let order = tuned_order(&workload.tasks, capacity, ratio, &mut rng);
     let mut node_order: Vec<usize> = (0..workload.nodes.len()).collect();
     node_order.shuffle(&mut rng);
-    let policy = Policy::new(policy_name, frag.cloned(), rng.next_u64(), workload.scale());
+    let mut policy = Policy::new(policy_name, frag.cloned(), rng.next_u64(), workload.scale());
+    policy.vgpu = params;
     let mut scheduler = Scheduler::new(policy, node_order);
     let mut ledger =
         Ledger::with_nodes(workload.nodes.iter().cloned()).expect("node names were checked unique");
@@ -208,6 +218,9 @@ pub fn replay_seed(
     let mut arrived: u64 = 0;
     let mut allocated: u64 = 0;
     let mut failed = 0;
+    let debug = std::env::var_os("VGPU_REPLAY_DEBUG").is_some();
+    let mut fails: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut fails_n: std::collections::BTreeMap<u64, u64> = Default::default();
     for (k, &i) in order.iter().enumerate() {
         let task = &workload.tasks[i];
         arrived += task.total_gpu_milli();
@@ -218,7 +231,18 @@ pub fn replay_seed(
                     .expect("the scheduler's choice fits the ledger it was made on");
                 allocated += task.total_gpu_milli();
             }
-            None => failed += 1,
+            None => {
+                failed += 1;
+                if debug {
+                    let key = match task.gpus.first() {
+                        None => "cpu".to_owned(),
+                        Some(d) if d.count > 1 => format!("x{}", d.count),
+                        Some(d) => d.compute_milli.to_string(),
+                    };
+                    *fails.entry(key).or_insert(0u64) += task.total_gpu_milli();
+                    *fails_n.entry(pct_bucket(arrived, capacity)).or_insert(0u64) += 1;
+                }
+            }
         }
         let pct_arrived = arrived as f64 * 100.0 / capacity as f64;
         while curve.len() <= max_pct && (curve.len() as f64) <= pct_arrived {
@@ -226,6 +250,11 @@ pub fn replay_seed(
         }
     }
     let final_allocation_pct = allocated as f64 * 100.0 / capacity as f64;
+    if debug {
+        debug_leftovers(&ledger, &workload.tasks);
+        eprintln!("failed milli by shape: {fails:?}");
+        eprintln!("failed tasks by arrived decile: {fails_n:?}");
+    }
     while curve.len() <= max_pct {
         curve.push(final_allocation_pct);
     }
@@ -236,6 +265,47 @@ pub fn replay_seed(
         final_arrived_pct: arrived as f64 * 100.0 / capacity as f64,
         tasks: order.len(),
         failed,
+    }
+}
+
+fn pct_bucket(arrived: u64, capacity: u64) -> u64 {
+    arrived * 10 / capacity
+}
+
+fn debug_leftovers(ledger: &Ledger, tasks: &[Task]) {
+    use std::collections::BTreeMap;
+    let min_cpu = tasks.iter().filter(|t| !t.gpus.is_empty()).map(|t| t.cpu_milli).min().unwrap_or(0);
+    // model -> (gpus, free milli, free on cpu-starved nodes, fully free gpus, partial free milli)
+    let mut by: BTreeMap<String, [u64; 6]> = BTreeMap::new();
+    for n in ledger.nodes() {
+        let m = n.spec.gpus.first().map_or(String::new(), |g| format!("{}x{}", g.model, n.spec.gpus.len()));
+        let e = by.entry(m).or_default();
+        let free = n.gpu_milli_free();
+        e[0] += n.spec.gpus.len() as u64;
+        e[1] += free;
+        if n.cpu_free < 4000 { e[2] += free; }
+        e[3] += n.gpus.iter().filter(|g| g.milli == 1000).count() as u64;
+        e[4] += n.gpus.iter().filter(|g| g.milli < 1000).map(|g| u64::from(g.milli)).sum::<u64>();
+        e[5] += n.cpu_free / 1000;
+    }
+    eprintln!("min gpu-task cpu {min_cpu}");
+    let mut hist: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for n in ledger.nodes() {
+        for g in &n.gpus {
+            if g.milli > 0 && g.milli < 1000 {
+                let e = hist.entry(g.milli).or_default();
+                e.0 += 1;
+                if n.cpu_free < 4000 { e.1 += 1; }
+            }
+        }
+    }
+    let mut line = String::new();
+    for (k, (c, starved)) in hist.iter().filter(|(_, v)| v.0 >= 15) {
+        line.push_str(&format!("{k}:{c}/{starved} "));
+    }
+    eprintln!("free-milli histogram (count/cpu-starved): {line}");
+    for (k, v) in by {
+        eprintln!("{k:<12} gpus {:>5} free {:>8} cpu<4c {:>8} fullfree {:>5} partial {:>7} freecores {:>6}", v[0], v[1], v[2], v[3], v[4], v[5]);
     }
 }
 
@@ -272,18 +342,25 @@ pub fn run_policy(
     workload: &Workload,
     policy: PolicyName,
     frag: &Fragmentation,
+    params: VgpuParams,
     seeds: &[u64],
     ratio: f64,
     threads: usize,
 ) -> PolicyResult {
     let start = Instant::now();
-    let frag = policy.needs_typical_tasks().then_some(frag);
+    let own;
+    let frag = if policy == PolicyName::Vgpu && params.coverage != frag.coverage() {
+        own = Fragmentation::new(typical_tasks(&workload.tasks, params.coverage)).with_coverage(params.coverage);
+        Some(&own)
+    } else {
+        policy.needs_typical_tasks().then_some(frag)
+    };
     let mut results: Vec<SeedResult> = Vec::with_capacity(seeds.len());
     for chunk in seeds.chunks(threads.max(1)) {
         let out: Vec<SeedResult> = std::thread::scope(|s| {
             let handles: Vec<_> = chunk
                 .iter()
-                .map(|&seed| s.spawn(move || replay_seed(workload, policy, frag, seed, ratio)))
+                .map(|&seed| s.spawn(move || replay_seed(workload, policy, frag, params, seed, ratio)))
                 .collect();
             handles
                 .into_iter()
@@ -339,6 +416,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     }
     let seeds = parse_seeds(&args.seeds)?;
     let policies = parse_policies(&args.policy)?;
+    let params = VgpuParams::parse(&args.vgpu).map_err(ReplayError::VgpuParams)?;
     let nodes = read_nodes(&args.nodes)?;
     let tasks = read_tasks(&args.pods)?;
     let workload = Workload { nodes, tasks };
@@ -347,7 +425,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     }
     let typical = typical_tasks(&workload.tasks, args.typical_coverage);
     let n_typical = typical.len();
-    let frag = Fragmentation::new(typical);
+    let frag = Fragmentation::new(typical).with_coverage(args.typical_coverage);
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(std::num::NonZeroUsize::get)
@@ -365,7 +443,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     );
     let mut results = Vec::new();
     for &p in &policies {
-        let r = run_policy(&workload, p, &frag, &seeds, args.tune_ratio, threads);
+        let r = run_policy(&workload, p, &frag, params, &seeds, args.tune_ratio, threads);
         eprintln!(
             "{:<11} mean {:.2} % ({} seeds, {:.1} s)",
             r.policy,

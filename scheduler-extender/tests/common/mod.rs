@@ -126,34 +126,21 @@ impl Binder for RecordingBinder {
     }
 }
 
-/// The extender served on a loopback port, with a client.
-pub struct Served {
+/// An HTTP client for an extender listening at `addr`.
+pub struct ServedClient {
     pub addr: SocketAddr,
-    pub extender: Extender,
     client: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
         http_body_util::Full<axum::body::Bytes>,
     >,
 }
 
-impl Served {
-    pub async fn start(extender: Extender) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("local addr");
-        let app = vgpu_scheduler_extender::extender::server::router(extender.clone(), "/scheduler");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+impl ServedClient {
+    pub fn new(addr: SocketAddr) -> Self {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http();
-        Served {
-            addr,
-            extender,
-            client,
-        }
+        ServedClient { addr, client }
     }
 
     /// POSTs a body; returns the status and the body. Fails the test after [`CALL_TIMEOUT`].
@@ -198,6 +185,45 @@ impl Served {
             .expect("answer")
             .status()
             .as_u16()
+    }
+}
+
+/// The extender served on a loopback port, with a client.
+pub struct Served {
+    pub addr: SocketAddr,
+    pub extender: Extender,
+    client: ServedClient,
+}
+
+impl Served {
+    pub async fn start(extender: Extender) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let app = vgpu_scheduler_extender::extender::server::router(extender.clone(), "/scheduler");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Served {
+            addr,
+            extender,
+            client: ServedClient::new(addr),
+        }
+    }
+
+    /// POSTs a body; returns the status and the body.
+    pub async fn post(&self, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+        self.client.post(path, body).await
+    }
+
+    /// POSTs JSON and parses the JSON answer.
+    pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.client.post_json(path, body).await
+    }
+
+    pub async fn get(&self, path: &str) -> u16 {
+        self.client.get(path).await
     }
 }
 

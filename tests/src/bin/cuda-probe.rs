@@ -12,14 +12,30 @@
 //! meminfo                      free= total=
 //! alloc BYTES                  alloc=ok|err code=   (keeps the allocation)
 //! alloc-until-oom CHUNK        allocations= allocated= code=  (keeps them)
-//! free-all                     frees everything allocated so far
+//! free-all                     frees everything allocated so far (every API)
 //! roundtrip BYTES              roundtrip=ok after copying a pattern to the device and back
 //! saturate SECS KERNEL_NS AT   from unix time AT (ms; 0 = now) for SECS seconds keep the GPU
 //!                              busy with spin kernels, 4 in flight; kernels= device_ns=
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
+//! route dlsym|global|procaddr|procaddr-ptds
+//!                              how entry points are resolved (before init): dlsym on the
+//!                              driver's handle (default), the global scope (as a linked
+//!                              program binds), or cuGetProcAddress_v2 (CUDA 13.0; -ptds:
+//!                              with the per-thread-default-stream flag)
+//! alloc-api API BYTES          alloc=ok|err code= with API mem, pitch, managed, async,
+//!                              pool, vmm, array, array3d or mipmap (kept)
+//! until-oom API CHUNK          allocations= allocated= code= with that API (kept)
+//! totalmem                     totalmem= (cuDeviceTotalMem_v2)
+//! procaddr NAME VERSION FLAGS  procaddr_NAME=<address> code= status= (cuGetProcAddress_v2)
+//! symaddr NAME                 symaddr_NAME=<address> in the global scope (0: none)
+//! ctx-create                   cuCtxCreate on the device (current from then on)
+//! ctx-destroy                  destroys the last created context (and what it holds);
+//!                              the primary context is current again
+//! primary-release              releases the primary context (and what it holds)
 //! ready                        prints "ready pid=<pid>"
 //! wait                         blocks until stdin is closed
 //! sleep MS                     sleeps
+//! at UNIX_MS                   sleeps until that time (a start barrier for races)
 //! ```
 
 // The probe calls C entry points resolved with dlopen/dlsym; each block says why the
@@ -38,14 +54,73 @@ type CuResult = c_uint;
 
 const SPIN_PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry vgpu_sim_spin(.param .u64 ns) { ret; }\n\0";
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Dlsym,
+    Global,
+    ProcAddr,
+    /// `cuGetProcAddress_v2` with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+    ProcAddrPtds,
+}
+
 struct Cuda {
     lib: Library,
+    route: Route,
 }
 
 impl Cuda {
-    fn sym<T>(&self, name: &str) -> Result<Symbol<'_, T>> {
-        // SAFETY: the caller names a CUDA driver entry point with its C signature `T`.
-        unsafe { self.lib.get(name.as_bytes()) }.with_context(|| format!("resolve {name}"))
+    /// Resolves `name` by the probe's route: `dlsym` on the driver's handle (the
+    /// default), the global scope (as a program linked against libcuda binds), or
+    /// `cuGetProcAddress_v2` (base name without `_v2`, CUDA 13.0, no flags).
+    fn sym<T: Copy>(&self, name: &str) -> Result<T> {
+        const { assert!(size_of::<T>() == size_of::<usize>()) };
+        let p: usize = match self.route {
+            Route::Dlsym => {
+                // SAFETY: the caller names a CUDA driver entry point with its C signature.
+                let s: Symbol<'_, usize> = unsafe { self.lib.get(name.as_bytes()) }
+                    .with_context(|| format!("resolve {name}"))?;
+                // SAFETY: reading the symbol's address, not calling it.
+                unsafe { s.into_raw().into_raw() as usize }
+            }
+            Route::Global => {
+                let this = libloading::os::unix::Library::this();
+                // SAFETY: as above.
+                let s: libloading::os::unix::Symbol<usize> =
+                    unsafe { this.get(name.as_bytes()) }
+                        .with_context(|| format!("resolve {name} in the global scope"))?;
+                s.into_raw() as usize
+            }
+            Route::ProcAddr | Route::ProcAddrPtds => {
+                type GetProc = unsafe extern "C" fn(
+                    *const c_char,
+                    *mut *mut c_void,
+                    c_int,
+                    u64,
+                    *mut c_int,
+                ) -> CuResult;
+                // SAFETY: cuGetProcAddress_v2's C signature.
+                let gp: Symbol<'_, GetProc> = unsafe { self.lib.get(b"cuGetProcAddress_v2") }
+                    .context("resolve cuGetProcAddress_v2")?;
+                let base = name.strip_suffix("_v2").unwrap_or(name);
+                let cname = std::ffi::CString::new(base)?;
+                let mut p = std::ptr::null_mut();
+                let mut status = 0;
+                let flags = if self.route == Route::ProcAddrPtds {
+                    2
+                } else {
+                    0
+                };
+                // SAFETY: valid name and out-pointers.
+                let r = unsafe { gp(cname.as_ptr(), &mut p, 13000, flags, &mut status) };
+                if r != 0 || p.is_null() {
+                    bail!("cuGetProcAddress_v2({base}) failed: {r} status {status}");
+                }
+                p as usize
+            }
+        };
+        // SAFETY: `p` is the address of the named entry point, whose C signature the
+        // caller gives as `T` (a function pointer of pointer size).
+        Ok(unsafe { std::mem::transmute_copy::<usize, T>(&p) })
     }
 
     fn check(&self, what: &str, r: CuResult) -> Result<()> {
@@ -59,7 +134,11 @@ impl Cuda {
 struct State {
     cuda: Option<Cuda>,
     device: c_int,
+    route: Route,
     ptrs: Vec<u64>,
+    others: Vec<(Api, u64)>,
+    primary: usize,
+    created: Vec<usize>,
 }
 
 fn arg<'a>(it: &mut impl Iterator<Item = &'a String>, what: &str) -> Result<u64> {
@@ -80,19 +159,35 @@ fn cuda(st: &State) -> Result<&Cuda> {
 
 fn init(st: &mut State) -> Result<()> {
     // SAFETY: loading the CUDA driver library; its initializers are the driver's.
-    let lib = unsafe { Library::new("libcuda.so.1") }.context("dlopen libcuda.so.1")?;
-    let c = Cuda { lib };
+    let lib = if st.route == Route::Global {
+        // SAFETY: as above; global, as a program linked against the driver sees it.
+        unsafe {
+            libloading::os::unix::Library::open(
+                Some("libcuda.so.1"),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+        }
+        .map(Library::from)
+    } else {
+        // SAFETY: as above.
+        unsafe { Library::new("libcuda.so.1") }
+    }
+    .context("dlopen libcuda.so.1")?;
+    let c = Cuda {
+        lib,
+        route: st.route,
+    };
     // SAFETY: every call below passes arguments matching its CUDA driver API signature.
     unsafe {
-        let cu_init: Symbol<'_, unsafe extern "C" fn(c_uint) -> CuResult> = c.sym("cuInit")?;
+        let cu_init: unsafe extern "C" fn(c_uint) -> CuResult = c.sym("cuInit")?;
         c.check("cuInit", cu_init(0))?;
-        let retain: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult> =
+        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
             c.sym("cuDevicePrimaryCtxRetain")?;
         let mut ctx = std::ptr::null_mut();
         c.check("cuDevicePrimaryCtxRetain", retain(&mut ctx, st.device))?;
-        let set: Symbol<'_, unsafe extern "C" fn(*mut c_void) -> CuResult> =
-            c.sym("cuCtxSetCurrent")?;
+        let set: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxSetCurrent")?;
         c.check("cuCtxSetCurrent", set(ctx))?;
+        st.primary = ctx as usize;
     }
     st.cuda = Some(c);
     println!("init=ok");
@@ -104,7 +199,7 @@ fn meminfo(st: &State) -> Result<(u64, u64)> {
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
     unsafe {
-        let f: Symbol<'_, unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult> =
+        let f: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult =
             c.sym("cuMemGetInfo_v2")?;
         c.check("cuMemGetInfo_v2", f(&mut free, &mut total))?;
     }
@@ -116,8 +211,7 @@ fn alloc(st: &mut State, bytes: u64) -> Result<Result<u64, CuResult>> {
     let mut p = 0u64;
     // SAFETY: cuMemAlloc_v2(CUdeviceptr*, size_t).
     let r = unsafe {
-        let f: Symbol<'_, unsafe extern "C" fn(*mut u64, usize) -> CuResult> =
-            c.sym("cuMemAlloc_v2")?;
+        let f: unsafe extern "C" fn(*mut u64, usize) -> CuResult = c.sym("cuMemAlloc_v2")?;
         f(&mut p, bytes as usize)
     };
     if r == 0 {
@@ -132,7 +226,7 @@ fn free_all(st: &mut State) -> Result<()> {
     let c = cuda(st)?;
     // SAFETY: cuMemFree_v2(CUdeviceptr) on pointers cuMemAlloc_v2 returned.
     unsafe {
-        let f: Symbol<'_, unsafe extern "C" fn(u64) -> CuResult> = c.sym("cuMemFree_v2")?;
+        let f: unsafe extern "C" fn(u64) -> CuResult = c.sym("cuMemFree_v2")?;
         for &p in &st.ptrs {
             c.check("cuMemFree_v2", f(p))?;
         }
@@ -150,9 +244,9 @@ fn roundtrip(st: &mut State, bytes: u64) -> Result<()> {
     let mut dst = vec![0u8; bytes as usize];
     // SAFETY: copies of `bytes` bytes between host vectors of that size and `p`.
     unsafe {
-        let h2d: Symbol<'_, unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult> =
+        let h2d: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult =
             c.sym("cuMemcpyHtoD_v2")?;
-        let d2h: Symbol<'_, unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult> =
+        let d2h: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult =
             c.sym("cuMemcpyDtoH_v2")?;
         c.check("cuMemcpyHtoD_v2", h2d(p, src.as_ptr().cast(), src.len()))?;
         c.check(
@@ -186,21 +280,18 @@ fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
     // SAFETY: every call follows its CUDA driver API signature; kernel
     // parameters point to a live u64 for the duration of each launch call.
     unsafe {
-        let load: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult> =
+        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult =
             c.sym("cuModuleLoadData")?;
-        let getf: Symbol<
-            '_,
-            unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult,
-        > = c.sym("cuModuleGetFunction")?;
-        let mk_stream: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult> =
+        let getf: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult =
+            c.sym("cuModuleGetFunction")?;
+        let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
             c.sym("cuStreamCreate")?;
-        let mk_event: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult> =
+        let mk_event: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
             c.sym("cuEventCreate")?;
-        let record: Symbol<'_, unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult> =
+        let record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
             c.sym("cuEventRecord")?;
-        let sync: Symbol<'_, unsafe extern "C" fn(*mut c_void) -> CuResult> =
-            c.sym("cuEventSynchronize")?;
-        let launch: Symbol<'_, LaunchFn> = c.sym("cuLaunchKernel")?;
+        let sync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuEventSynchronize")?;
+        let launch: LaunchFn = c.sym("cuLaunchKernel")?;
         let mut module = std::ptr::null_mut();
         c.check(
             "cuModuleLoadData",
@@ -331,12 +422,269 @@ fn nvml(device: c_int) -> Result<()> {
     Ok(())
 }
 
+/// An allocation API of the driver.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Api {
+    Mem,
+    Pitch,
+    Managed,
+    Async,
+    Pool,
+    Vmm,
+    Array,
+    Array3d,
+    Mipmap,
+}
+
+impl Api {
+    fn parse(s: &str) -> Result<Api> {
+        Ok(match s {
+            "mem" => Api::Mem,
+            "pitch" => Api::Pitch,
+            "managed" => Api::Managed,
+            "async" => Api::Async,
+            "pool" => Api::Pool,
+            "vmm" => Api::Vmm,
+            "array" => Api::Array,
+            "array3d" => Api::Array3d,
+            "mipmap" => Api::Mipmap,
+            _ => bail!("unknown allocation API {s:?}"),
+        })
+    }
+}
+
+#[repr(C)]
+struct ArrayDesc {
+    width: usize,
+    height: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+
+#[repr(C)]
+struct Array3dDesc {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+#[repr(C)]
+struct MemProp {
+    type_: c_uint,
+    handle_types: c_uint,
+    loc_type: c_uint,
+    loc_id: c_int,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+
+/// Allocates `bytes` with `api` (arrays: `bytes` one-byte elements); keeps it.
+fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResult>> {
+    if api == Api::Mem {
+        return alloc(st, bytes);
+    }
+    let c = cuda(st)?;
+    let n = bytes as usize;
+    let mut h = 0u64;
+    // SAFETY: every call follows its CUDA driver API signature with valid
+    // out- and in-pointers.
+    let r = unsafe {
+        match api {
+            Api::Mem => unreachable!("handled above"),
+            Api::Pitch => {
+                let f: unsafe extern "C" fn(
+                    *mut u64,
+                    *mut usize,
+                    usize,
+                    usize,
+                    c_uint,
+                ) -> CuResult = c.sym("cuMemAllocPitch_v2")?;
+                let mut pitch = 0usize;
+                f(&mut h, &mut pitch, n, 1, 4)
+            }
+            Api::Managed => {
+                let f: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult =
+                    c.sym("cuMemAllocManaged")?;
+                f(&mut h, n, 1)
+            }
+            Api::Async => {
+                let f: unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> CuResult =
+                    c.sym("cuMemAllocAsync")?;
+                f(&mut h, n, std::ptr::null_mut())
+            }
+            Api::Pool => {
+                let get: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+                    c.sym("cuDeviceGetDefaultMemPool")?;
+                let f: unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> CuResult =
+                    c.sym("cuMemAllocFromPoolAsync")?;
+                let mut pool = std::ptr::null_mut();
+                c.check("cuDeviceGetDefaultMemPool", get(&mut pool, st.device))?;
+                f(&mut h, n, pool, std::ptr::null_mut())
+            }
+            Api::Vmm => {
+                let f: unsafe extern "C" fn(*mut u64, usize, *const MemProp, u64) -> CuResult =
+                    c.sym("cuMemCreate")?;
+                let prop = MemProp {
+                    type_: 1,
+                    handle_types: 0,
+                    loc_type: 1,
+                    loc_id: st.device,
+                    win32: std::ptr::null_mut(),
+                    flags: [0; 8],
+                };
+                f(&mut h, n, &prop, 0)
+            }
+            Api::Array => {
+                let f: unsafe extern "C" fn(*mut u64, *const ArrayDesc) -> CuResult =
+                    c.sym("cuArrayCreate_v2")?;
+                let d = ArrayDesc {
+                    width: n,
+                    height: 0,
+                    format: 1,
+                    channels: 1,
+                };
+                f(&mut h, &d)
+            }
+            Api::Array3d | Api::Mipmap => {
+                let d = Array3dDesc {
+                    width: n,
+                    height: 1,
+                    depth: 1,
+                    format: 1,
+                    channels: 1,
+                    flags: 0,
+                };
+                if api == Api::Array3d {
+                    let f: unsafe extern "C" fn(*mut u64, *const Array3dDesc) -> CuResult =
+                        c.sym("cuArray3DCreate_v2")?;
+                    f(&mut h, &d)
+                } else {
+                    let f: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult =
+                        c.sym("cuMipmappedArrayCreate")?;
+                    f(&mut h, &d, 1)
+                }
+            }
+        }
+    };
+    if r == 0 {
+        st.others.push((api, h));
+        Ok(Ok(h))
+    } else {
+        Ok(Err(r))
+    }
+}
+
+/// Frees everything `alloc_api` kept.
+fn free_others(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    for &(api, h) in &st.others {
+        let (name, r) = {
+            let name = match api {
+                Api::Mem | Api::Pitch | Api::Managed => "cuMemFree_v2",
+                Api::Async | Api::Pool => "cuMemFreeAsync",
+                Api::Vmm => "cuMemRelease",
+                Api::Array | Api::Array3d => "cuArrayDestroy",
+                Api::Mipmap => "cuMipmappedArrayDestroy",
+            };
+            // SAFETY: each free function takes the handle (and a null stream where it
+            // is stream-ordered).
+            let r = unsafe {
+                if matches!(api, Api::Async | Api::Pool) {
+                    let f: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = c.sym(name)?;
+                    f(h, std::ptr::null_mut())
+                } else {
+                    let f: unsafe extern "C" fn(u64) -> CuResult = c.sym(name)?;
+                    f(h)
+                }
+            };
+            (name, r)
+        };
+        c.check(name, r)?;
+    }
+    // Stream-ordered frees complete with the stream.
+    // SAFETY: cuStreamSynchronize(CUstream) on the legacy default stream.
+    unsafe {
+        let sync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuStreamSynchronize")?;
+        c.check("cuStreamSynchronize", sync(std::ptr::null_mut()))?;
+    }
+    st.others.clear();
+    Ok(())
+}
+
+/// `cuCtxCreate` on the probe's device (it becomes current).
+fn ctx_create(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: cuCtxCreate_v2(CUcontext*, unsigned int, CUdevice).
+    unsafe {
+        let f: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CuResult =
+            c.sym("cuCtxCreate_v2")?;
+        c.check("cuCtxCreate_v2", f(&mut ctx, 0, st.device))?;
+    }
+    st.created.push(ctx as usize);
+    println!("ctx=created");
+    Ok(())
+}
+
+/// `cuCtxDestroy` of the last created context; the primary context becomes current.
+/// Allocations made in it are gone (forgotten by the probe).
+fn ctx_destroy(st: &mut State) -> Result<()> {
+    let ctx = st.created.pop().context("no created context")?;
+    let c = cuda(st)?;
+    // SAFETY: cuCtxDestroy_v2(CUcontext) and cuCtxSetCurrent(CUcontext) on contexts
+    // this process holds.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxDestroy_v2")?;
+        c.check("cuCtxDestroy_v2", f(ctx as *mut c_void))?;
+        let set: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuCtxSetCurrent")?;
+        c.check("cuCtxSetCurrent", set(st.primary as *mut c_void))?;
+    }
+    st.ptrs.clear();
+    st.others.clear();
+    println!("ctx=destroyed");
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxRelease` (the probe's one reference): everything allocated in
+/// the primary context is gone.
+fn primary_release(st: &mut State) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: cuDevicePrimaryCtxRelease_v2(CUdevice) after our one retain.
+    unsafe {
+        let f: unsafe extern "C" fn(c_int) -> CuResult = c.sym("cuDevicePrimaryCtxRelease_v2")?;
+        c.check("cuDevicePrimaryCtxRelease_v2", f(st.device))?;
+    }
+    st.ptrs.clear();
+    st.others.clear();
+    println!("primary=released");
+    Ok(())
+}
+
+fn total_mem(st: &State) -> Result<u64> {
+    let c = cuda(st)?;
+    let mut t = 0usize;
+    // SAFETY: cuDeviceTotalMem_v2(size_t*, CUdevice).
+    unsafe {
+        let f: unsafe extern "C" fn(*mut usize, c_int) -> CuResult =
+            c.sym("cuDeviceTotalMem_v2")?;
+        c.check("cuDeviceTotalMem_v2", f(&mut t, st.device))?;
+    }
+    Ok(t as u64)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut st = State {
         cuda: None,
         device: 0,
+        route: Route::Dlsym,
         ptrs: Vec::new(),
+        others: Vec::new(),
+        primary: 0,
+        created: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(cmd) = it.next() {
@@ -368,7 +716,80 @@ fn main() -> Result<()> {
                 };
                 println!("allocations={n} allocated={total} code={code}");
             }
-            "free-all" => free_all(&mut st)?,
+            "free-all" => {
+                free_all(&mut st)?;
+                free_others(&mut st)?;
+            }
+            "route" => {
+                st.route = match it.next().map(String::as_str) {
+                    Some("dlsym") => Route::Dlsym,
+                    Some("global") => Route::Global,
+                    Some("procaddr") => Route::ProcAddr,
+                    Some("procaddr-ptds") => Route::ProcAddrPtds,
+                    other => {
+                        bail!("unknown route {other:?} (dlsym, global, procaddr, procaddr-ptds)")
+                    }
+                }
+            }
+            "alloc-api" => {
+                let api = Api::parse(it.next().context("missing API")?)?;
+                let n = arg(&mut it, "size")?;
+                match alloc_api(&mut st, api, n)? {
+                    Ok(h) => println!("alloc=ok handle={h:#x}"),
+                    Err(e) => println!("alloc=err code={e}"),
+                }
+            }
+            "until-oom" => {
+                let api = Api::parse(it.next().context("missing API")?)?;
+                let chunk = arg(&mut it, "chunk size")?;
+                let (mut n, mut total) = (0u64, 0u64);
+                let code = loop {
+                    match alloc_api(&mut st, api, chunk)? {
+                        Ok(_) => {
+                            n += 1;
+                            total += chunk;
+                        }
+                        Err(e) => break e,
+                    }
+                };
+                println!("allocations={n} allocated={total} code={code}");
+            }
+            "ctx-create" => ctx_create(&mut st)?,
+            "ctx-destroy" => ctx_destroy(&mut st)?,
+            "primary-release" => primary_release(&mut st)?,
+            "procaddr" => {
+                let name = it.next().context("missing name")?;
+                let version = arg(&mut it, "CUDA version")?;
+                let flags = arg(&mut it, "flags")?;
+                let c = cuda(&st)?;
+                type GetProc = unsafe extern "C" fn(
+                    *const c_char,
+                    *mut *mut c_void,
+                    c_int,
+                    u64,
+                    *mut c_int,
+                ) -> CuResult;
+                // SAFETY: cuGetProcAddress_v2's C signature; valid name and out-pointers.
+                let (r, p, status) = unsafe {
+                    let gp: Symbol<'_, GetProc> = c.lib.get(b"cuGetProcAddress_v2")?;
+                    let cname = std::ffi::CString::new(name.as_str())?;
+                    let mut p = std::ptr::null_mut();
+                    let mut status = 0;
+                    let r = gp(cname.as_ptr(), &mut p, version as c_int, flags, &mut status);
+                    (r, p, status)
+                };
+                println!("procaddr_{name}={:#x} code={r} status={status}", p as usize);
+            }
+            "symaddr" => {
+                let name = it.next().context("missing name")?;
+                let this = libloading::os::unix::Library::this();
+                // SAFETY: reading a symbol's address, not calling it.
+                let p = unsafe { this.get::<usize>(name.as_bytes()) }
+                    .map(|s| s.into_raw() as usize)
+                    .unwrap_or(0);
+                println!("symaddr_{name}={p:#x}");
+            }
+            "totalmem" => println!("totalmem={}", total_mem(&st)?),
             "roundtrip" => {
                 let n = arg(&mut it, "size")?;
                 roundtrip(&mut st, n)?;
@@ -385,6 +806,10 @@ fn main() -> Result<()> {
                 std::io::stdout().flush()?;
                 let mut sink = Vec::new();
                 let _ = std::io::stdin().read_to_end(&mut sink);
+            }
+            "at" => {
+                let at = arg(&mut it, "unix time in ms")?;
+                std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
             }
             "sleep" => std::thread::sleep(Duration::from_millis(arg(&mut it, "milliseconds")?)),
             other => bail!("unknown probe command {other:?}"),

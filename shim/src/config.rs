@@ -1,0 +1,237 @@
+//! The shim's configuration: read from the environment once, validated, no I/O here.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `VGPU_MEMORY_LIMIT` | quota of every visible device (bytes, or `Ki/Mi/Gi/Ti` with or without `B`) | none (unlimited) |
+//! | `VGPU_MEMORY_LIMIT_<i>` | quota of device `i` (CUDA ordinal), overrides the above | none |
+//! | `VGPU_CONTAINER_DIR` | directory shared by all processes of one container: one budget | `/tmp/vgpu` |
+//! | `VGPU_ON_ERROR` | `fail` or `unenforced`: what happens when the shim cannot enforce | `fail` |
+//! | `VGPU_LOG` | `1`/`true`/`debug`: log to stderr (rate-limited) | off |
+//! | `VGPU_REAL_LIBCUDA` | path or name of the real driver | `libcuda.so.1` |
+//! | `VGPU_REAL_LIBNVML` | path or name of the real NVML | `libnvidia-ml.so.1` |
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Devices the shim keeps accounts for (CUDA ordinals `0..MAX_DEVICES`).
+pub const MAX_DEVICES: usize = 16;
+
+/// Default `VGPU_CONTAINER_DIR`: inside a container `/tmp` belongs to the container, so
+/// all its processes share it.
+pub const DEFAULT_CONTAINER_DIR: &str = "/tmp/vgpu";
+
+/// What the shim does when it cannot enforce the quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// `cuInit` fails (the default): no CUDA without isolation.
+    Fail,
+    /// Every call passes through unenforced, after a loud warning on stderr.
+    Unenforced,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Quota per device in bytes; `None` is unlimited.
+    pub limits: [Option<u64>; MAX_DEVICES],
+    /// The container's accounting directory.
+    pub container_dir: PathBuf,
+    /// Failure policy.
+    pub on_error: OnError,
+    /// Log to stderr.
+    pub log: bool,
+    /// Real driver to load.
+    pub real_libcuda: String,
+    /// Real NVML to load.
+    pub real_libnvml: String,
+}
+
+/// A configuration value that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The environment variable.
+    pub var: String,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid {}={:?}: {}", self.var, self.value, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn bad(var: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_limit(var: &str, value: &str) -> Result<u64, ConfigError> {
+    let v =
+        vgpu_core::bytes::parse_bytes(value.trim()).map_err(|e| bad(var, value, e.to_string()))?;
+    if v == 0 {
+        return Err(bad(var, value, "a memory quota must be greater than zero"));
+    }
+    Ok(v)
+}
+
+impl Config {
+    /// Builds the configuration from `(name, value)` pairs (the environment).
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut cfg = Config {
+            limits: [None; MAX_DEVICES],
+            container_dir: PathBuf::from(DEFAULT_CONTAINER_DIR),
+            on_error: OnError::Fail,
+            log: false,
+            real_libcuda: "libcuda.so.1".to_owned(),
+            real_libnvml: "libnvidia-ml.so.1".to_owned(),
+        };
+        let mut all = None;
+        let mut per_device = Vec::new();
+        for (k, v) in vars {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            match k {
+                "VGPU_MEMORY_LIMIT" => all = Some(parse_limit(k, v)?),
+                "VGPU_CONTAINER_DIR" => {
+                    if v.is_empty() || !v.starts_with('/') {
+                        return Err(bad(k, v, "must be an absolute path"));
+                    }
+                    cfg.container_dir = PathBuf::from(v);
+                }
+                "VGPU_ON_ERROR" => {
+                    cfg.on_error = match v.trim() {
+                        "fail" => OnError::Fail,
+                        "unenforced" => OnError::Unenforced,
+                        _ => return Err(bad(k, v, "expected `fail` or `unenforced`")),
+                    }
+                }
+                "VGPU_LOG" => {
+                    cfg.log = match v.trim() {
+                        "" | "0" | "false" | "off" => false,
+                        "1" | "true" | "on" | "debug" | "info" => true,
+                        _ => return Err(bad(k, v, "expected 0/1, true/false or on/off")),
+                    }
+                }
+                "VGPU_REAL_LIBCUDA" if !v.is_empty() => cfg.real_libcuda = v.to_owned(),
+                "VGPU_REAL_LIBNVML" if !v.is_empty() => cfg.real_libnvml = v.to_owned(),
+                _ => {
+                    if let Some(idx) = k.strip_prefix("VGPU_MEMORY_LIMIT_") {
+                        let i: usize = idx.parse().map_err(|_| {
+                            bad(
+                                k,
+                                v,
+                                "the suffix must be a device index (VGPU_MEMORY_LIMIT_0, _1, ...)",
+                            )
+                        })?;
+                        if i >= MAX_DEVICES {
+                            return Err(bad(
+                                k,
+                                v,
+                                format!(
+                                    "device index {i} is out of range (at most {})",
+                                    MAX_DEVICES - 1
+                                ),
+                            ));
+                        }
+                        per_device.push((i, parse_limit(k, v)?));
+                    }
+                }
+            }
+        }
+        if let Some(all) = all {
+            cfg.limits = [Some(all); MAX_DEVICES];
+        }
+        for (i, l) in per_device {
+            cfg.limits[i] = Some(l);
+        }
+        Ok(cfg)
+    }
+
+    /// Builds the configuration from the process environment (non-UTF-8 `VGPU_*`
+    /// values are errors; other variables are ignored).
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let mut vars = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            let Some(k) = k.to_str() else { continue };
+            if !k.starts_with("VGPU_") {
+                continue;
+            }
+            let v = v
+                .into_string()
+                .map_err(|v| bad(k, &v.to_string_lossy(), "not valid UTF-8"))?;
+            vars.push((k.to_owned(), v));
+        }
+        Config::from_vars(vars)
+    }
+
+    /// The quota of device `dev`, if any.
+    pub fn limit(&self, dev: usize) -> Option<u64> {
+        self.limits.get(dev).copied().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_vars(vars.iter().copied())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.limit(0), None);
+        assert_eq!(c.container_dir, PathBuf::from("/tmp/vgpu"));
+        assert_eq!(c.on_error, OnError::Fail);
+        assert!(!c.log);
+    }
+
+    #[test]
+    fn limits_all_and_per_device() {
+        let c = cfg(&[
+            ("VGPU_MEMORY_LIMIT_1", "1Gi"),
+            ("VGPU_MEMORY_LIMIT", "256MiB"),
+            ("VGPU_MEMORY_LIMIT_3", "1048576"),
+        ])
+        .unwrap();
+        assert_eq!(c.limit(0), Some(256 << 20));
+        assert_eq!(c.limit(1), Some(1 << 30));
+        assert_eq!(c.limit(3), Some(1 << 20));
+        let c = cfg(&[("VGPU_MEMORY_LIMIT_2", "2Gi")]).unwrap();
+        assert_eq!(c.limit(0), None);
+        assert_eq!(c.limit(2), Some(2 << 30));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_value() {
+        let e = cfg(&[("VGPU_MEMORY_LIMIT", "8G")]).unwrap_err();
+        assert_eq!(e.var, "VGPU_MEMORY_LIMIT");
+        let msg = e.to_string();
+        assert!(msg.contains("VGPU_MEMORY_LIMIT=\"8G\""), "{msg}");
+        let e = cfg(&[("VGPU_MEMORY_LIMIT_x", "1Gi")]).unwrap_err();
+        assert!(e.to_string().contains("VGPU_MEMORY_LIMIT_x"), "{e}");
+        let e = cfg(&[("VGPU_MEMORY_LIMIT_99", "1Gi")]).unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(cfg(&[("VGPU_MEMORY_LIMIT", "0")]).is_err());
+        assert!(cfg(&[("VGPU_ON_ERROR", "ignore")]).is_err());
+        assert!(cfg(&[("VGPU_CONTAINER_DIR", "relative/dir")]).is_err());
+        assert!(cfg(&[("VGPU_LOG", "maybe")]).is_err());
+        assert_eq!(
+            cfg(&[("VGPU_ON_ERROR", "unenforced")]).unwrap().on_error,
+            OnError::Unenforced
+        );
+    }
+}

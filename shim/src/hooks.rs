@@ -1,0 +1,1298 @@
+//! The exported hooks, all together. Each is thin: it resolves the real function once,
+//! enters `guard` (no panic crosses into the application; a re-entered hook calls the
+//! real function directly), checks its raw pointers, runs the safe logic of
+//! [`crate::state`], and returns a `CUresult` / `nvmlReturn_t`. No lock is held while the
+//! real driver runs.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+
+use vgpu_cuda_abi::cuda::*;
+use vgpu_cuda_abi::nvml::{
+    NVML_ERROR_NO_PERMISSION, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t,
+};
+
+use crate::config::MAX_DEVICES;
+use crate::real::{self, real};
+use crate::state::{self, Charge, Kind, Mode, Shim, array_bytes, mode, round_up, virtual_meminfo};
+use crate::table::{Id, hook_addr};
+
+thread_local! {
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `body` unless this thread is already inside a hook (then `reentered`), turning
+/// a panic into `on_panic`.
+fn guard<R>(on_panic: R, reentered: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+    let already = IN_HOOK.try_with(|f| f.replace(true)).unwrap_or(true);
+    if already {
+        return reentered();
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(on_panic);
+    let _ = IN_HOOK.try_with(|f| f.set(false));
+    r
+}
+
+/// Reports (once) that the real library cannot be used and returns `code`.
+fn missing<R>(id: Id, code: R) -> R {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let e = crate::table::entry(id);
+        let why = match real::lib(e.lib) {
+            Err(msg) => msg.to_owned(),
+            Ok(_) => format!("the real library has no {}", e.symbol),
+        };
+        eprintln!("vgpu: ERROR: {why}");
+    });
+    code
+}
+
+/// The real function of a row, or an early return of `CUDA_ERROR_NOT_FOUND`.
+macro_rules! real_or {
+    ($id:ident, $ty:ty, $code:expr) => {
+        // SAFETY: `$ty` is the C signature of `$id`, declared next to its hook.
+        match unsafe { real::<$ty>(Id::$id) } {
+            Some(f) => f,
+            None => return missing(Id::$id, $code),
+        }
+    };
+}
+
+fn extra(cache: &'static OnceLock<usize>, name: &'static CStr) -> usize {
+    *cache.get_or_init(|| real::cuda().map_or(0, |l| l.sym(name)))
+}
+
+/// The current context's device (None: no current context).
+fn current_device() -> Option<usize> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuCtxGetDevice");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuCtxGetDevice(CUdevice*).
+    let f =
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUdevice) -> CUresult>(p) };
+    let mut d: CUdevice = -1;
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { f(&mut d) };
+    (r == CUDA_SUCCESS)
+        .then(|| usize::try_from(d).ok())
+        .flatten()
+}
+
+/// The current context (0: none).
+fn current_ctx() -> usize {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuCtxGetCurrent");
+    if p == 0 {
+        return 0;
+    }
+    // SAFETY: `p` is the real cuCtxGetCurrent(CUcontext*).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(p)
+    };
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    if unsafe { f(&mut c) } == CUDA_SUCCESS {
+        c as usize
+    } else {
+        0
+    }
+}
+
+/// The driver's allocation granularity of `dev` (cached; 2 MiB if it cannot say).
+fn granularity(shim: &Shim, dev: usize) -> u64 {
+    let g = shim.granularity(dev);
+    if g != 0 {
+        return g;
+    }
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuMemGetAllocationGranularity");
+    let mut g = 2 << 20;
+    if p != 0 {
+        // SAFETY: `p` is the real cuMemGetAllocationGranularity(size_t*, const
+        // CUmemAllocationProp*, CUmemAllocationGranularity_flags).
+        let f = unsafe {
+            std::mem::transmute::<
+                usize,
+                unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult,
+            >(p)
+        };
+        let prop = CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: 0,
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: i32::try_from(dev).unwrap_or(0),
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: [0; 8],
+        };
+        let mut out = 0usize;
+        // SAFETY: valid out- and in-pointers; option 0 = minimum granularity.
+        if unsafe { f(&mut out, &prop, 0) } == CUDA_SUCCESS && out > 0 {
+            g = out as u64;
+        }
+    }
+    shim.set_granularity(dev, g);
+    g
+}
+
+/// Reserve, allocate, roll back on failure; record the charge on success.
+fn charged(
+    kind: Kind,
+    dev: Option<usize>,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+) -> CUresult {
+    let shim = match mode() {
+        Mode::Enforce(s) => s,
+        Mode::Unenforced => return call(),
+        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+    };
+    // No current context: the driver refuses the allocation itself. A device beyond
+    // the accounts is refused rather than allocated unaccounted.
+    let Some(dev) = dev else { return call() };
+    if dev >= MAX_DEVICES {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let charge = round_up(bytes, granularity(shim, dev));
+    if !shim.reserve(dev, charge) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = call();
+    if r != CUDA_SUCCESS {
+        shim.unreserve(dev, charge);
+        return r;
+    }
+    // Device pointers die with their context; VMM handles and arrays are kept until
+    // released (the simulator keeps them; on a real driver a leaked handle of a
+    // destroyed context stays charged until the process exits: the safe direction).
+    let ctx = if kind == Kind::Ptr { current_ctx() } else { 0 };
+    shim.track(
+        kind,
+        key(),
+        Charge {
+            dev,
+            bytes: charge,
+            ctx,
+        },
+    );
+    r
+}
+
+/// Frees, uncharging what the allocation was charged.
+fn uncharged(kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Mode::Enforce(shim) = mode() else {
+        return call();
+    };
+    let c = shim.untrack(kind, key);
+    let r = call();
+    match c {
+        Some(c) if r == CUDA_SUCCESS => shim.unreserve(c.dev, c.bytes),
+        Some(c) => shim.retrack(kind, key, c),
+        None => {}
+    }
+    r
+}
+
+// ---- initialisation and entry-point resolution ------------------------------------
+
+type CuInit = unsafe extern "C" fn(c_uint) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    let f = real_or!(cuInit, CuInit, CUDA_ERROR_NO_DEVICE);
+    // SAFETY: forwarding the caller's arguments to the real function.
+    let call = || unsafe { f(flags) };
+    guard(CUDA_ERROR_UNKNOWN, call, || match mode() {
+        Mode::Fail => CUDA_ERROR_NOT_PERMITTED,
+        _ => call(),
+    })
+}
+
+/// Replaces a resolved real entry point by its hook when it is one we intercept.
+///
+/// # Safety
+/// `symbol` and `pfn` are the arguments of a `cuGetProcAddress` call that succeeded.
+unsafe fn map_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
+    if pfn.is_null() {
+        return;
+    }
+    // SAFETY: the driver succeeded, so `pfn` is a valid pointer it wrote.
+    let p = unsafe { *pfn } as usize;
+    let Ok(lib) = real::cuda() else { return };
+    if let Some(id) = lib.id_of(p) {
+        // SAFETY: as above.
+        unsafe { *pfn = hook_addr(id) as *mut c_void };
+    } else if !symbol.is_null()
+        && let Mode::Enforce(s) = mode()
+    {
+        // SAFETY: the driver accepted `symbol` as a NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+        if crate::table::TABLE
+            .iter()
+            .any(|e| e.base.as_bytes() == name)
+        {
+            state::log(s, || {
+                format!(
+                    "cuGetProcAddress({}) resolved to a function libvgpu does not know: passed through",
+                    String::from_utf8_lossy(name)
+                )
+            });
+        }
+    }
+}
+
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cudaVersion: c_int,
+    flags: u64,
+) -> CUresult {
+    let f = real_or!(cuGetProcAddress, GetProc, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(symbol, pfn, cudaVersion, flags) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            // SAFETY: the driver succeeded with these pointers.
+            unsafe { map_proc(symbol, pfn) };
+        }
+        r
+    })
+}
+
+type GetProcV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cudaVersion: c_int,
+    flags: u64,
+    symbolStatus: *mut c_int,
+) -> CUresult {
+    let f = real_or!(cuGetProcAddress_v2, GetProcV2, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(symbol, pfn, cudaVersion, flags, symbolStatus) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            // SAFETY: the driver succeeded with these pointers.
+            unsafe { map_proc(symbol, pfn) };
+        }
+        r
+    })
+}
+
+// ---- the container's view of memory -------------------------------------------------
+
+type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    let f = real_or!(cuMemGetInfo_v2, MemGetInfo, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(free, total) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+        };
+        let r = call();
+        if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
+            return r;
+        }
+        let Some(dev) = current_device() else {
+            return r;
+        };
+        if let Some(q) = shim.quota(dev) {
+            // SAFETY: the driver just wrote both non-null out-pointers.
+            let (rf, rt) = unsafe { (*free as u64, *total as u64) };
+            let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
+            // SAFETY: as above.
+            unsafe {
+                *free = usize::try_from(vf).unwrap_or(usize::MAX);
+                *total = usize::try_from(vt).unwrap_or(usize::MAX);
+            }
+        }
+        r
+    })
+}
+
+type DeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDeviceTotalMem_v2,
+        DeviceTotalMem,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(bytes, dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+        };
+        let r = call();
+        if r != CUDA_SUCCESS || bytes.is_null() {
+            return r;
+        }
+        if let Some(q) = usize::try_from(dev).ok().and_then(|d| shim.quota(d)) {
+            // SAFETY: the driver just wrote the non-null out-pointer.
+            unsafe { *bytes = (*bytes).min(usize::try_from(q).unwrap_or(usize::MAX)) };
+        }
+        r
+    })
+}
+
+// ---- allocations -------------------------------------------------------------------
+
+type MemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let f = real_or!(cuMemAlloc_v2, MemAlloc, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, bytesize) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if dptr.is_null() {
+            return call();
+        }
+        // SAFETY: non-null, and written by the driver on success.
+        charged(
+            Kind::Ptr,
+            current_device(),
+            bytesize as u64,
+            call,
+            || unsafe { *dptr },
+        )
+    })
+}
+
+type MemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    let f = real_or!(
+        cuMemAllocManaged,
+        MemAllocManaged,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, bytesize, flags) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if dptr.is_null() {
+            return call();
+        }
+        // SAFETY: non-null, and written by the driver on success.
+        charged(
+            Kind::Ptr,
+            current_device(),
+            bytesize as u64,
+            call,
+            || unsafe { *dptr },
+        )
+    })
+}
+
+/// Pitch the driver picks for rows of `width` bytes (512-byte aligned rows).
+const PITCH_ALIGN: u64 = 512;
+
+type MemAllocPitch =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pPitch: *mut usize,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: c_uint,
+) -> CUresult {
+    let f = real_or!(
+        cuMemAllocPitch_v2,
+        MemAllocPitch,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if dptr.is_null() || pPitch.is_null() {
+            return call();
+        }
+        let Mode::Enforce(shim) = mode() else {
+            return charged(Kind::Ptr, None, 0, call, || 0);
+        };
+        let Some(dev) = current_device() else {
+            return call();
+        };
+        let est = round_up(WidthInBytes as u64, PITCH_ALIGN).saturating_mul(Height as u64);
+        let mut key = 0;
+        let r = charged(Kind::Ptr, Some(dev), est, call, || {
+            // SAFETY: written by the driver on success.
+            key = unsafe { *dptr };
+            key
+        });
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        // The driver's real pitch may differ from the estimate: charge the truth.
+        // SAFETY: written by the driver on success.
+        let actual = (unsafe { *pPitch } as u64).saturating_mul(Height as u64);
+        let g = granularity(shim, dev);
+        let (est, actual) = (round_up(est, g), round_up(actual, g));
+        if actual > est {
+            if !shim.reserve(dev, actual - est) {
+                // SAFETY: freeing the allocation just made.
+                let _ = unsafe { cuMemFree_v2(key) };
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        } else if actual < est {
+            shim.unreserve(dev, est - actual);
+        }
+        if let Some(mut c) = shim.untrack(Kind::Ptr, key) {
+            c.bytes = actual;
+            shim.retrack(Kind::Ptr, key, c);
+        }
+        r
+    })
+}
+
+type MemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let f = real_or!(cuMemFree_v2, MemFree, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr) };
+    // A re-entered free (from the pitch hook's rollback) must still uncharge.
+    let body = || uncharged(Kind::Ptr, dptr, call);
+    guard(CUDA_ERROR_UNKNOWN, body, body)
+}
+
+type MemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+/// A stream-ordered allocation, charged at the call.
+///
+/// # Safety
+/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
+unsafe fn alloc_async(f: MemAllocAsync, dptr: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult {
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, n, s) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if dptr.is_null() {
+            return call();
+        }
+        // SAFETY: non-null, and written by the driver on success.
+        charged(Kind::Ptr, current_device(), n as u64, call, || unsafe {
+            *dptr
+        })
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    let f = real_or!(cuMemAllocAsync, MemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { alloc_async(f, dptr, bytesize, hStream) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    let f = real_or!(
+        cuMemAllocAsync_ptsz,
+        MemAllocAsync,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { alloc_async(f, dptr, bytesize, hStream) }
+}
+
+type MemAllocPool =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+/// An allocation from a pool, charged at the call.
+///
+/// # Safety
+/// `f` is the real function; the other arguments are the caller's, per the CUDA API.
+unsafe fn alloc_pool(
+    f: MemAllocPool,
+    dptr: *mut CUdeviceptr,
+    n: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, n, pool, s) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if dptr.is_null() {
+            return call();
+        }
+        // SAFETY: non-null, and written by the driver on success.
+        charged(Kind::Ptr, current_device(), n as u64, call, || unsafe {
+            *dptr
+        })
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    let f = real_or!(
+        cuMemAllocFromPoolAsync,
+        MemAllocPool,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { alloc_pool(f, dptr, bytesize, pool, hStream) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    let f = real_or!(
+        cuMemAllocFromPoolAsync_ptsz,
+        MemAllocPool,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { alloc_pool(f, dptr, bytesize, pool, hStream) }
+}
+
+type MemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    let f = real_or!(cuMemFreeAsync, MemFreeAsync, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, hStream) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        uncharged(Kind::Ptr, dptr, call)
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    let f = real_or!(
+        cuMemFreeAsync_ptsz,
+        MemFreeAsync,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dptr, hStream) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        uncharged(Kind::Ptr, dptr, call)
+    })
+}
+
+type MemCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    u64,
+) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let f = real_or!(cuMemCreate, MemCreate, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(handle, size, prop, flags) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if handle.is_null() || prop.is_null() {
+            return call();
+        }
+        // SAFETY: a non-null in-pointer of the CUDA API, read once.
+        let p = unsafe { prop.read_unaligned() };
+        let dev = if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            usize::try_from(p.location.id).ok()
+        } else {
+            current_device()
+        };
+        // Not tied to a context: VMM allocations live until released.
+        // SAFETY: non-null, and written by the driver on success.
+        charged(Kind::Vmm, dev, size as u64, call, || unsafe { *handle })
+    })
+}
+
+type MemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    let f = real_or!(cuMemRelease, MemRelease, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(handle) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        uncharged(Kind::Vmm, handle, call)
+    })
+}
+
+type ArrayCreate = unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    pHandle: *mut CUarray,
+    pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    let f = real_or!(cuArrayCreate_v2, ArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pHandle, pAllocateArray) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if pHandle.is_null() || pAllocateArray.is_null() {
+            return call();
+        }
+        // SAFETY: a non-null in-pointer of the CUDA API, read once.
+        let d = unsafe { pAllocateArray.read_unaligned() };
+        let elem = array_format_bytes(d.Format).unwrap_or(0) * u64::from(d.NumChannels);
+        let Some(bytes) = array_bytes(d.Width as u64, d.Height as u64, 0, elem, 0) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: non-null, and written by the driver on success.
+        charged(
+            Kind::Array,
+            current_device(),
+            bytes,
+            call,
+            || unsafe { *pHandle } as u64,
+        )
+    })
+}
+
+type Array3DCreate = unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    pHandle: *mut CUarray,
+    pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    let f = real_or!(
+        cuArray3DCreate_v2,
+        Array3DCreate,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pHandle, pAllocateArray) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if pHandle.is_null() || pAllocateArray.is_null() {
+            return call();
+        }
+        // SAFETY: a non-null in-pointer of the CUDA API, read once.
+        let d = unsafe { pAllocateArray.read_unaligned() };
+        let elem = array_format_bytes(d.Format).unwrap_or(0) * u64::from(d.NumChannels);
+        let Some(bytes) = array_bytes(d.Width as u64, d.Height as u64, d.Depth as u64, elem, 0)
+        else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: non-null, and written by the driver on success.
+        charged(
+            Kind::Array,
+            current_device(),
+            bytes,
+            call,
+            || unsafe { *pHandle } as u64,
+        )
+    })
+}
+
+type ArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
+    let f = real_or!(cuArrayDestroy, ArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(hArray) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        uncharged(Kind::Array, hArray as u64, call)
+    })
+}
+
+type MipmapCreate =
+    unsafe extern "C" fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    pHandle: *mut CUmipmappedArray,
+    pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    numMipmapLevels: c_uint,
+) -> CUresult {
+    let f = real_or!(
+        cuMipmappedArrayCreate,
+        MipmapCreate,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pHandle, pMipmappedArrayDesc, numMipmapLevels) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        if pHandle.is_null() || pMipmappedArrayDesc.is_null() || numMipmapLevels > 32 {
+            return call();
+        }
+        // SAFETY: a non-null in-pointer of the CUDA API, read once.
+        let d = unsafe { pMipmappedArrayDesc.read_unaligned() };
+        let elem = array_format_bytes(d.Format).unwrap_or(0) * u64::from(d.NumChannels);
+        let Some(bytes) = array_bytes(
+            d.Width as u64,
+            d.Height as u64,
+            d.Depth as u64,
+            elem,
+            numMipmapLevels,
+        ) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: non-null, and written by the driver on success.
+        charged(
+            Kind::Mipmap,
+            current_device(),
+            bytes,
+            call,
+            || unsafe { *pHandle } as u64,
+        )
+    })
+}
+
+type MipmapDestroy = unsafe extern "C" fn(CUmipmappedArray) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) -> CUresult {
+    let f = real_or!(
+        cuMipmappedArrayDestroy,
+        MipmapDestroy,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(hMipmappedArray) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        uncharged(Kind::Mipmap, hMipmappedArray as u64, call)
+    })
+}
+
+// ---- contexts ------------------------------------------------------------------------
+
+fn dev_index(dev: CUdevice) -> Option<usize> {
+    usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)
+}
+
+type PrimaryRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDevicePrimaryCtxRetain,
+        PrimaryRetain,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pctx, dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+        };
+        let r = call();
+        if let (CUDA_SUCCESS, Some(d), false) = (r, dev_index(dev), pctx.is_null()) {
+            if shim.primary_refs[d].fetch_add(1, Ordering::AcqRel) == 0 {
+                shim.region.count_context(shim.slot, d, true);
+            }
+            // SAFETY: written by the driver on success.
+            shim.primary_ctx[d].store(unsafe { *pctx } as usize, Ordering::Release);
+        }
+        r
+    })
+}
+
+/// After a successful primary release (`reset`: all references at once).
+fn primary_released(dev: CUdevice, reset: bool) {
+    let (Mode::Enforce(shim), Some(d)) = (mode(), dev_index(dev)) else {
+        return;
+    };
+    let refs = &shim.primary_refs[d];
+    let before = if reset {
+        refs.swap(0, Ordering::AcqRel)
+    } else {
+        refs.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v.saturating_sub(1))
+        })
+        .unwrap_or(0)
+    };
+    if before > 0 && (reset || before == 1) {
+        shim.region.count_context(shim.slot, d, false);
+        shim.drop_context_allocs(shim.primary_ctx[d].swap(0, Ordering::AcqRel));
+    }
+}
+
+type PrimaryRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
+/// A primary-context release or reset, and its accounting.
+///
+/// # Safety
+/// `f` is the real release or reset function.
+unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUresult {
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            primary_released(dev, reset);
+        }
+        r
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDevicePrimaryCtxRelease,
+        PrimaryRelease,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { primary_release(f, dev, false) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDevicePrimaryCtxRelease_v2,
+        PrimaryRelease,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { primary_release(f, dev, false) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDevicePrimaryCtxReset,
+        PrimaryRelease,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { primary_release(f, dev, true) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    let f = real_or!(
+        cuDevicePrimaryCtxReset_v2,
+        PrimaryRelease,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { primary_release(f, dev, true) }
+}
+
+/// Runs a context creation and counts the context.
+fn ctx_created(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    let shim = match mode() {
+        Mode::Enforce(s) => s,
+        Mode::Unenforced => return call(),
+        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+    };
+    let r = call();
+    if let (CUDA_SUCCESS, Some(d), false) = (r, dev_index(dev), pctx.is_null()) {
+        // SAFETY: written by the driver on success.
+        let ctx = unsafe { *pctx } as usize;
+        shim.ctx_dev
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ctx, d);
+        shim.region.count_context(shim.slot, d, true);
+    }
+    r
+}
+
+type CtxCreateV2 = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let f = real_or!(cuCtxCreate_v2, CtxCreateV2, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pctx, flags, dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+}
+
+type CtxCreateV3 =
+    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    paramsArray: *mut c_void,
+    numParams: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let f = real_or!(cuCtxCreate_v3, CtxCreateV3, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pctx, paramsArray, numParams, flags, dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+}
+
+type CtxCreateV4 = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    ctxCreateParams: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let f = real_or!(cuCtxCreate_v4, CtxCreateV4, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(pctx, ctxCreateParams, flags, dev) };
+    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+}
+
+type CtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// A context destruction, and its accounting.
+///
+/// # Safety
+/// `f` is the real `cuCtxDestroy` of that ABI.
+unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(ctx) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS
+            && let Mode::Enforce(shim) = mode()
+        {
+            let dev = shim
+                .ctx_dev
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(ctx as usize));
+            if let Some(d) = dev {
+                shim.region.count_context(shim.slot, d, false);
+            }
+            shim.drop_context_allocs(ctx as usize);
+        }
+        r
+    })
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    let f = real_or!(cuCtxDestroy, CtxDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { ctx_destroy(f, ctx) }
+}
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let f = real_or!(cuCtxDestroy_v2, CtxDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: the caller's argument, forwarded.
+    unsafe { ctx_destroy(f, ctx) }
+}
+
+// ---- NVML --------------------------------------------------------------------------
+
+/// NVML's index of `device` (the CUDA ordinal under the device plugin's ordering).
+fn nvml_index(device: nvmlDevice_t) -> Option<usize> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = *P.get_or_init(|| real::nvml().map_or(0, |l| l.sym(c"nvmlDeviceGetIndex")));
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real nvmlDeviceGetIndex(nvmlDevice_t, unsigned int*).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t>(
+            p,
+        )
+    };
+    let mut i: c_uint = 0;
+    // SAFETY: a handle the real NVML accepted, and a valid out-pointer.
+    (unsafe { f(device, &mut i) } == NVML_SUCCESS).then_some(i as usize)
+}
+
+type NvmlMemInfo = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    let f = real_or!(
+        nvmlDeviceGetMemoryInfo,
+        NvmlMemInfo,
+        NVML_ERROR_NO_PERMISSION
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, memory) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
+        };
+        let r = call();
+        if r != NVML_SUCCESS || memory.is_null() {
+            return r;
+        }
+        if let Some(d) = nvml_index(device)
+            && let Some(q) = shim.quota(d)
+        {
+            // SAFETY: the real NVML just filled the non-null struct.
+            let m = unsafe { &mut *memory };
+            let used = shim.used(d);
+            let (free, total) = virtual_meminfo(q, used, m.free, m.total);
+            m.total = total;
+            m.free = free;
+            m.used = used.min(total);
+        }
+        r
+    })
+}
+
+type NvmlMemInfoV2 = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    let f = real_or!(
+        nvmlDeviceGetMemoryInfo_v2,
+        NvmlMemInfoV2,
+        NVML_ERROR_NO_PERMISSION
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, memory) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
+        };
+        let r = call();
+        if r != NVML_SUCCESS || memory.is_null() {
+            return r;
+        }
+        if let Some(d) = nvml_index(device)
+            && let Some(q) = shim.quota(d)
+        {
+            // SAFETY: the real NVML just filled the non-null struct.
+            let m = unsafe { &mut *memory };
+            let used = shim.used(d);
+            let (free, total) = virtual_meminfo(q, used, m.free, m.total);
+            m.total = total;
+            m.reserved = 0;
+            m.free = free;
+            m.used = used.min(total);
+        }
+        r
+    })
+}
+
+type NvmlProcs = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_void) -> nvmlReturn_t;
+
+/// Keeps only the container's processes in a process list of `stride`-byte entries
+/// whose first field is the pid.
+///
+/// # Safety
+/// `f` is the real process-list function whose entries are `stride` bytes; the other
+/// arguments are the caller's, per NVML.
+unsafe fn procs(
+    f: NvmlProcs,
+    stride: usize,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> nvmlReturn_t {
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, count, infos) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
+        };
+        let r = call();
+        if r != NVML_SUCCESS || count.is_null() || infos.is_null() {
+            return r;
+        }
+        shim.region.reap_if_due(Some(shim.slot), 0);
+        let dev = nvml_index(device);
+        let base = infos.cast::<u8>();
+        // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.
+        let n = unsafe { *count } as usize;
+        let mut kept = 0usize;
+        for i in 0..n {
+            // SAFETY: entry i lies within the `n` written entries; pid is its first
+            // (4-byte) field, read unaligned.
+            let pid = unsafe { base.add(i * stride).cast::<u32>().read_unaligned() };
+            let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
+                continue;
+            };
+            let dst = base.wrapping_add(kept * stride);
+            if kept != i {
+                // SAFETY: both entries lie within the buffer; `kept < i` so they do
+                // not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
+            }
+            // The process's memory as the container counts it (what its quota covers).
+            // SAFETY: usedGpuMemory is the u64 at offset 8 of every entry version.
+            unsafe { dst.add(8).cast::<u64>().write_unaligned(used) };
+            kept += 1;
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { *count = kept as c_uint };
+        r
+    })
+}
+
+/// `nvmlProcessInfo_v1_t`: pid, usedGpuMemory.
+const PROC_V1: usize = 16;
+/// `nvmlProcessInfo_t` (v2/v3): pid, usedGpuMemory, gpuInstanceId, computeInstanceId.
+const PROC_V2: usize = 24;
+
+macro_rules! proc_hooks {
+    ($($name:ident $stride:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            infoCount: *mut c_uint,
+            infos: *mut c_void,
+        ) -> nvmlReturn_t {
+            let f = real_or!($name, NvmlProcs, NVML_ERROR_NO_PERMISSION);
+            // SAFETY: the caller's arguments, forwarded.
+            unsafe { procs(f, $stride, device, infoCount, infos) }
+        }
+    )*};
+}
+
+proc_hooks! {
+    nvmlDeviceGetComputeRunningProcesses PROC_V1;
+    nvmlDeviceGetComputeRunningProcesses_v2 PROC_V2;
+    nvmlDeviceGetComputeRunningProcesses_v3 PROC_V2;
+    nvmlDeviceGetGraphicsRunningProcesses PROC_V1;
+    nvmlDeviceGetGraphicsRunningProcesses_v2 PROC_V2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3 PROC_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses PROC_V1;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 PROC_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 PROC_V2;
+}
+
+type NvmlProcUtil = unsafe extern "C" fn(
+    nvmlDevice_t,
+    *mut nvmlProcessUtilizationSample_t,
+    *mut c_uint,
+    u64,
+) -> nvmlReturn_t;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    processSamplesCount: *mut c_uint,
+    lastSeenTimeStamp: u64,
+) -> nvmlReturn_t {
+    let f = real_or!(
+        nvmlDeviceGetProcessUtilization,
+        NvmlProcUtil,
+        NVML_ERROR_NO_PERMISSION
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, utilization, processSamplesCount, lastSeenTimeStamp) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let shim = match mode() {
+            Mode::Enforce(s) => s,
+            Mode::Unenforced => return call(),
+            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
+        };
+        let r = call();
+        if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
+            return r;
+        }
+        let pids = shim.region.live_pids();
+        // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
+        let n = unsafe { *processSamplesCount } as usize;
+        let mut kept = 0usize;
+        for i in 0..n {
+            // SAFETY: sample i lies within the `n` written samples.
+            let s = unsafe { utilization.add(i).read_unaligned() };
+            if pids.contains(&s.pid) {
+                // SAFETY: `kept <= i < n`: within the written samples.
+                unsafe { utilization.add(kept).write_unaligned(s) };
+                kept += 1;
+            }
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { *processSamplesCount = kept as c_uint };
+        r
+    })
+}
+
+// ---- dlsym ---------------------------------------------------------------------------
+
+#[cfg_attr(test, allow(dead_code))]
+/// The logic of the `dlsym` hook: what the real `dlsym` finds, replaced by our hook when
+/// it is the real function of an intercepted entry point.
+unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { real::real_dlsym(handle, name) };
+    if r.is_null() || name.is_null() {
+        return r;
+    }
+    // SAFETY: dlsym found `name`, so it is a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+    let Some(id) = crate::table::find(bytes) else {
+        return r;
+    };
+    if real::loading() {
+        // The real library's own initializers look themselves up.
+        return r;
+    }
+    guard(
+        r,
+        || r,
+        || match real::lib(crate::table::entry(id).lib) {
+            Ok(lib) if lib.ptr(id) == r as usize => hook_addr(id) as *mut c_void,
+            Ok(_) => r,
+            // The configured real library cannot be loaded: our hook reports it (loudly)
+            // rather than letting the application run unenforced.
+            Err(_) => hook_addr(id) as *mut c_void,
+        },
+    )
+}
+
+/// `dlsym`: a program that `dlopen`s the driver and looks up an intercepted entry point
+/// on its handle gets our hook. `RTLD_NEXT` and `RTLD_DEFAULT` lookups jump straight to
+/// libc's `dlsym` with the caller's return address intact (a naked tail jump): both are
+/// resolved relative to the caller's scope, and in the global scope the preloaded shim's
+/// exports come first anyway.
+#[cfg(all(not(test), target_arch = "x86_64"))]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "test rdi, rdi",
+        "jz 2f",
+        "cmp rdi, -1",
+        "jne {hook}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz {hook}",
+        "jmp rax",
+        hook = sym dlsym_hook,
+        real = sym real::REAL_DLSYM,
+    )
+}
+
+/// Resolves libc's `dlsym` when the library loads, before any application lookup.
+#[cfg(not(test))]
+extern "C" fn on_load() {
+    let _ = real::dlsym_fn();
+}
+
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -1,0 +1,25 @@
+//! `libvgpu.so`: loaded into every CUDA process of a container (`LD_PRELOAD`), it
+//! enforces the container's GPU memory quota and shows the container its own GPU.
+//!
+//! - [`table`]: the one table of intercepted entry points, which drives all three
+//!   routes: exported symbols, the `dlsym` hook and the `cuGetProcAddress` hook.
+//! - [`hooks`]: the exported functions, thin: guard, pointer checks, safe logic, result.
+//! - [`real`]: the real driver and NVML, resolved once, never through ourselves.
+//! - [`state`]: configuration, failure policy, this process's allocations.
+//! - [`region`]: the container's shared accounting (atomics in a mapped file, kernel
+//!   liveness locks, no cross-process lock).
+//! - [`config`]: the environment, parsed and validated.
+//!
+//! See `docs/shim.md` and ADR 0008.
+
+// An LD_PRELOAD library: it exports C functions that take raw pointers from the
+// application, calls the real driver through function pointers from dlsym, and maps
+// shared memory. Every unsafe block carries its SAFETY argument.
+#![allow(unsafe_code)]
+
+pub mod config;
+pub mod hooks;
+pub mod real;
+pub mod region;
+pub mod state;
+pub mod table;

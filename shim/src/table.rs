@@ -1,0 +1,150 @@
+//! The one table of intercepted entry points. It drives all three routes: each row is an
+//! exported hook of the same name ([`crate::hooks`]), the `dlsym` hook returns that hook
+//! for the row's symbol, and the `cuGetProcAddress` hook returns it when the driver
+//! resolved a request to the row's real function (so the requested version and the
+//! per-thread-stream flag are decided exactly as the driver decides them).
+//!
+//! Columns: exported symbol, library, base name as `cuGetProcAddress` knows it, the CUDA
+//! version that introduced this ABI, whether it is the per-thread-default-stream variant.
+
+/// Which real library a row belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lib {
+    /// `libcuda.so.1`.
+    Cuda,
+    /// `libnvidia-ml.so.1`.
+    Nvml,
+}
+
+/// One intercepted entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Exported symbol name (the hook's and the real function's).
+    pub symbol: &'static str,
+    /// The real library.
+    pub lib: Lib,
+    /// Base name, as passed to `cuGetProcAddress` (NVML: the symbol).
+    pub base: &'static str,
+    /// CUDA version that introduced this ABI (NVML: 0).
+    pub since: i32,
+    /// The `_ptsz`/`_ptds` variant.
+    pub per_thread: bool,
+}
+
+macro_rules! table {
+    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal;)*) => {
+        /// Index of a row of [`TABLE`].
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Id { $($id),* }
+
+        /// The intercepted entry points.
+        pub static TABLE: &[Entry] = &[$(Entry {
+            symbol: stringify!($id),
+            lib: Lib::$lib,
+            base: $base,
+            since: $since,
+            per_thread: $pt,
+        }),*];
+
+        /// Every row's id, in table order.
+        pub const IDS: &[Id] = &[$(Id::$id),*];
+
+        /// Address of the hook of row `id`.
+        pub fn hook_addr(id: Id) -> usize {
+            match id { $(Id::$id => crate::hooks::$id as *const () as usize),* }
+        }
+    };
+}
+
+table! {
+    cuInit: Cuda "cuInit" 2000 false;
+    cuGetProcAddress: Cuda "cuGetProcAddress" 11030 false;
+    cuGetProcAddress_v2: Cuda "cuGetProcAddress" 12000 false;
+    cuMemGetInfo_v2: Cuda "cuMemGetInfo" 3020 false;
+    cuDeviceTotalMem_v2: Cuda "cuDeviceTotalMem" 3020 false;
+    cuMemAlloc_v2: Cuda "cuMemAlloc" 3020 false;
+    cuMemAllocPitch_v2: Cuda "cuMemAllocPitch" 3020 false;
+    cuMemAllocManaged: Cuda "cuMemAllocManaged" 6000 false;
+    cuMemFree_v2: Cuda "cuMemFree" 3020 false;
+    cuMemAllocAsync: Cuda "cuMemAllocAsync" 11020 false;
+    cuMemAllocAsync_ptsz: Cuda "cuMemAllocAsync" 11020 true;
+    cuMemAllocFromPoolAsync: Cuda "cuMemAllocFromPoolAsync" 11020 false;
+    cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true;
+    cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false;
+    cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true;
+    cuMemCreate: Cuda "cuMemCreate" 10020 false;
+    cuMemRelease: Cuda "cuMemRelease" 10020 false;
+    cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false;
+    cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false;
+    cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false;
+    cuMipmappedArrayCreate: Cuda "cuMipmappedArrayCreate" 5000 false;
+    cuMipmappedArrayDestroy: Cuda "cuMipmappedArrayDestroy" 5000 false;
+    cuDevicePrimaryCtxRetain: Cuda "cuDevicePrimaryCtxRetain" 7000 false;
+    cuDevicePrimaryCtxRelease: Cuda "cuDevicePrimaryCtxRelease" 7000 false;
+    cuDevicePrimaryCtxRelease_v2: Cuda "cuDevicePrimaryCtxRelease" 11000 false;
+    cuDevicePrimaryCtxReset: Cuda "cuDevicePrimaryCtxReset" 7000 false;
+    cuDevicePrimaryCtxReset_v2: Cuda "cuDevicePrimaryCtxReset" 11000 false;
+    cuCtxCreate_v2: Cuda "cuCtxCreate" 3020 false;
+    cuCtxCreate_v3: Cuda "cuCtxCreate" 11040 false;
+    cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false;
+    cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false;
+    cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false;
+    nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
+    nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
+    nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;
+    nvmlDeviceGetComputeRunningProcesses_v2: Nvml "nvmlDeviceGetComputeRunningProcesses_v2" 0 false;
+    nvmlDeviceGetComputeRunningProcesses_v3: Nvml "nvmlDeviceGetComputeRunningProcesses_v3" 0 false;
+    nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false;
+    nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false;
+    nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
+    nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
+}
+
+/// The row whose exported symbol is `name`.
+pub fn find(name: &[u8]) -> Option<Id> {
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
+        return None;
+    }
+    TABLE
+        .iter()
+        .position(|e| e.symbol.as_bytes() == name)
+        .and_then(|i| IDS.get(i).copied())
+}
+
+/// The row of `id`.
+pub fn entry(id: Id) -> &'static Entry {
+    &TABLE[id as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_index_the_table() {
+        assert_eq!(IDS.len(), TABLE.len());
+        for (i, id) in IDS.iter().enumerate() {
+            assert_eq!(*id as usize, i);
+            assert_eq!(find(TABLE[i].symbol.as_bytes()), Some(*id));
+        }
+        assert_eq!(find(b"cuCtxGetCurrent"), None);
+        assert_eq!(find(b"malloc"), None);
+    }
+
+    #[test]
+    fn cuda_rows_name_their_abi() {
+        for e in TABLE.iter().filter(|e| e.lib == Lib::Cuda) {
+            assert!(e.symbol.starts_with(e.base), "{e:?}");
+            assert!(e.since >= 2000, "{e:?}");
+            assert_eq!(
+                e.per_thread,
+                e.symbol.ends_with("_ptsz") || e.symbol.ends_with("_ptds")
+            );
+        }
+    }
+}
