@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod container_quota;
 pub mod inventory;
 pub mod packing;
 pub mod resources;

@@ -1,0 +1,109 @@
+//! Publishes the node's GPU inventory for the scheduler extender: the annotation
+//! `vgpu.io/gpu-inventory` (ADR 0007, `vgpu_core::inventory`) on this plugin's Node,
+//! rewritten on every change (health included), and the label `vgpu.io/gpu-model` when
+//! all GPUs are of one model.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, GpuInfo, INVENTORY_VERSION, NodeInventory};
+use vgpu_core::resources::LABEL_GPU_MODEL;
+
+use crate::handshake::error_chain;
+
+/// The merge patch that publishes `gpus` on a Node.
+pub fn node_patch(gpus: &[GpuInfo]) -> serde_json::Value {
+    let inv = NodeInventory {
+        version: INVENTORY_VERSION,
+        gpus: gpus.to_vec(),
+    };
+    let model = match gpus.first() {
+        Some(g) if gpus.iter().all(|h| h.model == g.model) => json!(label_value(&g.model)),
+        _ => serde_json::Value::Null,
+    };
+    json!({"metadata": {
+        "annotations": {ANNOTATION_GPU_INVENTORY: inv.to_json()},
+        "labels": {LABEL_GPU_MODEL: model},
+    }})
+}
+
+/// A model name as a label value (≤ 63 characters of `[A-Za-z0-9._-]`, spaces → `-`).
+fn label_value(model: &str) -> String {
+    let v: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    v.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
+
+/// Keeps the Node's inventory current until `gpus` closes. A failed write is retried
+/// (every `retry`) until it lands or a newer list replaces it.
+pub async fn publish(
+    client: kube::Client,
+    node: String,
+    mut gpus: watch::Receiver<Vec<GpuInfo>>,
+    retry: Duration,
+) {
+    let api: Api<Node> = Api::all(client);
+    loop {
+        let list = gpus.borrow_and_update().clone();
+        let patch = node_patch(&list);
+        loop {
+            match api
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(node = %node, gpus = list.len(), healthy = list.iter().filter(|g| g.healthy).count(), "GPU inventory published");
+                    break;
+                }
+                Err(e) => {
+                    warn!(node = %node, error = %error_chain(&e), "publish GPU inventory; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(retry) => {}
+                        r = gpus.changed() => { if r.is_err() { return } break }
+                    }
+                }
+            }
+        }
+        if gpus.has_changed().unwrap_or(false) {
+            continue;
+        }
+        if gpus.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_carries_a_valid_record_and_a_model_label() {
+        let g = crate::testkit::node::gpus(2, 81920);
+        let p = node_patch(&g);
+        let text = p["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
+            .as_str()
+            .expect("string");
+        assert_eq!(NodeInventory::from_json(text).expect("valid").gpus, g);
+        assert_eq!(
+            p["metadata"]["labels"][LABEL_GPU_MODEL],
+            "NVIDIA-A100-SXM4-80GB"
+        );
+        assert_eq!(label_value(" A100 (80GB) "), "A100--80GB");
+    }
+}

@@ -1,0 +1,28 @@
+//! vgpu's kubelet device plugin.
+//!
+//! It advertises every physical GPU as 10 device IDs `<gpu-uuid>-<slot>` of the resource
+//! `vgpu.io/gpu` (0.1-GPU slices, ADR 0005), keeps their health from NVML events, and hands
+//! each container exactly the GPU share that the scheduler extender recorded for it at bind
+//! (`vgpu.io/assignment`, ADR 0007) through the race-free handshake of ADR 0009:
+//!
+//! - `Allocate` (no pod identity) mounts a per-allocation directory, named after the set
+//!   of device IDs, plus the shim and an `ld.so.preload` generated from the configured path;
+//! - `PreStartContainer` finds the one container that kubelet's PodResources API lists
+//!   with exactly those device IDs, reads its pod's assignment from the API server and
+//!   writes that container's quota file (`vgpu_core::container_quota`) into the per-allocation directory.
+//!
+//! The library is driven by `main.rs` and by the tests, which use a fake kubelet speaking
+//! the real gRPC protocol over unix sockets and a fake API server.
+
+pub mod bench;
+pub mod config;
+pub mod handshake;
+pub mod health;
+pub mod ids;
+pub mod inventory;
+pub mod kubelet;
+pub mod plugin;
+pub mod server;
+
+pub use config::Config;
+pub mod testkit;

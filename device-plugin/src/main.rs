@@ -1,0 +1,204 @@
+//! `vgpu-device-plugin`: parse the configuration, set up logging, run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use vgpu_device_plugin::config::{Config, DeviceMode};
+use vgpu_device_plugin::handshake::Handshake;
+use vgpu_device_plugin::plugin::{Plugin, prepare_state_dir};
+use vgpu_device_plugin::{bench, health, server};
+
+#[derive(Parser, Debug)]
+#[command(about = "vgpu's kubelet device plugin: fractional GPUs for exactly the right container")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Measure Allocate and PreStartContainer latency on an in-process fake node.
+    Bench(bench::BenchArgs),
+    /// Print the node's GPU inventory (JSON, one line) now and on every health change.
+    Health(HealthArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct HealthArgs {
+    /// NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "VGPU_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// XIDs that do not make a GPU unhealthy (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "13,31,43,45,68,109")]
+    ignored_xids: Vec<u64>,
+    /// Milliseconds after an XID/ECC fault before a GPU that answers NVML is healthy again (0: never).
+    #[arg(long, default_value_t = 60_000)]
+    health_recovery_ms: u64,
+    /// How often each GPU is checked to answer NVML, ms.
+    #[arg(long, default_value_t = 1000)]
+    health_poll_ms: u64,
+}
+
+async fn health_cmd(args: HealthArgs) -> Result<()> {
+    let mut cfg = Config::new("local");
+    cfg.ignored_xids = args.ignored_xids.iter().copied().collect();
+    cfg.health_recovery =
+        (args.health_recovery_ms > 0).then(|| Duration::from_millis(args.health_recovery_ms));
+    cfg.health_poll = Duration::from_millis(args.health_poll_ms.max(1));
+    let mut rx = health::spawn_nvml_monitor(&cfg, args.nvml_lib)?;
+    loop {
+        let inv = vgpu_core::inventory::NodeInventory {
+            version: vgpu_core::inventory::INVENTORY_VERSION,
+            gpus: rx.borrow_and_update().clone(),
+        };
+        println!("{}", inv.to_json());
+        tokio::select! {
+            r = rx.changed() => r.context("the NVML monitor stopped")?,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// This node's name (from the downward API).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// Kubelet's device-plugins directory.
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
+    device_plugin_dir: PathBuf,
+    /// Our socket's file name there.
+    #[arg(long, default_value = "vgpu.sock")]
+    socket_name: String,
+    /// Kubelet's PodResources socket.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pod_resources_socket: PathBuf,
+    /// State directory as the plugin sees it.
+    #[arg(long, default_value = "/var/lib/vgpu")]
+    state_dir: PathBuf,
+    /// The same directory on the host (defaults to --state-dir).
+    #[arg(long)]
+    host_state_dir: Option<PathBuf>,
+    /// The shim's path on the host.
+    #[arg(long, default_value = "/var/lib/vgpu/lib/libvgpu.so")]
+    shim_host_path: PathBuf,
+    /// Where the shim appears in containers (written into ld.so.preload).
+    #[arg(long, default_value = "/usr/local/vgpu/libvgpu.so")]
+    shim_container_path: PathBuf,
+    /// VGPU_CONTAINER_DIR in containers.
+    #[arg(long, default_value = "/var/run/vgpu")]
+    container_dir: PathBuf,
+    /// Do not mount /etc/ld.so.preload (the image loads the shim itself).
+    #[arg(long)]
+    no_preload: bool,
+    /// Hand GPUs to containers as CDI devices instead of device nodes.
+    #[arg(long)]
+    cdi: bool,
+    /// XIDs that do not make a GPU unhealthy (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "13,31,43,45,68,109")]
+    ignored_xids: Vec<u64>,
+    /// Seconds after an XID/ECC fault before a GPU that answers NVML is healthy again (0: never).
+    #[arg(long, default_value_t = 60)]
+    health_recovery_s: u64,
+    /// NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "VGPU_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+}
+
+impl RunArgs {
+    fn config(&self) -> Result<Config> {
+        let mut c = Config::new(self.node_name.clone());
+        c.device_plugin_dir = self.device_plugin_dir.clone();
+        c.socket_name = self.socket_name.clone();
+        c.pod_resources_socket = self.pod_resources_socket.clone();
+        c.state_dir = self.state_dir.clone();
+        c.host_state_dir = self
+            .host_state_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.clone());
+        c.shim_host_path = self.shim_host_path.clone();
+        c.shim_container_path = self.shim_container_path.clone();
+        c.container_dir = self.container_dir.clone();
+        c.preload = !self.no_preload;
+        c.device_mode = if self.cdi {
+            DeviceMode::Cdi
+        } else {
+            DeviceMode::Nodes
+        };
+        c.ignored_xids = self.ignored_xids.iter().copied().collect();
+        c.health_recovery =
+            (self.health_recovery_s > 0).then(|| Duration::from_secs(self.health_recovery_s));
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let cfg = Arc::new(args.config()?);
+    prepare_state_dir(&cfg).with_context(|| format!("prepare {}", cfg.state_dir.display()))?;
+    let gpus = health::spawn_nvml_monitor(&cfg, args.nvml_lib.clone())?;
+    let client = kube::Client::try_default().await.context("kube client")?;
+    let (store, writer) = reflector::store();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node_name));
+    tokio::spawn(
+        reflector(writer, watcher(pods, wc).default_backoff())
+            .applied_objects()
+            .for_each(|_| futures::future::ready(())),
+    );
+    tokio::spawn(vgpu_device_plugin::inventory::publish(
+        client.clone(),
+        cfg.node_name.clone(),
+        gpus.clone(),
+        Duration::from_secs(5),
+    ));
+    let handshake = Handshake::new(cfg.clone(), client, Some(store));
+    let plugin = Plugin::new(cfg.clone(), gpus, handshake);
+    server::run(cfg, plugin, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-device-plugin: tokio runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let r = rt.block_on(async {
+        match cli.cmd {
+            Some(Cmd::Bench(b)) => bench::run(b).await,
+            Some(Cmd::Health(h)) => health_cmd(h).await,
+            None => run(cli.run).await,
+        }
+    });
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-device-plugin: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

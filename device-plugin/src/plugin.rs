@@ -1,0 +1,367 @@
+//! The `DevicePlugin` gRPC service kubelet calls.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::{debug, info};
+use vgpu_core::container_quota::QUOTA_FILE;
+use vgpu_core::inventory::GpuInfo;
+use vgpu_core::resources::SLICES_PER_GPU;
+
+use crate::config::{Config, DeviceMode};
+use crate::handshake::{Handshake, error_chain, log_refusal};
+use crate::ids;
+use crate::kubelet::v1beta1::device_plugin_server::DevicePlugin;
+use crate::kubelet::v1beta1::{
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+    ListAndWatchResponse, Mount, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse,
+};
+use crate::kubelet::{HEALTHY, UNHEALTHY};
+
+/// File name of the generated preload list in the state directory.
+pub const PRELOAD_FILE: &str = "ld.so.preload";
+/// Control device nodes every CUDA container needs besides its GPUs' own.
+pub const CONTROL_NODES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
+
+/// Why an allocation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocateError {
+    /// A device ID is malformed.
+    #[error("device IDs from kubelet")]
+    BadId(#[source] ids::IdError),
+    /// A device ID names a GPU this node does not have.
+    #[error("device {0:?} is not on this node")]
+    Unknown(String),
+    /// The allocation directory could not be made.
+    #[error("prepare allocation directory {path}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl AllocateError {
+    /// The gRPC status kubelet receives.
+    pub fn to_status(&self) -> Status {
+        let msg = error_chain(self);
+        match self {
+            AllocateError::BadId(_) | AllocateError::Unknown(_) => Status::invalid_argument(msg),
+            AllocateError::Dir { .. } => Status::internal(msg),
+        }
+    }
+}
+
+/// The device list kubelet sees: 10 IDs per GPU, with the GPU's health.
+pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
+    gpus.iter()
+        .flat_map(|g| {
+            (0..SLICES_PER_GPU).map(move |s| Device {
+                id: ids::device_id(&g.uuid, s),
+                health: if g.healthy { HEALTHY } else { UNHEALTHY }.to_owned(),
+                topology: None,
+            })
+        })
+        .collect()
+}
+
+/// Writes `ld.so.preload` (one line: the shim's path in the container) into the state
+/// directory, and makes the allocation directory.
+pub fn prepare_state_dir(cfg: &Config) -> std::io::Result<()> {
+    std::fs::create_dir_all(cfg.state_dir.join("alloc"))?;
+    let line = format!("{}\n", cfg.shim_container_path.display());
+    std::fs::write(cfg.state_dir.join(PRELOAD_FILE), line)
+}
+
+/// The device plugin service.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    cfg: Arc<Config>,
+    gpus: watch::Receiver<Vec<GpuInfo>>,
+    handshake: Handshake,
+}
+
+impl Plugin {
+    /// A plugin over these GPUs.
+    pub fn new(
+        cfg: Arc<Config>,
+        gpus: watch::Receiver<Vec<GpuInfo>>,
+        handshake: Handshake,
+    ) -> Plugin {
+        Plugin {
+            cfg,
+            gpus,
+            handshake,
+        }
+    }
+
+    /// The `Allocate` answer for one container (public for benchmarks).
+    pub fn allocate_one(
+        &self,
+        device_ids: &[String],
+    ) -> Result<ContainerAllocateResponse, AllocateError> {
+        let gpus = self.gpus.borrow().clone();
+        let mut mine: Vec<&GpuInfo> = Vec::new();
+        for id in device_ids {
+            let (uuid, _) = ids::parse_device_id(id).map_err(AllocateError::BadId)?;
+            let g = gpus
+                .iter()
+                .find(|g| g.uuid == uuid)
+                .ok_or_else(|| AllocateError::Unknown(id.clone()))?;
+            if !mine.iter().any(|m| m.uuid == g.uuid) {
+                mine.push(g);
+            }
+        }
+        mine.sort_by_key(|g| g.index);
+        let key = ids::allocation_key(device_ids.iter().map(String::as_str));
+        let dir = self.cfg.state_dir.join("alloc").join(&key);
+        reset_dir(&dir).map_err(|source| AllocateError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        let host_dir = self.cfg.host_state_dir.join("alloc").join(&key);
+        let cdir = &self.cfg.container_dir;
+        let path = |p: &Path| p.display().to_string();
+        let mut mounts = vec![
+            Mount {
+                container_path: path(cdir),
+                host_path: path(&host_dir),
+                read_only: false,
+            },
+            // The quota file is read-only inside the container, over the writable dir.
+            Mount {
+                container_path: path(&cdir.join(QUOTA_FILE)),
+                host_path: path(&host_dir.join(QUOTA_FILE)),
+                read_only: true,
+            },
+            Mount {
+                container_path: path(&self.cfg.shim_container_path),
+                host_path: path(&self.cfg.shim_host_path),
+                read_only: true,
+            },
+        ];
+        if self.cfg.preload {
+            mounts.push(Mount {
+                container_path: "/etc/ld.so.preload".into(),
+                host_path: path(&self.cfg.host_state_dir.join(PRELOAD_FILE)),
+                read_only: true,
+            });
+        }
+        let mut envs = HashMap::new();
+        envs.insert("VGPU_CONTAINER_DIR".to_owned(), path(cdir));
+        let (devices, cdi_devices) = match self.cfg.device_mode {
+            DeviceMode::Nodes => {
+                let mut d: Vec<DeviceSpec> = mine
+                    .iter()
+                    .map(|g| {
+                        let n = self.cfg.dev_dir.join(format!("nvidia{}", g.index));
+                        DeviceSpec {
+                            container_path: format!("/dev/nvidia{}", g.index),
+                            host_path: path(&n),
+                            permissions: "rw".into(),
+                        }
+                    })
+                    .collect();
+                for c in CONTROL_NODES {
+                    let n = self.cfg.dev_dir.join(c);
+                    if n.exists() {
+                        d.push(DeviceSpec {
+                            container_path: format!("/dev/{c}"),
+                            host_path: path(&n),
+                            permissions: "rw".into(),
+                        });
+                    }
+                }
+                (d, Vec::new())
+            }
+            DeviceMode::Cdi => (
+                Vec::new(),
+                mine.iter()
+                    .map(|g| CdiDevice {
+                        name: format!("{}={}", self.cfg.cdi_kind, g.uuid),
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(ContainerAllocateResponse {
+            envs,
+            mounts,
+            devices,
+            annotations: HashMap::new(),
+            cdi_devices,
+        })
+    }
+}
+
+/// Empties (or creates) an allocation directory and leaves an empty quota file in it,
+/// so that the read-only mount has a source; the shim refuses an empty quota file.
+fn reset_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(QUOTA_FILE), b"")
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for Plugin {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: true,
+        }))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut rx = self.gpus.clone();
+        let (tx, out) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let list = devices(&rx.borrow_and_update());
+                debug!(devices = list.len(), "ListAndWatch: sending the full list");
+                if tx
+                    .send(Ok(ListAndWatchResponse { devices: list }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() { return },
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let mut container_responses = Vec::new();
+        for c in req.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size).unwrap_or(0);
+            let ids = self
+                .handshake
+                .preferred(&c.available_device_i_ds, &c.must_include_device_i_ds, size)
+                .await;
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let mut container_responses = Vec::new();
+        for c in req.into_inner().container_requests {
+            let r = self.allocate_one(&c.devices_ids).map_err(|e| {
+                tracing::warn!(devices = ?c.devices_ids, error = %error_chain(&e), "Allocate refused");
+                e.to_status()
+            })?;
+            info!(devices = c.devices_ids.len(), "allocated");
+            container_responses.push(r);
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        req: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let ids = req.into_inner().devices_ids;
+        match self.handshake.prestart(&ids).await {
+            Ok(_) => Ok(Response::new(PreStartContainerResponse {})),
+            Err(e) => {
+                log_refusal(&ids, &e);
+                Err(e.to_status())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin(mode: DeviceMode, root: &Path) -> Plugin {
+        let mut cfg = Config::new("n");
+        cfg.state_dir = root.join("state");
+        cfg.host_state_dir = PathBuf::from("/host/vgpu");
+        cfg.dev_dir = root.join("dev");
+        cfg.device_mode = mode;
+        std::fs::create_dir_all(&cfg.dev_dir).unwrap();
+        std::fs::write(cfg.dev_dir.join("nvidiactl"), b"").unwrap();
+        prepare_state_dir(&cfg).unwrap();
+        let cfg = Arc::new(cfg);
+        let uri: http::Uri = "http://127.0.0.1:9".parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
+        let (_tx, rx) = watch::channel(crate::testkit::node::gpus(2, 1024));
+        let hs = Handshake::new(cfg.clone(), client, None);
+        Plugin::new(cfg, rx, hs)
+    }
+
+    #[tokio::test]
+    async fn cdi_mode_names_cdi_devices_and_nodes_mode_device_nodes() {
+        let root = tempfile::tempdir().unwrap();
+        let g = crate::testkit::node::gpus(2, 1024);
+        let ids = vec![ids::device_id(&g[1].uuid, 4), ids::device_id(&g[1].uuid, 5)];
+        let r = plugin(DeviceMode::Cdi, root.path())
+            .allocate_one(&ids)
+            .unwrap();
+        assert!(r.devices.is_empty());
+        assert_eq!(r.cdi_devices.len(), 1);
+        assert_eq!(
+            r.cdi_devices[0].name,
+            format!("nvidia.com/gpu={}", g[1].uuid)
+        );
+        let r = plugin(DeviceMode::Nodes, root.path())
+            .allocate_one(&ids)
+            .unwrap();
+        let paths: Vec<&str> = r
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        assert_eq!(paths, ["/dev/nvidia1", "/dev/nvidiactl"]);
+        assert!(
+            r.mounts
+                .iter()
+                .all(|m| m.host_path.starts_with("/host/vgpu")
+                    || m.container_path == "/usr/local/vgpu/libvgpu.so")
+        );
+        let e = plugin(DeviceMode::Nodes, root.path())
+            .allocate_one(&["GPU-nope-1".to_owned()])
+            .unwrap_err();
+        assert_eq!(e.to_status().code(), tonic::Code::InvalidArgument);
+        assert!(e.to_string().contains("GPU-nope-1"), "{e}");
+    }
+}

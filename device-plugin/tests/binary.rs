@@ -1,0 +1,179 @@
+//! The real `vgpu-device-plugin` binary, end to end on one simulated node: NVML from
+//! cuda-sim, a fake kubelet over unix sockets, a fake API server through a kubeconfig.
+//! Registration, the device list from NVML, the inventory on the Node, a pod's quota,
+//! and a fault injected with `vgpu-sim` reaching kubelet and the Node.
+//!
+//! Needs the simulated driver (`cargo xtask sim`).
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
+use vgpu_core::inventory::NodeInventory;
+use vgpu_device_plugin::ids::allocation_key;
+use vgpu_device_plugin::kubelet::UNHEALTHY;
+use vgpu_device_plugin::testkit::fake_api::FakeApi;
+use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
+use vgpu_device_plugin::testkit::node::{NODE, PodContainer, fake_containers, pod_json};
+use vgpu_tests::{SimNode, sim_lib_dir};
+
+const T: Duration = Duration::from_secs(20);
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn inventory(api: &FakeApi) -> Option<NodeInventory> {
+    let n = api.node(NODE)?;
+    let t = n["metadata"]["annotations"]["vgpu.io/gpu-inventory"].as_str()?;
+    Some(NodeInventory::from_json(t).expect("valid inventory"))
+}
+
+async fn wait_inventory(
+    api: &FakeApi,
+    what: &str,
+    pred: impl Fn(&NodeInventory) -> bool,
+) -> NodeInventory {
+    let end = Instant::now() + T;
+    loop {
+        if let Some(i) = inventory(api).filter(|i| pred(i)) {
+            return i;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out waiting for {what}: {:?}",
+            inventory(api)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_on_a_simulated_node() {
+    let sim = SimNode::new(
+        r#"
+        [[device]]
+        name = "NVIDIA H100 80GB HBM3"
+        memory = "8Gi"
+        [[device]]
+        name = "NVIDIA H100 80GB HBM3"
+        memory = "8Gi"
+        "#,
+    );
+    let root = tempfile::tempdir().expect("tempdir");
+    let dp_dir = root.path().join("device-plugins");
+    let pr_sock = root.path().join("pod-resources/kubelet.sock");
+    let state = root.path().join("state");
+    let api = FakeApi::start().await.expect("fake API");
+    let kubeconfig = root.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            api.addr
+        ),
+    )
+    .expect("kubeconfig");
+    // The simulator's UUIDs: GPU-51570000-0000-4000-8000-<index>.
+    let gpu1 = "GPU-51570000-0000-4000-8000-000000000001";
+    let cs: Vec<PodContainer<'_>> = vec![("main", false, vec![(gpu1.to_owned(), 3000, 400, 4)])];
+    api.put_pod(pod_json("ns", "p", "uid-p", 0, &cs));
+    let mut kubelet = FakeKubelet::start(&dp_dir, &pr_sock)
+        .await
+        .expect("fake kubelet");
+    let child = sim
+        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .args(["--node-name", NODE, "--health-recovery-s", "0"])
+        .arg("--device-plugin-dir")
+        .arg(&dp_dir)
+        .arg("--pod-resources-socket")
+        .arg(&pr_sock)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--nvml-lib")
+        .arg(sim_lib_dir().join("libnvidia-ml.so.1"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn vgpu-device-plugin");
+    let _child = Kill(child);
+    let (_, reg) = kubelet.wait_registered(1, T).await.expect("registered");
+    let mut client = kubelet.connect(&reg.endpoint).await.expect("connect");
+    kubelet
+        .wait_devices("20 devices from NVML", T, |d| d.len() == 20)
+        .await
+        .expect("devices");
+    let inv = wait_inventory(&api, "the inventory", |i| i.gpus.len() == 2).await;
+    assert_eq!(inv.gpus[1].uuid, gpu1);
+    assert_eq!(inv.gpus[1].memory_mib, 8192);
+    // The pod was on the API server before the plugin started: its watch has it, so
+    // GetPreferredAllocation steers kubelet to GPU 1.
+    let end = Instant::now() + T;
+    let adm = loop {
+        let adm = kubelet
+            .admit(&mut client, "ns", "p", &fake_containers(&cs))
+            .await
+            .expect("admit");
+        if adm.containers[0].2.iter().all(|i| i.starts_with(gpu1)) || Instant::now() > end {
+            break adm;
+        }
+        kubelet.remove_pod("ns", "p");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let ids = adm.containers[0].2.clone();
+    assert!(
+        ids.iter().all(|i| i.starts_with(gpu1)),
+        "steered to GPU 1: {ids:?}"
+    );
+    FakeKubelet::prestart(&mut client, &ids)
+        .await
+        .expect("PreStartContainer");
+    let file = state
+        .join("alloc")
+        .join(allocation_key(ids.iter().map(String::as_str)))
+        .join(QUOTA_FILE);
+    let q = ContainerQuota::from_json(&std::fs::read_to_string(&file).expect("quota file"))
+        .expect("quota");
+    assert_eq!(
+        (
+            q.pod.as_str(),
+            q.gpus[0].uuid.as_str(),
+            q.gpus[0].memory_mib
+        ),
+        ("p", gpu1, 3000)
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("ld.so.preload")).expect("preload"),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+    // A critical XID on GPU 1 reaches kubelet and the Node.
+    let bin = sim_lib_dir()
+        .parent()
+        .expect("target")
+        .join("release/vgpu-sim");
+    let out = sim
+        .command(&bin)
+        .args(["xid", "--device", "1", "48"])
+        .output()
+        .expect("vgpu-sim");
+    assert!(out.status.success());
+    kubelet
+        .wait_devices("GPU 1 unhealthy", T, |d| {
+            d.iter().filter(|x| x.health == UNHEALTHY).count() == 10
+        })
+        .await
+        .expect("unhealthy");
+    wait_inventory(&api, "GPU 1 unhealthy on the Node", |i| {
+        !i.gpus[1].healthy && i.gpus[0].healthy
+    })
+    .await;
+    // Kubelet restarts: the binary re-registers.
+    kubelet.restart().expect("restart");
+    kubelet.wait_registered(2, T).await.expect("re-registered");
+}

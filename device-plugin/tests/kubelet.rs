@@ -1,0 +1,516 @@
+//! The plugin against a fake kubelet speaking the real protocols over unix sockets and a
+//! fake API server: registration, kubelet restart, health, and the handshake.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tonic::Code;
+use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
+use vgpu_core::inventory::NodeInventory;
+use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
+use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
+use vgpu_device_plugin::testkit::node::{
+    NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
+};
+
+const T: Duration = Duration::from_secs(10);
+
+fn read_quota(node: &TestNode, ids: &[String]) -> Option<ContainerQuota> {
+    let dir = node
+        .handshake
+        .allocation_dir(ids.iter().map(String::as_str));
+    let text = std::fs::read_to_string(dir.join(QUOTA_FILE)).ok()?;
+    if text.is_empty() {
+        return None;
+    }
+    Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
+}
+
+fn grant(uuid: &str, mem: u64, milli: u32, slices: u32) -> Vec<(String, u64, u32, u32)> {
+    vec![(uuid.to_owned(), mem, milli, slices)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_and_lists_ten_slices_per_gpu() {
+    let node = TestNode::start(gpus(2, 81920)).await.expect("node");
+    let (_, reg) = node
+        .kubelet
+        .wait_registered(1, T)
+        .await
+        .expect("registered");
+    assert_eq!(reg.version, "v1beta1");
+    assert_eq!(
+        reg.endpoint, "vgpu.sock",
+        "the endpoint is the socket's file name"
+    );
+    assert_eq!(reg.resource_name, "vgpu.io/gpu");
+    let o = reg.options.expect("options");
+    assert!(o.pre_start_required && o.get_preferred_allocation_available);
+    let d = node.kubelet.devices();
+    assert_eq!(d.len(), 20);
+    assert!(d.iter().all(|d| d.health == HEALTHY && d.id.len() <= 63));
+    assert!(
+        d.iter()
+            .any(|d| d.id == format!("{}-9", gpus(2, 1)[1].uuid))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reregisters_on_a_fresh_socket_after_kubelet_restarts() {
+    let mut node = TestNode::start(gpus(1, 81920)).await.expect("node");
+    for round in 2..=4 {
+        let t0 = node.kubelet.restart().expect("restart");
+        let (at, reg) = node
+            .kubelet
+            .wait_registered(round, Duration::from_secs(2))
+            .await
+            .expect("re-registered within 2 s");
+        let took = at.duration_since(t0);
+        println!(
+            "kubelet restart {}: re-registered in {:.1} ms",
+            round - 1,
+            took.as_secs_f64() * 1e3
+        );
+        assert!(took < Duration::from_secs(2));
+        let mut c = node
+            .kubelet
+            .connect(&reg.endpoint)
+            .await
+            .expect("dial the new socket");
+        node.kubelet
+            .wait_devices("devices after restart", T, |d| d.len() == 10)
+            .await
+            .expect("full list");
+        // The new socket serves every call.
+        let a = vgpu_device_plugin::kubelet::v1beta1::AllocateRequest {
+            container_requests: vec![
+                vgpu_device_plugin::kubelet::v1beta1::ContainerAllocateRequest {
+                    devices_ids: vec![node.kubelet.devices()[0].id.clone()],
+                },
+            ],
+        };
+        c.allocate(a).await.expect("Allocate on the new socket");
+    }
+}
+
+/// Waits until the node's published inventory satisfies `pred`.
+async fn wait_inventory(node: &TestNode, what: &str, pred: impl Fn(&NodeInventory) -> bool) {
+    let end = Instant::now() + T;
+    loop {
+        let inv = node.api.node(NODE).and_then(|n| {
+            n["metadata"]["annotations"]["vgpu.io/gpu-inventory"]
+                .as_str()
+                .map(|t| NodeInventory::from_json(t).expect("valid inventory"))
+        });
+        if inv.as_ref().is_some_and(&pred) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out waiting for the inventory: {what}; last {inv:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_changes_send_the_full_list_both_ways() {
+    let node = TestNode::start(gpus(2, 81920)).await.expect("node");
+    let mut g = gpus(2, 81920);
+    g[1].healthy = false;
+    node.gpus.send_replace(g.clone());
+    let d = node
+        .kubelet
+        .wait_devices("GPU 1 unhealthy", T, |d| {
+            d.iter().any(|x| x.health == UNHEALTHY)
+        })
+        .await
+        .expect("unhealthy");
+    assert_eq!(d.len(), 20, "the full list every time");
+    assert_eq!(d.iter().filter(|x| x.health == UNHEALTHY).count(), 10);
+    assert!(
+        d.iter()
+            .filter(|x| x.health == UNHEALTHY)
+            .all(|x| x.id.starts_with(&g[1].uuid))
+    );
+    g[1].healthy = true;
+    node.gpus.send_replace(g);
+    node.kubelet
+        .wait_devices("healthy again", T, |d| {
+            d.len() == 20 && d.iter().all(|x| x.health == HEALTHY)
+        })
+        .await
+        .expect("healthy again");
+    wait_inventory(&node, "all healthy", |i| i.gpus.iter().all(|g| g.healthy)).await;
+    let n = node.api.node(NODE).expect("node");
+    assert_eq!(
+        n["metadata"]["labels"]["vgpu.io/gpu-model"],
+        "NVIDIA-A100-SXM4-80GB"
+    );
+}
+
+/// 50 pods with differing requests, admitted one after another as kubelet does, then
+/// every PreStartContainer at once: each container's quota file must be its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_pods_each_get_exactly_their_assignment() {
+    fifty_pods(false).await;
+}
+
+/// The same, with each pod's PreStartContainer sent as soon as it is admitted, so the
+/// calls overlap each other and the admission of later pods (kubelet's pod workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_pods_started_while_others_are_admitted_get_their_own_quota() {
+    fifty_pods(true).await;
+}
+
+async fn fifty_pods(interleaved: bool) {
+    let g = gpus(12, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    node.kubelet.set_list_delay(Duration::from_millis(3));
+    let mut used = vec![0u32; g.len()];
+    let mut expected: BTreeMap<String, (u64, u32, String)> = BTreeMap::new();
+    let mut client = node.client.clone();
+    let mut all = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..50u32 {
+        let slices = 1 + (i % 3);
+        // Place like an extender would, but not in kubelet's order: last GPU first.
+        let gi = (0..g.len())
+            .rev()
+            .find(|&k| used[k] + slices <= 10)
+            .expect("room");
+        used[gi] += slices;
+        let mem = 1000 + 37 * u64::from(i);
+        let milli = 50 + 7 * i;
+        let name = format!("pod-{i}");
+        let cs: Vec<PodContainer<'_>> =
+            vec![("main", false, grant(&g[gi].uuid, mem, milli, slices))];
+        node.put_pod(pod_json("ns", &name, &format!("uid-{i}"), i, &cs))
+            .await
+            .expect("pod");
+        let adm = node
+            .kubelet
+            .admit(&mut client, "ns", &name, &fake_containers(&cs))
+            .await
+            .expect("admitted");
+        let (_, _, ids, resp) = adm.containers.into_iter().next().expect("one container");
+        assert_eq!(
+            resp.envs.get("VGPU_CONTAINER_DIR").map(String::as_str),
+            Some("/var/run/vgpu")
+        );
+        expected.insert(name.clone(), (mem, milli, g[gi].uuid.clone()));
+        all.push((name.clone(), ids.clone()));
+        if interleaved {
+            let mut c = node.client.clone();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(u64::from(i % 5))).await;
+                let r = tokio::time::timeout(T, FakeKubelet::prestart(&mut c, &ids)).await;
+                (name, r)
+            }));
+        }
+    }
+    let lists_before = node.kubelet.list_stats().1;
+    for (name, ids) in all.clone().into_iter().filter(|_| !interleaved) {
+        let mut c = node.client.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = tokio::time::timeout(T, FakeKubelet::prestart(&mut c, &ids)).await;
+            (name, r)
+        }));
+    }
+    for t in tasks {
+        let (name, r) = t.await.expect("task");
+        r.expect("PreStartContainer answered in time")
+            .unwrap_or_else(|s| panic!("PreStartContainer for {name}: {s}"));
+    }
+    let (max_conc, lists) = node.kubelet.list_stats();
+    println!(
+        "50 PreStartContainer calls (interleaved: {interleaved}) used {} List calls after admission, at most {max_conc} at once",
+        lists - lists_before
+    );
+    assert!(max_conc <= 10, "kubelet's PodResources limit");
+    let mut mismatches = Vec::new();
+    for (name, ids) in &all {
+        let q = read_quota(&node, ids).expect("quota written");
+        let (mem, milli, uuid) = &expected[name];
+        let ok = q.pod == *name
+            && q.container == "main"
+            && q.gpus.len() == 1
+            && q.gpus[0].uuid == *uuid
+            && q.gpus[0].memory_mib == *mem
+            && q.gpus[0].compute_milli == *milli
+            && q.device_ids.len() == ids.len();
+        if !ok {
+            mismatches.push(format!("{name}: {q:?}"));
+        }
+    }
+    assert!(mismatches.is_empty(), "mismatches: {mismatches:#?}");
+    // Idempotent: a container restart calls PreStartContainer again.
+    let (name, ids) = &all[7];
+    FakeKubelet::prestart(&mut node.client, ids)
+        .await
+        .expect("again");
+    assert_eq!(read_quota(&node, ids).expect("quota").pod, *name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_mounts_the_directory_the_shim_and_a_generated_preload() {
+    let g = gpus(2, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[1].uuid, 4096, 200, 2))];
+    node.put_pod(pod_json("ns", "p", "u", 0, &cs))
+        .await
+        .expect("pod");
+    let mut c = node.client.clone();
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "p", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let (_, _, ids, r) = &adm.containers[0];
+    assert!(
+        ids.iter().all(|i| i.starts_with(&g[1].uuid)),
+        "steered to the assigned GPU: {ids:?}"
+    );
+    let dir = node
+        .handshake
+        .allocation_dir(ids.iter().map(String::as_str));
+    let m = |cp: &str| {
+        r.mounts
+            .iter()
+            .find(|m| m.container_path == cp)
+            .cloned()
+            .expect(cp)
+    };
+    assert_eq!(m("/var/run/vgpu").host_path, dir.display().to_string());
+    assert!(!m("/var/run/vgpu").read_only);
+    assert!(
+        m("/var/run/vgpu/vgpu.conf").read_only,
+        "the tenant cannot edit its quota"
+    );
+    assert!(m("/usr/local/vgpu/libvgpu.so").read_only);
+    let preload = m("/etc/ld.so.preload");
+    assert_eq!(
+        std::fs::read_to_string(&preload.host_path).expect("preload file"),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+    assert_eq!(r.devices.len(), 1);
+    assert_eq!(r.devices[0].container_path, "/dev/nvidia1");
+    assert_eq!(
+        read_quota(&node, ids),
+        None,
+        "no quota before PreStartContainer"
+    );
+    FakeKubelet::prestart(&mut node.client, ids)
+        .await
+        .expect("prestart");
+    let q = read_quota(&node, ids).expect("quota");
+    assert_eq!((q.gpus[0].memory_mib, q.gpus[0].compute_milli), (4096, 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_between_bind_and_allocate_gets_nothing_and_its_devices_are_clean_for_the_next()
+ {
+    let g = gpus(1, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 8192, 300, 3))];
+    node.put_pod(pod_json("ns", "gone", "u1", 0, &cs))
+        .await
+        .expect("pod");
+    // Deleted from the API server after bind; kubelet still admits it.
+    assert!(node.api.delete_pod("ns", "gone"));
+    let mut c = node.client.clone();
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "gone", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let ids = adm.containers[0].2.clone();
+    let e = FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(
+        e.message().contains("ns/gone") && e.message().contains("deleted"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(read_quota(&node, &ids), None);
+    // Kubelet drops it; a new pod gets the same device IDs and its own quota.
+    node.kubelet.remove_pod("ns", "gone");
+    let e = FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect_err("nobody holds them");
+    assert_eq!(e.code(), Code::NotFound);
+    let cs2: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 2048, 300, 3))];
+    node.put_pod(pod_json("ns", "next", "u2", 1, &cs2))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "next", &fake_containers(&cs2))
+        .await
+        .expect("admit");
+    assert_eq!(adm.containers[0].2, ids, "kubelet reuses the freed devices");
+    FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect("prestart");
+    let q = read_quota(&node, &ids).expect("quota");
+    assert_eq!((q.pod.as_str(), q.gpus[0].memory_mib), ("next", 2048));
+}
+
+fn mark_init_done(node: &TestNode, ns: &str, name: &str, init: &str) {
+    let mut pod = node.api.pod(ns, name).expect("pod");
+    pod["status"]["initContainerStatuses"] = json!([{
+        "name": init, "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+        "state": {"terminated": {"exitCode": 0}},
+    }]);
+    node.api.put_pod(pod);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_container_and_init_container_pods() {
+    let g = gpus(2, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let mut c = node.client.clone();
+    // Init (2 slices on GPU 0), app "a" (3 on GPU 0, reuses the init's 2), app "b" (2 on GPU 1).
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("setup", true, grant(&g[0].uuid, 1000, 200, 2)),
+        ("a", false, grant(&g[0].uuid, 3000, 300, 3)),
+        ("b", false, grant(&g[1].uuid, 2000, 200, 2)),
+        ("sidecar", false, vec![]),
+    ];
+    node.put_pod(pod_json("ns", "multi", "um", 0, &cs))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "multi", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let ids: BTreeMap<&str, Vec<String>> = adm
+        .containers
+        .iter()
+        .map(|(n, _, i, _)| (n.as_str(), i.clone()))
+        .collect();
+    assert!(
+        ids["setup"].iter().all(|i| ids["a"].contains(i)),
+        "kubelet reused the init's devices"
+    );
+    FakeKubelet::prestart(&mut node.client, &ids["setup"])
+        .await
+        .expect("init prestart");
+    let q = read_quota(&node, &ids["setup"]).expect("init quota");
+    assert_eq!(
+        (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+        ("setup", true, 1000)
+    );
+    mark_init_done(&node, "ns", "multi", "setup");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for (name, mem, uuid) in [("a", 3000, &g[0].uuid), ("b", 2000, &g[1].uuid)] {
+        FakeKubelet::prestart(&mut node.client, &ids[name])
+            .await
+            .expect("app prestart");
+        let q = read_quota(&node, &ids[name]).expect("app quota");
+        assert_eq!(
+            (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+            (name, false, mem)
+        );
+        assert_eq!(&q.gpus[0].uuid, uuid);
+    }
+
+    // Init and app container with the same size: kubelet hands the app the very same IDs.
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("init", true, grant(&g[1].uuid, 500, 100, 1)),
+        ("main", false, grant(&g[1].uuid, 700, 100, 1)),
+    ];
+    node.put_pod(pod_json("ns", "same", "us", 1, &cs))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "same", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    assert_eq!(adm.containers[0].2, adm.containers[1].2);
+    let shared_ids = adm.containers[0].2.clone();
+    FakeKubelet::prestart(&mut node.client, &shared_ids)
+        .await
+        .expect("init");
+    let q = read_quota(&node, &shared_ids).expect("quota");
+    assert_eq!((q.container.as_str(), q.gpus[0].memory_mib), ("init", 500));
+    // The init container finished, but its status reaches the API server only after
+    // kubelet already asks for the app container: the plugin waits for it.
+    let t0 = Instant::now();
+    let mut c3 = node.client.clone();
+    let ids3 = shared_ids.clone();
+    let call = tokio::spawn(async move { FakeKubelet::prestart(&mut c3, &ids3).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    mark_init_done(&node, "ns", "same", "init");
+    call.await.expect("task").expect("main");
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    let q = read_quota(&node, &shared_ids).expect("quota");
+    assert_eq!(
+        (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+        ("main", false, 700)
+    );
+    FakeKubelet::prestart(&mut node.client, &shared_ids)
+        .await
+        .expect("main restarts");
+    assert_eq!(
+        read_quota(&node, &shared_ids).expect("quota").container,
+        "main"
+    );
+
+    // When the status never says, the call is refused as retryable, never guessed.
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("init", true, grant(&g[0].uuid, 500, 100, 1)),
+        ("main", false, grant(&g[0].uuid, 900, 100, 1)),
+    ];
+    node.put_pod(pod_json("ns", "silent", "ux", 2, &cs))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "silent", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let ids = adm.containers[0].2.clone();
+    FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect("init");
+    let e = FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect_err("cannot tell");
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    assert_eq!(read_quota(&node, &ids).expect("quota").container, "init");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_on_another_gpu_than_assigned_are_refused_not_guessed() {
+    let g = gpus(2, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[1].uuid, 4096, 200, 2))];
+    // Kubelet chose GPU 0 (e.g. without a preference): the handshake refuses.
+    node.api.put_pod(pod_json("ns", "p", "u", 0, &cs));
+    let ids: Vec<String> = (0..2).map(|s| format!("{}-{s}", g[0].uuid)).collect();
+    let mut c = node.client.clone();
+    let r = c
+        .allocate(vgpu_device_plugin::kubelet::v1beta1::AllocateRequest {
+            container_requests: vec![
+                vgpu_device_plugin::kubelet::v1beta1::ContainerAllocateRequest {
+                    devices_ids: ids.clone(),
+                },
+            ],
+        })
+        .await;
+    r.expect("allocate");
+    node.kubelet.record("ns", "p", "main", &ids);
+    let t = Instant::now();
+    let e = FakeKubelet::prestart(&mut node.client, &ids)
+        .await
+        .expect_err("mismatch refused");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains(&g[1].uuid), "{}", e.message());
+    assert!(t.elapsed() < T);
+}
