@@ -171,7 +171,7 @@ pub fn parse_quantity(name: &str, text: &str) -> Result<u64, ResourceError> {
     }
     let mut mantissa: u128 = digits.parse().map_err(|_| bad("expected a number"))?;
     // Strip trailing zeros into the exponent so that 1500m stays exact.
-    while exp10 < 0 && mantissa % 10 == 0 {
+    while exp10 < 0 && mantissa.is_multiple_of(10) {
         mantissa /= 10;
         exp10 += 1;
     }
@@ -183,7 +183,7 @@ pub fn parse_quantity(name: &str, text: &str) -> Result<u64, ResourceError> {
         let div = 10u128
             .checked_pow(exp10.unsigned_abs())
             .ok_or_else(|| bad("not a whole number"))?;
-        if scaled % div != 0 {
+        if !scaled.is_multiple_of(div) {
             return Err(bad("not a whole number"));
         }
         return u64::try_from(scaled / div).map_err(|_| bad("too large"));
@@ -433,7 +433,7 @@ pub fn parse_container_request(
         }
         Some(c) => c,
         None if slices > u64::from(SLICES_PER_GPU) => {
-            if slices % u64::from(SLICES_PER_GPU) != 0 {
+            if !slices.is_multiple_of(u64::from(SLICES_PER_GPU)) {
                 return Err(range(
                     RESOURCE_GPU,
                     slices,
@@ -454,7 +454,7 @@ pub fn parse_container_request(
             format!("at most {MAX_GPUS_PER_CONTAINER} GPUs per container"),
         ));
     }
-    if slices % count != 0 {
+    if !slices.is_multiple_of(count) {
         return Err(inconsistent(format!(
             "{RESOURCE_GPU}={slices} cannot be split evenly over {RESOURCE_GPU_COUNT}={count} GPUs"
         )));

@@ -309,7 +309,12 @@ pub fn expected_waste(typical: &[TypicalTask]) -> Vec<f64> {
     let shapes: Vec<(usize, f64)> = typical
         .iter()
         .filter(|t| t.gpu_count > 0 && t.gpu_milli > 0)
-        .map(|t| (t.gpu_milli.min(1000) as usize, t.freq * f64::from(t.gpu_count)))
+        .map(|t| {
+            (
+                t.gpu_milli.min(1000) as usize,
+                t.freq * f64::from(t.gpu_count),
+            )
+        })
         .collect();
     let mut w = vec![0.0; 1001];
     for r in 1..=1000usize {

@@ -163,7 +163,7 @@ pub enum Reject {
 
 fn gib(mib: u64) -> String {
     let g = mib as f64 / 1024.0;
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         format!("{} GiB", mib / 1024)
     } else if g >= 1.0 {
         format!("{g:.1} GiB")
@@ -173,7 +173,7 @@ fn gib(mib: u64) -> String {
 }
 
 fn cores(milli: u64) -> String {
-    if milli % 1000 == 0 {
+    if milli.is_multiple_of(1000) {
         format!("{} cores", milli / 1000)
     } else {
         format!("{:.3} cores", milli as f64 / 1000.0)
@@ -567,7 +567,8 @@ impl Ledger {
         if self.free_hist.is_empty() {
             self.free_hist = vec![0; MILLI_PER_GPU as usize + 1];
         }
-        self.free_hist[MILLI_PER_GPU as usize] += u32::try_from(spec.gpus.len()).expect("GPU count fits u32");
+        self.free_hist[MILLI_PER_GPU as usize] +=
+            u32::try_from(spec.gpus.len()).expect("GPU count fits u32");
         self.nodes.push(NodeState::new(spec));
         Ok(i)
     }

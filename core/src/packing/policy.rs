@@ -97,6 +97,9 @@ pub struct Eval {
     pub ties: u64,
 }
 
+/// Default weight of the expected-waste term of `vgpu` (ADR 0006).
+pub const DEFAULT_WASTE_WEIGHT: f64 = 0.2;
+
 /// Knobs of the `vgpu` policy (see ADR 0006).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VgpuParams {
@@ -112,8 +115,9 @@ pub struct VgpuParams {
     /// Break ties between equal fragmentation scores by the cluster-wide sum-of-squares
     /// key ([`sum_of_squares_delta`]).
     pub sum_of_squares: bool,
-    /// Experimental integer knob (0 = off).
-    pub x: i64,
+    /// Weight of the expected-waste decrease added to FGD's fragmentation decrease
+    /// before quantisation ([`Fragmentation::gpu_waste`]; 0 = FGD's measure alone).
+    pub waste_weight: f64,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -142,13 +146,15 @@ impl Default for VgpuParams {
             gpu_tie: TieKey::None,
             coverage: 0.95,
             sum_of_squares: true,
-            x: 0,
+            waste_weight: DEFAULT_WASTE_WEIGHT,
         }
     }
 }
 
 impl VgpuParams {
-    /// Parses `key=value,...` overrides (`res`, `cpu`, `gpu`, `x`).
+    /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ss`
+    /// (`1`/`0`: sum-of-squares ties), `cpu` and `gpu` (tie keys: none, bestfit,
+    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut p = VgpuParams::default();
         let key = |v: &str| -> Result<TieKey, String> {
@@ -170,7 +176,7 @@ impl VgpuParams {
                 "res" => p.resolution = v.parse().map_err(|_| format!("bad res {v:?}"))?,
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
-                "x" => p.x = v.parse().map_err(|_| format!("bad x {v:?}"))?,
+                "w" => p.waste_weight = v.parse().map_err(|_| format!("bad w {v:?}"))?,
                 "ss" => p.sum_of_squares = v == "1",
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
@@ -255,7 +261,11 @@ impl Policy {
                     }
                     None => None,
                 };
-                Eval { score, pick, ties: 0 }
+                Eval {
+                    score,
+                    pick,
+                    ties: 0,
+                }
             }
             PolicyName::BestFit => Eval {
                 score: bestfit_score(node, task, self.scale),
@@ -301,10 +311,11 @@ fn gpupacking_score(node: &NodeState, task: &Task) -> i64 {
         return 0;
     }
     let n = node.gpus.len();
-    let fully_free = (0..n)
+    let fully_free_n = (0..n)
         .filter(|&i| node.gpus[i].milli == MILLI_PER_GPU)
-        .count() as i64;
-    if fully_free == n as i64 {
+        .count();
+    let fully_free = i64::try_from(fully_free_n).unwrap_or(i64::MAX);
+    if fully_free_n == n {
         return (33 - fully_free).max(fully_free);
     }
     let Some(d) = task.gpus.first() else { return 0 };
@@ -367,14 +378,14 @@ fn candidates(
     let before = frag.prepare(idx, node, node.cpu_free, &free);
     let mut out = Vec::new();
     if let Some(d) = task.single_share() {
-        for i in 0..free.len() {
+        for (i, &f) in free.iter().enumerate() {
             if node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model) {
                 let after = frag.value_after_share(
                     idx,
                     node,
                     &before,
                     i,
-                    free[i],
+                    f,
                     d.compute_milli,
                     task.cpu_milli,
                 );
@@ -412,7 +423,11 @@ fn fgd_eval(
             (sig * resolution) as i64
         };
         if best.is_none_or(|b| s > b.score) {
-            best = Some(Eval { score: s, pick, ties: 0 });
+            best = Some(Eval {
+                score: s,
+                pick,
+                ties: 0,
+            });
         }
     }
     best.unwrap_or(Eval {
@@ -422,7 +437,13 @@ fn fgd_eval(
     })
 }
 
-fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale, cpu_per_gpu_milli: f64) -> i64 {
+fn tie_value(
+    key: TieKey,
+    node: &NodeState,
+    task: &Task,
+    scale: Scale,
+    cpu_per_gpu_milli: f64,
+) -> i64 {
     let cpu_left = (node.cpu_free - task.cpu_milli) as f64 / scale.cpu_milli.max(1) as f64;
     let gpu_left_milli = node.gpu_milli_free() - task.total_gpu_milli();
     let gpu_left = gpu_left_milli as f64 / scale.gpu_milli.max(1) as f64;
@@ -433,7 +454,8 @@ fn tie_value(key: TieKey, node: &NodeState, task: &Task, scale: Scale, cpu_per_g
         TieKey::LeastGpuFree => 1.0 - gpu_left,
         TieKey::Surplus => {
             let need = gpu_left_milli as f64 * cpu_per_gpu_milli;
-            0.5 + ((node.cpu_free - task.cpu_milli) as f64 - need) / (2.0 * scale.cpu_milli.max(1) as f64)
+            0.5 + ((node.cpu_free - task.cpu_milli) as f64 - need)
+                / (2.0 * scale.cpu_milli.max(1) as f64)
         }
         TieKey::CpuRich => {
             let per_gpu =
@@ -460,7 +482,7 @@ fn vgpu_eval(
 ) -> Eval {
     let (_, cands) = candidates(frag, idx, node, task, plan);
     let share = task.single_share().map_or(0, |d| d.compute_milli);
-    let lambda = if params.x < 100 { params.x as f64 / 10.0 } else { 0.0 };
+    let lambda = params.waste_weight;
     let mut best: Option<(i64, Option<usize>)> = None;
     let mut ties = 0u64;
     for (pick, delta) in cands {
@@ -482,14 +504,7 @@ fn vgpu_eval(
                     .sum(),
             }
         };
-        let mut primary = quantized(delta + lambda * dw, params.resolution);
-        if params.x >= 100 {
-            if let Some(i) = pick {
-                if node.gpus[i].milli == MILLI_PER_GPU && share < 500 {
-                    primary += params.x / 100;
-                }
-            }
-        }
+        let primary = quantized(delta + lambda * dw, params.resolution);
         match best {
             Some((p, _)) if primary < p => {}
             Some((p, _)) if primary == p => {
@@ -537,7 +552,13 @@ impl Policy {
     /// The live secondary key for a cached verdict: depends on cluster-wide state (the
     /// free-milli histogram of every GPU), so it is computed at every decision. Returns
     /// the key (higher is better) and the GPU to use. `None` when the policy has none.
-    pub fn live(&self, node: &NodeState, task: &Task, eval: &Eval, hist: &[u32]) -> Option<(i64, Option<usize>)> {
+    pub fn live(
+        &self,
+        node: &NodeState,
+        task: &Task,
+        eval: &Eval,
+        hist: &[u32],
+    ) -> Option<(i64, Option<usize>)> {
         if self.name != PolicyName::Vgpu || !self.vgpu.sum_of_squares {
             return None;
         }

@@ -60,16 +60,32 @@ fn scheduler(name: PolicyName, tasks: &[Task], n_nodes: usize) -> Scheduler {
 
 #[test]
 fn commit_and_release_round_trip() {
-    let mut l = Ledger::with_nodes([node("a", 8000, 65536, &[("T4", 16384), ("T4", 16384)])]).unwrap();
+    let mut l =
+        Ledger::with_nodes([node("a", 8000, 65536, &[("T4", 16384), ("T4", 16384)])]).unwrap();
     let t = share(1000, 300);
     let plan = l.node(0).fit(&t).unwrap();
-    l.commit("p1", &t, Placement { node: 0, containers: plan }).unwrap();
+    l.commit(
+        "p1",
+        &t,
+        Placement {
+            node: 0,
+            containers: plan,
+        },
+    )
+    .unwrap();
     assert_eq!(l.node(0).gpus[0].milli, 700);
     assert_eq!(l.node(0).gpus[0].memory_mib, 16384 - 4915);
     assert_eq!(l.node(0).cpu_free, 7000);
     assert_eq!(l.free_histogram()[700], 1);
     assert!(matches!(
-        l.commit("p1", &t, Placement { node: 0, containers: vec![] }),
+        l.commit(
+            "p1",
+            &t,
+            Placement {
+                node: 0,
+                containers: vec![]
+            }
+        ),
         Err(LedgerError::AlreadyPlaced(_))
     ));
     l.release("p1").unwrap();
@@ -106,12 +122,19 @@ fn over_assignment_is_refused() {
 
 #[test]
 fn reasons_are_precise() {
-    let mut l = Ledger::with_nodes([node("a", 4000, 8192, &[("T4", 16384), ("T4", 16384)])]).unwrap();
+    let mut l =
+        Ledger::with_nodes([node("a", 4000, 8192, &[("T4", 16384), ("T4", 16384)])]).unwrap();
     let n = l.node(0);
-    assert_eq!(n.fit(&share(8000, 100)).unwrap_err().to_string(), "CPU: free 4 cores < 8 cores");
+    assert_eq!(
+        n.fit(&share(8000, 100)).unwrap_err().to_string(),
+        "CPU: free 4 cores < 8 cores"
+    );
     let mut t = share(100, 100);
     t.memory_mib = 16384;
-    assert_eq!(n.fit(&t).unwrap_err().to_string(), "memory: free 8 GiB < 16 GiB");
+    assert_eq!(
+        n.fit(&t).unwrap_err().to_string(),
+        "memory: free 8 GiB < 16 GiB"
+    );
     let mut t = share(100, 100);
     t.models = ModelConstraint::only(["A100"]);
     assert_eq!(
@@ -140,7 +163,10 @@ fn reasons_are_precise() {
         n.fit(&share(100, 700)).unwrap_err().to_string(),
         "GPU compute: max free 0.650 GPU < 0.700 GPU"
     );
-    assert_eq!(n.fit(&whole(100, 1)).unwrap_err().to_string(), "whole GPUs: 0 fully free < 1");
+    assert_eq!(
+        n.fit(&whole(100, 1)).unwrap_err().to_string(),
+        "whole GPUs: 0 fully free < 1"
+    );
     let mut m = share(100, 100);
     m.gpus[0].memory = MemoryDemand::Mib(12 * 1024);
     assert_eq!(
@@ -167,7 +193,10 @@ fn multi_gpu_takes_lowest_numbered_fully_free() {
 #[test]
 fn sharing_goes_to_the_tightest_gpu_by_default() {
     let mut l = Ledger::with_nodes([node("a", 64000, 1 << 20, &[("G2", 16384); 3])]).unwrap();
-    for (k, (gpu, milli)) in [(0usize, 200u32), (1, 600), (2, 500)].into_iter().enumerate() {
+    for (k, (gpu, milli)) in [(0usize, 200u32), (1, 600), (2, 500)]
+        .into_iter()
+        .enumerate()
+    {
         let t = share(100, milli);
         let p = Placement {
             node: 0,
@@ -207,7 +236,13 @@ fn typical_tasks_cover_and_renormalise() {
 fn fragmentation_of_a_simple_node() {
     // Typical: half 0.5-GPU tasks, half whole GPUs; node with free 1000 and 300.
     let tasks: Vec<Task> = (0..10)
-        .map(|i| if i % 2 == 0 { share(1000, 500) } else { whole(1000, 1) })
+        .map(|i| {
+            if i % 2 == 0 {
+                share(1000, 500)
+            } else {
+                whole(1000, 1)
+            }
+        })
         .collect();
     let mut f = typical_for(&tasks);
     let l = Ledger::with_nodes([node("a", 8000, 65536, &[("T4", 16384), ("T4", 16384)])]).unwrap();
@@ -272,9 +307,12 @@ fn verdicts_explain_every_rejected_node() {
     ])
     .unwrap();
     let t = whole(4000, 2);
-    let mut s = scheduler(PolicyName::Vgpu, &[t.clone()], 2);
+    let mut s = scheduler(PolicyName::Vgpu, std::slice::from_ref(&t), 2);
     let v = s.verdicts(&l, &t, &[0, 1, 7]);
-    assert_eq!(v[0].result.clone().unwrap_err().to_string(), "CPU: free 2 cores < 4 cores");
+    assert_eq!(
+        v[0].result.clone().unwrap_err().to_string(),
+        "CPU: free 2 cores < 4 cores"
+    );
     assert!(v[1].result.is_ok());
     assert!(matches!(v[2].result, Err(Reject::UnknownNode(_))));
     let p = s.place_on(&l, &t, 1).unwrap();
@@ -300,7 +338,12 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
     )
         .prop_map(move |(cores, g, model)| {
             let mib = if model == "A100" { 81920 } else { 16384 };
-            node(&format!("n{i}"), cores * 1000, 1 << 18, &vec![(model, mib); g])
+            node(
+                &format!("n{i}"),
+                cores * 1000,
+                1 << 18,
+                &vec![(model, mib); g],
+            )
         })
 }
 
@@ -358,7 +401,10 @@ fn check_invariants(l: &Ledger, tasks: &[Task], placed: &[(usize, Placement)]) {
         assert_eq!(n.cpu_free, n.spec.cpu_milli - cpu);
         for (i, u) in used.iter().enumerate() {
             assert!(u.0 <= 1000, "GPU over-assigned in milli");
-            assert!(u.1 <= n.spec.gpus[i].memory_mib, "GPU over-assigned in memory");
+            assert!(
+                u.1 <= n.spec.gpus[i].memory_mib,
+                "GPU over-assigned in memory"
+            );
             assert!(u.2 <= 10, "GPU over-assigned in slices");
             assert_eq!(n.gpus[i].milli, 1000 - u.0);
             assert_eq!(n.gpus[i].memory_mib, n.spec.gpus[i].memory_mib - u.1);

@@ -56,10 +56,15 @@ pub struct ReplayArgs {
     /// Print the full curve (every 1 %) instead of every 10 %.
     #[arg(long)]
     pub full_curve: bool,
-    /// Overrides of the `vgpu` policy's parameters (`res=100,cpu=leastgpu,gpu=none`), for
-    /// experiments.
+    /// Overrides of the `vgpu` policy's parameters, for experiments: `w=0.3` (waste
+    /// weight), `ss=1` (sum-of-squares ties), `res=100`, `cpu=leastgpu`, `gpu=none`,
+    /// `cov=0.95` (see ADR 0006).
     #[arg(long, default_value = "")]
     pub vgpu: String,
+    /// Print, per seed, where the free GPU capacity is left at the end (by node type,
+    /// CPU-starved nodes, gaps by size) and which task shapes failed, to stderr.
+    #[arg(long)]
+    pub explain: bool,
     /// Worker threads (default: available parallelism).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -167,7 +172,12 @@ impl Workload {
 }
 
 /// Shuffles and tunes the task list for one seed (steps 1–2 of the method).
-pub fn tuned_order(tasks: &[Task], capacity_milli: u64, ratio: f64, rng: &mut StdRng) -> Vec<usize> {
+pub fn tuned_order(
+    tasks: &[Task],
+    capacity_milli: u64,
+    ratio: f64,
+    rng: &mut StdRng,
+) -> Vec<usize> {
     let mut order: Vec<usize> = (0..tasks.len()).collect();
     order.shuffle(rng);
     let target = ratio * capacity_milli as f64;
@@ -175,7 +185,10 @@ pub fn tuned_order(tasks: &[Task], capacity_milli: u64, ratio: f64, rng: &mut St
     if (total as f64) < target && !tasks.is_empty() {
         loop {
             let i = rng.random_range(0..tasks.len());
-            let per_gpu = tasks[i].gpus.first().map_or(0, |d| u64::from(d.compute_milli));
+            let per_gpu = tasks[i]
+                .gpus
+                .first()
+                .map_or(0, |d| u64::from(d.compute_milli));
             if (total + per_gpu) as f64 > target {
                 break;
             }
@@ -200,6 +213,7 @@ pub fn replay_seed(
     params: VgpuParams,
     seed: u64,
     ratio: f64,
+    explain: bool,
 ) -> SeedResult {
     let mut rng = StdRng::seed_from_u64(seed);
     let capacity = workload.capacity_milli();
@@ -218,7 +232,7 @@ pub fn replay_seed(
     let mut arrived: u64 = 0;
     let mut allocated: u64 = 0;
     let mut failed = 0;
-    let debug = std::env::var_os("VGPU_REPLAY_DEBUG").is_some();
+    let debug = explain;
     let mut fails: std::collections::BTreeMap<String, u64> = Default::default();
     let mut fails_n: std::collections::BTreeMap<u64, u64> = Default::default();
     for (k, &i) in order.iter().enumerate() {
@@ -274,18 +288,32 @@ fn pct_bucket(arrived: u64, capacity: u64) -> u64 {
 
 fn debug_leftovers(ledger: &Ledger, tasks: &[Task]) {
     use std::collections::BTreeMap;
-    let min_cpu = tasks.iter().filter(|t| !t.gpus.is_empty()).map(|t| t.cpu_milli).min().unwrap_or(0);
+    let min_cpu = tasks
+        .iter()
+        .filter(|t| !t.gpus.is_empty())
+        .map(|t| t.cpu_milli)
+        .min()
+        .unwrap_or(0);
     // model -> (gpus, free milli, free on cpu-starved nodes, fully free gpus, partial free milli)
     let mut by: BTreeMap<String, [u64; 6]> = BTreeMap::new();
     for n in ledger.nodes() {
-        let m = n.spec.gpus.first().map_or(String::new(), |g| format!("{}x{}", g.model, n.spec.gpus.len()));
+        let m = n.spec.gpus.first().map_or(String::new(), |g| {
+            format!("{}x{}", g.model, n.spec.gpus.len())
+        });
         let e = by.entry(m).or_default();
         let free = n.gpu_milli_free();
         e[0] += n.spec.gpus.len() as u64;
         e[1] += free;
-        if n.cpu_free < 4000 { e[2] += free; }
+        if n.cpu_free < 4000 {
+            e[2] += free;
+        }
         e[3] += n.gpus.iter().filter(|g| g.milli == 1000).count() as u64;
-        e[4] += n.gpus.iter().filter(|g| g.milli < 1000).map(|g| u64::from(g.milli)).sum::<u64>();
+        e[4] += n
+            .gpus
+            .iter()
+            .filter(|g| g.milli < 1000)
+            .map(|g| u64::from(g.milli))
+            .sum::<u64>();
         e[5] += n.cpu_free / 1000;
     }
     eprintln!("min gpu-task cpu {min_cpu}");
@@ -295,7 +323,9 @@ fn debug_leftovers(ledger: &Ledger, tasks: &[Task]) {
             if g.milli > 0 && g.milli < 1000 {
                 let e = hist.entry(g.milli).or_default();
                 e.0 += 1;
-                if n.cpu_free < 4000 { e.1 += 1; }
+                if n.cpu_free < 4000 {
+                    e.1 += 1;
+                }
             }
         }
     }
@@ -305,7 +335,10 @@ fn debug_leftovers(ledger: &Ledger, tasks: &[Task]) {
     }
     eprintln!("free-milli histogram (count/cpu-starved): {line}");
     for (k, v) in by {
-        eprintln!("{k:<12} gpus {:>5} free {:>8} cpu<4c {:>8} fullfree {:>5} partial {:>7} freecores {:>6}", v[0], v[1], v[2], v[3], v[4], v[5]);
+        eprintln!(
+            "{k:<12} gpus {:>5} free {:>8} cpu<4c {:>8} fullfree {:>5} partial {:>7} freecores {:>6}",
+            v[0], v[1], v[2], v[3], v[4], v[5]
+        );
     }
 }
 
@@ -346,11 +379,13 @@ pub fn run_policy(
     seeds: &[u64],
     ratio: f64,
     threads: usize,
+    explain: bool,
 ) -> PolicyResult {
     let start = Instant::now();
     let own;
     let frag = if policy == PolicyName::Vgpu && params.coverage != frag.coverage() {
-        own = Fragmentation::new(typical_tasks(&workload.tasks, params.coverage)).with_coverage(params.coverage);
+        own = Fragmentation::new(typical_tasks(&workload.tasks, params.coverage))
+            .with_coverage(params.coverage);
         Some(&own)
     } else {
         policy.needs_typical_tasks().then_some(frag)
@@ -360,7 +395,11 @@ pub fn run_policy(
         let out: Vec<SeedResult> = std::thread::scope(|s| {
             let handles: Vec<_> = chunk
                 .iter()
-                .map(|&seed| s.spawn(move || replay_seed(workload, policy, frag, params, seed, ratio)))
+                .map(|&seed| {
+                    s.spawn(move || {
+                        replay_seed(workload, policy, frag, params, seed, ratio, explain)
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
@@ -443,7 +482,16 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     );
     let mut results = Vec::new();
     for &p in &policies {
-        let r = run_policy(&workload, p, &frag, params, &seeds, args.tune_ratio, threads);
+        let r = run_policy(
+            &workload,
+            p,
+            &frag,
+            params,
+            &seeds,
+            args.tune_ratio,
+            threads,
+            args.explain,
+        );
         eprintln!(
             "{:<11} mean {:.2} % ({} seeds, {:.1} s)",
             r.policy,
@@ -460,7 +508,12 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
         serde_json::Value::Object(
             results
                 .iter()
-                .map(|r| (r.policy.clone(), serde_json::json!(round2(r.mean_final_allocation_pct))))
+                .map(|r| {
+                    (
+                        r.policy.clone(),
+                        serde_json::json!(round2(r.mean_final_allocation_pct)),
+                    )
+                })
                 .collect(),
         )
     };
@@ -505,7 +558,9 @@ pub fn curve_table(results: &[PolicyResult], full: bool) -> String {
     };
     let len = first.seeds.first().map_or(0, |s| s.curve.len());
     let step = if full { 1 } else { 10 };
-    let points: Vec<usize> = (0..len).filter(|p| p % step == 0 || *p == len - 1).collect();
+    let points: Vec<usize> = (0..len)
+        .filter(|p| p % step == 0 || *p == len - 1)
+        .collect();
     let _ = write!(out, "{:<8}", "arrived%");
     for r in results {
         let _ = write!(out, " {:>10}", r.policy);
@@ -541,7 +596,10 @@ mod tests {
 
     #[test]
     fn trace_names() {
-        assert_eq!(trace_name(Path::new("/a/openb_pod_list_gpushare40.csv")), "gpushare40");
+        assert_eq!(
+            trace_name(Path::new("/a/openb_pod_list_gpushare40.csv")),
+            "gpushare40"
+        );
         assert_eq!(trace_name(Path::new("x.csv")), "x");
     }
 }

@@ -94,17 +94,31 @@ impl Csv {
         self.header.iter().position(|h| h == name)
     }
 
-    fn field<'a>(&self, line: usize, row: &'a [String], col: usize, name: &'static str) -> Result<&'a str, TraceError> {
-        row.get(col).map(String::as_str).ok_or_else(|| TraceError::BadField {
-            path: self.path.clone(),
-            line,
-            column: name,
-            value: String::new(),
-            reason: "missing field",
-        })
+    fn field<'a>(
+        &self,
+        line: usize,
+        row: &'a [String],
+        col: usize,
+        name: &'static str,
+    ) -> Result<&'a str, TraceError> {
+        row.get(col)
+            .map(String::as_str)
+            .ok_or_else(|| TraceError::BadField {
+                path: self.path.clone(),
+                line,
+                column: name,
+                value: String::new(),
+                reason: "missing field",
+            })
     }
 
-    fn number(&self, line: usize, row: &[String], col: usize, name: &'static str) -> Result<u64, TraceError> {
+    fn number(
+        &self,
+        line: usize,
+        row: &[String],
+        col: usize,
+        name: &'static str,
+    ) -> Result<u64, TraceError> {
         let v = self.field(line, row, col, name)?;
         v.parse().map_err(|_| TraceError::BadField {
             path: self.path.clone(),
@@ -204,7 +218,11 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>, TraceError> {
             (0, _) => return Err(bad("gpu_milli", m, "GPU share without a GPU")),
             (_, 0) => return Err(bad("gpu_milli", m, "a GPU task needs gpu_milli > 0")),
             (_, m) if m > 1000 => {
-                return Err(bad("gpu_milli", u64::from(m), "more than 1000 milli on one GPU"));
+                return Err(bad(
+                    "gpu_milli",
+                    u64::from(m),
+                    "more than 1000 milli on one GPU",
+                ));
             }
             (1, m) if m < 1000 => vec![GpuDemand::share_milli(m)],
             (k, 1000) => vec![GpuDemand::whole(k)],
