@@ -227,7 +227,7 @@ impl Policy {
     /// Whether a node's verdict depends only on the node's state and the task (so it can
     /// be cached per node generation).
     pub fn cacheable(&self) -> bool {
-        self.name != PolicyName::Random
+        true
     }
 
     fn next_random(&mut self) -> u64 {
@@ -246,7 +246,8 @@ impl Policy {
         let plan = node.plan(task, None)?;
         let eval = match self.name {
             PolicyName::Random => {
-                let score = i64::try_from(self.next_random() >> 2).expect("62 bits fit");
+                // Every feasible node scores 0; `live` draws the random key per decision.
+                let score = 0;
                 // A uniformly random GPU among those that fit (the paper's random baseline).
                 let pick = match task.single_share() {
                     Some(d) => {
@@ -553,12 +554,17 @@ impl Policy {
     /// free-milli histogram of every GPU), so it is computed at every decision. Returns
     /// the key (higher is better) and the GPU to use. `None` when the policy has none.
     pub fn live(
-        &self,
+        &mut self,
         node: &NodeState,
         task: &Task,
         eval: &Eval,
         hist: &[u32],
     ) -> Option<(i64, Option<usize>)> {
+        if self.name == PolicyName::Random {
+            // A fresh uniform key per decision: the cached verdict only says the node fits.
+            let key = i64::try_from(self.next_random() >> 2).expect("62 bits fit");
+            return Some((key, eval.pick));
+        }
         if self.name != PolicyName::Vgpu || !self.vgpu.sum_of_squares {
             return None;
         }
