@@ -1,4 +1,11 @@
-//! The shim's configuration: read from the environment once, validated, no I/O here.
+//! The shim's configuration: read from the environment once, validated, no I/O here;
+//! then narrowed by the container's quota file (`$VGPU_CONTAINER_DIR/vgpu.conf`, written
+//! by the device plugin) when there is one: see [`Config::apply_quota_file`].
+//!
+//! Trust model: in Kubernetes the container's environment is the tenant's to edit, the
+//! quota file (mounted read-only) is not. With a quota file, the file sets each device's
+//! quota, a device it does not list gets none (quota 0: nothing can be allocated on
+//! it), and `VGPU_MEMORY_LIMIT(_<i>)` can only lower a quota, never raise it.
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
@@ -11,7 +18,7 @@
 //! | `VGPU_REAL_LIBNVML` | path or name of the real NVML | `libnvidia-ml.so.1` |
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Devices the shim keeps accounts for (CUDA ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 16;
@@ -32,7 +39,8 @@ pub enum OnError {
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Quota per device in bytes; `None` is unlimited.
+    /// Quota per device in bytes; `None` is unlimited, `Some(0)` (only from a quota
+    /// file) is nothing.
     pub limits: [Option<u64>; MAX_DEVICES],
     /// The container's accounting directory.
     pub container_dir: PathBuf,
@@ -176,15 +184,171 @@ impl Config {
         Config::from_vars(vars)
     }
 
-    /// The quota of device `dev`, if any.
+    /// The quota of device `dev`, if any (`Some(0)`: nothing may be allocated on it).
     pub fn limit(&self, dev: usize) -> Option<u64> {
         self.limits.get(dev).copied().flatten()
+    }
+
+    /// The quota file of this configuration: `$VGPU_CONTAINER_DIR/vgpu.conf`.
+    pub fn quota_file(&self) -> PathBuf {
+        self.container_dir
+            .join(vgpu_core::container_quota::QUOTA_FILE)
+    }
+
+    /// Applies the quota file `path` with contents `text` to the limits, given the
+    /// UUIDs of the visible devices in CUDA ordinal order (from the real driver).
+    ///
+    /// Per device: the file's `memory_mib` of the GPU with its UUID, lowered by an
+    /// environment limit if that one is smaller (never raised); a device the file does
+    /// not list gets `Some(0)` (nothing may be allocated on it). A malformed record, an
+    /// unknown version, a zero or duplicated GPU, or a UUID no visible device has is an
+    /// error naming the file and the value. Returns notes about environment limits the
+    /// file overrode (for the log).
+    pub fn apply_quota_file(
+        &mut self,
+        path: &Path,
+        text: &str,
+        device_uuids: &[String],
+    ) -> Result<Vec<String>, String> {
+        use vgpu_core::container_quota::{ContainerQuota, QuotaFileError};
+        let file = path.display();
+        let q = ContainerQuota::from_json(text).map_err(|e| match e {
+            QuotaFileError::Malformed(err) => {
+                let shown: String = text.chars().take(200).collect();
+                format!("quota file {file}: malformed record ({err}): {shown:?}")
+            }
+            QuotaFileError::Version(v) => format!(
+                "quota file {file}: unsupported version {v} (this shim reads version {})",
+                vgpu_core::container_quota::QUOTA_VERSION
+            ),
+        })?;
+        let mut file_limits: [Option<u64>; MAX_DEVICES] = [None; MAX_DEVICES];
+        for g in &q.gpus {
+            let Some(dev) = device_uuids
+                .iter()
+                .position(|u| u.eq_ignore_ascii_case(g.uuid.trim()))
+            else {
+                return Err(format!(
+                    "quota file {file}: GPU {:?} is not a visible device (visible: {})",
+                    g.uuid,
+                    if device_uuids.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        device_uuids.join(", ")
+                    }
+                ));
+            };
+            if g.memory_mib == 0 {
+                return Err(format!(
+                    "quota file {file}: GPU {:?} has memory_mib 0",
+                    g.uuid
+                ));
+            }
+            let bytes = g.memory_mib.checked_mul(1 << 20).ok_or_else(|| {
+                format!(
+                    "quota file {file}: GPU {:?} memory_mib {} is out of range",
+                    g.uuid, g.memory_mib
+                )
+            })?;
+            let Some(slot) = file_limits.get_mut(dev) else {
+                return Err(format!(
+                    "quota file {file}: GPU {:?} is device {dev}, beyond the {MAX_DEVICES} devices libvgpu accounts for",
+                    g.uuid
+                ));
+            };
+            if slot.is_some() {
+                return Err(format!(
+                    "quota file {file}: GPU {:?} is listed twice",
+                    g.uuid
+                ));
+            }
+            *slot = Some(bytes);
+        }
+        let mut notes = Vec::new();
+        for (d, (limit, from_file)) in self.limits.iter_mut().zip(file_limits).enumerate() {
+            let from_file = from_file.unwrap_or(0);
+            match *limit {
+                Some(env) if env <= from_file => {}
+                Some(env) => {
+                    if d < device_uuids.len() {
+                        notes.push(format!(
+                        "device {d}: the environment asks for {env} bytes, the quota file {file} allows {from_file}: using {from_file}"
+                        ));
+                    }
+                    *limit = Some(from_file);
+                }
+                None => *limit = Some(from_file),
+            }
+        }
+        Ok(notes)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const A: &str = "GPU-51570000-0000-4000-8000-000000000000";
+    const B: &str = "GPU-51570000-0000-4000-8000-000000000001";
+
+    fn file(gpus: &[(&str, u64)]) -> String {
+        let g: Vec<String> = gpus
+            .iter()
+            .map(|(u, m)| {
+                format!(r#"{{"uuid":"{u}","memory_mib":{m},"compute_milli":100,"slices":1}}"#)
+            })
+            .collect();
+        format!(
+            r#"{{"version":1,"namespace":"ns","pod":"p","uid":"u","container":"c","init":false,"gpus":[{}],"device_ids":[]}}"#,
+            g.join(",")
+        )
+    }
+
+    #[test]
+    fn quota_file_sets_denies_and_env_only_lowers() {
+        let p = Path::new("/c/vgpu.conf");
+        let devs = [A.to_owned(), B.to_owned()];
+        let mut c = cfg(&[]).unwrap();
+        c.apply_quota_file(p, &file(&[(A, 1000)]), &devs).unwrap();
+        assert_eq!(c.limit(0), Some(1000 << 20));
+        assert_eq!(c.limit(1), Some(0), "unlisted device gets nothing");
+        let mut c = cfg(&[("VGPU_MEMORY_LIMIT", "8Gi"), ("VGPU_MEMORY_LIMIT_1", "1Gi")]).unwrap();
+        let notes = c
+            .apply_quota_file(p, &file(&[(B, 100), (A, 2000)]), &devs)
+            .unwrap();
+        assert_eq!(c.limit(0), Some(2000 << 20), "env cannot raise");
+        assert_eq!(c.limit(1), Some(100 << 20));
+        assert_eq!(notes.len(), 2);
+        let mut c = cfg(&[("VGPU_MEMORY_LIMIT_0", "500Mi")]).unwrap();
+        c.apply_quota_file(p, &file(&[(A, 2000)]), &devs).unwrap();
+        assert_eq!(c.limit(0), Some(500 << 20), "env can lower");
+    }
+
+    #[test]
+    fn quota_file_errors_name_file_and_value() {
+        let p = Path::new("/c/vgpu.conf");
+        let devs = [A.to_owned()];
+        let mut c = cfg(&[]).unwrap();
+        let e = c.apply_quota_file(p, "{not json", &devs).unwrap_err();
+        assert!(e.contains("/c/vgpu.conf") && e.contains("{not json"), "{e}");
+        let e = c
+            .apply_quota_file(
+                p,
+                &file(&[(A, 1)]).replace("\"version\":1", "\"version\":7"),
+                &devs,
+            )
+            .unwrap_err();
+        assert!(e.contains("/c/vgpu.conf") && e.contains("version 7"), "{e}");
+        let e = c.apply_quota_file(p, &file(&[(B, 1)]), &devs).unwrap_err();
+        assert!(e.contains("/c/vgpu.conf") && e.contains(B), "{e}");
+        let e = c.apply_quota_file(p, &file(&[(A, 0)]), &devs).unwrap_err();
+        assert!(e.contains("memory_mib 0"), "{e}");
+        let e = c
+            .apply_quota_file(p, &file(&[(A, 1), (A, 2)]), &devs)
+            .unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        assert_eq!(c.limit(0), None, "a refused file changes nothing");
+    }
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_vars(vars.iter().copied())

@@ -406,6 +406,65 @@ fn current_pool(dev: usize) -> Option<u64> {
     (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
 }
 
+/// The UUIDs (`GPU-…`) of the visible devices in CUDA ordinal order, from the real
+/// driver (initialised here with `cuInit(0)`, which is idempotent). No lock is held.
+pub fn device_uuids() -> Result<Vec<String>, String> {
+    let lib = real::cuda().map_err(str::to_owned)?;
+    let init = lib.sym(c"cuInit");
+    let count = lib.sym(c"cuDeviceGetCount");
+    let mut uuid = lib.sym(c"cuDeviceGetUuid_v2");
+    if uuid == 0 {
+        uuid = lib.sym(c"cuDeviceGetUuid");
+    }
+    if init == 0 || count == 0 || uuid == 0 {
+        return Err("the real driver lacks cuInit, cuDeviceGetCount or cuDeviceGetUuid".into());
+    }
+    // SAFETY: `init` is the real cuInit(unsigned int).
+    let init = unsafe { std::mem::transmute::<usize, CuInit>(init) };
+    // SAFETY: `count` is the real cuDeviceGetCount(int*).
+    let count = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_int) -> CUresult>(count)
+    };
+    // SAFETY: `uuid` is the real cuDeviceGetUuid(_v2)(CUuuid*, CUdevice).
+    let uuid = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult>(uuid)
+    };
+    // SAFETY: plain flags argument.
+    let r = unsafe { init(0) };
+    if r != CUDA_SUCCESS {
+        return Err(format!("cuInit returned {r}"));
+    }
+    let mut n: c_int = 0;
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { count(&mut n) };
+    if r != CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetCount returned {r}"));
+    }
+    let mut out = Vec::new();
+    for d in 0..n {
+        let mut u = CUuuid::default();
+        // SAFETY: a valid out-pointer and an ordinal below the device count.
+        let r = unsafe { uuid(&mut u, d) };
+        if r != CUDA_SUCCESS {
+            return Err(format!("cuDeviceGetUuid({d}) returned {r}"));
+        }
+        out.push(format_uuid(&u.bytes));
+    }
+    Ok(out)
+}
+
+/// A UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let mut s = String::from("GPU-");
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
 // ---- initialisation and entry-point resolution ------------------------------------
 
 type CuInit = unsafe extern "C" fn(c_uint) -> CUresult;

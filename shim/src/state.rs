@@ -89,8 +89,44 @@ fn early_on_error() -> OnError {
     }
 }
 
-fn init() -> Result<Shim, (OnError, String)> {
-    let cfg = Config::from_env().map_err(|e| (early_on_error(), e.to_string()))?;
+/// The configuration: the environment, then the quota file if the container has one.
+/// Runs outside any lock: with a quota file it calls the real driver (to map the file's
+/// GPU UUIDs to CUDA ordinals).
+fn configure() -> Result<Config, (OnError, String)> {
+    let mut cfg = Config::from_env().map_err(|e| (early_on_error(), e.to_string()))?;
+    let path = cfg.quota_file();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cfg),
+        Err(e) => {
+            return Err((
+                cfg.on_error,
+                format!("cannot read the quota file {}: {e}", path.display()),
+            ));
+        }
+    };
+    let uuids = crate::hooks::device_uuids().map_err(|e| {
+        (
+            cfg.on_error,
+            format!(
+                "quota file {}: cannot map its GPUs to devices: {e}",
+                path.display()
+            ),
+        )
+    })?;
+    let notes = cfg
+        .apply_quota_file(&path, &text, &uuids)
+        .map_err(|e| (cfg.on_error, e))?;
+    if cfg.log {
+        for n in notes {
+            eprintln!("vgpu: {n}");
+        }
+    }
+    Ok(cfg)
+}
+
+fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String)> {
+    let cfg = cfg?;
     let region = Region::open(&cfg.container_dir).map_err(|e| {
         (
             cfg.on_error,
@@ -98,8 +134,11 @@ fn init() -> Result<Shim, (OnError, String)> {
         )
     })?;
     for d in 0..MAX_DEVICES {
-        let q = region.init_quota(d, cfg.limit(d));
-        if cfg.limit(d).is_some() && q != cfg.limit(d) && cfg.log {
+        // A quota of 0 (a device the quota file does not list) is this process's to
+        // enforce: in the region 0 means unlimited.
+        let want = cfg.limit(d).filter(|&q| q > 0);
+        let q = region.init_quota(d, want);
+        if want.is_some() && q != want && cfg.log {
             eprintln!(
                 "vgpu: device {d}: the container's quota is {q:?} bytes (set by its first process), not {:?}",
                 cfg.limit(d)
@@ -127,8 +166,24 @@ fn init() -> Result<Shim, (OnError, String)> {
 /// The mode, initialising on first use. An error is reported on stderr once, loudly,
 /// whatever `VGPU_LOG` says.
 pub fn mode() -> Mode {
-    let m = MODE.get_or_init(|| {
-        let r = init();
+    let m = match MODE.get() {
+        Some(m) => m,
+        None => {
+            // The driver queries of `configure` run before, not inside, the once-lock.
+            let cfg = configure();
+            init_mode(cfg)
+        }
+    };
+    match m {
+        Ok(s) => Mode::Enforce(s),
+        Err((OnError::Unenforced, _)) => Mode::Unenforced,
+        Err((OnError::Fail, _)) => Mode::Fail,
+    }
+}
+
+fn init_mode(cfg: Result<Config, (OnError, String)>) -> &'static Result<Shim, (OnError, String)> {
+    MODE.get_or_init(|| {
+        let r = init(cfg);
         if let Err((policy, msg)) = &r {
             let what = match policy {
                 OnError::Fail => "CUDA initialisation fails (VGPU_ON_ERROR=fail)",
@@ -139,12 +194,7 @@ pub fn mode() -> Mode {
             eprintln!("vgpu: ERROR: cannot enforce GPU memory limits: {msg}; {what}");
         }
         r
-    });
-    match m {
-        Ok(s) => Mode::Enforce(s),
-        Err((OnError::Unenforced, _)) => Mode::Unenforced,
-        Err((OnError::Fail, _)) => Mode::Fail,
-    }
+    })
 }
 
 /// The real library name to load for `lib` (configuration, else the default).
@@ -216,6 +266,14 @@ impl Shim {
     /// (which gives back what this process's pools no longer hold, and says whether it
     /// gave anything back).
     pub fn reserve_or(&self, dev: usize, bytes: u64, reclaim: impl FnOnce() -> bool) -> bool {
+        if self.denied(dev) {
+            log(self, || {
+                format!(
+                    "device {dev}: {bytes} bytes refused: the container's quota file does not list this GPU (quota 0)"
+                )
+            });
+            return false;
+        }
         if self.region.try_charge(self.slot, dev, bytes) {
             return true;
         }
@@ -322,8 +380,16 @@ impl Shim {
         self.pool_credit.swap(false, Ordering::AcqRel)
     }
 
+    /// Whether nothing may be allocated on `dev` (a quota file that does not list it).
+    pub fn denied(&self, dev: usize) -> bool {
+        self.cfg.limit(dev) == Some(0)
+    }
+
     /// The quota of `dev` in force (None: unlimited).
     pub fn quota(&self, dev: usize) -> Option<u64> {
+        if self.denied(dev) {
+            return Some(0);
+        }
         self.region.quota(dev)
     }
 

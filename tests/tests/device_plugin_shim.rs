@@ -3,9 +3,9 @@
 //! server) → the container's quota file → a real CUDA process under `libvgpu.so` on
 //! cuda-sim sees exactly that quota.
 //!
-//! The shim does not read `vgpu.conf` yet (it takes `VGPU_MEMORY_LIMIT_<i>` from the
-//! environment): `shim_env` below maps the quota file onto the shim's variables, which is
-//! what the shim itself must do next. Everything else is the real code path.
+//! The shim reads the quota file the plugin wrote (`vgpu.conf` in the container's
+//! directory, mapped to devices by GPU UUID): no `VGPU_MEMORY_LIMIT` is set, so what
+//! the container sees comes from the file alone. Everything is the real code path.
 
 use std::path::Path;
 use std::process::Command;
@@ -18,20 +18,16 @@ use vgpu_tests::{SimNode, field, num, probe_bin, shim_lib};
 
 const MIB: u64 = 1 << 20;
 
-/// The environment a container with this directory gets from its quota file.
+/// The environment a container with this directory gets: the shim and its directory,
+/// no memory limit (the quota comes from the file). Returns the file's record.
 fn shim_env(cmd: &mut Command, dir: &Path) -> ContainerQuota {
     let q = ContainerQuota::from_json(
         &std::fs::read_to_string(dir.join(QUOTA_FILE)).expect("quota file"),
     )
     .expect("valid quota");
     cmd.env("LD_PRELOAD", shim_lib())
-        .env("VGPU_CONTAINER_DIR", dir);
-    for (i, g) in q.gpus.iter().enumerate() {
-        cmd.env(
-            format!("VGPU_MEMORY_LIMIT_{i}"),
-            format!("{}Mi", g.memory_mib),
-        );
-    }
+        .env("VGPU_CONTAINER_DIR", dir)
+        .env_remove("VGPU_MEMORY_LIMIT");
     q
 }
 
