@@ -85,7 +85,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
             .map_err(|_| ByteSizeError::NotANumber(text.to_owned()))?;
         let scale = 10u128.pow(frac_part.len() as u32);
         let scaled = digits * u128::from(mult);
-        if scaled % scale != 0 {
+        if !scaled.is_multiple_of(scale) {
             return Err(ByteSizeError::Fractional(text.to_owned()));
         }
         let add =
@@ -106,7 +106,7 @@ impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
         for (unit, m) in [("Ti", TI), ("Gi", GI), ("Mi", MI), ("Ki", KI)] {
-            if b >= m && b % m == 0 {
+            if b >= m && b.is_multiple_of(m) {
                 return write!(f, "{}{unit}", b / m);
             }
         }
