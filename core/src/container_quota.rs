@@ -9,8 +9,8 @@
 //!  "device_ids":["GPU-8c1f…-0","GPU-8c1f…-1","GPU-8c1f…-2"]}
 //! ```
 //!
-//! `gpus` is in the container's device order: the shim's `VGPU_MEMORY_LIMIT_<i>` is
-//! `gpus[i].memory_mib` MiB. Compatibility rules, as for the other records: readers
+//! The shim matches `gpus` to devices by UUID (through the real driver); a visible GPU
+//! that is not listed gets a quota of 0. Compatibility rules, as for the other records: readers
 //! ignore unknown fields (minor additions); a different `version` is incompatible and
 //! refused, and the shim then fails loudly rather than running unlimited.
 
