@@ -22,7 +22,7 @@ use vgpu_cuda_sim::bench::{self, Stats, json_string};
 #[derive(Parser, Debug)]
 #[command(about = "Measure the simulated CUDA driver's own cost per call (median, p99, mean)")]
 struct Cli {
-    /// The driver library to load [default: `<repo>/target/cuda-sim/libcuda.so.1`].
+    /// The driver library to load (default: `<repo>/target/cuda-sim/libcuda.so.1`).
     #[arg(long)]
     lib: Option<PathBuf>,
     /// Timed iterations of each cheap call.
