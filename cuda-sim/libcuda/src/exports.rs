@@ -189,12 +189,14 @@ export! {
 
 fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
     let i = d.state.info(dev);
-    let pci: Vec<u32> = i
-        .pci_bus_id()
-        .split([':', '.'])
-        .map(|p| u32::from_str_radix(p, 16).unwrap_or(0))
-        .collect();
-    let pci_at = |k: usize| pci.get(k).copied().unwrap_or(0) as c_int;
+    // Component k of the PCI bus id (domain, bus, device), parsed only when asked for.
+    let pci_at = |k: usize| {
+        i.pci_bus_id()
+            .split([':', '.'])
+            .nth(k)
+            .and_then(|p| u32::from_str_radix(p, 16).ok())
+            .unwrap_or(0) as c_int
+    };
     Ok(match a {
         attr::MAX_THREADS_PER_BLOCK | attr::MAX_BLOCK_DIM_X | attr::MAX_BLOCK_DIM_Y => 1024,
         attr::MAX_BLOCK_DIM_Z => 64,
