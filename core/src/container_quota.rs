@@ -16,6 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sched_proto::{ComputePolicy, Priority};
+
 /// Name of the quota file inside the container directory.
 pub const QUOTA_FILE: &str = "vgpu.conf";
 /// The current version of the quota record.
@@ -53,6 +55,12 @@ pub struct GpuQuota {
     pub compute_milli: u32,
     /// 0.1-GPU slices held on this GPU.
     pub slices: u32,
+    /// How the compute share is enforced (absent: `burst`).
+    #[serde(default)]
+    pub compute_policy: ComputePolicy,
+    /// The container's priority class on this GPU (absent: `best-effort`).
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 /// Why a quota record could not be read.
@@ -104,6 +112,8 @@ mod tests {
                 memory_mib: 8192,
                 compute_milli: 300,
                 slices: 3,
+                compute_policy: ComputePolicy::Cap,
+                priority: Priority::BestEffort,
             }],
             device_ids: vec!["GPU-a-0".into()],
         };

@@ -11,3 +11,4 @@ pub mod container_quota;
 pub mod inventory;
 pub mod packing;
 pub mod resources;
+pub mod sched_proto;

@@ -644,6 +644,8 @@ impl Handshake {
                     memory_mib: g.memory_mib,
                     compute_milli: g.compute_milli,
                     slices: g.slices,
+                    compute_policy: Default::default(),
+                    priority: Default::default(),
                 })
                 .collect(),
             device_ids: ids.iter().cloned().collect(),

@@ -1,0 +1,372 @@
+//! The shim ↔ daemon protocol (compute time-slicing), shared by `libvgpu.so` and
+//! `vgpu-daemon`. No I/O here: framing and message types only.
+//!
+//! Transport: a unix stream socket (`VGPU_DAEMON_SOCKET`). Each frame is a 4-byte
+//! little-endian length followed by that many bytes of JSON (one [`ShimMsg`] or
+//! [`DaemonMsg`], externally tagged). Frames are at most [`MAX_FRAME`] bytes; a longer
+//! length, bad JSON or an unknown message is a protocol error and the daemon closes that
+//! connection (and only that one).
+//!
+//! Versioning: the first frame on a connection is [`ShimMsg::Hello`] carrying
+//! [`PROTO_VERSION`]; the daemon answers [`DaemonMsg::Welcome`] (with the board file
+//! descriptor attached as `SCM_RIGHTS`) or [`DaemonMsg::Refused`]. Fields may be added
+//! (readers ignore unknown fields and default missing optional ones); any change of
+//! meaning bumps the version, and a daemon answers a version it does not speak with
+//! `Refused`, after which the shim runs its local fallback.
+//!
+//! The grant itself is not a message on the fast path: the daemon writes each tenant's
+//! grant word in a shared memory page (the "board", one page per tenant, sealed so the
+//! tenant can only map it read-only). Word `i` (a `u32` at byte offset
+//! `i * BOARD_STRIDE`) belongs to the tenant's `i`-th GPU of its `Hello`; its value is
+//! `generation << 1 | held`. Launchers read it with one atomic load and wait on it with
+//! a futex when not held.
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version spoken by this build.
+pub const PROTO_VERSION: u32 = 1;
+/// Largest frame body, bytes.
+pub const MAX_FRAME: usize = 64 * 1024;
+/// Bytes between two grant words of the board (one cache line each).
+pub const BOARD_STRIDE: usize = 64;
+/// Most GPUs one process may register.
+pub const MAX_GPUS: usize = 16;
+/// Size of a board, bytes (one page).
+pub const BOARD_BYTES: usize = 4096;
+
+/// How a tenant may use idle GPU time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputePolicy {
+    /// Work-conserving: idle share goes to busy tenants.
+    #[default]
+    Burst,
+    /// Hard ceiling at the share, even when the GPU is otherwise idle.
+    Cap,
+}
+
+/// Priority class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Priority {
+    /// Best-effort (batch, training).
+    #[default]
+    BestEffort,
+    /// Latency-sensitive (inference, interactive): preempts best-effort slices.
+    LatencySensitive,
+}
+
+impl std::str::FromStr for ComputePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "burst" => Ok(Self::Burst),
+            "cap" => Ok(Self::Cap),
+            _ => Err(format!(
+                "unknown compute policy {s:?} (expected burst or cap)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ComputePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Burst => "burst",
+            Self::Cap => "cap",
+        })
+    }
+}
+
+impl std::str::FromStr for Priority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "best-effort" | "low" => Ok(Self::BestEffort),
+            "latency-sensitive" | "high" => Ok(Self::LatencySensitive),
+            _ => Err(format!(
+                "unknown priority {s:?} (expected best-effort or latency-sensitive)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Priority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::BestEffort => "best-effort",
+            Self::LatencySensitive => "latency-sensitive",
+        })
+    }
+}
+
+/// Compute settings of one tenant on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeSettings {
+    /// Share of the GPU's time, percent (1–100).
+    pub share_pct: u32,
+    /// Burst or cap.
+    #[serde(default)]
+    pub policy: ComputePolicy,
+    /// Priority class.
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+impl ComputeSettings {
+    /// Checks the share's range, naming the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        if (1..=100).contains(&self.share_pct) {
+            Ok(())
+        } else {
+            Err(format!(
+                "compute share {} % is out of range (1–100)",
+                self.share_pct
+            ))
+        }
+    }
+}
+
+/// Who a connecting process belongs to (as the shim knows it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ContainerIdent {
+    /// Tenant key: processes with the same key form one tenant (one container).
+    pub key: String,
+    /// Pod namespace, if known.
+    #[serde(default)]
+    pub namespace: String,
+    /// Pod name, if known.
+    #[serde(default)]
+    pub pod: String,
+    /// Container name, if known.
+    #[serde(default)]
+    pub container: String,
+    /// The container directory (`VGPU_CONTAINER_DIR`) as seen inside the container.
+    #[serde(default)]
+    pub container_dir: String,
+}
+
+/// One GPU a process registers for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRegistration {
+    /// The GPU's UUID (`GPU-…`).
+    pub uuid: String,
+    /// Its CUDA ordinal in the process.
+    pub ordinal: u32,
+    /// The settings the shim proposes (the daemon may override them).
+    pub settings: ComputeSettings,
+    /// Memory quota of the container on this GPU, bytes (None: unlimited).
+    #[serde(default)]
+    pub memory_quota: Option<u64>,
+}
+
+/// Shim → daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShimMsg {
+    /// First frame: who this process is and which GPUs it uses.
+    Hello {
+        /// [`PROTO_VERSION`].
+        proto: u32,
+        /// The process's own view of its PID (informational; the daemon uses the peer
+        /// credentials of the socket).
+        pid: u32,
+        /// The container.
+        ident: ContainerIdent,
+        /// Its GPUs, board word `i` for `gpus[i]`.
+        gpus: Vec<GpuRegistration>,
+    },
+    /// A launcher of this process is blocked on GPU `gpu` (index into `gpus`).
+    Demand {
+        /// GPU index.
+        gpu: u32,
+    },
+    /// The grant `generation` on `gpu` was revoked and this process's work has drained.
+    Drained {
+        /// GPU index.
+        gpu: u32,
+        /// The generation revoked.
+        generation: u32,
+        /// CLOCK_MONOTONIC ns when the last work completed.
+        end_ns: u64,
+        /// Kernels launched under this grant.
+        launches: u64,
+        /// Whether launchers are still waiting (demand continues).
+        waiting: bool,
+    },
+    /// Under grant `generation` the process launched nothing for a while, stopped using the
+    /// grant (a later launch asks again with [`ShimMsg::Demand`]) and its work has
+    /// completed: the slice can go to someone else.
+    Idle {
+        /// GPU index.
+        gpu: u32,
+        /// The generation held.
+        generation: u32,
+        /// CLOCK_MONOTONIC ns when the last work completed.
+        end_ns: u64,
+        /// Kernels launched under this grant.
+        launches: u64,
+    },
+    /// Memory in use by the container on `gpu` (periodic).
+    Usage {
+        /// GPU index.
+        gpu: u32,
+        /// Bytes charged to the container on this GPU.
+        memory_used: u64,
+    },
+}
+
+/// Daemon → shim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DaemonMsg {
+    /// Registration accepted; the board's file descriptor travels with this frame.
+    Welcome {
+        /// [`PROTO_VERSION`].
+        proto: u32,
+        /// The tenant this process joined.
+        tenant: String,
+        /// The settings in force per GPU (same order as `Hello::gpus`).
+        settings: Vec<ComputeSettings>,
+        /// The board word of each GPU (same order as `Hello::gpus`).
+        words: Vec<u32>,
+        /// Longest a grant lasts before the daemon may revoke it, µs.
+        quantum_us: u64,
+        /// How much work a process may queue beyond what completes, µs of GPU time.
+        queue_ahead_us: u64,
+    },
+    /// Registration refused (bad version, bad settings): the shim falls back.
+    Refused {
+        /// Why, naming the bad value.
+        reason: String,
+    },
+    /// The tenant holds `gpu` under generation `generation` (the board word already says so).
+    Grant {
+        /// GPU index.
+        gpu: u32,
+        /// Generation.
+        generation: u32,
+    },
+    /// The grant `generation` on `gpu` ended: stop launching (the board word already says so),
+    /// drain, answer [`ShimMsg::Drained`].
+    Revoke {
+        /// GPU index.
+        gpu: u32,
+        /// Generation.
+        generation: u32,
+    },
+    /// New settings for `gpu` (live change): used by the shim's fallback.
+    Settings {
+        /// GPU index.
+        gpu: u32,
+        /// Settings in force.
+        settings: ComputeSettings,
+    },
+}
+
+/// A framing or decoding error.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length prefix exceeds [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLong(usize),
+    /// The body is not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+/// Encodes one frame (length prefix + JSON).
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let body = serde_json::to_vec(msg).expect("plain enums always serialize");
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Takes one complete frame off the front of `buf`, if there is one.
+///
+/// `Ok(None)`: more bytes are needed. On `Ok(Some(_))` the frame's bytes have been
+/// removed from `buf`.
+pub fn decode<T: for<'de> Deserialize<'de>>(buf: &mut Vec<u8>) -> Result<Option<T>, FrameError> {
+    let Some(head) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLong(len));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[4..4 + len])
+        .map_err(|e| FrameError::Malformed(e.to_string()))?;
+    buf.drain(..4 + len);
+    Ok(Some(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_in_pieces() {
+        let a = ShimMsg::Demand { gpu: 3 };
+        let b = ShimMsg::Drained {
+            gpu: 0,
+            generation: 7,
+            end_ns: 99,
+            launches: 12,
+            waiting: true,
+        };
+        let mut wire = encode(&a);
+        wire.extend(encode(&b));
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        for byte in wire {
+            buf.push(byte);
+            while let Some(m) = decode::<ShimMsg>(&mut buf).expect("valid") {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![a, b]);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_it() {
+        let mut buf = vec![0xff, 0xff, 0xff, 0x7f];
+        assert_eq!(
+            decode::<ShimMsg>(&mut buf),
+            Err(FrameError::TooLong(0x7fff_ffff))
+        );
+        let mut buf = encode(&"not a message");
+        assert!(matches!(
+            decode::<ShimMsg>(&mut buf),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn settings_parse_and_validate() {
+        assert_eq!("cap".parse::<ComputePolicy>(), Ok(ComputePolicy::Cap));
+        assert!(
+            "max"
+                .parse::<ComputePolicy>()
+                .unwrap_err()
+                .contains("\"max\"")
+        );
+        assert_eq!(
+            "latency-sensitive".parse::<Priority>(),
+            Ok(Priority::LatencySensitive)
+        );
+        let s = ComputeSettings {
+            share_pct: 0,
+            policy: ComputePolicy::Burst,
+            priority: Priority::BestEffort,
+        };
+        assert!(s.validate().unwrap_err().contains("0 %"));
+        let json = r#"{"share_pct":30}"#;
+        let s: ComputeSettings = serde_json::from_str(json).expect("defaults");
+        assert_eq!(s.policy, ComputePolicy::Burst);
+        assert_eq!(s.priority, Priority::BestEffort);
+    }
+}

@@ -1,0 +1,159 @@
+//! The board: one page of shared memory per tenant holding its grant words (one per
+//! GPU of the tenant, [`BOARD_STRIDE`] bytes apart). The daemon maps it read-write,
+//! seals it against any later writable mapping, and passes its descriptor to each of
+//! the tenant's processes, which can therefore only map it read-only: a tenant cannot
+//! grant itself the GPU by writing its word.
+//!
+//! A word is `generation << 1 | held`. Writers bump the generation on every change and
+//! wake the futex waiters (shared, not private futexes: the waiters are other
+//! processes).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, MAX_GPUS};
+
+/// One tenant's board.
+#[derive(Debug)]
+pub struct Board {
+    fd: OwnedFd,
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is only accessed through atomics; the pointer stays valid until
+// drop (which needs `&mut self`).
+unsafe impl Send for Board {}
+// SAFETY: as above: shared access is atomic.
+unsafe impl Sync for Board {}
+
+impl Board {
+    /// Creates a sealed board, every word `0` (not held, generation 0).
+    pub fn new(name: &str) -> io::Result<Board> {
+        let cname = std::ffi::CString::new(format!("vgpu-board-{name}"))
+            .unwrap_or_else(|_| c"vgpu-board".to_owned());
+        // SAFETY: a valid NUL-terminated name; flags are plain constants.
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: a valid descriptor and length.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), BOARD_BYTES as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: mapping a descriptor we own with its full length.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
+        // SAFETY: a valid descriptor; sealing changes no memory we hold.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: unmapping what we just mapped.
+            unsafe { libc::munmap(p, BOARD_BYTES) };
+            return Err(e);
+        }
+        Ok(Board { fd, base: p.cast() })
+    }
+
+    /// The descriptor to pass to the tenant's processes.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Word `i`.
+    pub fn word(&self, i: usize) -> &AtomicU32 {
+        assert!(i < MAX_GPUS, "board word {i} out of range");
+        // SAFETY: `i * BOARD_STRIDE + 4 <= BOARD_BYTES`, 4-aligned (page-aligned base),
+        // and the mapping lives as long as `self`.
+        unsafe { &*self.base.add(i * BOARD_STRIDE).cast::<AtomicU32>() }
+    }
+
+    /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.
+    pub fn set(&self, i: usize, generation: u32, held: bool) {
+        let w = self.word(i);
+        w.store((generation << 1) | u32::from(held), Ordering::Release);
+        futex_wake(w);
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once; no reference outlives `self`.
+        unsafe { libc::munmap(self.base.cast(), BOARD_BYTES) };
+    }
+}
+
+/// Wakes every waiter on `word` (shared futex).
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a valid aligned u32 in a live mapping; waking has no other
+    // preconditions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAKE,
+            i32::MAX,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_board_cannot_be_mapped_writable_by_others() {
+        let b = Board::new("t").expect("memfd");
+        b.set(3, 5, true);
+        assert_eq!(b.word(3).load(Ordering::Acquire), 11);
+        // SAFETY: trying a writable shared mapping of the sealed descriptor.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                b.fd().as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(p, libc::MAP_FAILED, "a writable mapping must be refused");
+        // SAFETY: a read-only shared mapping is allowed.
+        let r = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                b.fd().as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(r, libc::MAP_FAILED);
+        // SAFETY: offset 3 * stride inside the mapping, aligned.
+        let seen = unsafe { &*r.cast::<u8>().add(3 * BOARD_STRIDE).cast::<AtomicU32>() };
+        assert_eq!(seen.load(Ordering::Acquire), 11);
+        b.set(3, 6, false);
+        assert_eq!(seen.load(Ordering::Acquire), 12);
+        // SAFETY: the read-only mapping cannot be made writable.
+        let rc = unsafe { libc::mprotect(r, BOARD_BYTES, libc::PROT_READ | libc::PROT_WRITE) };
+        assert_ne!(rc, 0, "mprotect to writable must be refused");
+        // SAFETY: unmapping our test mapping.
+        unsafe { libc::munmap(r, BOARD_BYTES) };
+    }
+}

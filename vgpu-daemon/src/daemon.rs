@@ -1,0 +1,792 @@
+//! The node's state: tenants (containers), their processes (connections), one
+//! [`Scheduler`] per GPU with a timer thread, and the NVML observations.
+//!
+//! One mutex guards tenants, connections and schedulers together: events are few
+//! (hundreds per second per GPU) and every one of them touches all three, so a single
+//! short critical section is both simplest and fastest. No I/O happens under it except
+//! non-blocking channel sends and futex wakes.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{debug, info, warn};
+use vgpu_core::container_quota::ContainerQuota;
+use vgpu_core::sched_proto::{
+    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION,
+};
+
+use crate::board::Board;
+use crate::model::{
+    Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource, SliceState,
+    Tenant, TenantGpu,
+};
+use crate::scheduler::{Action, Params, Scheduler, TenantId};
+
+/// The daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The shims' socket.
+    pub socket: PathBuf,
+    /// Scheduling tunables.
+    pub params: Params,
+    /// Work a process may queue beyond what completes, µs of GPU time (told to shims).
+    pub queue_ahead_us: u64,
+    /// If set, the quota file's path inside containers: the daemon reads it through
+    /// `/proc/<pid>/root` and takes compute settings from it, ignoring the shim's.
+    pub trusted_quota_file: Option<PathBuf>,
+    /// Settings for a process with no trusted settings (when `trusted_quota_file` is
+    /// set and the file is absent).
+    pub default_settings: ComputeSettings,
+}
+
+/// A message queue to one connection's writer.
+pub type Outbox = UnboundedSender<DaemonMsg>;
+
+#[derive(Debug)]
+struct Conn {
+    pid: u32,
+    tenant: String,
+    /// Process GPU index → GPU UUID.
+    gpus: Vec<String>,
+    out: Outbox,
+}
+
+#[derive(Debug)]
+struct TenantGpuRec {
+    word: usize,
+    settings: ComputeSettings,
+    source: SettingsSource,
+    memory_quota: Option<u64>,
+    /// Memory reported per connection.
+    memory: HashMap<u64, u64>,
+}
+
+#[derive(Debug)]
+struct TenantRec {
+    id: TenantId,
+    ident: ContainerIdent,
+    board: Arc<Board>,
+    gpus: BTreeMap<String, TenantGpuRec>,
+    conns: HashSet<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Drain {
+    generation: u32,
+    tenant: TenantId,
+    /// Connections still to report.
+    pending: HashSet<u64>,
+    end: u64,
+    waiting: bool,
+    /// Whether this is a voluntary yield (Idle) rather than a revoke.
+    idle: bool,
+}
+
+#[derive(Debug)]
+struct GpuRec {
+    sched: Scheduler,
+    /// The current grant's tenant and generation.
+    grant: Option<(TenantId, u32)>,
+    drain: Option<Drain>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tenants: HashMap<String, TenantRec>,
+    by_id: HashMap<TenantId, String>,
+    gpus: BTreeMap<String, GpuRec>,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    observations: Vec<GpuObservation>,
+}
+
+/// The daemon: shared by the server tasks, the timer threads and the API.
+#[derive(Debug)]
+pub struct Daemon {
+    cfg: Config,
+    started: Instant,
+    inner: Mutex<Inner>,
+    /// Woken when any scheduler's deadline may have moved.
+    timer: Condvar,
+}
+
+/// CLOCK_MONOTONIC, ns (the clock the shims report in).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Why a registration or an API call was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DaemonError {
+    /// The shim speaks another protocol version.
+    #[error("protocol version {0} is not supported (this daemon speaks {PROTO_VERSION})")]
+    Version(u32),
+    /// Bad settings or request.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such tenant.
+    #[error("no tenant {0:?}")]
+    NoTenant(String),
+}
+
+/// What a registration returns to the server.
+#[derive(Debug)]
+pub struct Registered {
+    /// The connection's id.
+    pub conn: u64,
+    /// The tenant's board (its descriptor goes to the process).
+    pub board: Arc<Board>,
+    /// The welcome message.
+    pub welcome: DaemonMsg,
+}
+
+impl Daemon {
+    /// A daemon with no tenants; call [`Daemon::spawn_timer`] to start scheduling.
+    pub fn new(cfg: Config) -> Arc<Daemon> {
+        Arc::new(Daemon {
+            cfg,
+            started: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+            timer: Condvar::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the timer thread that ends slices and times out drains.
+    pub fn spawn_timer(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let d = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("vgpu-sched-timer".into())
+            .spawn(move || d.timer_loop())
+    }
+
+    fn timer_loop(&self) {
+        let mut g = self.lock();
+        loop {
+            let now = mono_ns();
+            let uuids: Vec<String> = g.gpus.keys().cloned().collect();
+            let mut next = u64::MAX;
+            for u in uuids {
+                let acts = match g.gpus.get_mut(&u) {
+                    Some(r) => r.sched.tick(now),
+                    None => continue,
+                };
+                apply(&mut g, &u, acts, now);
+                if let Some(dl) = g.gpus.get(&u).and_then(|r| r.sched.next_deadline()) {
+                    next = next.min(dl);
+                }
+            }
+            let wait = if next == u64::MAX {
+                Duration::from_millis(100)
+            } else {
+                Duration::from_nanos(next.saturating_sub(mono_ns()).max(20_000))
+            };
+            g = self
+                .timer
+                .wait_timeout(g, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Settings for a process: trusted file (if configured), else the shim's proposal.
+    fn resolve_settings(
+        &self,
+        pid: u32,
+        ident: &ContainerIdent,
+        reg: &GpuRegistration,
+    ) -> Result<(ComputeSettings, SettingsSource), DaemonError> {
+        let Some(inner_path) = &self.cfg.trusted_quota_file else {
+            reg.settings
+                .validate()
+                .map_err(|e| DaemonError::Invalid(format!("GPU {}: {e}", reg.uuid)))?;
+            return Ok((reg.settings, SettingsSource::Shim));
+        };
+        let rel = inner_path.strip_prefix("/").unwrap_or(inner_path);
+        let path = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
+        let _ = ident;
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let q = ContainerQuota::from_json(&text)
+                    .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
+                match q.gpus.iter().find(|g| g.uuid == reg.uuid) {
+                    Some(g) => {
+                        let s = ComputeSettings {
+                            share_pct: (g.compute_milli / 10).clamp(1, 100),
+                            policy: g.compute_policy,
+                            priority: g.priority,
+                        };
+                        Ok((s, SettingsSource::QuotaFile))
+                    }
+                    None => Err(DaemonError::Invalid(format!(
+                        "{}: GPU {} is not assigned to this container",
+                        path.display(),
+                        reg.uuid
+                    ))),
+                }
+            }
+            Err(_) => Ok((self.cfg.default_settings, SettingsSource::Default)),
+        }
+    }
+
+    /// Registers a process (host `pid` from the socket's credentials).
+    pub fn register(
+        &self,
+        pid: u32,
+        proto: u32,
+        ident: ContainerIdent,
+        gpus: Vec<GpuRegistration>,
+        out: Outbox,
+    ) -> Result<Registered, DaemonError> {
+        if proto != PROTO_VERSION {
+            return Err(DaemonError::Version(proto));
+        }
+        if gpus.is_empty() || gpus.len() > MAX_GPUS {
+            return Err(DaemonError::Invalid(format!(
+                "{} GPUs registered (1–{MAX_GPUS} allowed)",
+                gpus.len()
+            )));
+        }
+        if ident.key.is_empty() || ident.key.len() > 512 {
+            return Err(DaemonError::Invalid(format!(
+                "tenant key of {} bytes (1–512 allowed)",
+                ident.key.len()
+            )));
+        }
+        let mut resolved = Vec::with_capacity(gpus.len());
+        for g in &gpus {
+            if !g.uuid.starts_with("GPU-") || g.uuid.len() > 96 {
+                return Err(DaemonError::Invalid(format!("bad GPU UUID {:?}", g.uuid)));
+            }
+            resolved.push(self.resolve_settings(pid, &ident, g)?);
+        }
+        let now = mono_ns();
+        let mut g = self.lock();
+        let inner = &mut *g;
+        inner.next_id += 1;
+        let conn_id = inner.next_id;
+        if !inner.tenants.contains_key(&ident.key) {
+            inner.next_id += 1;
+            let id = inner.next_id;
+            let board = Board::new(&id.to_string())
+                .map_err(|e| DaemonError::Invalid(format!("cannot create a board: {e}")))?;
+            inner.by_id.insert(id, ident.key.clone());
+            inner.tenants.insert(
+                ident.key.clone(),
+                TenantRec {
+                    id,
+                    ident: ident.clone(),
+                    board: Arc::new(board),
+                    gpus: BTreeMap::new(),
+                    conns: HashSet::new(),
+                },
+            );
+            info!(tenant = %ident.key, pid, "new tenant");
+        }
+        let t = inner.tenants.get_mut(&ident.key).expect("inserted above");
+        let mut settings_out = Vec::new();
+        let mut words = Vec::new();
+        for (reg, (settings, source)) in gpus.iter().zip(resolved) {
+            let next_word = t.gpus.len();
+            if next_word >= MAX_GPUS && !t.gpus.contains_key(&reg.uuid) {
+                return Err(DaemonError::Invalid(format!(
+                    "tenant {} uses more than {MAX_GPUS} GPUs",
+                    ident.key
+                )));
+            }
+            let rec = t.gpus.entry(reg.uuid.clone()).or_insert(TenantGpuRec {
+                word: next_word,
+                settings,
+                source,
+                memory_quota: reg.memory_quota,
+                memory: HashMap::new(),
+            });
+            // An operator's setting stays; otherwise the newest trusted answer wins.
+            if rec.source != SettingsSource::Api {
+                rec.settings = settings;
+                rec.source = source;
+            }
+            rec.memory_quota = reg.memory_quota.or(rec.memory_quota);
+            settings_out.push(rec.settings);
+            words.push(u32::try_from(rec.word).unwrap_or(0));
+            let gpu = inner
+                .gpus
+                .entry(reg.uuid.clone())
+                .or_insert_with(|| GpuRec {
+                    sched: Scheduler::new(self.cfg.params),
+                    grant: None,
+                    drain: None,
+                });
+            gpu.sched.add(t.id, rec.settings, now);
+        }
+        t.conns.insert(conn_id);
+        let board = Arc::clone(&t.board);
+        let tenant = t.ident.key.clone();
+        inner.conns.insert(
+            conn_id,
+            Conn {
+                pid,
+                tenant: tenant.clone(),
+                gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+                out,
+            },
+        );
+        debug!(tenant = %tenant, pid, conn = conn_id, "process registered");
+        // If the tenant holds a GPU right now, this process may launch too.
+        Ok(Registered {
+            conn: conn_id,
+            board,
+            welcome: DaemonMsg::Welcome {
+                proto: PROTO_VERSION,
+                tenant,
+                settings: settings_out,
+                words,
+                quantum_us: self.cfg.params.quantum_ns / 1000,
+                queue_ahead_us: self.cfg.queue_ahead_us,
+            },
+        })
+    }
+
+    fn conn_gpu(&self, g: &Inner, conn: u64, gpu: u32) -> Option<(String, TenantId)> {
+        let c = g.conns.get(&conn)?;
+        let uuid = c.gpus.get(gpu as usize)?.clone();
+        let t = g.tenants.get(&c.tenant)?;
+        Some((uuid, t.id))
+    }
+
+    /// A process has launches blocked on its GPU `gpu`.
+    pub fn demand(&self, conn: u64, gpu: u32) -> Result<(), DaemonError> {
+        let now = mono_ns();
+        let mut g = self.lock();
+        let (uuid, tid) = self
+            .conn_gpu(&g, conn, gpu)
+            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some(rec) = g.gpus.get_mut(&uuid) else {
+            return Ok(());
+        };
+        let mut acts = Vec::new();
+        // A process that yielded its tenant's grant wants it back: if every process of
+        // the tenant has yielded (the slice is being released), re-queue the tenant.
+        if let Some(d) = rec.drain.as_mut()
+            && d.tenant == tid
+        {
+            d.waiting = true;
+        }
+        acts.extend(rec.sched.demand(tid, now));
+        apply(&mut g, &uuid, acts, now);
+        drop(g);
+        self.timer.notify_all();
+        Ok(())
+    }
+
+    /// A process reports its work drained after a revoke (`idle: false`) or that it
+    /// yielded its grant (`idle: true`).
+    pub fn released(
+        &self,
+        conn: u64,
+        gpu: u32,
+        generation: u32,
+        end_ns: u64,
+        waiting: bool,
+        idle: bool,
+    ) -> Result<(), DaemonError> {
+        let now = mono_ns();
+        let mut g = self.lock();
+        let (uuid, tid) = self
+            .conn_gpu(&g, conn, gpu)
+            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let tenant_conns: HashSet<u64> = g
+            .by_id
+            .get(&tid)
+            .and_then(|k| g.tenants.get(k))
+            .map(|t| {
+                t.conns
+                    .iter()
+                    .copied()
+                    .filter(|c| g.conns.get(c).is_some_and(|c| c.gpus.contains(&uuid)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some(rec) = g.gpus.get_mut(&uuid) else {
+            return Ok(());
+        };
+        if rec.grant != Some((tid, generation)) {
+            return Ok(());
+        }
+        let d = rec.drain.get_or_insert_with(|| Drain {
+            generation,
+            tenant: tid,
+            pending: tenant_conns,
+            end: 0,
+            waiting: false,
+            idle,
+        });
+        if d.generation != generation {
+            return Ok(());
+        }
+        d.pending.remove(&conn);
+        d.end = d.end.max(end_ns);
+        d.waiting |= waiting;
+        let acts = finish_drain(rec, now);
+        if rec.drain.is_none() {
+            // Released (a yield leaves the word held): no process of the tenant may
+            // launch under this generation any more, including one registering later.
+            if let Some(t) = g.by_id.get(&tid).and_then(|k| g.tenants.get(k))
+                && let Some(r) = t.gpus.get(&uuid)
+            {
+                t.board.set(r.word, generation, false);
+            }
+        }
+        apply(&mut g, &uuid, acts, now);
+        drop(g);
+        self.timer.notify_all();
+        Ok(())
+    }
+
+    /// A process reports the container's memory use on `gpu`.
+    pub fn usage(&self, conn: u64, gpu: u32, memory_used: u64) -> Result<(), DaemonError> {
+        let mut g = self.lock();
+        let (uuid, _) = self
+            .conn_gpu(&g, conn, gpu)
+            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let key = g
+            .conns
+            .get(&conn)
+            .map(|c| c.tenant.clone())
+            .unwrap_or_default();
+        if let Some(r) = g.tenants.get_mut(&key).and_then(|t| t.gpus.get_mut(&uuid)) {
+            r.memory.insert(conn, memory_used);
+        }
+        Ok(())
+    }
+
+    /// A connection closed: its process's charges and slice are released now.
+    pub fn disconnect(&self, conn: u64) {
+        let now = mono_ns();
+        let mut g = self.lock();
+        let Some(c) = g.conns.remove(&conn) else {
+            return;
+        };
+        let key = c.tenant.clone();
+        let (tid, last) = match g.tenants.get_mut(&key) {
+            Some(t) => {
+                t.conns.remove(&conn);
+                for r in t.gpus.values_mut() {
+                    r.memory.remove(&conn);
+                }
+                (t.id, t.conns.is_empty())
+            }
+            None => return,
+        };
+        for uuid in &c.gpus {
+            let Some(rec) = g.gpus.get_mut(uuid) else {
+                continue;
+            };
+            let mut acts = Vec::new();
+            if last {
+                acts.extend(rec.sched.remove(tid, now));
+                if rec.grant.is_some_and(|(t, _)| t == tid) {
+                    rec.grant = None;
+                    rec.drain = None;
+                }
+            } else if let Some(d) = rec.drain.as_mut() {
+                d.pending.remove(&conn);
+                d.end = d.end.max(now);
+                acts.extend(finish_drain(rec, now));
+            }
+            apply(&mut g, uuid, acts, now);
+        }
+        if last {
+            g.tenants.remove(&key);
+            g.by_id.remove(&tid);
+            info!(tenant = %key, pid = c.pid, "tenant left");
+        }
+        drop(g);
+        self.timer.notify_all();
+    }
+
+    /// Changes a tenant's settings live, on one GPU or all of its GPUs.
+    pub fn set_settings(
+        &self,
+        tenant: &str,
+        gpu_uuid: Option<&str>,
+        change: SettingsChange,
+    ) -> Result<(), DaemonError> {
+        if let Some(s) = change.share_pct
+            && !(1..=100).contains(&s)
+        {
+            return Err(DaemonError::Invalid(format!(
+                "compute share {s} % is out of range (1–100)"
+            )));
+        }
+        let now = mono_ns();
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let t = inner
+            .tenants
+            .get_mut(tenant)
+            .ok_or_else(|| DaemonError::NoTenant(tenant.to_owned()))?;
+        if let Some(u) = gpu_uuid
+            && !t.gpus.contains_key(u)
+        {
+            return Err(DaemonError::Invalid(format!(
+                "tenant {tenant} does not use GPU {u}"
+            )));
+        }
+        let tid = t.id;
+        let mut changed = Vec::new();
+        for (uuid, r) in t.gpus.iter_mut() {
+            if gpu_uuid.is_some_and(|u| u != uuid) {
+                continue;
+            }
+            if let Some(s) = change.share_pct {
+                r.settings.share_pct = s;
+            }
+            if let Some(p) = change.policy {
+                r.settings.policy = p;
+            }
+            if let Some(p) = change.priority {
+                r.settings.priority = p;
+            }
+            r.source = SettingsSource::Api;
+            changed.push((uuid.clone(), r.settings));
+        }
+        let conns: Vec<u64> = t.conns.iter().copied().collect();
+        for (uuid, s) in &changed {
+            for c in &conns {
+                if let Some(conn) = inner.conns.get(c)
+                    && let Some(i) = conn.gpus.iter().position(|u| u == uuid)
+                {
+                    let _ = conn.out.send(DaemonMsg::Settings {
+                        gpu: u32::try_from(i).unwrap_or(0),
+                        settings: *s,
+                    });
+                }
+            }
+            if let Some(rec) = inner.gpus.get_mut(uuid) {
+                let acts = rec.sched.set_settings(tid, *s, now);
+                apply(inner, uuid, acts, now);
+            }
+        }
+        info!(tenant, ?change, "settings changed");
+        drop(g);
+        self.timer.notify_all();
+        Ok(())
+    }
+
+    /// Stores the NVML watcher's latest observations.
+    pub fn record_observations(&self, obs: Vec<GpuObservation>) {
+        self.lock().observations = obs;
+    }
+
+    /// Host PIDs of every registered process.
+    pub fn registered_pids(&self) -> HashMap<u32, String> {
+        let g = self.lock();
+        g.conns
+            .values()
+            .map(|c| (c.pid, c.tenant.clone()))
+            .collect()
+    }
+
+    /// Everything, at one instant.
+    pub fn snapshot(&self) -> NodeSnapshot {
+        let now = mono_ns();
+        let g = self.lock();
+        let mut tenants: Vec<Tenant> = g
+            .tenants
+            .values()
+            .map(|t| {
+                let mut pids: Vec<u32> = t
+                    .conns
+                    .iter()
+                    .filter_map(|c| g.conns.get(c).map(|c| c.pid))
+                    .collect();
+                pids.sort_unstable();
+                pids.dedup();
+                let gpus = t
+                    .gpus
+                    .iter()
+                    .map(|(uuid, r)| {
+                        let st = g.gpus.get(uuid).and_then(|x| x.sched.stats(t.id, now));
+                        TenantGpu {
+                            uuid: uuid.clone(),
+                            settings: r.settings,
+                            source: r.source,
+                            memory_used: r.memory.values().copied().max().unwrap_or(0),
+                            memory_quota: r.memory_quota,
+                            gpu_time_ns: st.map_or(0, |s| s.used_ns),
+                            throttled_ns: st.map_or(0, |s| s.throttled_ns),
+                            grants: st.map_or(0, |s| s.grants),
+                            recent_share_pct: st.map_or(0.0, |s| s.recent_share_pct),
+                            state: st.map_or(SliceState::Idle, |s| s.state),
+                        }
+                    })
+                    .collect();
+                Tenant {
+                    key: t.ident.key.clone(),
+                    namespace: t.ident.namespace.clone(),
+                    pod: t.ident.pod.clone(),
+                    container: t.ident.container.clone(),
+                    pids,
+                    gpus,
+                }
+            })
+            .collect();
+        tenants.sort_by(|a, b| a.key.cmp(&b.key));
+        let pid_tenant: HashMap<u32, &str> = g
+            .conns
+            .values()
+            .map(|c| (c.pid, c.tenant.as_str()))
+            .collect();
+        let mut gpus: Vec<Gpu> = Vec::new();
+        let mut seen = HashSet::new();
+        for o in &g.observations {
+            seen.insert(o.uuid.clone());
+            let processes: Vec<GpuProcess> = o
+                .processes
+                .iter()
+                .map(|&(pid, used)| GpuProcess {
+                    pid,
+                    used_bytes: used,
+                    tenant: pid_tenant.get(&pid).map(|s| (*s).to_owned()),
+                })
+                .collect();
+            let bypass_pids = processes
+                .iter()
+                .filter(|p| p.tenant.is_none())
+                .map(|p| p.pid)
+                .collect();
+            gpus.push(Gpu {
+                observed: o.clone(),
+                processes,
+                bypass_pids,
+                scheduled_ns: g.gpus.get(&o.uuid).map_or(0, |r| r.sched.scheduled_ns()),
+                holder: holder_key(&g, &o.uuid),
+            });
+        }
+        for (uuid, r) in &g.gpus {
+            if seen.contains(uuid) {
+                continue;
+            }
+            gpus.push(Gpu {
+                observed: GpuObservation {
+                    uuid: uuid.clone(),
+                    index: u32::MAX,
+                    ..GpuObservation::default()
+                },
+                processes: Vec::new(),
+                bypass_pids: Vec::new(),
+                scheduled_ns: r.sched.scheduled_ns(),
+                holder: holder_key(&g, uuid),
+            });
+        }
+        gpus.sort_by(|a, b| {
+            (a.observed.index, &a.observed.uuid).cmp(&(b.observed.index, &b.observed.uuid))
+        });
+        NodeSnapshot {
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            tenants,
+            gpus,
+        }
+    }
+}
+
+fn holder_key(g: &Inner, uuid: &str) -> Option<String> {
+    let id = g.gpus.get(uuid)?.sched.holder()?;
+    g.by_id.get(&id).cloned()
+}
+
+/// Completes a drain whose every process has reported.
+fn finish_drain(rec: &mut GpuRec, now: u64) -> Vec<Action> {
+    let Some(d) = rec.drain.as_ref() else {
+        return Vec::new();
+    };
+    if !d.pending.is_empty() {
+        return Vec::new();
+    }
+    let d = rec.drain.take().expect("checked above");
+    rec.grant = None;
+    let end = if d.end == 0 { now } else { d.end };
+    let _ = d.idle;
+    rec.sched
+        .release(d.tenant, d.generation, end, d.waiting, now)
+}
+
+/// Carries out a scheduler's decisions: board words, then messages.
+fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
+    for a in acts {
+        let (tid, generation, held) = match a {
+            Action::Grant { tenant, generation } => (tenant, generation, true),
+            Action::Revoke { tenant, generation } => (tenant, generation, false),
+        };
+        let Some(key) = g.by_id.get(&tid).cloned() else {
+            continue;
+        };
+        let Some(t) = g.tenants.get(&key) else {
+            continue;
+        };
+        let Some(r) = t.gpus.get(uuid) else {
+            continue;
+        };
+        t.board.set(r.word, generation, held);
+        let conns: Vec<u64> = t
+            .conns
+            .iter()
+            .copied()
+            .filter(|c| {
+                g.conns
+                    .get(c)
+                    .is_some_and(|c| c.gpus.iter().any(|u| u == uuid))
+            })
+            .collect();
+        for c in &conns {
+            let conn = &g.conns[c];
+            let i = conn.gpus.iter().position(|u| u == uuid).unwrap_or(0);
+            let gpu = u32::try_from(i).unwrap_or(0);
+            let msg = if held {
+                DaemonMsg::Grant { gpu, generation }
+            } else {
+                DaemonMsg::Revoke { gpu, generation }
+            };
+            if conn.out.send(msg).is_err() {
+                warn!(conn = c, "writer gone");
+            }
+        }
+        let Some(rec) = g.gpus.get_mut(uuid) else {
+            continue;
+        };
+        if held {
+            rec.grant = Some((tid, generation));
+            rec.drain = None;
+        } else {
+            rec.drain = Some(Drain {
+                generation,
+                tenant: tid,
+                pending: conns.into_iter().collect(),
+                end: 0,
+                waiting: false,
+                idle: false,
+            });
+            // No process to drain: the GPU is free now.
+            let more = finish_drain(rec, now);
+            apply(g, uuid, more, now);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! `vgpu-daemon`: the node daemon. It time-slices kernels between containers by share,
+//! policy and priority (one scheduler per GPU, fed by the shims' launch gates), measures
+//! the GPU time each container really used, watches the GPUs through NVML, reconciles
+//! what the shims report with what the driver reports, and exports per-pod usage.
+//!
+//! - [`scheduler`]: the per-GPU scheduling algorithm, pure (no I/O, explicit clock).
+//! - [`board`]: the shared-memory grant words the shims read on their fast path.
+//! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
+//! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
+//! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
+//!
+//! See `docs/vgpu-daemon.md`.
+
+// The board is shared memory written by this process and read by others (mmap, futex)
+// and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
+// unsafe block carries its SAFETY argument.
+#![allow(unsafe_code)]
+
+pub mod board;
+pub mod daemon;
+pub mod model;
+pub mod scheduler;
+pub mod server;

@@ -1,0 +1,144 @@
+//! What the daemon reports: plain data, shared by the gRPC API, the Prometheus
+//! endpoint and `vgpuctl`.
+
+use serde::{Deserialize, Serialize};
+use vgpu_core::sched_proto::ComputeSettings;
+
+/// Where a tenant's compute settings came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SettingsSource {
+    /// Proposed by the shim (its environment): standalone mode only.
+    Shim,
+    /// The container's quota file, read by the daemon through `/proc/PID/root`.
+    QuotaFile,
+    /// Set by an operator through the API (`vgpuctl set`).
+    Api,
+    /// The daemon's default (nothing trusted was found).
+    Default,
+}
+
+/// Scheduling state of a tenant on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SliceState {
+    /// Holds the GPU.
+    Holding,
+    /// Its grant was revoked; waiting for its queued work to drain.
+    Draining,
+    /// Has launches blocked, waiting for a grant.
+    Waiting,
+    /// Nothing to run.
+    Idle,
+}
+
+/// One tenant (container) on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantGpu {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Settings in force.
+    pub settings: ComputeSettings,
+    /// Where they came from.
+    pub source: SettingsSource,
+    /// Bytes of GPU memory charged to the container (reported by its shims).
+    pub memory_used: u64,
+    /// The container's memory quota on this GPU, bytes (None: unlimited).
+    pub memory_quota: Option<u64>,
+    /// GPU time charged since the tenant appeared, ns (measured: grant to drain).
+    pub gpu_time_ns: u64,
+    /// Time spent with launches blocked while another tenant held the GPU, ns.
+    pub throttled_ns: u64,
+    /// Grants received.
+    pub grants: u64,
+    /// Share of the GPU's time charged to this tenant over the last window, percent.
+    pub recent_share_pct: f64,
+    /// Current state.
+    pub state: SliceState,
+}
+
+/// One tenant (container).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tenant {
+    /// Tenant key (one container).
+    pub key: String,
+    /// Pod namespace, if known.
+    pub namespace: String,
+    /// Pod name, if known.
+    pub pod: String,
+    /// Container name, if known.
+    pub container: String,
+    /// Host PIDs of its connected processes (from the socket's peer credentials).
+    pub pids: Vec<u32>,
+    /// Per GPU.
+    pub gpus: Vec<TenantGpu>,
+}
+
+/// One process NVML reports on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// Device memory it uses, bytes.
+    pub used_bytes: u64,
+    /// The tenant whose shim registered this PID, if any. None: a bypass.
+    pub tenant: Option<String>,
+}
+
+/// What NVML says about one GPU (collected by the NVML watcher).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GpuObservation {
+    /// GPU UUID.
+    pub uuid: String,
+    /// NVML index.
+    pub index: u32,
+    /// Product name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub memory_total: u64,
+    /// Used memory, bytes.
+    pub memory_used: u64,
+    /// Utilization over NVML's last sample period, percent (None: not supported).
+    pub utilization_pct: Option<u32>,
+    /// Compute processes and their memory: (host PID, bytes).
+    pub processes: Vec<(u32, u64)>,
+    /// When observed, ms since the Unix epoch.
+    pub observed_unix_ms: u64,
+}
+
+/// One GPU as reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// The last NVML observation (empty name if NVML never answered).
+    pub observed: GpuObservation,
+    /// Processes using memory, with the tenant that owns each (reconciled).
+    pub processes: Vec<GpuProcess>,
+    /// PIDs using GPU memory that no shim reports (bypassing the shim).
+    pub bypass_pids: Vec<u32>,
+    /// GPU time charged to tenants since the daemon started, ns.
+    pub scheduled_ns: u64,
+    /// Tenant holding the GPU now, if any.
+    pub holder: Option<String>,
+}
+
+/// Everything the daemon knows, at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSnapshot {
+    /// Seconds since the daemon started.
+    pub uptime_s: f64,
+    /// Tenants, sorted by key.
+    pub tenants: Vec<Tenant>,
+    /// GPUs, sorted by NVML index then UUID.
+    pub gpus: Vec<Gpu>,
+}
+
+/// A live change of a tenant's settings (fields left None keep their value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SettingsChange {
+    /// New share, percent (1–100).
+    pub share_pct: Option<u32>,
+    /// New policy.
+    pub policy: Option<vgpu_core::sched_proto::ComputePolicy>,
+    /// New priority.
+    pub priority: Option<vgpu_core::sched_proto::Priority>,
+}

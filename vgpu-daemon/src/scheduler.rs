@@ -1,0 +1,743 @@
+//! One GPU's scheduler: who may launch kernels, and for how long. Pure: every input
+//! carries the time (`now`, CLOCK_MONOTONIC ns), every decision is returned as
+//! [`Action`]s, so the algorithm is unit-tested without threads or clocks.
+//!
+//! The GPU runs one tenant at a time (time-slicing, as the hardware does between
+//! contexts). A tenant *holds* the GPU under a numbered grant; when the grant is
+//! revoked, its processes stop launching, wait for their queued work to finish and
+//! report when it did (*drained*). The scheduler charges the tenant the measured time
+//! from the grant to the drain: GPU time really occupied, overrun included.
+//!
+//! Choice (stride scheduling over measured time):
+//! - each tenant has a virtual time `vtime`, advanced by `charged_ns * 100 / share`;
+//!   among waiting tenants the smallest `vtime` goes next, so over any window the
+//!   charged times are proportional to the shares, and an overrun (a slice that
+//!   drained late) is a deficit repaid by waiting longer next round;
+//! - a tenant that wakes up is brought forward to at most one slice of credit before
+//!   the current virtual clock (no banking of idle time, but waking tenants go first);
+//! - latency-sensitive tenants go before best-effort ones, and a waking
+//!   latency-sensitive tenant revokes a best-effort holder at once, as long as it is not
+//!   more than two of its own slices ahead of the best-effort tenants (so priority
+//!   orders work but does not erase shares);
+//! - `burst` (work-conserving): a holder alone keeps the GPU, slice after slice;
+//! - `cap`: a token bucket filled at `share`% of wall time (at most one quantum deep):
+//!   the tenant is eligible only with at least a quarter quantum of tokens and its slice
+//!   ends when they run out, so it never exceeds its share even on an idle GPU.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
+
+use crate::model::SliceState;
+
+/// A tenant on this GPU (assigned by the daemon).
+pub type TenantId = u64;
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Slice length, ns.
+    pub quantum_ns: u64,
+    /// Longest a revoked holder may take to drain before the next grant, ns.
+    pub drain_timeout_ns: u64,
+    /// Window of [`TenantStats::recent_share_pct`], ns.
+    pub window_ns: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            quantum_ns: 10_000_000,
+            drain_timeout_ns: 500_000_000,
+            window_ns: 10_000_000_000,
+        }
+    }
+}
+
+/// A decision for the daemon to carry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Give the GPU to `tenant` under generation `generation`.
+    Grant {
+        /// Tenant.
+        tenant: TenantId,
+        /// Generation.
+        generation: u32,
+    },
+    /// Take it back: the tenant must drain and report.
+    Revoke {
+        /// Tenant.
+        tenant: TenantId,
+        /// Generation.
+        generation: u32,
+    },
+}
+
+/// Counters of one tenant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantStats {
+    /// Settings in force.
+    pub settings: ComputeSettings,
+    /// GPU time charged, ns.
+    pub used_ns: u64,
+    /// Time spent waiting with launches blocked, ns.
+    pub throttled_ns: u64,
+    /// Grants received.
+    pub grants: u64,
+    /// Charged time over the last window, percent of the window.
+    pub recent_share_pct: f64,
+    /// Current state.
+    pub state: SliceState,
+}
+
+#[derive(Debug)]
+struct T {
+    settings: ComputeSettings,
+    vtime: f64,
+    demand_since: Option<u64>,
+    bucket_ns: f64,
+    bucket_at: u64,
+    used_ns: u64,
+    throttled_ns: u64,
+    grants: u64,
+    recent: VecDeque<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Idle,
+    Holding {
+        t: TenantId,
+        generation: u32,
+        since: u64,
+        deadline: u64,
+    },
+    Draining {
+        t: TenantId,
+        generation: u32,
+        since: u64,
+        revoked_at: u64,
+    },
+}
+
+/// One GPU's scheduler.
+#[derive(Debug)]
+pub struct Scheduler {
+    p: Params,
+    tenants: BTreeMap<TenantId, T>,
+    st: St,
+    generation: u32,
+    vclock: f64,
+    scheduled_ns: u64,
+}
+
+impl Scheduler {
+    /// An empty scheduler.
+    pub fn new(p: Params) -> Scheduler {
+        Scheduler {
+            p,
+            tenants: BTreeMap::new(),
+            st: St::Idle,
+            generation: 0,
+            vclock: 0.0,
+            scheduled_ns: 0,
+        }
+    }
+
+    /// The tunables.
+    pub fn params(&self) -> Params {
+        self.p
+    }
+
+    /// Adds a tenant (no-op if present). It starts idle, at the current virtual clock.
+    pub fn add(&mut self, id: TenantId, settings: ComputeSettings, now: u64) {
+        let q = self.p.quantum_ns as f64;
+        let vclock = self.vclock;
+        self.tenants.entry(id).or_insert(T {
+            settings,
+            vtime: vclock,
+            demand_since: None,
+            bucket_ns: q,
+            bucket_at: now,
+            used_ns: 0,
+            throttled_ns: 0,
+            grants: 0,
+            recent: VecDeque::new(),
+        });
+    }
+
+    /// Removes a tenant (its last process left). If it held the GPU, the GPU is free
+    /// from `now` (charged up to now).
+    pub fn remove(&mut self, id: TenantId, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        match self.st {
+            St::Holding { t, since, .. } | St::Draining { t, since, .. } if t == id => {
+                self.charge(id, now.saturating_sub(since), now);
+                self.st = St::Idle;
+            }
+            _ => {}
+        }
+        self.tenants.remove(&id);
+        self.pick(now, &mut out);
+        out
+    }
+
+    /// Whether the tenant is known.
+    pub fn contains(&self, id: TenantId) -> bool {
+        self.tenants.contains_key(&id)
+    }
+
+    /// Changes a tenant's settings live (takes effect at the next decision; a holder
+    /// whose new settings make it ineligible or lower-priority than a waiter is revoked).
+    pub fn set_settings(&mut self, id: TenantId, s: ComputeSettings, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.settings = s;
+            let cap = self.p.quantum_ns as f64;
+            t.bucket_ns = t.bucket_ns.min(cap);
+        }
+        self.preempt_if_needed(now, &mut out);
+        self.tick_into(now, &mut out);
+        out
+    }
+
+    /// A process of `id` has launches blocked.
+    pub fn demand(&mut self, id: TenantId, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        let q = self.p.quantum_ns as f64;
+        let holding = self.holder() == Some(id);
+        let vclock = self.vclock;
+        let Some(t) = self.tenants.get_mut(&id) else {
+            return out;
+        };
+        if t.demand_since.is_none() && !holding {
+            let credit = q * 100.0 / f64::from(t.settings.share_pct.max(1));
+            t.vtime = t.vtime.max(vclock - credit);
+            t.demand_since = Some(now);
+        }
+        if matches!(self.st, St::Idle) {
+            self.pick(now, &mut out);
+        } else {
+            self.preempt_if_needed(now, &mut out);
+        }
+        out
+    }
+
+    /// The tenant's processes report the grant `generation` over: work drained at `end_ns`
+    /// (0: unknown, taken as `now`). `waiting`: launches are still blocked.
+    pub fn release(
+        &mut self,
+        id: TenantId,
+        generation: u32,
+        end_ns: u64,
+        waiting: bool,
+        now: u64,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let since = match self.st {
+            St::Holding {
+                t,
+                generation: g,
+                since,
+                ..
+            }
+            | St::Draining {
+                t,
+                generation: g,
+                since,
+                ..
+            } if t == id && g == generation => since,
+            _ => return out,
+        };
+        let end = if end_ns == 0 {
+            now
+        } else {
+            end_ns.clamp(since, now)
+        };
+        self.charge(id, end - since, end);
+        self.st = St::Idle;
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.demand_since = waiting.then_some(now);
+        }
+        self.pick(now, &mut out);
+        out
+    }
+
+    /// Time passes: ends slices, times out drains, lets capped tenants back in.
+    pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.tick_into(now, &mut out);
+        out
+    }
+
+    /// When [`Scheduler::tick`] must next run (None: only on an event).
+    pub fn next_deadline(&self) -> Option<u64> {
+        match self.st {
+            St::Holding { deadline, .. } => Some(deadline),
+            St::Draining { revoked_at, .. } => Some(revoked_at + self.p.drain_timeout_ns),
+            St::Idle => self
+                .tenants
+                .values()
+                .filter(|t| t.demand_since.is_some() && t.settings.policy == ComputePolicy::Cap)
+                .map(|t| {
+                    let need = self.min_slice() - t.bucket_ns;
+                    let rate = f64::from(t.settings.share_pct) / 100.0;
+                    t.bucket_at + (need.max(0.0) / rate).ceil() as u64
+                })
+                .min(),
+        }
+    }
+
+    /// The tenant holding (or draining) the GPU.
+    pub fn holder(&self) -> Option<TenantId> {
+        match self.st {
+            St::Holding { t, .. } | St::Draining { t, .. } => Some(t),
+            St::Idle => None,
+        }
+    }
+
+    /// GPU time charged to all tenants, ns.
+    pub fn scheduled_ns(&self) -> u64 {
+        self.scheduled_ns
+    }
+
+    /// A tenant's counters at `now`.
+    pub fn stats(&self, id: TenantId, now: u64) -> Option<TenantStats> {
+        let t = self.tenants.get(&id)?;
+        let state = match self.st {
+            St::Holding { t: h, .. } if h == id => SliceState::Holding,
+            St::Draining { t: h, .. } if h == id => SliceState::Draining,
+            _ if t.demand_since.is_some() => SliceState::Waiting,
+            _ => SliceState::Idle,
+        };
+        let from = now.saturating_sub(self.p.window_ns);
+        let recent: u64 = t
+            .recent
+            .iter()
+            .filter(|(end, _)| *end >= from)
+            .map(|(_, ns)| ns)
+            .sum();
+        let throttled = t.throttled_ns
+            + match (state, t.demand_since) {
+                (SliceState::Waiting, Some(s)) => now.saturating_sub(s),
+                _ => 0,
+            };
+        Some(TenantStats {
+            settings: t.settings,
+            used_ns: t.used_ns,
+            throttled_ns: throttled,
+            grants: t.grants,
+            recent_share_pct: recent as f64 * 100.0 / self.p.window_ns as f64,
+            state,
+        })
+    }
+
+    fn min_slice(&self) -> f64 {
+        self.p.quantum_ns as f64 / 4.0
+    }
+
+    fn refill(&mut self, now: u64) {
+        let cap = self.p.quantum_ns as f64;
+        for t in self.tenants.values_mut() {
+            if now > t.bucket_at {
+                let rate = f64::from(t.settings.share_pct) / 100.0;
+                t.bucket_ns = (t.bucket_ns + (now - t.bucket_at) as f64 * rate).min(cap);
+            }
+            t.bucket_at = t.bucket_at.max(now);
+        }
+    }
+
+    fn eligible(&self, t: &T) -> bool {
+        t.settings.policy == ComputePolicy::Burst || t.bucket_ns >= self.min_slice()
+    }
+
+    fn charge(&mut self, id: TenantId, ns: u64, end: u64) {
+        let window = self.p.window_ns;
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.used_ns += ns;
+            t.vtime += ns as f64 * 100.0 / f64::from(t.settings.share_pct.max(1));
+            t.bucket_ns -= ns as f64;
+            t.recent.push_back((end, ns));
+            while t.recent.front().is_some_and(|(e, _)| *e + window < end) {
+                t.recent.pop_front();
+            }
+            self.scheduled_ns += ns;
+        }
+    }
+
+    /// Class rank for the choice: latency-sensitive first unless it ran too far ahead.
+    fn rank(&self, id: TenantId, t: &T) -> u8 {
+        if t.settings.priority != Priority::LatencySensitive {
+            return 0;
+        }
+        let lead = 2.0 * self.p.quantum_ns as f64 * 100.0 / f64::from(t.settings.share_pct.max(1));
+        let best_effort_min = self
+            .tenants
+            .iter()
+            .filter(|(k, o)| {
+                **k != id
+                    && o.settings.priority == Priority::BestEffort
+                    && (o.demand_since.is_some() || self.holder() == Some(**k))
+            })
+            .map(|(_, o)| o.vtime)
+            .fold(f64::INFINITY, f64::min);
+        u8::from(t.vtime <= best_effort_min + lead)
+    }
+
+    fn best_waiter(&self) -> Option<TenantId> {
+        self.tenants
+            .iter()
+            .filter(|(_, t)| t.demand_since.is_some() && self.eligible(t))
+            .max_by(|(a, ta), (b, tb)| {
+                self.rank(**a, ta)
+                    .cmp(&self.rank(**b, tb))
+                    .then(tb.vtime.total_cmp(&ta.vtime))
+                    .then(b.cmp(a))
+            })
+            .map(|(id, _)| *id)
+    }
+
+    fn pick(&mut self, now: u64, out: &mut Vec<Action>) {
+        if !matches!(self.st, St::Idle) {
+            return;
+        }
+        self.refill(now);
+        let Some(id) = self.best_waiter() else {
+            return;
+        };
+        self.generation = self.generation.wrapping_add(1) & 0x7fff_ffff;
+        let generation = self.generation;
+        let q = self.p.quantum_ns;
+        let min_slice = self.min_slice();
+        let t = self.tenants.get_mut(&id).expect("chosen among tenants");
+        if let Some(s) = t.demand_since.take() {
+            t.throttled_ns += now.saturating_sub(s);
+        }
+        t.grants += 1;
+        self.vclock = self.vclock.max(t.vtime);
+        let slice = if t.settings.policy == ComputePolicy::Cap {
+            (t.bucket_ns.max(min_slice) as u64).min(q)
+        } else {
+            q
+        };
+        self.st = St::Holding {
+            t: id,
+            generation,
+            since: now,
+            deadline: now + slice,
+        };
+        out.push(Action::Grant {
+            tenant: id,
+            generation,
+        });
+    }
+
+    fn revoke(&mut self, now: u64, out: &mut Vec<Action>) {
+        if let St::Holding {
+            t,
+            generation,
+            since,
+            ..
+        } = self.st
+        {
+            self.st = St::Draining {
+                t,
+                generation,
+                since,
+                revoked_at: now,
+            };
+            out.push(Action::Revoke {
+                tenant: t,
+                generation,
+            });
+        }
+    }
+
+    /// Revokes a holder that a waiting latency-sensitive tenant outranks, or whose own
+    /// settings no longer let it hold.
+    fn preempt_if_needed(&mut self, now: u64, out: &mut Vec<Action>) {
+        let St::Holding { t: h, .. } = self.st else {
+            return;
+        };
+        self.refill(now);
+        let Some(ht) = self.tenants.get(&h) else {
+            return;
+        };
+        let h_rank = self.rank(h, ht);
+        if let Some(w) = self.best_waiter()
+            && w != h
+        {
+            let wt = &self.tenants[&w];
+            if self.rank(w, wt) > h_rank {
+                self.revoke(now, out);
+            }
+        }
+    }
+
+    fn tick_into(&mut self, now: u64, out: &mut Vec<Action>) {
+        match self.st {
+            St::Holding {
+                t,
+                generation,
+                since,
+                deadline,
+            } if now >= deadline => {
+                self.refill(now);
+                let others = self
+                    .tenants
+                    .iter()
+                    .any(|(k, o)| *k != t && o.demand_since.is_some() && self.eligible(o));
+                let capped = self.tenants.get(&t).is_some_and(|x| {
+                    x.settings.policy == ComputePolicy::Cap
+                        && x.bucket_ns - now.saturating_sub(since) as f64 <= 0.0
+                });
+                if others || capped {
+                    self.revoke(now, out);
+                } else {
+                    // Alone and allowed: the slice goes on; what it used so far is
+                    // charged now (time-sliced exclusively, so wall time is GPU time).
+                    self.charge(t, now - since, now);
+                    let q = self.p.quantum_ns;
+                    let min_slice = self.min_slice();
+                    let slice = match self.tenants.get(&t) {
+                        Some(x) if x.settings.policy == ComputePolicy::Cap => {
+                            (x.bucket_ns.max(min_slice) as u64).min(q)
+                        }
+                        _ => q,
+                    };
+                    if let Some(x) = self.tenants.get(&t) {
+                        self.vclock = self.vclock.max(x.vtime);
+                    }
+                    self.st = St::Holding {
+                        t,
+                        generation,
+                        since: now,
+                        deadline: now + slice,
+                    };
+                }
+            }
+            St::Draining {
+                t,
+                generation,
+                revoked_at,
+                ..
+            } if now >= revoked_at + self.p.drain_timeout_ns => {
+                let waiting = self
+                    .tenants
+                    .get(&t)
+                    .is_some_and(|x| x.demand_since.is_some());
+                let mut more = self.release(t, generation, now, waiting, now);
+                out.append(&mut more);
+            }
+            St::Idle => self.pick(now, out),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn s(share: u32, policy: ComputePolicy, priority: Priority) -> ComputeSettings {
+        ComputeSettings {
+            share_pct: share,
+            policy,
+            priority,
+        }
+    }
+
+    fn burst(share: u32) -> ComputeSettings {
+        s(share, ComputePolicy::Burst, Priority::BestEffort)
+    }
+
+    /// Simulates saturating tenants that always drain `overrun` after each revoke.
+    fn run_saturated(
+        sched: &mut Scheduler,
+        ids: &[TenantId],
+        total: u64,
+        overrun: u64,
+    ) -> BTreeMap<TenantId, u64> {
+        let mut now = 0;
+        for &i in ids {
+            for a in sched.demand(i, now) {
+                assert!(matches!(a, Action::Grant { .. }));
+            }
+        }
+        let mut used = BTreeMap::new();
+        let mut pending: Option<(TenantId, u32, u64)> = None;
+        let mut grant_at: Option<(TenantId, u64)> = None;
+        if let Some(h) = sched.holder() {
+            grant_at = Some((h, now));
+        }
+        while now < total {
+            now = match pending {
+                Some((_, _, at)) => at,
+                None => sched.next_deadline().expect("a holder has a deadline"),
+            };
+            let acts = if let Some((t, generation, at)) = pending.take() {
+                sched.release(t, generation, at, true, at)
+            } else {
+                sched.tick(now)
+            };
+            for a in acts {
+                match a {
+                    Action::Revoke { tenant, generation } => {
+                        let (h, g0) = grant_at.take().expect("revoked a holder");
+                        assert_eq!(h, tenant);
+                        *used.entry(tenant).or_insert(0) += now + overrun - g0;
+                        pending = Some((tenant, generation, now + overrun));
+                    }
+                    Action::Grant { tenant, .. } => grant_at = Some((tenant, now)),
+                }
+            }
+        }
+        used
+    }
+
+    #[test]
+    fn saturating_tenants_get_their_shares_despite_overruns() {
+        let mut sched = Scheduler::new(Params::default());
+        for (i, share) in [(1, 10), (2, 30), (3, 60)] {
+            sched.add(i, burst(share), 0);
+        }
+        let used = run_saturated(&mut sched, &[1, 2, 3], 10_000 * MS, 3 * MS);
+        let total: u64 = used.values().sum();
+        for (i, share) in [(1, 10.0), (2, 30.0), (3, 60.0)] {
+            let got = used[&i] as f64 * 100.0 / total as f64;
+            assert!(
+                (got - share).abs() < 1.0,
+                "tenant {i}: {got:.2} % vs {share} %"
+            );
+        }
+    }
+
+    #[test]
+    fn ten_equal_tenants_are_fair() {
+        let mut sched = Scheduler::new(Params::default());
+        let ids: Vec<_> = (1..=10).collect();
+        for &i in &ids {
+            sched.add(i, burst(10), 0);
+        }
+        let used = run_saturated(&mut sched, &ids, 10_000 * MS, MS);
+        let x: Vec<f64> = used.values().map(|&v| v as f64).collect();
+        let jain =
+            x.iter().sum::<f64>().powi(2) / (x.len() as f64 * x.iter().map(|v| v * v).sum::<f64>());
+        assert!(jain > 0.999, "Jain {jain}");
+        assert_eq!(x.len(), 10);
+    }
+
+    #[test]
+    fn burst_alone_keeps_the_gpu_and_cap_alone_is_limited() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(20), 0);
+        let acts = sched.demand(1, 0);
+        assert_eq!(
+            acts,
+            vec![Action::Grant {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        for k in 1..100 {
+            assert!(sched.tick(k * 10 * MS).is_empty(), "renewed, never revoked");
+        }
+        assert_eq!(sched.holder(), Some(1));
+
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, s(30, ComputePolicy::Cap, Priority::BestEffort), 0);
+        let used = run_saturated(&mut sched, &[1], 10_000 * MS, 0);
+        let pct = used[&1] as f64 * 100.0 / (10_000 * MS) as f64;
+        assert!((pct - 30.0).abs() < 1.0, "cap 30 % alone got {pct:.2} %");
+    }
+
+    #[test]
+    fn a_waking_latency_sensitive_tenant_preempts_best_effort() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(
+            2,
+            s(50, ComputePolicy::Burst, Priority::LatencySensitive),
+            0,
+        );
+        assert_eq!(
+            sched.demand(1, 0),
+            vec![Action::Grant {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        assert_eq!(
+            sched.demand(2, MS),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        assert_eq!(
+            sched.release(1, 1, 2 * MS, true, 2 * MS),
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+        assert_eq!(sched.stats(1, 2 * MS).expect("known").used_ns, 2 * MS);
+    }
+
+    #[test]
+    fn live_share_change_and_departure() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        let used = run_saturated(&mut sched, &[1, 2], 2_000 * MS, 0);
+        assert!((used[&1] as f64 / used[&2] as f64 - 1.0).abs() < 0.05);
+        sched.set_settings(1, burst(80), 2_000 * MS);
+        sched.set_settings(2, burst(20), 2_000 * MS);
+        assert_eq!(sched.stats(1, 0).expect("known").settings.share_pct, 80);
+        // The holder leaves: the other one gets the GPU at once.
+        let h = sched.holder().expect("someone holds");
+        let other = if h == 1 { 2 } else { 1 };
+        let acts = sched.remove(h, 2_001 * MS);
+        assert!(
+            matches!(acts.as_slice(), [Action::Grant { tenant, .. }] if *tenant == other)
+                || sched.holder() == Some(other)
+        );
+        assert!(!sched.contains(h));
+    }
+
+    #[test]
+    fn stale_or_foreign_releases_are_ignored_and_drains_time_out() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        assert!(
+            sched.release(2, 1, 5, true, 5).is_empty(),
+            "2 does not hold"
+        );
+        assert!(
+            sched.release(1, 9, 5, true, 5).is_empty(),
+            "wrong generation"
+        );
+        assert_eq!(
+            sched.tick(10 * MS),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        // Never drains: after the timeout the GPU moves on anyway.
+        let t = sched.next_deadline().expect("drain deadline");
+        assert_eq!(t, 10 * MS + Params::default().drain_timeout_ns);
+        assert_eq!(
+            sched.tick(t),
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+    }
+}

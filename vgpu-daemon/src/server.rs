@@ -1,0 +1,226 @@
+//! The shims' unix socket. One task per connection: the first frame must be a `Hello`
+//! (within [`HELLO_TIMEOUT`]); the process's host PID comes from the socket's peer
+//! credentials, never from the message. The `Welcome` carries the tenant's board
+//! descriptor (`SCM_RIGHTS`). A framing or protocol error closes that connection only;
+//! a closed connection releases the process's charges and slice at once.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+use vgpu_core::sched_proto::{DaemonMsg, ShimMsg, decode, encode};
+
+use crate::daemon::Daemon;
+
+/// How long a new connection may take to say `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds the socket (replacing a stale one) with mode 0666: any local process may
+/// register; what it gets is decided by the daemon.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Accepts connections forever.
+pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let d = Arc::clone(&daemon);
+        tokio::spawn(async move {
+            if let Err(e) = connection(d, stream).await {
+                debug!("connection ended: {e}");
+            }
+        });
+    }
+}
+
+async fn read_frame(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option<ShimMsg>> {
+    loop {
+        match decode::<ShimMsg>(buf) {
+            Ok(Some(m)) => return Ok(Some(m)),
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<()> {
+    let cred = stream.peer_cred()?;
+    let pid = cred
+        .pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or_else(|| io::Error::other("peer credentials carry no PID"))?;
+    let mut buf = Vec::new();
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, &mut buf)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            warn!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+            return Ok(());
+        }
+    };
+    let Some(ShimMsg::Hello {
+        proto, ident, gpus, ..
+    }) = hello
+    else {
+        warn!(pid, "first frame is not Hello: closing");
+        return Ok(());
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<DaemonMsg>();
+    let reg = match daemon.register(pid, proto, ident, gpus, tx) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(pid, "registration refused: {e}");
+            let frame = encode(&DaemonMsg::Refused {
+                reason: e.to_string(),
+            });
+            stream.write_all(&frame).await?;
+            return Ok(());
+        }
+    };
+    let conn = reg.conn;
+    let frame = encode(&reg.welcome);
+    let sent = send_with_fd(&stream, &frame, reg.board.fd().as_raw_fd()).await;
+    if let Err(e) = sent {
+        daemon.disconnect(conn);
+        return Err(e);
+    }
+    info!(pid, conn, "shim registered");
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if wr.write_all(&encode(&m)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let result = async {
+        loop {
+            let msg = loop {
+                match decode::<ShimMsg>(&mut buf) {
+                    Ok(Some(m)) => break m,
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+                    }
+                }
+                let mut chunk = [0u8; 4096];
+                let n = rd.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            let r = match msg {
+                ShimMsg::Hello { .. } => Err(crate::daemon::DaemonError::Invalid(
+                    "Hello sent twice".into(),
+                )),
+                ShimMsg::Demand { gpu } => daemon.demand(conn, gpu),
+                ShimMsg::Drained {
+                    gpu,
+                    generation,
+                    end_ns,
+                    waiting,
+                    ..
+                } => daemon.released(conn, gpu, generation, end_ns, waiting, false),
+                ShimMsg::Idle {
+                    gpu,
+                    generation,
+                    end_ns,
+                    ..
+                } => daemon.released(conn, gpu, generation, end_ns, false, true),
+                ShimMsg::Usage { gpu, memory_used } => daemon.usage(conn, gpu, memory_used),
+            };
+            if let Err(e) = r {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+            }
+        }
+    }
+    .await;
+    if let Err(e) = &result {
+        warn!(pid, conn, "protocol error, closing: {e}");
+    }
+    daemon.disconnect(conn);
+    writer.abort();
+    info!(pid, conn, "shim disconnected");
+    Ok(())
+}
+
+/// Sends `bytes` with `fd` attached (`SCM_RIGHTS`), then the rest if the first send was
+/// short.
+async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Result<()> {
+    let raw = stream.as_raw_fd();
+    let n = loop {
+        stream.writable().await?;
+        match stream.try_io(Interest::WRITABLE, || sendmsg_fd(raw, bytes, fd)) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let mut rest = &bytes[n..];
+    while !rest.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(rest) {
+            Ok(k) => rest = &rest[k..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn sendmsg_fd(sock: RawFd, bytes: &[u8], fd: RawFd) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // Room for one descriptor, aligned as cmsghdr requires.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: zeroed msghdr is a valid "empty" value; fields set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` points at a control buffer of `space` bytes (≤ 64), so the first
+    // header exists and its data has room for one descriptor.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: a valid socket, message and buffers that outlive the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
