@@ -20,12 +20,17 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
+
 /// Devices the shim keeps accounts for (CUDA ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 16;
 
 /// Default `VGPU_CONTAINER_DIR`: inside a container `/tmp` belongs to the container, so
 /// all its processes share it.
 pub const DEFAULT_CONTAINER_DIR: &str = "/tmp/vgpu";
+
+/// Default daemon socket.
+pub const DEFAULT_DAEMON_SOCKET: &str = "/run/vgpu/daemon.sock";
 
 /// What the shim does when it cannot enforce the quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +57,17 @@ pub struct Config {
     pub real_libcuda: String,
     /// Real NVML to load.
     pub real_libnvml: String,
+    /// The daemon's socket (`VGPU_DAEMON_SOCKET`; None: `off`, local fallback only).
+    pub daemon_socket: Option<PathBuf>,
+    /// Compute share from the environment, percent (`VGPU_COMPUTE_SHARE`).
+    pub compute_share: Option<u32>,
+    /// Compute policy from the environment (`VGPU_COMPUTE_POLICY`).
+    pub compute_policy: Option<ComputePolicy>,
+    /// Priority class from the environment (`VGPU_PRIORITY`).
+    pub priority: Option<Priority>,
+    /// Tenant key from the environment (`VGPU_TENANT`; default: the quota file's
+    /// namespace/pod/container, else the container directory).
+    pub tenant: Option<String>,
 }
 
 /// A configuration value that cannot be used.
@@ -105,6 +121,11 @@ impl Config {
             log: false,
             real_libcuda: "libcuda.so.1".to_owned(),
             real_libnvml: "libnvidia-ml.so.1".to_owned(),
+            daemon_socket: Some(PathBuf::from(DEFAULT_DAEMON_SOCKET)),
+            compute_share: None,
+            compute_policy: None,
+            priority: None,
+            tenant: None,
         };
         let mut all = None;
         let mut per_device = Vec::new();
@@ -131,6 +152,35 @@ impl Config {
                         "1" | "true" | "on" | "debug" | "info" => true,
                         _ => return Err(bad(k, v, "expected 0/1, true/false or on/off")),
                     }
+                }
+                "VGPU_DAEMON_SOCKET" => {
+                    cfg.daemon_socket = match v.trim() {
+                        "off" | "none" => None,
+                        p if p.starts_with('/') => Some(PathBuf::from(p)),
+                        _ => return Err(bad(k, v, "must be an absolute path or `off`")),
+                    }
+                }
+                "VGPU_COMPUTE_SHARE" => {
+                    let t = v.trim().trim_end_matches('%');
+                    let n: u32 = t
+                        .parse()
+                        .map_err(|_| bad(k, v, "expected a percentage 1–100"))?;
+                    if !(1..=100).contains(&n) {
+                        return Err(bad(k, v, "out of range (1–100)"));
+                    }
+                    cfg.compute_share = Some(n);
+                }
+                "VGPU_COMPUTE_POLICY" => {
+                    cfg.compute_policy = Some(v.trim().parse().map_err(|e: String| bad(k, v, e))?)
+                }
+                "VGPU_PRIORITY" => {
+                    cfg.priority = Some(v.trim().parse().map_err(|e: String| bad(k, v, e))?)
+                }
+                "VGPU_TENANT" if !v.is_empty() => {
+                    if v.len() > 256 {
+                        return Err(bad(k, v, "longer than 256 bytes"));
+                    }
+                    cfg.tenant = Some(v.to_owned());
                 }
                 "VGPU_REAL_LIBCUDA" if !v.is_empty() => cfg.real_libcuda = v.to_owned(),
                 "VGPU_REAL_LIBNVML" if !v.is_empty() => cfg.real_libnvml = v.to_owned(),
@@ -187,6 +237,36 @@ impl Config {
     /// The quota of device `dev`, if any (`Some(0)`: nothing may be allocated on it).
     pub fn limit(&self, dev: usize) -> Option<u64> {
         self.limits.get(dev).copied().flatten()
+    }
+
+    /// The compute settings to propose for a GPU, given the quota file's (trusted)
+    /// settings for it if there is one: the environment may only lower the share, turn
+    /// `burst` into `cap` and latency-sensitive into best-effort, never the reverse.
+    pub fn compute_settings(&self, from_file: Option<ComputeSettings>) -> ComputeSettings {
+        let base = from_file.unwrap_or(ComputeSettings {
+            share_pct: 100,
+            policy: ComputePolicy::Burst,
+            priority: Priority::BestEffort,
+        });
+        let share_pct = match self.compute_share {
+            Some(e) => e.min(base.share_pct),
+            None => base.share_pct,
+        };
+        let policy = match (from_file, self.compute_policy) {
+            (None, Some(p)) => p,
+            (Some(_), Some(ComputePolicy::Cap)) => ComputePolicy::Cap,
+            _ => base.policy,
+        };
+        let priority = match (from_file, self.priority) {
+            (None, Some(p)) => p,
+            (Some(_), Some(Priority::BestEffort)) => Priority::BestEffort,
+            _ => base.priority,
+        };
+        ComputeSettings {
+            share_pct,
+            policy,
+            priority,
+        }
     }
 
     /// The quota file of this configuration: `$VGPU_CONTAINER_DIR/vgpu.conf`.
@@ -352,6 +432,50 @@ mod tests {
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_vars(vars.iter().copied())
+    }
+
+    #[test]
+    fn compute_settings_env_only_lowers_a_file() {
+        let c = cfg(&[
+            ("VGPU_COMPUTE_SHARE", "40"),
+            ("VGPU_COMPUTE_POLICY", "burst"),
+            ("VGPU_PRIORITY", "latency-sensitive"),
+        ])
+        .unwrap();
+        let alone = c.compute_settings(None);
+        assert_eq!(alone.share_pct, 40);
+        assert_eq!(alone.priority, Priority::LatencySensitive);
+        let file = ComputeSettings {
+            share_pct: 30,
+            policy: ComputePolicy::Cap,
+            priority: Priority::BestEffort,
+        };
+        assert_eq!(c.compute_settings(Some(file)), file, "env cannot raise");
+        let c = cfg(&[
+            ("VGPU_COMPUTE_SHARE", "20%"),
+            ("VGPU_COMPUTE_POLICY", "cap"),
+        ])
+        .unwrap();
+        let got = c.compute_settings(Some(ComputeSettings {
+            policy: ComputePolicy::Burst,
+            ..file
+        }));
+        assert_eq!((got.share_pct, got.policy), (20, ComputePolicy::Cap));
+        for (k, v) in [
+            ("VGPU_COMPUTE_SHARE", "0"),
+            ("VGPU_COMPUTE_SHARE", "101"),
+            ("VGPU_COMPUTE_SHARE", "half"),
+            ("VGPU_COMPUTE_POLICY", "max"),
+            ("VGPU_PRIORITY", "urgent"),
+            ("VGPU_DAEMON_SOCKET", "relative.sock"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k) && e.contains(v), "{e}");
+        }
+        assert_eq!(
+            cfg(&[("VGPU_DAEMON_SOCKET", "off")]).unwrap().daemon_socket,
+            None
+        );
     }
 
     #[test]

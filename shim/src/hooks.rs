@@ -68,7 +68,7 @@ fn extra(cache: &'static OnceLock<usize>, name: &'static CStr) -> usize {
 }
 
 /// The current context's device (None: no current context).
-fn current_device() -> Option<usize> {
+pub(crate) fn current_device() -> Option<usize> {
     static P: OnceLock<usize> = OnceLock::new();
     let p = extra(&P, c"cuCtxGetDevice");
     if p == 0 {
@@ -1324,7 +1324,12 @@ unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUre
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
+        // Not while the launch gate synchronizes this process's contexts.
+        let lock = crate::gate::CTX_LOCK
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         let r = call();
+        drop(lock);
         if r == CUDA_SUCCESS {
             primary_released(dev, reset);
         }
@@ -1444,7 +1449,12 @@ unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ctx) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
+        // Not while the launch gate synchronizes this process's contexts.
+        let lock = crate::gate::CTX_LOCK
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         let r = call();
+        drop(lock);
         if r == CUDA_SUCCESS
             && let Mode::Enforce(shim) = mode()
         {
@@ -1475,6 +1485,200 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     // SAFETY: the caller's argument, forwarded.
     unsafe { ctx_destroy(f, ctx) }
 }
+
+// ---- launches (the compute gate) --------------------------------------------------
+
+/// Waits for the queued work of context `ctx` (push, synchronize, pop) on the calling
+/// thread (the gate thread): through the real driver, never the hooks.
+pub(crate) fn sync_context(ctx: usize) {
+    static PUSH: OnceLock<usize> = OnceLock::new();
+    static POP: OnceLock<usize> = OnceLock::new();
+    static SYNC: OnceLock<usize> = OnceLock::new();
+    let push = extra(&PUSH, c"cuCtxPushCurrent_v2");
+    let pop = extra(&POP, c"cuCtxPopCurrent_v2");
+    let sync = extra(&SYNC, c"cuCtxSynchronize");
+    if push == 0 || pop == 0 || sync == 0 || ctx == 0 {
+        return;
+    }
+    // SAFETY: the real cuCtxPushCurrent_v2(CUcontext), cuCtxPopCurrent_v2(CUcontext*)
+    // and cuCtxSynchronize(void).
+    let (push, pop, sync) = unsafe {
+        (
+            std::mem::transmute::<usize, unsafe extern "C" fn(CUcontext) -> CUresult>(push),
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(pop),
+            std::mem::transmute::<usize, unsafe extern "C" fn() -> CUresult>(sync),
+        )
+    };
+    // SAFETY: `ctx` is a live context of this process (the caller holds the context
+    // lock that destroy hooks take); the out-pointer is valid.
+    unsafe {
+        if push(ctx as CUcontext) == CUDA_SUCCESS {
+            sync();
+            let mut popped: CUcontext = std::ptr::null_mut();
+            pop(&mut popped);
+        }
+    }
+}
+
+/// Runs `launch` once the gate admits it (enforcing mode), else directly.
+fn gated(launch: impl FnOnce() -> CUresult) -> CUresult {
+    let shim = match mode() {
+        Mode::Enforce(s) => s,
+        Mode::Unenforced => return launch(),
+        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
+    };
+    let pass = crate::gate::enter(shim, current_device);
+    let r = launch();
+    drop(pass);
+    r
+}
+
+type LaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+macro_rules! launch_kernel_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gridDimX: c_uint,
+            gridDimY: c_uint,
+            gridDimZ: c_uint,
+            blockDimX: c_uint,
+            blockDimY: c_uint,
+            blockDimZ: c_uint,
+            sharedMemBytes: c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            let real = real_or!($name, LaunchKernel, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe {
+                real(
+                    f,
+                    gridDimX,
+                    gridDimY,
+                    gridDimZ,
+                    blockDimX,
+                    blockDimY,
+                    blockDimZ,
+                    sharedMemBytes,
+                    hStream,
+                    kernelParams,
+                    extra,
+                )
+            };
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+        }
+    };
+}
+launch_kernel_hook!(cuLaunchKernel);
+launch_kernel_hook!(cuLaunchKernel_ptsz);
+
+type LaunchKernelEx = unsafe extern "C" fn(
+    *const CUlaunchConfig,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+macro_rules! launch_kernel_ex_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernelParams: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            let real = real_or!($name, LaunchKernelEx, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { real(config, f, kernelParams, extra) };
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+        }
+    };
+}
+launch_kernel_ex_hook!(cuLaunchKernelEx);
+launch_kernel_ex_hook!(cuLaunchKernelEx_ptsz);
+
+type LaunchCooperative = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+
+macro_rules! launch_cooperative_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gridDimX: c_uint,
+            gridDimY: c_uint,
+            gridDimZ: c_uint,
+            blockDimX: c_uint,
+            blockDimY: c_uint,
+            blockDimZ: c_uint,
+            sharedMemBytes: c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut c_void,
+        ) -> CUresult {
+            let real = real_or!($name, LaunchCooperative, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe {
+                real(
+                    f,
+                    gridDimX,
+                    gridDimY,
+                    gridDimZ,
+                    blockDimX,
+                    blockDimY,
+                    blockDimZ,
+                    sharedMemBytes,
+                    hStream,
+                    kernelParams,
+                )
+            };
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+        }
+    };
+}
+launch_cooperative_hook!(cuLaunchCooperativeKernel);
+launch_cooperative_hook!(cuLaunchCooperativeKernel_ptsz);
+
+type GraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+
+macro_rules! graph_launch_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
+            let real = real_or!($name, GraphLaunch, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { real(hGraphExec, hStream) };
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+        }
+    };
+}
+graph_launch_hook!(cuGraphLaunch);
+graph_launch_hook!(cuGraphLaunch_ptsz);
 
 // ---- NVML --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@
 //!   charged until the driver releases it).
 //! - [`region`]: the container's shared accounting (atomics in a mapped file, kernel
 //!   liveness locks, no cross-process lock).
+//! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback).
 //! - [`config`]: the environment, parsed and validated.
 //!
 //! See `docs/shim.md` and ADR 0008.
@@ -20,6 +21,7 @@
 #![allow(unsafe_code)]
 
 pub mod config;
+pub mod gate;
 pub mod hooks;
 pub mod pools;
 pub mod real;

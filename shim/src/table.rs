@@ -100,6 +100,14 @@ table! {
     cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false;
     cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false;
     cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false;
+    cuLaunchKernel: Cuda "cuLaunchKernel" 4000 false;
+    cuLaunchKernel_ptsz: Cuda "cuLaunchKernel" 7000 true;
+    cuLaunchKernelEx: Cuda "cuLaunchKernelEx" 11060 false;
+    cuLaunchKernelEx_ptsz: Cuda "cuLaunchKernelEx" 11060 true;
+    cuLaunchCooperativeKernel: Cuda "cuLaunchCooperativeKernel" 9000 false;
+    cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true;
+    cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false;
+    cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true;
     nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
     nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
     nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;

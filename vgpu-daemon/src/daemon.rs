@@ -746,6 +746,7 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             continue;
         };
         t.board.set(r.word, generation, held);
+        debug!(tenant = %key, gpu = %uuid, generation, held, "grant word");
         let conns: Vec<u64> = t
             .conns
             .iter()

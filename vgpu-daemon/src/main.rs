@@ -1,11 +1,15 @@
 //! `vgpu-daemon`: runs in the foreground; `--socket PATH` is the shims' socket.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::daemon::{Config, Daemon};
+use vgpu_daemon::nvml::WatcherConfig;
+use vgpu_daemon::reporting::{self, ReportingConfig};
 use vgpu_daemon::scheduler::Params;
 
 /// vgpu's node daemon: time-slices kernels between containers by share and priority,
@@ -24,7 +28,7 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     quantum_ms: f64,
     /// GPU time a process may queue beyond what has completed, microseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 2000)]
     queue_ahead_us: u64,
     /// Longest a revoked tenant may take to drain before the GPU moves on, milliseconds.
     #[arg(long, default_value_t = 500)]
@@ -36,6 +40,21 @@ struct Args {
     /// Share for a process without trusted settings (trusted mode), percent.
     #[arg(long, default_value_t = 10)]
     default_share: u32,
+    /// Time between two NVML readings, milliseconds (0: no NVML watcher).
+    #[arg(long, default_value_t = 1000)]
+    nvml_interval_ms: u64,
+    /// The NVML library: a soname or a path.
+    #[arg(long, default_value = vgpu_daemon::nvml::DEFAULT_LIB)]
+    nvml_lib: std::ffi::OsString,
+    /// Prometheus endpoint (`/metrics`, `/healthz`), host:port; `off` disables it.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    metrics_addr: String,
+    /// The gRPC API's unix socket (`vgpuctl --api-socket`); `off` disables it.
+    #[arg(long, env = "VGPU_API_SOCKET", default_value = vgpu_daemon::api::DEFAULT_SOCKET)]
+    api_socket: String,
+    /// Also serve the gRPC API on this TCP address (host:port; unauthenticated).
+    #[arg(long)]
+    api_addr: Option<std::net::SocketAddr>,
 }
 
 fn main() -> Result<()> {
@@ -45,6 +64,7 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let a = Args::parse();
     if !(a.quantum_ms >= 0.5 && a.quantum_ms <= 1000.0) {
@@ -69,6 +89,22 @@ fn main() -> Result<()> {
         trusted_quota_file: a.trusted_quota_file,
         default_settings,
     };
+    if a.nvml_interval_ms > 3_600_000 {
+        anyhow::bail!(
+            "--nvml-interval-ms {} is out of range (0–3600000)",
+            a.nvml_interval_ms
+        );
+    }
+    let reporting = ReportingConfig {
+        nvml: (a.nvml_interval_ms > 0).then(|| WatcherConfig {
+            lib: a.nvml_lib.clone(),
+            interval: Duration::from_millis(a.nvml_interval_ms),
+            ..WatcherConfig::default()
+        }),
+        metrics_addr: reporting::optional(&a.metrics_addr),
+        api_socket: reporting::optional(&a.api_socket).map(PathBuf::from),
+        api_addr: a.api_addr,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,6 +115,7 @@ fn main() -> Result<()> {
         daemon.spawn_timer().context("timer thread")?;
         let listener = vgpu_daemon::server::bind(&a.socket)
             .with_context(|| format!("bind {}", a.socket.display()))?;
+        let _reporting = reporting::start(Arc::clone(&daemon), &reporting).await?;
         tracing::info!(socket = %a.socket.display(), "vgpu-daemon serving");
         tokio::select! {
             r = vgpu_daemon::server::serve(daemon, listener) => r.context("serve")?,

@@ -101,6 +101,8 @@ struct T {
     throttled_ns: u64,
     grants: u64,
     recent: VecDeque<(u64, u64)>,
+    /// When it last stopped demanding.
+    idle_since: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +165,7 @@ impl Scheduler {
             throttled_ns: 0,
             grants: 0,
             recent: VecDeque::new(),
+            idle_since: 0,
         });
     }
 
@@ -211,8 +214,12 @@ impl Scheduler {
             return out;
         };
         if t.demand_since.is_none() && !holding {
-            let credit = q * 100.0 / f64::from(t.settings.share_pct.max(1));
-            t.vtime = t.vtime.max(vclock - credit);
+            // Only a tenant that really slept (longer than a quantum) is brought forward:
+            // one that merely paused between batches keeps its lag (or its lead).
+            if now.saturating_sub(t.idle_since) > self.p.quantum_ns {
+                let credit = q * 100.0 / f64::from(t.settings.share_pct.max(1));
+                t.vtime = t.vtime.max(vclock - credit);
+            }
             t.demand_since = Some(now);
         }
         if matches!(self.st, St::Idle) {
@@ -258,6 +265,7 @@ impl Scheduler {
         self.st = St::Idle;
         if let Some(t) = self.tenants.get_mut(&id) {
             t.demand_since = waiting.then_some(now);
+            t.idle_since = now;
         }
         self.pick(now, &mut out);
         out

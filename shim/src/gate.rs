@@ -1,0 +1,972 @@
+//! The launch gate: every kernel launch path (`cuLaunchKernel`, `Ex`, cooperative,
+//! `_ptsz`, graph launches) passes [`enter`] before the real driver runs it.
+//!
+//! Fast path (the container holds its slice): one load of the grant word in shared
+//! memory, the in-flight counter, the queue-ahead budget: no syscall, no lock. A
+//! blocked launch tells the daemon (one frame on the socket) and waits on the grant
+//! word with a futex; it never sleeps in a loop.
+//!
+//! One thread per process (the "gate thread") talks to the daemon: it registers (the
+//! daemon takes the process's PID from the socket), receives grants and revocations,
+//! drains the process's queued work when a slice ends (waits for launches in flight,
+//! then synchronizes each of the process's contexts on that GPU) and reports when the
+//! work completed, which is how the daemon measures GPU time. While holding, it bounds
+//! the work queued ahead (an estimate from measured per-launch time), and yields the
+//! slice when the process stops launching.
+//!
+//! Without a daemon (not running, dead, refusing), the gate thread runs a local
+//! fallback: a duty cycle at the container's share over measured time (share 100: open)
+//! and reconnects every 250 ms; a daemon that comes back gets the process re-registered.
+
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use vgpu_core::sched_proto::{
+    BOARD_BYTES, BOARD_STRIDE, ComputePolicy, ComputeSettings, ContainerIdent, DaemonMsg,
+    GpuRegistration, PROTO_VERSION, ShimMsg, decode, encode,
+};
+
+use crate::config::MAX_DEVICES;
+use crate::state::Shim;
+
+/// No generation yielded.
+const NONE: u32 = u32::MAX;
+/// How often a blocked launcher repeats its demand (lost-message safety net).
+const DEMAND_REPEAT: Duration = Duration::from_millis(100);
+/// Gate thread tick while the process holds a slice somewhere.
+const TICK: Duration = Duration::from_micros(500);
+/// Ticks without a launch before the process yields a slice it holds.
+const IDLE_TICKS: u32 = 3;
+/// Fallback duty-cycle period's open part at most (then the share decides the rest).
+const LOCAL_QUANTUM_NS: u64 = 10_000_000;
+/// Reconnect interval without a daemon.
+const RECONNECT: Duration = Duration::from_millis(250);
+
+/// Contexts may not be destroyed while the gate thread synchronizes them: destroy
+/// hooks take this for writing, the drain for reading (held across the real
+/// `cuCtxSynchronize`, which only waits for finite queued work).
+pub static CTX_LOCK: RwLock<()> = RwLock::new(());
+
+/// One GPU's gate in this process.
+#[derive(Debug)]
+pub struct Gate {
+    enabled: AtomicBool,
+    word: AtomicPtr<AtomicU32>,
+    local: AtomicU32,
+    yielded: AtomicU32,
+    inflight: AtomicU32,
+    launched: AtomicU64,
+    budget: AtomicU64,
+    budget_seq: AtomicU32,
+    waiting: AtomicU32,
+    /// Launchers waiting for budget.
+    budget_waiting: AtomicU32,
+    /// Queue-ahead bound inputs (written by the gate thread at each grant):
+    /// measured GPU time per launch (0: unknown, unbounded), when the grant was seen,
+    /// launches at that time, and the bound.
+    per_launch_ns: AtomicU64,
+    grant_at: AtomicU64,
+    launched_at_grant: AtomicU64,
+    ahead_ns: AtomicU64,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            enabled: AtomicBool::new(false),
+            word: AtomicPtr::new(std::ptr::null_mut()),
+            local: AtomicU32::new(1),
+            yielded: AtomicU32::new(NONE),
+            inflight: AtomicU32::new(0),
+            launched: AtomicU64::new(0),
+            budget: AtomicU64::new(u64::MAX),
+            budget_seq: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            budget_waiting: AtomicU32::new(0),
+            per_launch_ns: AtomicU64::new(0),
+            grant_at: AtomicU64::new(0),
+            launched_at_grant: AtomicU64::new(0),
+            ahead_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Estimated GPU time queued and not yet run, ns (negative: the queue ran dry).
+    fn queued_ns(&self, now: u64) -> f64 {
+        let per = self.per_launch_ns.load(Ordering::Relaxed) as f64;
+        let n = self
+            .launched
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.launched_at_grant.load(Ordering::Relaxed)) as f64;
+        n * per - now.saturating_sub(self.grant_at.load(Ordering::Relaxed)) as f64
+    }
+
+    /// Recomputes the launch budget at `now`; returns how long to wait (0: room now).
+    fn refresh_budget(&self, now: u64) -> u64 {
+        let per = self.per_launch_ns.load(Ordering::Relaxed);
+        let ahead = self.ahead_ns.load(Ordering::Relaxed);
+        let launched = self.launched.load(Ordering::Relaxed);
+        if per == 0 || ahead == 0 {
+            self.budget.store(u64::MAX, Ordering::Relaxed);
+            return 0;
+        }
+        let queued = self.queued_ns(now);
+        let over = queued - ahead as f64;
+        if over >= 0.0 {
+            self.budget.store(launched, Ordering::Relaxed);
+            return (over as u64).max(1000);
+        }
+        let room = (-over / per as f64).ceil().max(1.0) as u64;
+        self.budget.store(launched + room, Ordering::Relaxed);
+        0
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        let p = self.word.load(Ordering::Acquire);
+        if p.is_null() {
+            return &self.local;
+        }
+        // SAFETY: a non-null pointer is either `self.local` or a word of a board
+        // mapping that is never unmapped (boards of past connections are leaked on
+        // purpose, one page each, so a launcher holding the old pointer stays valid).
+        unsafe { &*p }
+    }
+
+    fn held(&self, w: u32) -> bool {
+        w & 1 == 1 && (w >> 1) != self.yielded.load(Ordering::SeqCst)
+    }
+}
+
+/// The gates of this process.
+#[derive(Debug)]
+pub struct Gates {
+    gates: [Gate; MAX_DEVICES],
+    /// The only enabled device, or `usize::MAX` when several are.
+    single: AtomicUsize,
+    /// Writer side of the daemon connection (None: fallback).
+    ctl: Mutex<Option<UnixStream>>,
+    /// Wakes the gate thread (fallback demand).
+    doorbell: AtomicU32,
+}
+
+static GATES: OnceLock<Option<&'static Gates>> = OnceLock::new();
+
+/// A launch admitted by the gate: count it when dropped (after the real launch).
+#[derive(Debug)]
+pub struct Pass(&'static Gate);
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        self.0.launched.fetch_add(1, Ordering::Relaxed);
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Admits a launch on the current context's device, blocking while the container does
+/// not hold its slice there. None: not gated (no enforcing shim, or an unknown device).
+pub fn enter(shim: &'static Shim, current_device: impl FnOnce() -> Option<usize>) -> Option<Pass> {
+    let g = match GATES.get() {
+        Some(g) => (*g)?,
+        None => (*GATES.get_or_init(|| start(shim)))?,
+    };
+    let dev = match g.single.load(Ordering::Relaxed) {
+        usize::MAX => current_device()?,
+        d => d,
+    };
+    let gate = g.gates.get(dev)?;
+    if !gate.enabled.load(Ordering::Relaxed) {
+        return None;
+    }
+    loop {
+        gate.inflight.fetch_add(1, Ordering::SeqCst);
+        let w = gate.word().load(Ordering::SeqCst);
+        if gate.held(w)
+            && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
+        {
+            // SAFETY-free: `g` is 'static, so the gate is too.
+            return Some(Pass(&g.gates[dev]));
+        }
+        gate.inflight.fetch_sub(1, Ordering::SeqCst);
+        g.block(dev, gate, w);
+    }
+}
+
+impl Gates {
+    fn ctl(&self) -> MutexGuard<'_, Option<UnixStream>> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The slow path: wait for the budget to grow, or for a grant (asking for it).
+    fn block(&self, dev: usize, gate: &Gate, w: u32) {
+        if gate.held(w) {
+            // Out of budget: recompute it from the clock; wait exactly until enough of
+            // the queue should have run (or a revoke/grant wakes us).
+            let seq = gate.budget_seq.load(Ordering::Acquire);
+            let wait = gate.refresh_budget(mono_ns());
+            if wait > 0 {
+                gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
+                futex_wait(&gate.budget_seq, seq, Duration::from_nanos(wait));
+                gate.budget_waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            return;
+        }
+        {
+            let mut ctl = self.ctl();
+            gate.waiting.fetch_add(1, Ordering::SeqCst);
+            match ctl.as_mut() {
+                Some(s) => {
+                    let gpu = u32::try_from(self.index_of(dev)).unwrap_or(0);
+                    if s.write_all(&encode(&ShimMsg::Demand { gpu })).is_err() {
+                        // The gate thread notices the broken connection and falls back.
+                        futex_wake(&self.doorbell);
+                    }
+                }
+                None => {
+                    self.doorbell.fetch_add(1, Ordering::Release);
+                    futex_wake(&self.doorbell);
+                }
+            }
+        }
+        // Re-read after registering the demand: a grant may have come meanwhile.
+        let word = gate.word();
+        if word.load(Ordering::SeqCst) == w {
+            futex_wait(word, w, DEMAND_REPEAT);
+        }
+        gate.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Position of `dev` among the enabled devices (the protocol's GPU index).
+    fn index_of(&self, dev: usize) -> usize {
+        self.gates[..dev]
+            .iter()
+            .filter(|g| g.enabled.load(Ordering::Relaxed))
+            .count()
+    }
+}
+
+/// Creates the gates and the gate thread (first launch of the process).
+fn start(shim: &'static Shim) -> Option<&'static Gates> {
+    let uuids = match crate::hooks::device_uuids() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("vgpu: WARNING: launch gate disabled: cannot list devices: {e}");
+            return None;
+        }
+    };
+    let n = uuids.len().min(MAX_DEVICES);
+    let g: &'static Gates = Box::leak(Box::new(Gates {
+        gates: std::array::from_fn(|_| Gate::new()),
+        single: AtomicUsize::new(if n == 1 { 0 } else { usize::MAX }),
+        ctl: Mutex::new(None),
+        doorbell: AtomicU32::new(0),
+    }));
+    for gate in &g.gates[..n] {
+        gate.enabled.store(true, Ordering::Relaxed);
+    }
+    let mut runner = Runner::new(g, shim, uuids[..n].to_vec());
+    // The first connection attempt happens before the first launch is admitted, so
+    // that launch is already scheduled by the daemon when one runs.
+    runner.connect();
+    if runner.conn.is_none() {
+        runner.enter_fallback();
+    }
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-gate".into())
+        .spawn(move || runner.run());
+    if let Err(e) = spawned {
+        eprintln!("vgpu: WARNING: launch gate disabled: cannot start its thread: {e}");
+        for gate in &g.gates {
+            gate.enabled.store(false, Ordering::Relaxed);
+        }
+    }
+    Some(g)
+}
+
+/// Per-device state of the gate thread.
+#[derive(Debug)]
+struct Dev {
+    uuid: String,
+    settings: ComputeSettings,
+    /// Generation held (daemon grant, or local open).
+    holding: Option<u32>,
+    grant_at: u64,
+    launched_at_grant: u64,
+    last_launched: u64,
+    idle_ticks: u32,
+    /// Measured GPU time per launch, ns (0: unknown yet).
+    per_launch_ns: f64,
+    /// Fallback: closed until (mono ns).
+    closed_until: u64,
+    local_gen: u32,
+    word_index: usize,
+}
+
+struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    queue_ahead_ns: u64,
+}
+
+struct Runner {
+    g: &'static Gates,
+    shim: &'static Shim,
+    devs: Vec<Dev>,
+    conn: Option<Conn>,
+    queue_ahead_ns: u64,
+    next_connect: Instant,
+    last_usage: Instant,
+    warned: bool,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").field("devs", &self.devs).finish()
+    }
+}
+
+/// CLOCK_MONOTONIC, ns.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+impl Runner {
+    fn new(g: &'static Gates, shim: &'static Shim, uuids: Vec<String>) -> Runner {
+        let file = read_quota_file(shim);
+        let devs = uuids
+            .into_iter()
+            .map(|uuid| {
+                let from_file = file.as_ref().map(|q| {
+                    q.gpus
+                        .iter()
+                        .find(|x| x.uuid.eq_ignore_ascii_case(&uuid))
+                        .map_or(
+                            ComputeSettings {
+                                share_pct: 1,
+                                policy: ComputePolicy::Cap,
+                                priority: Default::default(),
+                            },
+                            |x| ComputeSettings {
+                                share_pct: (x.compute_milli / 10).clamp(1, 100),
+                                policy: x.compute_policy,
+                                priority: x.priority,
+                            },
+                        )
+                });
+                Dev {
+                    uuid,
+                    settings: shim.cfg.compute_settings(from_file),
+                    holding: None,
+                    grant_at: 0,
+                    launched_at_grant: 0,
+                    last_launched: 0,
+                    idle_ticks: 0,
+                    per_launch_ns: 0.0,
+                    closed_until: 0,
+                    local_gen: 0,
+                    word_index: 0,
+                }
+            })
+            .collect();
+        Runner {
+            g,
+            shim,
+            devs,
+            conn: None,
+            queue_ahead_ns: 1_000_000,
+            next_connect: Instant::now(),
+            last_usage: Instant::now(),
+            warned: false,
+        }
+    }
+
+    fn ident(&self) -> ContainerIdent {
+        let dir = self.shim.cfg.container_dir.display().to_string();
+        let file = read_quota_file(self.shim);
+        let key = match (&self.shim.cfg.tenant, &file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(q)) => format!("{}/{}/{}", q.namespace, q.pod, q.container),
+            (None, None) => dir.clone(),
+        };
+        ContainerIdent {
+            key,
+            namespace: file
+                .as_ref()
+                .map(|q| q.namespace.clone())
+                .unwrap_or_default(),
+            pod: file.as_ref().map(|q| q.pod.clone()).unwrap_or_default(),
+            container: file.map(|q| q.container).unwrap_or_default(),
+            container_dir: dir,
+        }
+    }
+
+    fn log(&self, msg: impl FnOnce() -> String) {
+        crate::state::log(self.shim, msg);
+    }
+
+    /// Tries to register with the daemon; on success the gates follow its board.
+    fn connect(&mut self) {
+        self.next_connect = Instant::now() + RECONNECT;
+        let Some(path) = self.shim.cfg.daemon_socket.clone() else {
+            return;
+        };
+        match self.try_connect(&path) {
+            Ok(conn) => {
+                self.log(|| format!("registered with the daemon at {}", path.display()));
+                self.warned = false;
+                self.conn = Some(conn);
+            }
+            Err(e) => {
+                if !self.warned && e.kind() != io::ErrorKind::NotFound {
+                    eprintln!(
+                        "vgpu: WARNING: daemon at {} unavailable ({e}); compute share enforced locally",
+                        path.display()
+                    );
+                }
+                self.warned = true;
+            }
+        }
+    }
+
+    fn try_connect(&mut self, path: &std::path::Path) -> io::Result<Conn> {
+        let mut s = UnixStream::connect(path)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let gpus: Vec<GpuRegistration> = self
+            .devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| GpuRegistration {
+                uuid: d.uuid.clone(),
+                ordinal: u32::try_from(i).unwrap_or(0),
+                settings: d.settings,
+                memory_quota: self.shim.region.quota(i),
+            })
+            .collect();
+        let hello = ShimMsg::Hello {
+            proto: PROTO_VERSION,
+            pid: std::process::id(),
+            ident: self.ident(),
+            gpus,
+        };
+        s.write_all(&encode(&hello))?;
+        let mut buf = Vec::new();
+        let mut fd: Option<OwnedFd> = None;
+        let msg = loop {
+            if let Some(m) = decode::<DaemonMsg>(&mut buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
+            {
+                break m;
+            }
+            let mut chunk = [0u8; 4096];
+            let (n, got) = recv_with_fd(s.as_raw_fd(), &mut chunk)?;
+            if got.is_some() {
+                fd = got;
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "daemon closed the connection",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let (settings, words, queue_ahead_us) = match msg {
+            DaemonMsg::Welcome {
+                settings,
+                words,
+                queue_ahead_us,
+                ..
+            } => (settings, words, queue_ahead_us),
+            DaemonMsg::Refused { reason } => {
+                eprintln!("vgpu: WARNING: the daemon refused this process: {reason}");
+                return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unexpected first message {other:?}"),
+                ));
+            }
+        };
+        let fd = fd.ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
+        if words.len() != self.devs.len() || settings.len() != self.devs.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Welcome does not match the registered GPUs",
+            ));
+        }
+        // SAFETY: mapping a page of a descriptor we received, read-only and shared.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        drop(fd);
+        s.set_read_timeout(None)?;
+        let writer = s.try_clone()?;
+        let ahead = queue_ahead_us.saturating_mul(1000);
+        self.queue_ahead_ns = ahead;
+        for (i, (d, (w, st))) in self
+            .devs
+            .iter_mut()
+            .zip(words.iter().zip(settings))
+            .enumerate()
+        {
+            let w = usize::try_from(*w).unwrap_or(usize::MAX);
+            if w >= BOARD_BYTES / BOARD_STRIDE {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("board word {w} out of range"),
+                ));
+            }
+            d.word_index = w;
+            d.settings = st;
+            d.holding = None;
+            let gate = &self.g.gates[i];
+            // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
+            // the mapping is never unmapped (see `Gate::word`).
+            let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
+            gate.budget.store(u64::MAX, Ordering::Relaxed);
+            let old = gate.word();
+            gate.word.store(p, Ordering::Release);
+            // Launchers waiting on the local word look again, at the board.
+            futex_wake(old);
+        }
+        *self.g.ctl() = Some(writer);
+        // Launchers that were already waiting must be asked for.
+        for (i, _) in self.devs.iter().enumerate() {
+            if self.g.gates[i].waiting.load(Ordering::SeqCst) > 0 {
+                let mut ctl = self.g.ctl();
+                if let Some(w) = ctl.as_mut() {
+                    let _ = w.write_all(&encode(&ShimMsg::Demand {
+                        gpu: u32::try_from(i).unwrap_or(0),
+                    }));
+                }
+            }
+        }
+        Ok(Conn {
+            stream: s,
+            buf,
+            queue_ahead_ns: ahead,
+        })
+    }
+
+    /// The daemon is gone: every gate follows its local word from now on.
+    fn enter_fallback(&mut self) {
+        *self.g.ctl() = None;
+        self.conn = None;
+        let now = mono_ns();
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            let gate = &self.g.gates[i];
+            d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+            d.holding = Some(d.local_gen);
+            d.grant_at = now;
+            d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+            gate.yielded.store(NONE, Ordering::SeqCst);
+            gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+            gate.ahead_ns.store(0, Ordering::Relaxed);
+            gate.budget.store(u64::MAX, Ordering::Relaxed);
+            let old = gate.word();
+            gate.word.store(std::ptr::null_mut(), Ordering::Release);
+            futex_wake(old);
+            futex_wake(&gate.local);
+        }
+    }
+
+    fn send(&mut self, msg: &ShimMsg) {
+        let mut ctl = self.g.ctl();
+        if let Some(w) = ctl.as_mut() {
+            // Blocking write of a small frame; on failure the reader sees the error.
+            let _ = w.write_all(&encode(msg));
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            let holding = self.devs.iter().any(|d| d.holding.is_some());
+            if self.conn.is_none() {
+                if Instant::now() >= self.next_connect {
+                    self.connect();
+                    if self.conn.is_some() {
+                        continue;
+                    }
+                }
+                self.fallback_tick();
+                let seq = self.g.doorbell.load(Ordering::Acquire);
+                let wait = if holding {
+                    TICK
+                } else {
+                    Duration::from_millis(20)
+                };
+                futex_wait(&self.g.doorbell, seq, wait);
+                continue;
+            }
+            let timeout = if holding {
+                TICK
+            } else {
+                Duration::from_millis(200)
+            };
+            match self.poll_daemon(timeout) {
+                Ok(msgs) => {
+                    for m in msgs {
+                        self.handle(m);
+                    }
+                }
+                Err(e) => {
+                    self.log(|| format!("daemon connection lost ({e}); local fallback"));
+                    self.enter_fallback();
+                    continue;
+                }
+            }
+            self.holding_tick();
+            if self.last_usage.elapsed() >= Duration::from_secs(1) {
+                self.last_usage = Instant::now();
+                for i in 0..self.devs.len() {
+                    let memory_used = self.shim.region.used(i);
+                    self.send(&ShimMsg::Usage {
+                        gpu: u32::try_from(i).unwrap_or(0),
+                        memory_used,
+                    });
+                }
+            }
+        }
+    }
+
+    fn poll_daemon(&mut self, timeout: Duration) -> io::Result<Vec<DaemonMsg>> {
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no connection"))?;
+        let mut pfd = libc::pollfd {
+            fd: conn.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(0);
+        let ms = if timeout < Duration::from_millis(1) {
+            1
+        } else {
+            ms
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            };
+        }
+        let mut out = Vec::new();
+        if r > 0 {
+            let mut chunk = [0u8; 4096];
+            loop {
+                // SAFETY: a valid socket and buffer; MSG_DONTWAIT keeps the (blocking)
+                // socket's reads non-blocking without changing the shared file
+                // description that launchers write through.
+                let n = unsafe {
+                    libc::recv(
+                        conn.stream.as_raw_fd(),
+                        chunk.as_mut_ptr().cast(),
+                        chunk.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n == 0 {
+                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+                }
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => break,
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
+                }
+                conn.buf.extend_from_slice(&chunk[..n as usize]);
+            }
+            while let Some(m) = decode::<DaemonMsg>(&mut conn.buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
+            {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
+    fn handle(&mut self, m: DaemonMsg) {
+        match m {
+            DaemonMsg::Grant { gpu, generation } => {
+                let i = gpu as usize;
+                let Some(d) = self.devs.get_mut(i) else {
+                    return;
+                };
+                let gate = &self.g.gates[i];
+                d.holding = Some(generation);
+                d.grant_at = mono_ns();
+                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+                d.last_launched = d.launched_at_grant;
+                d.idle_ticks = 0;
+                let ahead = self
+                    .conn
+                    .as_ref()
+                    .map_or(self.queue_ahead_ns, |c| c.queue_ahead_ns);
+                gate.grant_at.store(d.grant_at, Ordering::Relaxed);
+                gate.launched_at_grant
+                    .store(d.launched_at_grant, Ordering::Relaxed);
+                // The measured time per launch includes hand-off latency: bias the
+                // estimate low so the queue never runs dry because of it (the bound
+                // stays a bound, a little looser).
+                gate.per_launch_ns
+                    .store((d.per_launch_ns * 0.8) as u64, Ordering::Relaxed);
+                gate.ahead_ns.store(ahead, Ordering::Relaxed);
+                gate.refresh_budget(d.grant_at);
+                gate.budget_seq.fetch_add(1, Ordering::Release);
+                futex_wake(&gate.budget_seq);
+            }
+            DaemonMsg::Revoke { gpu, generation } => {
+                let i = gpu as usize;
+                if i < self.devs.len() {
+                    self.drain(i, generation, false);
+                }
+            }
+            DaemonMsg::Settings { gpu, settings } => {
+                if let Some(d) = self.devs.get_mut(gpu as usize) {
+                    d.settings = settings;
+                }
+            }
+            DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
+        }
+    }
+
+    /// While holding: bound the queue, and yield a slice the process stopped using.
+    fn holding_tick(&mut self) {
+        let now = mono_ns();
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let d = &mut self.devs[i];
+            let Some(generation) = d.holding else {
+                continue;
+            };
+            let launched = gate.launched.load(Ordering::Relaxed);
+            if launched == d.last_launched
+                && gate.waiting.load(Ordering::SeqCst) == 0
+                && gate.budget_waiting.load(Ordering::SeqCst) == 0
+                && gate.inflight.load(Ordering::SeqCst) == 0
+                && gate.queued_ns(now) <= 0.0
+            {
+                d.idle_ticks += 1;
+            } else {
+                d.idle_ticks = 0;
+                d.last_launched = launched;
+            }
+            if d.idle_ticks >= IDLE_TICKS {
+                self.drain(i, generation, true);
+            }
+        }
+    }
+
+    /// Ends this process's part of a slice: no new launches, in-flight ones finish,
+    /// queued work completes; then reports when.
+    fn drain(&mut self, i: usize, generation: u32, idle: bool) {
+        let gate = &self.g.gates[i];
+        if idle {
+            gate.yielded.store(generation, Ordering::SeqCst);
+        }
+        let t0 = Instant::now();
+        while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
+        {
+            std::thread::yield_now();
+        }
+        sync_device(self.shim, i);
+        let end = mono_ns();
+        let d = &mut self.devs[i];
+        let launched = gate.launched.load(Ordering::Relaxed);
+        let launches = launched.saturating_sub(d.launched_at_grant);
+        if launches > 0 && d.holding == Some(generation) && !idle {
+            let sample = end.saturating_sub(d.grant_at) as f64 / launches as f64;
+            d.per_launch_ns = if d.per_launch_ns == 0.0 {
+                sample
+            } else {
+                0.7 * d.per_launch_ns + 0.3 * sample
+            };
+        }
+        d.holding = None;
+        d.idle_ticks = 0;
+        let gpu = u32::try_from(i).unwrap_or(0);
+        // `waiting` is read under the writer lock, which launchers hold while they
+        // count themselves and send a demand: no demand is lost between the two.
+        let mut ctl = self.g.ctl();
+        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
+        let msg = if idle {
+            ShimMsg::Idle {
+                gpu,
+                generation,
+                end_ns: end,
+                launches,
+            }
+        } else {
+            ShimMsg::Drained {
+                gpu,
+                generation,
+                end_ns: end,
+                launches,
+                waiting,
+            }
+        };
+        if let Some(w) = ctl.as_mut() {
+            let _ = w.write_all(&encode(&msg));
+        }
+    }
+
+    /// Fallback: a duty cycle at the share, over measured time.
+    fn fallback_tick(&mut self) {
+        let now = mono_ns();
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let d = &mut self.devs[i];
+            let share = u64::from(d.settings.share_pct.clamp(1, 100));
+            match d.holding {
+                Some(_) if share >= 100 => {}
+                Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
+                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
+                    gate.local.store(closed, Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    while gate.inflight.load(Ordering::SeqCst) != 0
+                        && t0.elapsed() < Duration::from_millis(200)
+                    {
+                        std::thread::yield_now();
+                    }
+                    sync_device(self.shim, i);
+                    let end = mono_ns();
+                    let used = end.saturating_sub(d.grant_at);
+                    d.closed_until = end + used * (100 - share) / share;
+                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
+                    d.holding = None;
+                }
+                None if now >= d.closed_until => {
+                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+                    d.holding = Some(d.local_gen);
+                    d.grant_at = now;
+                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+                    futex_wake(&gate.local);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Waits for every context of this process on device `dev` to finish its queued work.
+fn sync_device(shim: &Shim, dev: usize) {
+    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+    let mut ctxs: Vec<usize> = shim
+        .ctx_dev
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|(_, d)| **d == dev)
+        .map(|(c, _)| *c)
+        .collect();
+    if shim.primary_refs[dev].load(Ordering::Acquire) > 0 {
+        let p = shim.primary_ctx[dev].load(Ordering::Acquire);
+        if p != 0 {
+            ctxs.push(p);
+        }
+    }
+    for c in ctxs {
+        crate::hooks::sync_context(c);
+    }
+}
+
+fn read_quota_file(shim: &Shim) -> Option<vgpu_core::container_quota::ContainerQuota> {
+    let text = std::fs::read_to_string(shim.cfg.quota_file()).ok()?;
+    vgpu_core::container_quota::ContainerQuota::from_json(&text).ok()
+}
+
+/// Receives bytes and at most one descriptor (`SCM_RIGHTS`).
+fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&cbuf);
+    // SAFETY: valid socket and buffers that outlive the call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                if raw >= 0 && fd.is_none() {
+                    fd = Some(OwnedFd::from_raw_fd(raw));
+                } else if raw >= 0 {
+                    libc::close(raw);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, fd))
+}
+
+fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `word` is a valid aligned u32 in a live mapping (process memory or a
+    // shared board); FUTEX_WAIT only reads it. Shared (not private): the waker may be
+    // another process (the daemon).
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAIT,
+            val,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: a valid aligned u32; waking has no other preconditions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAKE,
+            i32::MAX,
+        );
+    }
+}
