@@ -8,6 +8,11 @@
 //! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
+//! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
+//! - [`metrics`]: Prometheus text exposition on `/metrics`.
+//! - [`api`]: the gRPC API (`vgpu.daemon.v1`), served on a unix socket and optionally TCP.
+//! - [`reporting`]: starts the three above next to the shims' server.
+//! - [`ctl`]: `vgpuctl`, the API's command-line client.
 //!
 //! See `docs/vgpu-daemon.md`.
 
@@ -16,8 +21,13 @@
 // unsafe block carries its SAFETY argument.
 #![allow(unsafe_code)]
 
+pub mod api;
 pub mod board;
+pub mod ctl;
 pub mod daemon;
+pub mod metrics;
 pub mod model;
+pub mod nvml;
+pub mod reporting;
 pub mod scheduler;
 pub mod server;

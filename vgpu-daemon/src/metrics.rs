@@ -1,0 +1,413 @@
+//! Prometheus metrics over HTTP: `GET /metrics` (text exposition format 0.0.4, written
+//! here by hand) and `GET /healthz`.
+//!
+//! Every scrape renders one [`Daemon::snapshot`]: the figures are the ones the gRPC API and
+//! `vgpuctl` show. Names follow Prometheus conventions (base units, `_total` counters,
+//! `_bytes`, `_seconds`, ratios in 0–1). The list is in `docs/vgpu-daemon.md`.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::io;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use crate::daemon::Daemon;
+use crate::model::{NodeSnapshot, SliceState, Tenant};
+
+/// The exposition format's content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Prometheus metric kinds used here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A value that goes up and down.
+    Gauge,
+    /// A value that only goes up (resets when its series restarts).
+    Counter,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        }
+    }
+}
+
+/// One metric family: HELP, TYPE and its samples, at most one per label set.
+#[derive(Debug)]
+pub struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    samples: Vec<(String, f64)>,
+    seen: HashSet<String>,
+}
+
+impl Family {
+    /// An empty family.
+    pub fn new(name: &'static str, kind: Kind, help: &'static str) -> Family {
+        Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Adds a sample; a second sample with the same labels is dropped (the exposition
+    /// format allows one per label set).
+    pub fn sample(&mut self, labels: &[(&str, &str)], value: f64) {
+        let l = render_labels(labels);
+        if self.seen.insert(l.clone()) {
+            self.samples.push((l, value));
+        }
+    }
+
+    /// Appends the family in the text format.
+    pub fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, escape_help(self.help));
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind.as_str());
+        for (labels, v) in &self.samples {
+            let _ = writeln!(out, "{}{} {}", self.name, labels, format_value(*v));
+        }
+    }
+}
+
+/// `{a="x",b="y"}` with the values escaped (`\\`, `\"`, `\n`); empty for no labels.
+pub fn render_labels(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("{");
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(k);
+        s.push_str("=\"");
+        s.push_str(&escape_label_value(v));
+        s.push('"');
+    }
+    s.push('}');
+    s
+}
+
+/// Escapes a label value: backslash, double quote and line feed.
+pub fn escape_label_value(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// Escapes HELP text: backslash and line feed.
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// A sample value as the format spells it (`NaN`, `+Inf`, `-Inf`, else a decimal).
+pub fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn ns_to_s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+fn tenant_labels(t: &Tenant) -> [(&'static str, &str); 4] {
+    [
+        ("tenant", t.key.as_str()),
+        ("namespace", t.namespace.as_str()),
+        ("pod", t.pod.as_str()),
+        ("container", t.container.as_str()),
+    ]
+}
+
+fn state_str(s: SliceState) -> &'static str {
+    match s {
+        SliceState::Holding => "holding",
+        SliceState::Draining => "draining",
+        SliceState::Waiting => "waiting",
+        SliceState::Idle => "idle",
+    }
+}
+
+/// Renders a snapshot in the Prometheus text format.
+pub fn render(snap: &NodeSnapshot) -> String {
+    use Kind::{Counter, Gauge};
+    let mut up = Family::new("vgpu_daemon_up", Gauge, "1 while the daemon serves.");
+    up.sample(&[], 1.0);
+    let mut uptime = Family::new(
+        "vgpu_daemon_uptime_seconds",
+        Gauge,
+        "Seconds since the daemon started.",
+    );
+    uptime.sample(&[], snap.uptime_s);
+    let mut tenants = Family::new(
+        "vgpu_daemon_tenants",
+        Gauge,
+        "Tenants (containers) with at least one registered process.",
+    );
+    tenants.sample(&[], snap.tenants.len() as f64);
+
+    let mut share = Family::new(
+        "vgpu_tenant_compute_share_ratio",
+        Gauge,
+        "Configured compute share of the GPU (0-1).",
+    );
+    let mut achieved = Family::new(
+        "vgpu_tenant_compute_share_achieved_ratio",
+        Gauge,
+        "Share of the GPU's time charged to the tenant over the recent window (0-1).",
+    );
+    let mut settings = Family::new(
+        "vgpu_tenant_settings_info",
+        Gauge,
+        "Compute policy, priority and where the settings came from (value 1).",
+    );
+    let mut gpu_time = Family::new(
+        "vgpu_tenant_gpu_time_seconds_total",
+        Counter,
+        "Measured GPU time charged to the tenant.",
+    );
+    let mut throttled = Family::new(
+        "vgpu_tenant_throttled_seconds_total",
+        Counter,
+        "Time the tenant had launches blocked while another tenant held the GPU.",
+    );
+    let mut grants = Family::new(
+        "vgpu_tenant_grants_total",
+        Counter,
+        "Time slices granted to the tenant.",
+    );
+    let mut mem_used = Family::new(
+        "vgpu_tenant_memory_used_bytes",
+        Gauge,
+        "GPU memory charged to the container, as its shims report.",
+    );
+    let mut mem_quota = Family::new(
+        "vgpu_tenant_memory_quota_bytes",
+        Gauge,
+        "The container's GPU memory quota (absent: unlimited).",
+    );
+    let mut state = Family::new(
+        "vgpu_tenant_slice_state",
+        Gauge,
+        "Scheduling state of the tenant on the GPU (1 for the current state).",
+    );
+    let mut procs = Family::new(
+        "vgpu_tenant_processes",
+        Gauge,
+        "Processes of the tenant registered with the daemon (all of its GPUs).",
+    );
+    for t in &snap.tenants {
+        let base = tenant_labels(t);
+        for g in &t.gpus {
+            let mut l: Vec<(&str, &str)> = base.to_vec();
+            l.push(("gpu", g.uuid.as_str()));
+            share.sample(&l, f64::from(g.settings.share_pct) / 100.0);
+            achieved.sample(&l, g.recent_share_pct / 100.0);
+            let policy = g.settings.policy.to_string();
+            let priority = g.settings.priority.to_string();
+            let source = match g.source {
+                crate::model::SettingsSource::Shim => "shim",
+                crate::model::SettingsSource::QuotaFile => "quota-file",
+                crate::model::SettingsSource::Api => "api",
+                crate::model::SettingsSource::Default => "default",
+            };
+            let mut li = l.clone();
+            li.extend([
+                ("policy", policy.as_str()),
+                ("priority", priority.as_str()),
+                ("source", source),
+            ]);
+            settings.sample(&li, 1.0);
+            gpu_time.sample(&l, ns_to_s(g.gpu_time_ns));
+            throttled.sample(&l, ns_to_s(g.throttled_ns));
+            grants.sample(&l, g.grants as f64);
+            mem_used.sample(&l, g.memory_used as f64);
+            if let Some(q) = g.memory_quota {
+                mem_quota.sample(&l, q as f64);
+            }
+            for s in [
+                SliceState::Holding,
+                SliceState::Draining,
+                SliceState::Waiting,
+                SliceState::Idle,
+            ] {
+                let mut ls = l.clone();
+                ls.push(("state", state_str(s)));
+                state.sample(&ls, if s == g.state { 1.0 } else { 0.0 });
+            }
+        }
+        procs.sample(&base, t.pids.len() as f64);
+    }
+
+    let mut info = Family::new(
+        "vgpu_gpu_info",
+        Gauge,
+        "A GPU as NVML names it (value 1; index -1: not seen by NVML).",
+    );
+    let mut g_total = Family::new(
+        "vgpu_gpu_memory_total_bytes",
+        Gauge,
+        "GPU memory, total (NVML).",
+    );
+    let mut g_used = Family::new(
+        "vgpu_gpu_memory_used_bytes",
+        Gauge,
+        "GPU memory in use, all processes (NVML).",
+    );
+    let mut g_util = Family::new(
+        "vgpu_gpu_utilization_ratio",
+        Gauge,
+        "GPU utilization over NVML's last sample period (0-1; absent: not supported).",
+    );
+    let mut g_procs = Family::new(
+        "vgpu_gpu_processes",
+        Gauge,
+        "Processes using GPU memory (NVML).",
+    );
+    let mut g_bypass = Family::new(
+        "vgpu_gpu_bypass_processes",
+        Gauge,
+        "Processes using GPU memory that no shim registered (bypassing vgpu).",
+    );
+    let mut g_bypass_mem = Family::new(
+        "vgpu_gpu_bypass_memory_bytes",
+        Gauge,
+        "GPU memory used by bypass processes.",
+    );
+    let mut g_sched = Family::new(
+        "vgpu_gpu_scheduled_seconds_total",
+        Counter,
+        "GPU time the daemon charged to tenants since it started.",
+    );
+    let mut g_obs = Family::new(
+        "vgpu_gpu_last_observation_timestamp_seconds",
+        Gauge,
+        "When NVML last reported the GPU (Unix time; absent: never).",
+    );
+    for g in &snap.gpus {
+        let o = &g.observed;
+        let l = [("gpu", o.uuid.as_str())];
+        let index = if o.index == u32::MAX {
+            "-1".to_owned()
+        } else {
+            o.index.to_string()
+        };
+        info.sample(
+            &[
+                ("gpu", o.uuid.as_str()),
+                ("index", index.as_str()),
+                ("name", o.name.as_str()),
+            ],
+            1.0,
+        );
+        g_sched.sample(&l, ns_to_s(g.scheduled_ns));
+        if o.observed_unix_ms == 0 {
+            continue;
+        }
+        g_total.sample(&l, o.memory_total as f64);
+        g_used.sample(&l, o.memory_used as f64);
+        if let Some(u) = o.utilization_pct {
+            g_util.sample(&l, f64::from(u) / 100.0);
+        }
+        g_procs.sample(&l, g.processes.len() as f64);
+        g_bypass.sample(&l, g.bypass_pids.len() as f64);
+        let bypass_bytes: u64 = g
+            .processes
+            .iter()
+            .filter(|p| p.tenant.is_none())
+            .map(|p| p.used_bytes)
+            .sum();
+        g_bypass_mem.sample(&l, bypass_bytes as f64);
+        g_obs.sample(&l, o.observed_unix_ms as f64 / 1000.0);
+    }
+
+    let mut out = String::with_capacity(4096 + 2048 * snap.tenants.len());
+    for f in [
+        &up,
+        &uptime,
+        &tenants,
+        &share,
+        &achieved,
+        &settings,
+        &gpu_time,
+        &throttled,
+        &grants,
+        &mem_used,
+        &mem_quota,
+        &state,
+        &procs,
+        &info,
+        &g_total,
+        &g_used,
+        &g_util,
+        &g_procs,
+        &g_bypass,
+        &g_bypass_mem,
+        &g_sched,
+        &g_obs,
+    ] {
+        f.write(&mut out);
+    }
+    out
+}
+
+/// The HTTP routes: `/metrics` and `/healthz`.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(daemon)
+}
+
+async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
+    // The snapshot takes the daemon's lock briefly; rendering happens outside it.
+    let text = render(&d.snapshot());
+    (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], text)
+}
+
+async fn healthz() -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "ok\n",
+    )
+}
+
+/// Binds the metrics address (`host:port`).
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("metrics address {addr}: {e}")))
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+pub async fn serve(daemon: Arc<Daemon>, listener: TcpListener) -> io::Result<()> {
+    axum::serve(listener, router(daemon)).await
+}

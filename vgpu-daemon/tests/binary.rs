@@ -1,0 +1,215 @@
+//! The `vgpu-daemon` binary with its reporting surfaces: on cuda-sim (NVML watcher →
+//! `vgpuctl gpus` and `/metrics` show a bypass process), without NVML (it keeps serving),
+//! and with bad flags (refused, naming the value).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_tests::SimNode;
+
+const UUID: &str = "GPU-51570000-0000-4000-8000-00000000bbbb";
+
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the log contains `needle`; returns the log.
+    fn wait_log(&mut self, needle: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let l = self.log();
+            if l.contains(needle) {
+                return l;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("vgpu-daemon exited ({st}) before logging {needle:?}:\n{l}");
+            }
+            assert!(Instant::now() < end, "no {needle:?} in the log:\n{l}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(mut cmd: Command, dir: &Path, extra: &[&str]) -> Daemon {
+    let log = dir.join("daemon.log");
+    let f = std::fs::File::create(&log).expect("log file");
+    let child = cmd
+        .arg("--socket")
+        .arg(dir.join("daemon.sock"))
+        .arg("--api-socket")
+        .arg(dir.join("api.sock"))
+        .args(extra)
+        .env("VGPU_DAEMON_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .expect("spawn vgpu-daemon");
+    let mut d = Daemon { child, log };
+    d.wait_log("vgpu-daemon serving");
+    d
+}
+
+fn vgpuctl(api: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        .arg("--api-socket")
+        .arg(api)
+        .args(args)
+        .output()
+        .expect("run vgpuctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut r = String::new();
+    s.read_to_string(&mut r).expect("response");
+    r
+}
+
+/// The address the daemon logged for `/metrics`.
+fn metrics_addr(log: &str) -> String {
+    let i = log
+        .find("metrics on http://")
+        .expect("metrics address logged")
+        + 18;
+    let rest = &log[i..];
+    rest[..rest.find('/').expect("address ends with /metrics")].to_owned()
+}
+
+#[test]
+fn daemon_reports_a_bypass_on_cuda_sim() {
+    let node = SimNode::new(&format!(
+        "[[device]]\nuuid = \"{UUID}\"\nmemory = \"8Gi\"\n"
+    ));
+    let bypass = node.spawn_probe(
+        &["init", "alloc", "128Mi", "ready", "wait"],
+        Duration::from_secs(30),
+    );
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut d = start(
+        node.command(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        dir.path(),
+        &["--nvml-interval-ms", "100", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let api = dir.path().join("api.sock");
+    let end = Instant::now() + Duration::from_secs(30);
+    let gpus = loop {
+        let (ok, out, err) = vgpuctl(&api, &["--json", "gpus"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        if v["gpus"][0]["bypass_pids"][0] == bypass.pid() {
+            break v;
+        }
+        assert!(
+            Instant::now() < end,
+            "no bypass reported: {v:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(gpus["gpus"][0]["uuid"], UUID);
+    assert_eq!(gpus["gpus"][0]["index"], 0);
+    let (ok, table, err) = vgpuctl(&api, &["gpus"]);
+    assert!(ok, "{err}");
+    let line = table
+        .lines()
+        .find(|l| l.contains(&format!("pid {}", bypass.pid())))
+        .unwrap_or_else(|| panic!("no process line:\n{table}"));
+    assert!(line.contains("BYPASS"), "{table}");
+
+    let log = d.wait_log("bypass");
+    let addr = metrics_addr(&log);
+    let m = http_get(&addr, "/metrics");
+    assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+    assert!(
+        m.contains(&format!("vgpu_gpu_bypass_processes{{gpu=\"{UUID}\"}} 1\n")),
+        "{m}"
+    );
+    assert!(m.contains("vgpu_gpu_memory_total_bytes{gpu=\""), "{m}");
+    assert!(http_get(&addr, "/healthz").ends_with("\r\n\r\nok\n"));
+    // The warning names the PID, once.
+    let pid_field = format!("pid={}", bypass.pid());
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("bypass:") && l.contains(&pid_field))
+        .count();
+    assert_eq!(warnings, 1, "{log}");
+    bypass.kill9();
+}
+
+#[test]
+fn daemon_serves_without_nvml() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut d = start(
+        Command::new(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        dir.path(),
+        &[
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+            "--metrics-addr",
+            "off",
+        ],
+    );
+    let log = d.wait_log("NVML unavailable");
+    assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
+    let api = dir.path().join("api.sock");
+    let (ok, out, err) = vgpuctl(&api, &["tenants"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("TENANT"), "{out}");
+    let (ok, out, err) = vgpuctl(&api, &["--json", "gpus"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0));
+    assert_eq!(d.log().matches("NVML unavailable").count(), 1);
+}
+
+#[test]
+fn bad_reporting_flags_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for (args, needle) in [
+        (
+            vec!["--metrics-addr", "no-such-host-at-all:x"],
+            "no-such-host-at-all:x",
+        ),
+        (vec!["--api-addr", "300.1.1.1:80"], "300.1.1.1:80"),
+        (vec!["--nvml-interval-ms", "99999999"], "99999999"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .arg("--socket")
+            .arg(dir.path().join("d.sock"))
+            .arg("--api-socket")
+            .arg(dir.path().join("a.sock"))
+            .args(&args)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run vgpu-daemon");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

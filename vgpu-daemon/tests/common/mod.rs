@@ -1,0 +1,77 @@
+//! Shared by the reporting tests: a daemon populated through its own registration path.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use vgpu_core::sched_proto::{
+    ComputePolicy, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, PROTO_VERSION,
+    Priority,
+};
+use vgpu_daemon::daemon::{Config, Daemon, Registered};
+use vgpu_daemon::scheduler::Params;
+
+pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
+pub const GPU1: &str = "GPU-11111111-0000-4000-8000-000000000000";
+
+/// A daemon with nothing registered (no timer thread: nothing here needs slices).
+pub fn daemon() -> Arc<Daemon> {
+    Daemon::new(Config {
+        socket: PathBuf::from("/nonexistent/daemon.sock"),
+        params: Params::default(),
+        queue_ahead_us: 1000,
+        trusted_quota_file: None,
+        default_settings: ComputeSettings {
+            share_pct: 10,
+            policy: ComputePolicy::Burst,
+            priority: Priority::BestEffort,
+        },
+    })
+}
+
+/// A registered process; keep it alive as long as the process should stay registered.
+pub struct Proc {
+    pub reg: Registered,
+    pub rx: UnboundedReceiver<DaemonMsg>,
+}
+
+/// Registers process `pid` of tenant `key` (pod `ns/pod`, container `c`) on `gpus`
+/// (UUID, share %, policy, memory quota), as the shims' server does.
+pub fn register(
+    d: &Daemon,
+    pid: u32,
+    key: &str,
+    ns: &str,
+    pod: &str,
+    c: &str,
+    gpus: &[(&str, u32, ComputePolicy, Option<u64>)],
+) -> Proc {
+    let (tx, rx) = unbounded_channel();
+    let ident = ContainerIdent {
+        key: key.to_owned(),
+        namespace: ns.to_owned(),
+        pod: pod.to_owned(),
+        container: c.to_owned(),
+        container_dir: String::new(),
+    };
+    let regs = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, (uuid, share, policy, quota))| GpuRegistration {
+            uuid: (*uuid).to_owned(),
+            ordinal: u32::try_from(i).expect("few GPUs"),
+            settings: ComputeSettings {
+                share_pct: *share,
+                policy: *policy,
+                priority: Priority::BestEffort,
+            },
+            memory_quota: *quota,
+        })
+        .collect();
+    let reg = d
+        .register(pid, PROTO_VERSION, ident, regs, tx)
+        .expect("registration accepted");
+    Proc { reg, rx }
+}
