@@ -43,6 +43,8 @@ const TICK: Duration = Duration::from_micros(500);
 const IDLE_TICKS: u32 = 3;
 /// Fallback duty-cycle period's open part at most (then the share decides the rest).
 const LOCAL_QUANTUM_NS: u64 = 10_000_000;
+/// Launches admitted before the per-launch GPU time is known (then measured).
+const CALIBRATION_LAUNCHES: u64 = 2;
 /// Reconnect interval without a daemon.
 const RECONNECT: Duration = Duration::from_millis(250);
 
@@ -72,6 +74,8 @@ pub struct Gate {
     grant_at: AtomicU64,
     launched_at_grant: AtomicU64,
     ahead_ns: AtomicU64,
+    /// The grant generation `grant_at`/`launched_at_grant` belong to.
+    budget_gen: AtomicU32,
 }
 
 impl Gate {
@@ -83,7 +87,7 @@ impl Gate {
             yielded: AtomicU32::new(NONE),
             inflight: AtomicU32::new(0),
             launched: AtomicU64::new(0),
-            budget: AtomicU64::new(u64::MAX),
+            budget: AtomicU64::new(0),
             budget_seq: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             budget_waiting: AtomicU32::new(0),
@@ -91,6 +95,23 @@ impl Gate {
             grant_at: AtomicU64::new(0),
             launched_at_grant: AtomicU64::new(0),
             ahead_ns: AtomicU64::new(0),
+            budget_gen: AtomicU32::new(NONE),
+        }
+    }
+
+    /// Starts the budget of grant `generation` at `now` unless that was done already
+    /// (by the first launcher to see the grant, or by the gate thread on its message).
+    fn setup_grant(&self, generation: u32, now: u64) {
+        let cur = self.budget_gen.load(Ordering::Acquire);
+        if cur != generation
+            && self
+                .budget_gen
+                .compare_exchange(cur, generation, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.grant_at.store(now, Ordering::Relaxed);
+            self.launched_at_grant
+                .store(self.launched.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 
@@ -109,9 +130,15 @@ impl Gate {
         let per = self.per_launch_ns.load(Ordering::Relaxed);
         let ahead = self.ahead_ns.load(Ordering::Relaxed);
         let launched = self.launched.load(Ordering::Relaxed);
-        if per == 0 || ahead == 0 {
+        if ahead == 0 {
             self.budget.store(u64::MAX, Ordering::Relaxed);
             return 0;
+        }
+        if per == 0 {
+            // Not measured yet: a few launches, then the gate thread calibrates.
+            let cap = self.launched_at_grant.load(Ordering::Relaxed) + CALIBRATION_LAUNCHES;
+            self.budget.store(cap, Ordering::Relaxed);
+            return if launched >= cap { 1_000_000 } else { 0 };
         }
         let queued = self.queued_ns(now);
         let over = queued - ahead as f64;
@@ -205,7 +232,9 @@ impl Gates {
             // Out of budget: recompute it from the clock; wait exactly until enough of
             // the queue should have run (or a revoke/grant wakes us).
             let seq = gate.budget_seq.load(Ordering::Acquire);
-            let wait = gate.refresh_budget(mono_ns());
+            let now = mono_ns();
+            gate.setup_grant(w >> 1, now);
+            let wait = gate.refresh_budget(now);
             if wait > 0 {
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
                 futex_wait(&gate.budget_seq, seq, Duration::from_nanos(wait));
@@ -307,7 +336,6 @@ struct Dev {
 struct Conn {
     stream: UnixStream,
     buf: Vec<u8>,
-    queue_ahead_ns: u64,
 }
 
 struct Runner {
@@ -542,7 +570,8 @@ impl Runner {
             // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
             // the mapping is never unmapped (see `Gate::word`).
             let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
-            gate.budget.store(u64::MAX, Ordering::Relaxed);
+            gate.ahead_ns.store(ahead, Ordering::Relaxed);
+            gate.budget.store(0, Ordering::Relaxed);
             let old = gate.word();
             gate.word.store(p, Ordering::Release);
             // Launchers waiting on the local word look again, at the board.
@@ -560,11 +589,7 @@ impl Runner {
                 }
             }
         }
-        Ok(Conn {
-            stream: s,
-            buf,
-            queue_ahead_ns: ahead,
-        })
+        Ok(Conn { stream: s, buf })
     }
 
     /// The daemon is gone: every gate follows its local word from now on.
@@ -722,24 +747,12 @@ impl Runner {
                 };
                 let gate = &self.g.gates[i];
                 d.holding = Some(generation);
-                d.grant_at = mono_ns();
-                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+                gate.setup_grant(generation, mono_ns());
+                d.grant_at = gate.grant_at.load(Ordering::Relaxed);
+                d.launched_at_grant = gate.launched_at_grant.load(Ordering::Relaxed);
                 d.last_launched = d.launched_at_grant;
                 d.idle_ticks = 0;
-                let ahead = self
-                    .conn
-                    .as_ref()
-                    .map_or(self.queue_ahead_ns, |c| c.queue_ahead_ns);
-                gate.grant_at.store(d.grant_at, Ordering::Relaxed);
-                gate.launched_at_grant
-                    .store(d.launched_at_grant, Ordering::Relaxed);
-                // The measured time per launch includes hand-off latency: bias the
-                // estimate low so the queue never runs dry because of it (the bound
-                // stays a bound, a little looser).
-                gate.per_launch_ns
-                    .store((d.per_launch_ns * 0.8) as u64, Ordering::Relaxed);
-                gate.ahead_ns.store(ahead, Ordering::Relaxed);
-                gate.refresh_budget(d.grant_at);
+                gate.refresh_budget(mono_ns());
                 gate.budget_seq.fetch_add(1, Ordering::Release);
                 futex_wake(&gate.budget_seq);
             }
@@ -768,6 +781,19 @@ impl Runner {
                 continue;
             };
             let launched = gate.launched.load(Ordering::Relaxed);
+            if d.per_launch_ns == 0.0
+                && gate.ahead_ns.load(Ordering::Relaxed) > 0
+                && launched >= d.launched_at_grant + CALIBRATION_LAUNCHES
+            {
+                // First launches of the process: measure what one costs.
+                sync_device(self.shim, i);
+                let n = launched.saturating_sub(d.launched_at_grant).max(1);
+                let per = (mono_ns().saturating_sub(d.grant_at) / n).max(1);
+                d.per_launch_ns = per as f64;
+                gate.per_launch_ns.store(per, Ordering::Relaxed);
+                gate.budget_seq.fetch_add(1, Ordering::Release);
+                futex_wake(&gate.budget_seq);
+            }
             if launched == d.last_launched
                 && gate.waiting.load(Ordering::SeqCst) == 0
                 && gate.budget_waiting.load(Ordering::SeqCst) == 0
@@ -810,6 +836,13 @@ impl Runner {
                 0.7 * d.per_launch_ns + 0.3 * sample
             };
         }
+        // The measured time per launch includes hand-off latency: bias the estimate low
+        // so the queue never runs dry because of it (the bound stays a bound, a little
+        // looser).
+        gate.per_launch_ns
+            .store((d.per_launch_ns * 0.8) as u64, Ordering::Relaxed);
+        // No room until the next grant is set up.
+        gate.budget.store(launched, Ordering::Relaxed);
         d.holding = None;
         d.idle_ticks = 0;
         let gpu = u32::try_from(i).unwrap_or(0);

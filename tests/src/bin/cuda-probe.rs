@@ -16,6 +16,14 @@
 //! roundtrip BYTES              roundtrip=ok after copying a pattern to the device and back
 //! saturate SECS KERNEL_NS AT   from unix time AT (ms; 0 = now) for SECS seconds keep the GPU
 //!                              busy with spin kernels, 4 in flight; kernels= device_ns=
+//! load SECS KERNEL_NS AT BATCH  like saturate, BATCH kernels per event (4 events in
+//!                              flight): saturates even with short kernels
+//! latency N KERNEL_NS PERIOD_US AT
+//!                              N requests, one every PERIOD_US: launch one kernel, wait
+//!                              for it; lat_p50_us= lat_p99_us= lat_max_us= (wall)
+//! spin PATH N KERNEL_NS        N kernels through launch path PATH (kernel, kernel-ptsz,
+//!                              ex, ex-ptsz, coop, coop-ptsz, graph, graph-ptsz), then
+//!                              synchronize; spin=ok wall_us=
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
 //! route dlsym|global|procaddr|procaddr-ptds
 //!                              how entry points are resolved (before init): dlsym on the
@@ -366,6 +374,286 @@ fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
             done * kernel_ns,
             secs * 1_000_000_000
         );
+    }
+    Ok(())
+}
+
+/// The spin kernel, loaded once per call site.
+///
+/// # Safety
+/// `c` is a loaded driver with a current context.
+unsafe fn spin_function(c: &Cuda) -> Result<*mut c_void> {
+    // SAFETY: the driver API signatures of cuModuleLoadData and cuModuleGetFunction.
+    unsafe {
+        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult =
+            c.sym("cuModuleLoadData")?;
+        let getf: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult =
+            c.sym("cuModuleGetFunction")?;
+        let mut module = std::ptr::null_mut();
+        c.check(
+            "cuModuleLoadData",
+            load(&mut module, SPIN_PTX.as_ptr().cast()),
+        )?;
+        let mut func = std::ptr::null_mut();
+        c.check(
+            "cuModuleGetFunction",
+            getf(&mut func, module, c"vgpu_sim_spin".as_ptr()),
+        )?;
+        Ok(func)
+    }
+}
+
+fn load(st: &State, secs: u64, kernel_ns: u64, at_ms: u64, batch: u64) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: every call follows its CUDA driver API signature; kernel parameters point
+    // to a live u64 for the duration of each launch call.
+    unsafe {
+        let func = spin_function(c)?;
+        let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+            c.sym("cuStreamCreate")?;
+        let mk_event: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+            c.sym("cuEventCreate")?;
+        let record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
+            c.sym("cuEventRecord")?;
+        let sync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuEventSynchronize")?;
+        let launch: LaunchFn = c.sym("cuLaunchKernel")?;
+        let mut stream = std::ptr::null_mut();
+        c.check("cuStreamCreate", mk_stream(&mut stream, 0))?;
+        let mut free_events = Vec::new();
+        for _ in 0..4 {
+            let mut e = std::ptr::null_mut();
+            c.check("cuEventCreate", mk_event(&mut e, 2))?;
+            free_events.push(e);
+        }
+        std::thread::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms())));
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut inflight = VecDeque::new();
+        let mut done = 0u64;
+        let mut ns = kernel_ns;
+        loop {
+            while Instant::now() < end
+                && let Some(e) = free_events.pop()
+            {
+                for _ in 0..batch {
+                    let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+                    c.check(
+                        "cuLaunchKernel",
+                        launch(
+                            func,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            0,
+                            stream,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        ),
+                    )?;
+                }
+                c.check("cuEventRecord", record(e, stream))?;
+                inflight.push_back(e);
+            }
+            let Some(e) = inflight.pop_front() else { break };
+            c.check("cuEventSynchronize", sync(e))?;
+            if Instant::now() <= end {
+                done += batch;
+            }
+            free_events.push(e);
+        }
+        println!(
+            "kernels={done} device_ns={} window_ns={}",
+            done * kernel_ns,
+            secs * 1_000_000_000
+        );
+    }
+    Ok(())
+}
+
+fn latency(st: &State, n: u64, kernel_ns: u64, period_us: u64, at_ms: u64) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: as in `load`.
+    unsafe {
+        let func = spin_function(c)?;
+        let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+            c.sym("cuStreamCreate")?;
+        let ssync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuStreamSynchronize")?;
+        let launch: LaunchFn = c.sym("cuLaunchKernel")?;
+        let mut stream = std::ptr::null_mut();
+        c.check("cuStreamCreate", mk_stream(&mut stream, 0))?;
+        std::thread::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms())));
+        let mut lat = Vec::with_capacity(n as usize);
+        let mut ns = kernel_ns;
+        let t0 = Instant::now();
+        for i in 0..n {
+            let due = t0 + Duration::from_micros(period_us * i);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            let start = Instant::now();
+            let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+            c.check(
+                "cuLaunchKernel",
+                launch(
+                    func,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )?;
+            c.check("cuStreamSynchronize", ssync(stream))?;
+            lat.push(start.elapsed().as_micros() as u64);
+        }
+        lat.sort_unstable();
+        let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+        println!(
+            "lat_p50_us={} lat_p99_us={} lat_max_us={} requests={n}",
+            pct(0.5),
+            pct(0.99),
+            lat.last().copied().unwrap_or(0)
+        );
+    }
+    Ok(())
+}
+
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: *mut c_void,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+
+fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
+    let c = cuda(st)?;
+    let ptsz = path.ends_with("-ptsz");
+    let base = path.trim_end_matches("-ptsz");
+    let sfx = if ptsz { "_ptsz" } else { "" };
+    // SAFETY: each entry point is called with its driver API signature; parameters
+    // point to live locals for the duration of each call.
+    unsafe {
+        let func = spin_function(c)?;
+        let mut ns = kernel_ns;
+        let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+        let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+            c.sym("cuStreamCreate")?;
+        let ssync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuStreamSynchronize")?;
+        let mut stream = std::ptr::null_mut();
+        c.check("cuStreamCreate", mk_stream(&mut stream, 0))?;
+        let start = Instant::now();
+        match base {
+            "kernel" => {
+                let launch: LaunchFn = c.sym(&format!("cuLaunchKernel{sfx}"))?;
+                for _ in 0..n {
+                    c.check(
+                        "cuLaunchKernel",
+                        launch(
+                            func,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            0,
+                            stream,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        ),
+                    )?;
+                }
+            }
+            "ex" => {
+                let launch: unsafe extern "C" fn(
+                    *const LaunchConfig,
+                    *mut c_void,
+                    *mut *mut c_void,
+                    *mut *mut c_void,
+                ) -> CuResult = c.sym(&format!("cuLaunchKernelEx{sfx}"))?;
+                let cfg = LaunchConfig {
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    shared: 0,
+                    stream,
+                    attrs: std::ptr::null_mut(),
+                    num_attrs: 0,
+                };
+                for _ in 0..n {
+                    c.check(
+                        "cuLaunchKernelEx",
+                        launch(&cfg, func, params.as_mut_ptr(), std::ptr::null_mut()),
+                    )?;
+                }
+            }
+            "coop" => {
+                let launch: unsafe extern "C" fn(
+                    *mut c_void,
+                    c_uint,
+                    c_uint,
+                    c_uint,
+                    c_uint,
+                    c_uint,
+                    c_uint,
+                    c_uint,
+                    *mut c_void,
+                    *mut *mut c_void,
+                ) -> CuResult = c.sym(&format!("cuLaunchCooperativeKernel{sfx}"))?;
+                for _ in 0..n {
+                    c.check(
+                        "cuLaunchCooperativeKernel",
+                        launch(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr()),
+                    )?;
+                }
+            }
+            "graph" => {
+                let begin: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult =
+                    c.sym("cuStreamBeginCapture_v2")?;
+                let end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult =
+                    c.sym("cuStreamEndCapture")?;
+                let inst: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult =
+                    c.sym("cuGraphInstantiateWithFlags")?;
+                let glaunch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
+                    c.sym(&format!("cuGraphLaunch{sfx}"))?;
+                let launch: LaunchFn = c.sym("cuLaunchKernel")?;
+                // Captured on the stream: the capture itself launches nothing.
+                c.check("cuStreamBeginCapture", begin(stream, 0))?;
+                c.check(
+                    "cuLaunchKernel (captured)",
+                    launch(
+                        func,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                )?;
+                let mut graph = std::ptr::null_mut();
+                c.check("cuStreamEndCapture", end(stream, &mut graph))?;
+                let mut exec = std::ptr::null_mut();
+                c.check("cuGraphInstantiate", inst(&mut exec, graph, 0))?;
+                for _ in 0..n {
+                    c.check("cuGraphLaunch", glaunch(exec, stream))?;
+                }
+            }
+            other => bail!("unknown launch path {other:?}"),
+        }
+        c.check("cuStreamSynchronize", ssync(stream))?;
+        println!("spin=ok wall_us={}", start.elapsed().as_micros());
     }
     Ok(())
 }
@@ -950,6 +1238,26 @@ fn main() -> Result<()> {
                 let kns = arg(&mut it, "kernel ns")?;
                 let at = arg(&mut it, "start time")?;
                 saturate(&st, secs, kns, at)?;
+            }
+            "load" => {
+                let secs = arg(&mut it, "seconds")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                let at = arg(&mut it, "start time")?;
+                let batch = arg(&mut it, "batch")?;
+                load(&st, secs, kns, at, batch.max(1))?;
+            }
+            "latency" => {
+                let n = arg(&mut it, "requests")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                let period = arg(&mut it, "period us")?;
+                let at = arg(&mut it, "start time")?;
+                latency(&st, n, kns, period, at)?;
+            }
+            "spin" => {
+                let path = it.next().context("spin: missing launch path")?;
+                let n = arg(&mut it, "kernels")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                spin(&st, &path, n, kns)?;
             }
             "nvml" => nvml(st.device)?,
             "ready" => println!("ready pid={}", std::process::id()),
