@@ -422,21 +422,30 @@ pub fn gpus_table(gpus: &[pb::Gpu]) -> String {
             dash(g.holder.as_deref().unwrap_or("")),
             g.bypass_pids.len().to_string(),
         ]);
+    }
+    let text = table(&rows);
+    let mut lines = text.lines();
+    let mut out = String::new();
+    if let Some(h) = lines.next() {
+        out.push_str(h);
+        out.push('\n');
+    }
+    // Processes under their GPU, outside the columns (owners are long).
+    for (g, line) in gpus.iter().zip(lines) {
+        out.push_str(line);
+        out.push('\n');
         for p in &g.processes {
             let owner = match &p.tenant {
                 Some(t) => format!("tenant {t}"),
                 None => "BYPASS (no shim registered this process)".to_owned(),
             };
-            rows.push(vec![
-                String::new(),
-                format!("  pid {}", p.pid),
-                String::new(),
-                Bytes(p.used_bytes).to_string(),
-                String::new(),
-                String::new(),
-                owner,
-            ]);
+            let _ = writeln!(
+                out,
+                "    pid {:<8} {:>9}  {owner}",
+                p.pid,
+                Bytes(p.used_bytes).to_string()
+            );
         }
     }
-    table(&rows)
+    out
 }

@@ -93,7 +93,7 @@ pub async fn start(daemon: Arc<Daemon>, cfg: &ReportingConfig) -> Result<Reporti
             .await
             .with_context(|| format!("--api-addr {addr}"))?;
         let bound = l.local_addr().context("API listener address")?;
-        info!(addr = %bound, "gRPC API on TCP");
+        info!("gRPC API on tcp://{bound} (unauthenticated)");
         r.api_addr = Some(bound);
         let d = Arc::clone(&daemon);
         r.tasks.push(tokio::spawn(async move {

@@ -173,14 +173,31 @@ fn daemon_serves_without_nvml() {
             "/nonexistent/libnvidia-ml.so.1",
             "--metrics-addr",
             "off",
+            "--api-addr",
+            "127.0.0.1:0",
         ],
     );
     let log = d.wait_log("NVML unavailable");
     assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
+    assert!(!log.contains("metrics on"), "{log}");
     let api = dir.path().join("api.sock");
     let (ok, out, err) = vgpuctl(&api, &["tenants"]);
     assert!(ok, "{err}");
     assert!(out.starts_with("TENANT"), "{out}");
+    // The same API on TCP.
+    let i = log.find("gRPC API on tcp://").expect("TCP address logged") + 18;
+    let tcp = log[i..]
+        .split_whitespace()
+        .next()
+        .expect("address")
+        .to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        .args(["--api-addr", &tcp, "--json", "tenants"])
+        .output()
+        .expect("run vgpuctl");
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["tenants"].as_array().map(Vec::len), Some(0));
     let (ok, out, err) = vgpuctl(&api, &["--json", "gpus"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
