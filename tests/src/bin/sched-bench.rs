@@ -1,0 +1,609 @@
+//! `sched-bench`: the compute-isolation benchmark of the daemon and the shim's launch
+//! gate, on the simulated GPU. Ground truth is the simulator's own per-process
+//! device-time counters (what its engine really ran), never what the daemon reports.
+//!
+//! Build first (`cargo xtask sim && cargo build --release`), then run
+//! `target/release/sched-bench [--window-s 10] [--only NAME,...]`. Every figure is
+//! measured in this run, next to its baseline (the same load without vgpu, or alone).
+//!
+//! Scenarios: achieved vs configured shares for 2, 3 and 10 saturating tenants, each
+//! with short (10 µs) and long (5 ms) kernels; Jain's fairness for 10 × 10 %;
+//! convergence after a live share change; work conservation under `burst`; a `cap`
+//! tenant alone; a latency-sensitive tenant beside a saturating best-effort one;
+//! throughput lost to slicing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use vgpu_cuda_sim::config::SimConfig;
+use vgpu_cuda_sim::state::State;
+
+const SHORT_NS: u64 = 10_000;
+const LONG_NS: u64 = 5_000_000;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+struct Bench {
+    root: tempfile::TempDir,
+    bin_dir: PathBuf,
+    sim_lib: PathBuf,
+    window: Duration,
+    warmup: Duration,
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    api: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One tenant's process.
+struct Tenant {
+    name: String,
+    child: Child,
+    share: u32,
+}
+
+impl Bench {
+    fn sim_dir(&self) -> PathBuf {
+        self.root.path().join("sim")
+    }
+
+    fn state(&self) -> Result<State> {
+        let cfg = SimConfig::default();
+        State::open(&self.sim_dir(), &cfg).map_err(|e| anyhow::anyhow!("open sim state: {e}"))
+    }
+
+    /// Device time per PID on device 0, ns (live and exited processes).
+    fn busy(&self, st: &State) -> HashMap<u32, u64> {
+        st.accounting(0)
+            .into_iter()
+            .map(|r| (r.pid, r.busy_ns))
+            .collect()
+    }
+
+    fn daemon(&self, tag: &str, extra: &[&str]) -> Result<Daemon> {
+        let socket = self.root.path().join(format!("{tag}.sock"));
+        let api = self.root.path().join(format!("{tag}-api.sock"));
+        let log = std::fs::File::create(self.root.path().join(format!("{tag}.log")))?;
+        let child = Command::new(self.bin_dir.join("vgpu-daemon"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--api-socket")
+            .arg(&api)
+            .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
+            .args(extra)
+            .env("VGPU_DAEMON_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("start vgpu-daemon (build it: cargo build --release)")?;
+        let t0 = Instant::now();
+        while !socket.exists() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("vgpu-daemon did not create {}", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Daemon { child, socket, api })
+    }
+
+    fn probe(&self) -> Command {
+        let mut c = Command::new(self.bin_dir.join("cuda-probe"));
+        c.env("LD_LIBRARY_PATH", &self.sim_lib)
+            .env("VGPU_SIM_DIR", self.sim_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        c
+    }
+
+    /// A tenant process under the shim (its own container directory).
+    fn tenant(
+        &self,
+        d: Option<&Daemon>,
+        name: &str,
+        share: u32,
+        policy: &str,
+        priority: &str,
+        args: &[String],
+    ) -> Result<Tenant> {
+        let dir = self.root.path().join("containers").join(name);
+        std::fs::create_dir_all(&dir)?;
+        let mut c = self.probe();
+        c.env("LD_PRELOAD", self.bin_dir.join("libvgpu.so"))
+            .env("VGPU_CONTAINER_DIR", &dir)
+            .env("VGPU_COMPUTE_SHARE", share.to_string())
+            .env("VGPU_COMPUTE_POLICY", policy)
+            .env("VGPU_PRIORITY", priority)
+            .env(
+                "VGPU_DAEMON_SOCKET",
+                d.map_or("off".into(), |d| d.socket.display().to_string()),
+            );
+        let child = c.args(args).spawn().context("start cuda-probe")?;
+        Ok(Tenant {
+            name: dir.display().to_string(),
+            child,
+            share,
+        })
+    }
+
+    fn bare(&self, args: &[String]) -> Result<Child> {
+        Ok(self.probe().args(args).spawn()?)
+    }
+
+    fn load_args(&self, kernel_ns: u64, at: u64, extra_s: u64) -> Vec<String> {
+        let secs = (self.warmup + self.window).as_secs() + 1 + extra_s;
+        let batch = if kernel_ns < 100_000 { 32 } else { 1 };
+        [
+            "init".to_owned(),
+            "load".to_owned(),
+            secs.to_string(),
+            kernel_ns.to_string(),
+            at.to_string(),
+            batch.to_string(),
+        ]
+        .to_vec()
+    }
+
+    /// Busy time per pid over the measurement window that starts `warmup` after `at`.
+    fn window_busy(&self, at: u64, pids: &[u32]) -> Result<(Vec<u64>, f64)> {
+        let st = self.state()?;
+        let start = at + self.warmup.as_millis() as u64;
+        std::thread::sleep(Duration::from_millis(start.saturating_sub(now_ms())));
+        let t0 = Instant::now();
+        let b0 = self.busy(&st);
+        std::thread::sleep(self.window);
+        let b1 = self.busy(&st);
+        let secs = t0.elapsed().as_secs_f64();
+        Ok((
+            pids.iter()
+                .map(|p| b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0))
+                .collect(),
+            secs,
+        ))
+    }
+}
+
+fn wait_all(children: Vec<Child>) {
+    for mut c in children {
+        let _ = c.wait();
+    }
+}
+
+fn kill_all(children: Vec<Child>) {
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+struct Report {
+    lines: Vec<String>,
+}
+
+impl Report {
+    fn say(&mut self, s: String) {
+        println!("{s}");
+        self.lines.push(s);
+    }
+}
+
+/// Saturating tenants with `shares`; returns (max |error| pp of the share of busy time,
+/// total busy fraction of the window).
+fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(f64, f64)> {
+    let d = b.daemon("shares", &[])?;
+    let at = now_ms() + 2000;
+    let mut ts = Vec::new();
+    for (i, &s) in shares.iter().enumerate() {
+        ts.push(b.tenant(
+            Some(&d),
+            &format!("s{i}"),
+            s,
+            "burst",
+            "best-effort",
+            &b.load_args(kernel_ns, at, 0),
+        )?);
+    }
+    let pids: Vec<u32> = ts.iter().map(|t| t.child.id()).collect();
+    let (busy, secs) = b.window_busy(at, &pids)?;
+    let total: u64 = busy.iter().sum();
+    let sum_shares: u32 = shares.iter().sum();
+    let mut worst: f64 = 0.0;
+    let mut parts = Vec::new();
+    for (t, ns) in ts.iter().zip(&busy) {
+        let got = *ns as f64 * 100.0 / total.max(1) as f64;
+        let want = f64::from(t.share) * 100.0 / f64::from(sum_shares);
+        worst = worst.max((got - want).abs());
+        parts.push(format!("{}→{got:.1}", t.share));
+    }
+    let util = total as f64 / 1e9 / secs;
+    r.say(format!(
+        "  {} tenants, {} kernels: configured→achieved % of GPU time [{}]; worst error {worst:.2} pp; GPU busy {:.1} % of the window",
+        shares.len(),
+        if kernel_ns < 100_000 { "10 µs" } else { "5 ms" },
+        parts.join(", "),
+        util * 100.0
+    ));
+    let _ = ts.iter().map(|t| &t.name).count();
+    wait_all(ts.into_iter().map(|t| t.child).collect());
+    drop(d);
+    Ok((worst, util))
+}
+
+fn bare_util(b: &Bench, kernel_ns: u64) -> Result<f64> {
+    let at = now_ms() + 1000;
+    let c = b.bare(&b.load_args(kernel_ns, at, 0))?;
+    let pid = c.id();
+    let (busy, secs) = b.window_busy(at, &[pid])?;
+    wait_all(vec![c]);
+    Ok(busy[0] as f64 / 1e9 / secs)
+}
+
+fn jain(b: &Bench, r: &mut Report) -> Result<()> {
+    let d = b.daemon("jain", &[])?;
+    let at = now_ms() + 2500;
+    let mut ts = Vec::new();
+    for i in 0..10 {
+        ts.push(b.tenant(
+            Some(&d),
+            &format!("j{i}"),
+            10,
+            "burst",
+            "best-effort",
+            &b.load_args(1_000_000, at, 0),
+        )?);
+    }
+    let pids: Vec<u32> = ts.iter().map(|t| t.child.id()).collect();
+    let (busy, _) = b.window_busy(at, &pids)?;
+    let total: u64 = busy.iter().sum();
+    let x: Vec<f64> = busy.iter().map(|&v| v as f64).collect();
+    let j = x.iter().sum::<f64>().powi(2) / (10.0 * x.iter().map(|v| v * v).sum::<f64>());
+    let pct: Vec<String> = busy
+        .iter()
+        .map(|&v| format!("{:.1}", v as f64 * 100.0 / total.max(1) as f64))
+        .collect();
+    let worst = busy
+        .iter()
+        .map(|&v| (v as f64 * 100.0 / total.max(1) as f64 - 10.0).abs())
+        .fold(0.0, f64::max);
+    r.say(format!(
+        "  10 × 10 %, 1 ms kernels: achieved [{}] %; worst error {worst:.2} pp; Jain's fairness {j:.4}",
+        pct.join(", ")
+    ));
+    wait_all(ts.into_iter().map(|t| t.child).collect());
+    Ok(())
+}
+
+fn convergence(b: &Bench, r: &mut Report) -> Result<()> {
+    let d = b.daemon("conv", &[])?;
+    let at = now_ms() + 2000;
+    let args: Vec<String> = ["init", "load", "9", "1000000", &at.to_string(), "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let t1 = b.tenant(Some(&d), "c1", 50, "burst", "best-effort", &args)?;
+    let t2 = b.tenant(Some(&d), "c2", 50, "burst", "best-effort", &args)?;
+    let (p1, p2) = (t1.child.id(), t2.child.id());
+    let st = b.state()?;
+    std::thread::sleep(Duration::from_millis((at + 3000).saturating_sub(now_ms())));
+    // Samples every 20 ms from 1 s before the change to 3 s after.
+    let mut samples: Vec<(f64, u64, u64)> = Vec::new();
+    let t0 = Instant::now();
+    let sample = |samples: &mut Vec<(f64, u64, u64)>| {
+        let m = b.busy(&st);
+        samples.push((
+            t0.elapsed().as_secs_f64(),
+            m.get(&p1).copied().unwrap_or(0),
+            m.get(&p2).copied().unwrap_or(0),
+        ));
+    };
+    while t0.elapsed() < Duration::from_secs(1) {
+        sample(&mut samples);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let change = t0.elapsed().as_secs_f64();
+    for (who, share) in [(&t1.name, "80"), (&t2.name, "20")] {
+        let out = Command::new(b.bin_dir.join("vgpuctl"))
+            .arg("--api-socket")
+            .arg(&d.api)
+            .args(["set", who, "--share", share])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "vgpuctl set failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let applied = t0.elapsed().as_secs_f64();
+    while t0.elapsed() < Duration::from_secs(4) {
+        sample(&mut samples);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Converged `t` after the change: from change + t on, tenant 1's share over every
+    // 500 ms window is within ±5 pp of 80 %.
+    let win = 0.5;
+    let share_between = |a: f64, z: f64| -> Option<f64> {
+        let s0 = samples.iter().find(|x| x.0 >= a)?;
+        let s1 = samples.iter().rev().find(|x| x.0 <= z)?;
+        let d1 = s1.1.saturating_sub(s0.1) as f64;
+        let d2 = s1.2.saturating_sub(s0.2) as f64;
+        Some(d1 * 100.0 / (d1 + d2).max(1.0))
+    };
+    let last = samples.last().map_or(0.0, |s| s.0);
+    let starts: Vec<f64> = samples
+        .iter()
+        .map(|s| s.0)
+        .filter(|&t| t >= change && t + win <= last)
+        .collect();
+    let ok: Vec<bool> = starts
+        .iter()
+        .map(|&a| share_between(a, a + win).is_some_and(|p| (p - 80.0).abs() <= 5.0))
+        .collect();
+    let mut converged_at = None;
+    for i in 0..starts.len() {
+        if ok[i..].iter().all(|&o| o) {
+            converged_at = Some(starts[i] - change);
+            break;
+        }
+    }
+    match converged_at {
+        Some(c) => r.say(format!(
+            "  live change 50/50 → 80/20 (2 × vgpuctl set, {:.0} ms to apply): every 500 ms window from {:.0} ms after the change on is within ±5 pp of 80 %",
+            (applied - change) * 1000.0,
+            c * 1000.0
+        )),
+        None => r.say("  live change 50/50 → 80/20: did NOT converge within 3 s".into()),
+    }
+    wait_all(vec![t1.child, t2.child]);
+    Ok(())
+}
+
+fn work_conservation(b: &Bench, r: &mut Report) -> Result<()> {
+    let alone = bare_util(b, 1_000_000)?;
+    let d = b.daemon("wc", &[])?;
+    let at = now_ms() + 2000;
+    let idle_args: Vec<String> = ["init", "spin", "kernel", "1", "1000", "sleep", "20000"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let idle = b.tenant(Some(&d), "idle", 70, "burst", "best-effort", &idle_args)?;
+    let busy = b.tenant(
+        Some(&d),
+        "busy",
+        30,
+        "burst",
+        "best-effort",
+        &b.load_args(1_000_000, at, 0),
+    )?;
+    let (got, secs) = b.window_busy(at, &[busy.child.id()])?;
+    let u = got[0] as f64 / 1e9 / secs;
+    r.say(format!(
+        "  burst 30 % tenant busy, a 70 % tenant idle: {:.1} % of the GPU vs {:.1} % running alone without vgpu = {:.1} %",
+        u * 100.0,
+        alone * 100.0,
+        u / alone * 100.0
+    ));
+    wait_all(vec![busy.child]);
+    kill_all(vec![idle.child]);
+    let d2 = b.daemon("cap", &[])?;
+    let at = now_ms() + 2000;
+    let cap = b.tenant(
+        Some(&d2),
+        "cap",
+        30,
+        "cap",
+        "best-effort",
+        &b.load_args(1_000_000, at, 0),
+    )?;
+    let (got, secs) = b.window_busy(at, &[cap.child.id()])?;
+    r.say(format!(
+        "  cap 30 % tenant alone: {:.2} % of the GPU (alone without vgpu: {:.1} %)",
+        got[0] as f64 / 1e9 / secs * 100.0,
+        alone * 100.0
+    ));
+    wait_all(vec![cap.child]);
+    drop(d);
+    Ok(())
+}
+
+fn latency_line(out: &str) -> (u64, u64) {
+    let f = |k: &str| {
+        out.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(a, _)| *a == k)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (f("lat_p50_us"), f("lat_p99_us"))
+}
+
+fn latency(b: &Bench, r: &mut Report, be_kernel_ns: u64) -> Result<()> {
+    let n = 250;
+    let lat_args = |at: u64| -> Vec<String> {
+        [
+            "init",
+            "latency",
+            &n.to_string(),
+            "1000000",
+            "20000",
+            &at.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // Alone without vgpu.
+    let at = now_ms() + 1000;
+    let out = b.bare(&lat_args(at))?.wait_with_output()?;
+    let bare = latency_line(&String::from_utf8_lossy(&out.stdout));
+    // Alone under the daemon.
+    let d = b.daemon("lat", &[])?;
+    let at = now_ms() + 1500;
+    let ls = b.tenant(
+        Some(&d),
+        "ls0",
+        50,
+        "burst",
+        "latency-sensitive",
+        &lat_args(at),
+    )?;
+    let out = ls.child.wait_with_output()?;
+    let alone = latency_line(&String::from_utf8_lossy(&out.stdout));
+    // Beside a saturating best-effort tenant.
+    let at = now_ms() + 2000;
+    let be_args: Vec<String> = [
+        "init",
+        "load",
+        "9",
+        &be_kernel_ns.to_string(),
+        &at.to_string(),
+        if be_kernel_ns < 100_000 { "32" } else { "1" },
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let be = b.tenant(Some(&d), "be", 50, "burst", "best-effort", &be_args)?;
+    let ls = b.tenant(
+        Some(&d),
+        "ls1",
+        50,
+        "burst",
+        "latency-sensitive",
+        &lat_args(at + 500),
+    )?;
+    let out = ls.child.wait_with_output()?;
+    let beside = latency_line(&String::from_utf8_lossy(&out.stdout));
+    kill_all(vec![be.child]);
+    r.say(format!(
+        "  latency-sensitive 1 ms request every 20 ms, p50/p99 µs: without vgpu {}/{}; alone under vgpu {}/{}; beside a saturating best-effort tenant ({} kernels) {}/{} → p99 {:.2}× alone under vgpu, {:.2}× without vgpu",
+        bare.0,
+        bare.1,
+        alone.0,
+        alone.1,
+        if be_kernel_ns < 100_000 { "10 µs" } else { "5 ms" },
+        beside.0,
+        beside.1,
+        beside.1 as f64 / alone.1.max(1) as f64,
+        beside.1 as f64 / bare.1.max(1) as f64,
+    ));
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let mut window_s = 10u64;
+    let mut only: Option<Vec<String>> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--window-s" => {
+                let v = args.next().context("--window-s needs a value")?;
+                window_s = v
+                    .parse()
+                    .with_context(|| format!("--window-s {v:?} is not a number of seconds"))?;
+            }
+            "--only" => {
+                let v = args.next().context("--only needs a list")?;
+                only = Some(v.split(',').map(str::to_owned).collect());
+            }
+            other => bail!(
+                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead)"
+            ),
+        }
+    }
+    let exe = std::env::current_exe()?;
+    let bin_dir = exe.parent().context("binary directory")?.to_owned();
+    let target = bin_dir.parent().context("target directory")?;
+    let sim_lib = target.join("cuda-sim");
+    for need in [
+        bin_dir.join("vgpu-daemon"),
+        bin_dir.join("vgpuctl"),
+        bin_dir.join("cuda-probe"),
+        bin_dir.join("libvgpu.so"),
+        sim_lib.join("libcuda.so.1"),
+    ] {
+        if !need.exists() {
+            bail!(
+                "{} is missing: run `cargo xtask sim && cargo build --release` first",
+                need.display()
+            );
+        }
+    }
+    let b = Bench {
+        root: tempfile::tempdir()?,
+        bin_dir,
+        sim_lib,
+        window: Duration::from_secs(window_s),
+        warmup: Duration::from_secs(1),
+    };
+    let want = |n: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == n));
+    let mut r = Report { lines: Vec::new() };
+    r.say(format!(
+        "sched-bench: simulated H100, quantum 10 ms, queue-ahead 2 ms, {window_s} s windows; ground truth: the simulator's per-process device time"
+    ));
+    let mut util_2 = (0.0, 0.0);
+    if want("shares") {
+        r.say("shares (saturating tenants, burst):".into());
+        let mut worst: f64 = 0.0;
+        for k in [SHORT_NS, LONG_NS] {
+            let (w, u) = shares(&b, &mut r, &[30, 70], k)?;
+            worst = worst.max(w);
+            if k == SHORT_NS {
+                util_2.0 = u;
+            } else {
+                util_2.1 = u;
+            }
+            worst = worst.max(shares(&b, &mut r, &[20, 30, 50], k)?.0);
+            worst = worst.max(shares(&b, &mut r, &[4, 6, 8, 8, 10, 10, 12, 12, 14, 16], k)?.0);
+        }
+        r.say(format!(
+            "  worst share error over all runs: {worst:.2} pp (target ±2)"
+        ));
+    }
+    if want("jain") {
+        r.say("fairness:".into());
+        jain(&b, &mut r)?;
+    }
+    if want("converge") {
+        r.say("convergence:".into());
+        convergence(&b, &mut r)?;
+    }
+    if want("conserve") {
+        r.say("work conservation and cap:".into());
+        work_conservation(&b, &mut r)?;
+    }
+    if want("latency") {
+        r.say("priority:".into());
+        latency(&b, &mut r, 1_000_000)?;
+        latency(&b, &mut r, SHORT_NS)?;
+    }
+    if want("overhead") && want("shares") {
+        r.say("throughput lost to slicing (2 tenants 30/70 vs one alone without vgpu):".into());
+        for (k, u) in [(SHORT_NS, util_2.0), (LONG_NS, util_2.1)] {
+            let alone = bare_util(&b, k)?;
+            r.say(format!(
+                "  {} kernels: GPU busy {:.1} % sliced vs {:.1} % alone = {:.1} % lost",
+                if k < 100_000 { "10 µs" } else { "5 ms" },
+                u * 100.0,
+                alone * 100.0,
+                (1.0 - u / alone) * 100.0
+            ));
+        }
+    }
+    let _ = Path::new("");
+    Ok(())
+}
