@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_tests::SimNode;
+use vgpu_tests::{Container, SimNode};
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-00000000bbbb";
 
@@ -229,4 +229,110 @@ fn bad_reporting_flags_are_refused_by_name() {
         assert!(!out.status.success(), "{args:?} accepted");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// A process under the shim registers with the daemon: it is attributed to its tenant
+/// (memory, quota, measured GPU time, settings from its environment), and a process
+/// beside it without the shim is the only bypass.
+#[test]
+fn shim_process_is_a_tenant_and_a_bare_one_a_bypass() {
+    let node = SimNode::new(&format!(
+        "[[device]]\nuuid = \"{UUID}\"\nmemory = \"8Gi\"\n"
+    ));
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut d = start(
+        node.command(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        dir.path(),
+        &["--nvml-interval-ms", "100", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let key = "default/infer-0/server";
+    let c = Container::new("1Gi")
+        .with(
+            "VGPU_DAEMON_SOCKET",
+            &dir.path().join("daemon.sock").display().to_string(),
+        )
+        .with("VGPU_TENANT", key)
+        .with("VGPU_COMPUTE_SHARE", "40")
+        .with("VGPU_COMPUTE_POLICY", "cap");
+    // A second of 1 ms kernels, then hold the memory.
+    let tenant = node.spawn_probe_in(
+        Some(&c),
+        &[
+            "init", "alloc", "256Mi", "saturate", "1", "1000000", "0", "ready", "wait",
+        ],
+        Duration::from_secs(60),
+    );
+    let bare = node.spawn_probe(
+        &["init", "alloc", "128Mi", "ready", "wait"],
+        Duration::from_secs(30),
+    );
+    let api = dir.path().join("api.sock");
+    let end = Instant::now() + Duration::from_secs(30);
+    let gpus = loop {
+        let (ok, out, err) = vgpuctl(&api, &["--json", "gpus"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        let procs = v["gpus"][0]["processes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if procs.len() == 2 {
+            break v;
+        }
+        assert!(
+            Instant::now() < end,
+            "processes not both seen: {v:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let g = &gpus["gpus"][0];
+    assert_eq!(
+        g["bypass_pids"],
+        serde_json::json!([bare.pid()]),
+        "{gpus:#}"
+    );
+    let procs = g["processes"].as_array().expect("processes");
+    let of = |pid: u32| {
+        procs
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in {gpus:#}"))
+    };
+    assert_eq!(of(tenant.pid())["tenant"], key);
+    assert_eq!(of(tenant.pid())["bypass"], false);
+    assert_eq!(of(bare.pid())["bypass"], true);
+
+    let (ok, out, err) = vgpuctl(&api, &["--json", "tenant", key]);
+    assert!(ok, "{err}\n{}", d.log());
+    let t: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(t["pids"], serde_json::json!([tenant.pid()]));
+    let tg = &t["gpus"][0];
+    assert_eq!(tg["uuid"], UUID);
+    assert_eq!(tg["share_pct"], 40);
+    assert_eq!(tg["policy"], "cap");
+    assert_eq!(tg["source"], "shim");
+    assert_eq!(tg["memory_quota_bytes"], 1u64 << 30);
+    assert!(tg["gpu_time_ns"].as_u64().expect("gpu time") > 0, "{t:#}");
+    assert!(tg["grants"].as_u64().expect("grants") > 0, "{t:#}");
+
+    // The same, scraped.
+    let log = d.wait_log("bypass:");
+    let m = http_get(&metrics_addr(&log), "/metrics");
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("vgpu_tenant_gpu_time_seconds_total{") && l.contains(key))
+        .unwrap_or_else(|| panic!("no GPU time of {key}:\n{m}"));
+    let secs: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number");
+    assert!(secs > 0.0, "{line}");
+    assert!(
+        m.contains(&format!("vgpu_gpu_bypass_processes{{gpu=\"{UUID}\"}} 1\n")),
+        "{m}"
+    );
+    tenant.kill9();
+    bare.kill9();
 }

@@ -47,12 +47,13 @@ fn watcher_flags_unregistered_processes_as_bypass() {
     let node = SimNode::new(&format!(
         "[[device]]\nuuid = \"{UUID}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"16Gi\"\n"
     ));
+    // SAFETY: the only test of this binary and no thread of ours is running yet (the
+    // probes' output readers start below); the test harness's threads do not read the
+    // environment while a test runs.
+    unsafe { std::env::set_var("VGPU_SIM_DIR", node.state_dir()) };
     let hold = ["init", "alloc", "256Mi", "ready", "wait"];
     let bypass = node.spawn_probe(&hold, Duration::from_secs(30));
     let tenant = node.spawn_probe(&hold, Duration::from_secs(30));
-    // SAFETY: the only test of this binary and no thread of ours is running yet; the
-    // test harness's threads do not read the environment while a test runs.
-    unsafe { std::env::set_var("VGPU_SIM_DIR", node.state_dir()) };
 
     let d = common::daemon();
     let _reg = register(
