@@ -976,7 +976,7 @@ fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
 fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
     };
     // SAFETY: `word` is a valid aligned u32 in a live mapping (process memory or a
     // shared board); FUTEX_WAIT only reads it. Shared (not private): the waker may be

@@ -41,8 +41,9 @@ impl Board {
         }
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = libc::off_t::try_from(BOARD_BYTES).expect("a page fits in off_t");
         // SAFETY: a valid descriptor and length.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), BOARD_BYTES as libc::off_t) } != 0 {
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: mapping a descriptor we own with its full length.

@@ -1257,7 +1257,7 @@ fn main() -> Result<()> {
                 let path = it.next().context("spin: missing launch path")?;
                 let n = arg(&mut it, "kernels")?;
                 let kns = arg(&mut it, "kernel ns")?;
-                spin(&st, &path, n, kns)?;
+                spin(&st, path, n, kns)?;
             }
             "nvml" => nvml(st.device)?,
             "ready" => println!("ready pid={}", std::process::id()),

@@ -13,7 +13,7 @@
 //! throughput lost to slicing.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -238,7 +238,6 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
         parts.join(", "),
         util * 100.0
     ));
-    let _ = ts.iter().map(|t| &t.name).count();
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);
     Ok((worst, util))
@@ -604,6 +603,5 @@ fn main() -> Result<()> {
             ));
         }
     }
-    let _ = Path::new("");
     Ok(())
 }

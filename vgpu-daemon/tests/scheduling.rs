@@ -1,0 +1,481 @@
+//! The daemon and the shim's launch gate together, with real processes on the
+//! simulated GPU: shares, every launch path gated, SIGKILL, daemon restart, a socket
+//! flooded with garbage, live share changes, trusted settings. Device time comes from
+//! the simulator's own per-process counters; bounds are generous because CI machines
+//! are loaded (they check that enforcement happens, not how fast anything is).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use vgpu_cuda_sim::config::SimConfig;
+use vgpu_cuda_sim::state::State;
+use vgpu_tests::{Container, SimNode, probe_bin};
+
+const SIM: &str = r#"
+[[device]]
+name = "NVIDIA H100 80GB HBM3"
+memory = "16Gi"
+context_overhead = "256Mi"
+alloc_granularity = "2Mi"
+"#;
+
+struct Node {
+    sim: SimNode,
+    dir: tempfile::TempDir,
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    api: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Node {
+    fn new() -> Node {
+        Node {
+            sim: SimNode::new(SIM),
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn state(&self) -> State {
+        let cfg = SimConfig::from_toml(SIM, "test").expect("valid config");
+        State::open(&self.sim.state_dir(), &cfg).expect("sim state")
+    }
+
+    fn busy(&self) -> HashMap<u32, u64> {
+        self.state()
+            .accounting(0)
+            .into_iter()
+            .map(|r| (r.pid, r.busy_ns))
+            .collect()
+    }
+
+    fn daemon(&self, extra: &[&str]) -> Daemon {
+        let socket = self.dir.path().join("daemon.sock");
+        let api = self.dir.path().join("api.sock");
+        self.daemon_at(&socket, &api, extra)
+    }
+
+    fn daemon_at(&self, socket: &Path, api: &Path, extra: &[&str]) -> Daemon {
+        let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--api-socket")
+            .arg(api)
+            .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
+            .args(extra)
+            .env("VGPU_DAEMON_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start vgpu-daemon");
+        let t0 = Instant::now();
+        while !(socket.exists() && api.exists()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "vgpu-daemon did not create its sockets"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child,
+            socket: socket.to_owned(),
+            api: api.to_owned(),
+        }
+    }
+
+    /// A probe under the shim in `c`, registered with `d` (or with the daemon socket
+    /// path `socket` when given).
+    fn tenant(&self, c: &Container, socket: &Path, args: &[&str]) -> Child {
+        let mut cmd = self.sim.command(probe_bin());
+        c.apply(&mut cmd);
+        cmd.env("VGPU_DAEMON_SOCKET", socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cuda-probe")
+    }
+}
+
+fn container(share: u32, policy: &str) -> Container {
+    Container::new("4Gi")
+        .with("VGPU_COMPUTE_SHARE", &share.to_string())
+        .with("VGPU_COMPUTE_POLICY", policy)
+}
+
+fn key(c: &Container) -> String {
+    c.dir().display().to_string()
+}
+
+fn vgpuctl(api: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        .arg("--api-socket")
+        .arg(api)
+        .args(args)
+        .output()
+        .expect("run vgpuctl")
+}
+
+fn tenants(api: &Path) -> Vec<Value> {
+    let out = vgpuctl(api, &["--json", "tenants"]);
+    assert!(
+        out.status.success(),
+        "vgpuctl tenants: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["tenants"].as_array().cloned().unwrap_or_default()
+}
+
+fn tenant(api: &Path, k: &str) -> Option<Value> {
+    tenants(api).into_iter().find(|t| t["key"] == k)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(c: Child) -> String {
+    let out = c.wait_with_output().expect("wait for cuda-probe");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cuda-probe failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Device time of each pid over `window`, starting now.
+fn window(node: &Node, pids: &[u32], window: Duration) -> Vec<u64> {
+    let b0 = node.busy();
+    std::thread::sleep(window);
+    let b1 = node.busy();
+    pids.iter()
+        .map(|p| b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0))
+        .collect()
+}
+
+fn load_args(secs: u64, kernel_ns: u64, at: u64) -> Vec<String> {
+    vec![
+        "init".into(),
+        "load".into(),
+        secs.to_string(),
+        kernel_ns.to_string(),
+        at.to_string(),
+        "1".into(),
+    ]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn saturating_tenants_get_their_shares() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(5, 1_000_000, at);
+    let (c1, c2) = (container(25, "burst"), container(75, "burst"));
+    let t1 = node.tenant(&c1, &d.socket, &strs(&args));
+    let t2 = node.tenant(&c2, &d.socket, &strs(&args));
+    std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
+    let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
+    assert!(
+        (share1 - 25.0).abs() < 8.0,
+        "25/75 split measured {share1:.1} % for the 25 % tenant ({busy:?} ns)"
+    );
+    // What the daemon reports agrees with the simulator about who got more.
+    let t = tenants(&d.api);
+    let used = |k: &str| {
+        t.iter().find(|x| x["key"] == k).expect("listed")["gpus"][0]["gpu_time_ns"]
+            .as_u64()
+            .expect("number")
+    };
+    assert!(used(&key(&c2)) > 2 * used(&key(&c1)), "{t:?}");
+    finish(t1);
+    finish(t2);
+}
+
+#[test]
+fn every_launch_path_is_gated() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    // A 20 % cap: 20 kernels of 5 ms (100 ms of device time) cannot finish in less
+    // than about 400 ms, whatever the path; ungated they take 100 ms.
+    let c = container(20, "cap");
+    for path in [
+        "kernel",
+        "kernel-ptsz",
+        "ex",
+        "ex-ptsz",
+        "coop",
+        "coop-ptsz",
+        "graph",
+        "graph-ptsz",
+    ] {
+        let t = node.tenant(&c, &d.socket, &["init", "spin", path, "20", "5000000"]);
+        let pid = t.id();
+        let out = finish(t);
+        let wall_us = vgpu_tests::num(&out, "wall_us");
+        let busy = node.busy().get(&pid).copied().unwrap_or(0);
+        assert!(busy >= 100_000_000, "{path}: only {busy} ns ran");
+        let frac = busy as f64 / (wall_us as f64 * 1000.0);
+        assert!(
+            frac < 0.40,
+            "{path}: {:.0} % of the GPU under a 20 % cap ({out})",
+            frac * 100.0
+        );
+    }
+}
+
+#[test]
+fn a_killed_tenant_releases_its_slice_at_once() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let (c1, c2) = (container(50, "burst"), container(50, "burst"));
+    let victim = node.tenant(&c1, &d.socket, &strs(&load_args(30, 1_000_000, at)));
+    let survivor = node.tenant(&c2, &d.socket, &strs(&load_args(4, 1_000_000, at)));
+    std::thread::sleep(Duration::from_millis((at + 800).saturating_sub(now_ms())));
+    let mut victim = victim;
+    victim.kill().expect("SIGKILL");
+    victim.wait().expect("reaped");
+    wait_for("the killed tenant to leave", Duration::from_secs(5), || {
+        tenant(&d.api, &key(&c1)).is_none()
+    });
+    // The survivor now has the GPU to itself.
+    let busy = window(&node, &[survivor.id()], Duration::from_millis(1500));
+    let frac = busy[0] as f64 / 1.5e9;
+    assert!(
+        frac > 0.6,
+        "the survivor ran only {:.0} % of the time after the kill",
+        frac * 100.0
+    );
+    finish(survivor);
+}
+
+#[test]
+fn daemon_restart_loses_no_tenant_and_the_fallback_holds_the_cap() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let (socket, api) = (d.socket.clone(), d.api.clone());
+    let c = container(30, "cap");
+    let at = now_ms() + 1000;
+    let t = node.tenant(&c, &socket, &strs(&load_args(9, 1_000_000, at)));
+    wait_for("registration", Duration::from_secs(10), || {
+        tenant(&api, &key(&c)).is_some()
+    });
+    std::thread::sleep(Duration::from_millis((at + 500).saturating_sub(now_ms())));
+    drop(d); // SIGKILL
+    // Without the daemon, the shim enforces the cap locally.
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = window(&node, &[t.id()], Duration::from_secs(2));
+    let frac = busy[0] as f64 / 2e9;
+    assert!(
+        frac > 0.05 && frac < 0.45,
+        "local fallback at a 30 % cap ran {:.0} % of the time",
+        frac * 100.0
+    );
+    // A new daemon on the same socket gets the tenant back.
+    let d2 = node.daemon_at(&socket, &api, &[]);
+    wait_for("re-registration", Duration::from_secs(10), || {
+        tenant(&d2.api, &key(&c)).is_some()
+    });
+    let busy = window(&node, &[t.id()], Duration::from_secs(2));
+    let frac = busy[0] as f64 / 2e9;
+    assert!(
+        frac > 0.05 && frac < 0.45,
+        "under the restarted daemon a 30 % cap ran {:.0} %",
+        frac * 100.0
+    );
+    finish(t);
+}
+
+#[test]
+fn garbage_on_the_socket_does_not_disturb_other_tenants() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let c = container(100, "burst");
+    let at = now_ms() + 1000;
+    let t = node.tenant(&c, &d.socket, &strs(&load_args(6, 1_000_000, at)));
+    wait_for("registration", Duration::from_secs(10), || {
+        tenant(&d.api, &key(&c)).is_some()
+    });
+    // Floods: random bytes, an oversized frame, bad JSON, a second Hello, a frame for
+    // a GPU never registered, half a frame then close; many connections at once.
+    let mut floods = Vec::new();
+    for i in 0..40u32 {
+        let socket = d.socket.clone();
+        floods.push(std::thread::spawn(move || {
+            let Ok(mut s) = UnixStream::connect(&socket) else {
+                return;
+            };
+            let junk: Vec<u8> = (0..65_536u32)
+                .map(|k| (k.wrapping_mul(2_654_435_761).wrapping_add(i) >> 13) as u8)
+                .collect();
+            let frames: Vec<Vec<u8>> = vec![
+                junk,
+                u32::MAX.to_le_bytes().to_vec(),
+                [&5u32.to_le_bytes()[..], b"{{{{{"].concat(),
+                vgpu_core::sched_proto::encode(&"Demand"),
+                [&100u32.to_le_bytes()[..], b"{\"Hello\""].concat(),
+            ];
+            let _ = s.write_all(&frames[(i as usize) % frames.len()]);
+            if i % 3 == 0 {
+                // A valid Hello, then nonsense after it.
+                let hello = vgpu_core::sched_proto::ShimMsg::Hello {
+                    proto: vgpu_core::sched_proto::PROTO_VERSION,
+                    pid: 1,
+                    ident: vgpu_core::sched_proto::ContainerIdent {
+                        key: format!("flood-{i}"),
+                        ..Default::default()
+                    },
+                    gpus: vec![vgpu_core::sched_proto::GpuRegistration {
+                        uuid: "GPU-00000000-0000-4000-8000-00000000dead".into(),
+                        ordinal: 0,
+                        settings: vgpu_core::sched_proto::ComputeSettings {
+                            share_pct: 100,
+                            policy: Default::default(),
+                            priority: Default::default(),
+                        },
+                        memory_quota: None,
+                    }],
+                };
+                if let Ok(mut s2) = UnixStream::connect(&socket) {
+                    let _ = s2.write_all(&vgpu_core::sched_proto::encode(&hello));
+                    let _ = s2.write_all(&vgpu_core::sched_proto::encode(
+                        &vgpu_core::sched_proto::ShimMsg::Demand { gpu: 7 },
+                    ));
+                    let _ = s2.write_all(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]);
+                }
+            }
+        }));
+    }
+    for f in floods {
+        f.join().expect("flood thread");
+    }
+    // The daemon is alive, serves the API, keeps the real tenant and lets it run.
+    let busy = window(&node, &[t.id()], Duration::from_secs(1));
+    assert!(busy[0] > 200_000_000, "tenant starved: {busy:?}");
+    assert!(tenant(&d.api, &key(&c)).is_some());
+    wait_for(
+        "flood tenants to be dropped",
+        Duration::from_secs(10),
+        || {
+            tenants(&d.api)
+                .iter()
+                .all(|t| !t["key"].as_str().unwrap_or("").starts_with("flood-"))
+        },
+    );
+    let mut d = d;
+    assert!(d.child.try_wait().expect("status").is_none(), "daemon died");
+    // And a new tenant can still register and run.
+    let c2 = container(50, "burst");
+    let out = finish(node.tenant(&c2, &d.socket, &["init", "spin", "kernel", "4", "1000000"]));
+    assert!(out.contains("spin=ok"), "{out}");
+    finish(t);
+}
+
+#[test]
+fn a_live_share_change_takes_effect() {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(7, 1_000_000, at);
+    let (c1, c2) = (container(50, "burst"), container(50, "burst"));
+    let t1 = node.tenant(&c1, &d.socket, &strs(&args));
+    let t2 = node.tenant(&c2, &d.socket, &strs(&args));
+    std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    let before = window(&node, &[t1.id(), t2.id()], Duration::from_secs(1));
+    let s_before = before[0] as f64 * 100.0 / (before[0] + before[1]).max(1) as f64;
+    for (k, s) in [(key(&c1), "80"), (key(&c2), "20")] {
+        let out = vgpuctl(&d.api, &["set", &k, "--share", s]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let after = window(&node, &[t1.id(), t2.id()], Duration::from_secs(2));
+    let s_after = after[0] as f64 * 100.0 / (after[0] + after[1]).max(1) as f64;
+    assert!(
+        (s_before - 50.0).abs() < 12.0,
+        "before the change: {s_before:.1} %"
+    );
+    assert!(
+        (s_after - 80.0).abs() < 8.0,
+        "after 50/50 → 80/20 the first tenant got {s_after:.1} %"
+    );
+    let t = tenant(&d.api, &key(&c1)).expect("listed");
+    assert_eq!(t["gpus"][0]["share_pct"], 80);
+    assert_eq!(t["gpus"][0]["source"], "api");
+    // Bad values are refused, naming them.
+    let out = vgpuctl(&d.api, &["set", &key(&c1), "--share", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains('0'));
+    finish(t1);
+    finish(t2);
+}
+
+#[test]
+fn trusted_mode_takes_the_share_from_the_quota_file_not_the_environment() {
+    let node = Node::new();
+    let c = container(100, "burst");
+    let uuid = vgpu_cuda_sim::config::format_uuid(&node.state().info(0).uuid);
+    std::fs::create_dir_all(c.dir()).expect("container directory");
+    let conf = c.dir().join("vgpu.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"{{"version":1,"namespace":"ml","pod":"nb","uid":"u","container":"main","init":false,
+               "gpus":[{{"uuid":"{uuid}","memory_mib":2048,"compute_milli":300,"slices":3,"compute_policy":"cap"}}],
+               "device_ids":[]}}"#
+        ),
+    )
+    .expect("write quota file");
+    // Outside a container /proc/PID/root is "/", so the in-container path is the host
+    // path of this container's file.
+    let d = node.daemon(&["--trusted-quota-file", conf.to_str().expect("utf-8")]);
+    let t = node.tenant(
+        &c,
+        &d.socket,
+        &["init", "spin", "kernel", "1", "1000", "sleep", "3000"],
+    );
+    wait_for("registration", Duration::from_secs(10), || {
+        tenant(&d.api, "ml/nb/main").is_some()
+    });
+    let v = tenant(&d.api, "ml/nb/main").expect("listed");
+    assert_eq!(v["gpus"][0]["share_pct"], 30, "{v}");
+    assert_eq!(v["gpus"][0]["policy"], "cap", "{v}");
+    assert_eq!(v["gpus"][0]["source"], "quota-file", "{v}");
+    assert_eq!(v["pod"], "nb");
+    finish(t);
+}
