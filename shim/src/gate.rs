@@ -43,8 +43,6 @@ const TICK: Duration = Duration::from_micros(500);
 const IDLE_TICKS: u32 = 3;
 /// Fallback duty-cycle period's open part at most (then the share decides the rest).
 const LOCAL_QUANTUM_NS: u64 = 10_000_000;
-/// Launches admitted before the per-launch GPU time is known (then measured).
-const CALIBRATION_LAUNCHES: u64 = 2;
 /// Reconnect interval without a daemon.
 const RECONNECT: Duration = Duration::from_millis(250);
 
@@ -62,21 +60,41 @@ pub struct Gate {
     yielded: AtomicU32,
     inflight: AtomicU32,
     launched: AtomicU64,
+    /// Launches may proceed while `launched < budget` (= completed + allowed).
     budget: AtomicU64,
     budget_seq: AtomicU32,
     waiting: AtomicU32,
     /// Launchers waiting for budget.
     budget_waiting: AtomicU32,
-    /// Queue-ahead bound inputs (written by the gate thread at each grant):
-    /// measured GPU time per launch (0: unknown, unbounded), when the grant was seen,
-    /// launches at that time, and the bound.
-    per_launch_ns: AtomicU64,
-    grant_at: AtomicU64,
-    launched_at_grant: AtomicU64,
-    ahead_ns: AtomicU64,
-    /// The grant generation `grant_at`/`launched_at_grant` belong to.
-    budget_gen: AtomicU32,
+    /// Launches known to have completed (from marker events and drains).
+    completed: AtomicU64,
+    /// Launches allowed beyond `completed` (u64::MAX / 2: unbounded).
+    allowed: AtomicU64,
+    /// Record a marker event at this launch count.
+    next_mark: AtomicU64,
+    /// Launches between two markers.
+    mark_every: AtomicU64,
+    markers: Mutex<Markers>,
 }
+
+/// Marker events: recorded after a launch every `mark_every` launches, on the launch's
+/// own stream; the gate thread queries them to learn which launches completed.
+#[derive(Debug, Default)]
+struct Markers {
+    /// Recorded, not yet seen complete: (context, event, launch count).
+    pending: std::collections::VecDeque<(usize, usize, u64)>,
+    /// Completed, reusable: (context, event).
+    free: Vec<(usize, usize)>,
+    /// Events created so far.
+    created: usize,
+}
+
+/// Most marker events per gate.
+const MAX_MARKERS: usize = 16;
+/// Launches allowed outstanding before the GPU time per launch is measured.
+const UNMEASURED_ALLOWED: u64 = 2;
+/// Unbounded.
+const UNBOUNDED: u64 = u64::MAX / 2;
 
 impl Gate {
     fn new() -> Gate {
@@ -87,68 +105,76 @@ impl Gate {
             yielded: AtomicU32::new(NONE),
             inflight: AtomicU32::new(0),
             launched: AtomicU64::new(0),
-            budget: AtomicU64::new(0),
+            budget: AtomicU64::new(UNBOUNDED),
             budget_seq: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             budget_waiting: AtomicU32::new(0),
-            per_launch_ns: AtomicU64::new(0),
-            grant_at: AtomicU64::new(0),
-            launched_at_grant: AtomicU64::new(0),
-            ahead_ns: AtomicU64::new(0),
-            budget_gen: AtomicU32::new(NONE),
+            completed: AtomicU64::new(0),
+            allowed: AtomicU64::new(UNBOUNDED),
+            next_mark: AtomicU64::new(u64::MAX),
+            mark_every: AtomicU64::new(1),
+            markers: Mutex::new(Markers::default()),
         }
     }
 
-    /// Starts the budget of grant `generation` at `now` unless that was done already
-    /// (by the first launcher to see the grant, or by the gate thread on its message).
-    fn setup_grant(&self, generation: u32, now: u64) {
-        let cur = self.budget_gen.load(Ordering::Acquire);
-        if cur != generation
-            && self
-                .budget_gen
-                .compare_exchange(cur, generation, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.grant_at.store(now, Ordering::Relaxed);
-            self.launched_at_grant
-                .store(self.launched.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
+    fn markers(&self) -> MutexGuard<'_, Markers> {
+        self.markers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Estimated GPU time queued and not yet run, ns (negative: the queue ran dry).
-    fn queued_ns(&self, now: u64) -> f64 {
-        let per = self.per_launch_ns.load(Ordering::Relaxed) as f64;
-        let n = self
-            .launched
+    /// Sets the budget from `completed` and `allowed`, waking launchers waiting for it.
+    fn publish_budget(&self) {
+        let b = self
+            .completed
             .load(Ordering::Relaxed)
-            .saturating_sub(self.launched_at_grant.load(Ordering::Relaxed)) as f64;
-        n * per - now.saturating_sub(self.grant_at.load(Ordering::Relaxed)) as f64
+            .saturating_add(self.allowed.load(Ordering::Relaxed));
+        if self.budget.swap(b, Ordering::Relaxed) != b {
+            self.budget_seq.fetch_add(1, Ordering::Release);
+            futex_wake(&self.budget_seq);
+        }
     }
 
-    /// Recomputes the launch budget at `now`; returns how long to wait (0: room now).
-    fn refresh_budget(&self, now: u64) -> u64 {
-        let per = self.per_launch_ns.load(Ordering::Relaxed);
-        let ahead = self.ahead_ns.load(Ordering::Relaxed);
-        let launched = self.launched.load(Ordering::Relaxed);
-        if ahead == 0 {
-            self.budget.store(u64::MAX, Ordering::Relaxed);
-            return 0;
+    /// After the real launch that brought the count to `n`: a marker, if one is due.
+    fn maybe_mark(&self, n: u64, stream: usize, ptsz: bool) {
+        if n < self.next_mark.load(Ordering::Relaxed) {
+            return;
         }
-        if per == 0 {
-            // Not measured yet: a few launches, then the gate thread calibrates.
-            let cap = self.launched_at_grant.load(Ordering::Relaxed) + CALIBRATION_LAUNCHES;
-            self.budget.store(cap, Ordering::Relaxed);
-            return if launched >= cap { 1_000_000 } else { 0 };
+        let every = self.mark_every.load(Ordering::Relaxed).max(1);
+        self.next_mark.store(n + every, Ordering::Relaxed);
+        let ctx = crate::hooks::current_context();
+        if ctx == 0 {
+            return;
         }
-        let queued = self.queued_ns(now);
-        let over = queued - ahead as f64;
-        if over >= 0.0 {
-            self.budget.store(launched, Ordering::Relaxed);
-            return (over as u64).max(1000);
+        let reuse = {
+            let mut m = self.markers();
+            if m.pending.len() >= MAX_MARKERS {
+                return;
+            }
+            match m.free.iter().position(|(c, _)| *c == ctx) {
+                Some(i) => Some(m.free.swap_remove(i).1),
+                None if m.created < MAX_MARKERS => {
+                    m.created += 1;
+                    None
+                }
+                None => return,
+            }
+        };
+        let event = match reuse {
+            Some(e) => e,
+            None => match crate::hooks::create_event() {
+                Some(e) => e,
+                None => {
+                    self.markers().created -= 1;
+                    return;
+                }
+            },
+        };
+        // A per-thread-default-stream launch on stream 0 used this thread's stream.
+        let stream = if ptsz && stream == 0 { 2 } else { stream };
+        if crate::hooks::record_event(event, stream) {
+            self.markers().pending.push_back((ctx, event, n));
+        } else {
+            self.markers().free.push((ctx, event));
         }
-        let room = (-over / per as f64).ceil().max(1.0) as u64;
-        self.budget.store(launched + room, Ordering::Relaxed);
-        0
     }
 
     fn word(&self) -> &AtomicU32 {
@@ -183,18 +209,28 @@ static GATES: OnceLock<Option<&'static Gates>> = OnceLock::new();
 
 /// A launch admitted by the gate: count it when dropped (after the real launch).
 #[derive(Debug)]
-pub struct Pass(&'static Gate);
+pub struct Pass {
+    gate: &'static Gate,
+    stream: usize,
+    ptsz: bool,
+}
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        self.0.launched.fetch_add(1, Ordering::Relaxed);
-        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+        let n = self.gate.launched.fetch_add(1, Ordering::Relaxed) + 1;
+        self.gate.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.gate.maybe_mark(n, self.stream, self.ptsz);
     }
 }
 
 /// Admits a launch on the current context's device, blocking while the container does
 /// not hold its slice there. None: not gated (no enforcing shim, or an unknown device).
-pub fn enter(shim: &'static Shim, current_device: impl FnOnce() -> Option<usize>) -> Option<Pass> {
+pub fn enter(
+    shim: &'static Shim,
+    current_device: impl FnOnce() -> Option<usize>,
+    stream: usize,
+    ptsz: bool,
+) -> Option<Pass> {
     let g = match GATES.get() {
         Some(g) => (*g)?,
         None => (*GATES.get_or_init(|| start(shim)))?,
@@ -214,7 +250,11 @@ pub fn enter(shim: &'static Shim, current_device: impl FnOnce() -> Option<usize>
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
         {
             // SAFETY-free: `g` is 'static, so the gate is too.
-            return Some(Pass(&g.gates[dev]));
+            return Some(Pass {
+                gate: &g.gates[dev],
+                stream,
+                ptsz,
+            });
         }
         gate.inflight.fetch_sub(1, Ordering::SeqCst);
         g.block(dev, gate, w);
@@ -229,15 +269,12 @@ impl Gates {
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
     fn block(&self, dev: usize, gate: &Gate, w: u32) {
         if gate.held(w) {
-            // Out of budget: recompute it from the clock; wait exactly until enough of
-            // the queue should have run (or a revoke/grant wakes us).
+            // Out of budget: wait until the gate thread sees more of the queue
+            // complete (or a revoke/grant wakes us).
             let seq = gate.budget_seq.load(Ordering::Acquire);
-            let now = mono_ns();
-            gate.setup_grant(w >> 1, now);
-            let wait = gate.refresh_budget(now);
-            if wait > 0 {
+            if gate.launched.load(Ordering::Relaxed) >= gate.budget.load(Ordering::Relaxed) {
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
-                futex_wait(&gate.budget_seq, seq, Duration::from_nanos(wait));
+                futex_wait(&gate.budget_seq, seq, Duration::from_millis(2));
                 gate.budget_waiting.fetch_sub(1, Ordering::SeqCst);
             }
             return;
@@ -325,8 +362,10 @@ struct Dev {
     launched_at_grant: u64,
     last_launched: u64,
     idle_ticks: u32,
-    /// Measured GPU time per launch, ns (0: unknown yet).
+    /// Measured GPU time per launch, ns (0: unknown yet), from marker completions.
     per_launch_ns: f64,
+    /// Last marker completion seen: (when, launch count, whether more was queued).
+    last_obs: Option<(u64, u64, bool)>,
     /// Fallback: closed until (mono ns).
     closed_until: u64,
     local_gen: u32,
@@ -398,6 +437,7 @@ impl Runner {
                     last_launched: 0,
                     idle_ticks: 0,
                     per_launch_ns: 0.0,
+                    last_obs: None,
                     closed_until: 0,
                     local_gen: 0,
                     word_index: 0,
@@ -409,7 +449,7 @@ impl Runner {
             shim,
             devs,
             conn: None,
-            queue_ahead_ns: 1_000_000,
+            queue_ahead_ns: 2_000_000,
             next_connect: Instant::now(),
             last_usage: Instant::now(),
             warned: false,
@@ -570,12 +610,16 @@ impl Runner {
             // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
             // the mapping is never unmapped (see `Gate::word`).
             let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
-            gate.ahead_ns.store(ahead, Ordering::Relaxed);
-            gate.budget.store(0, Ordering::Relaxed);
+            let launched = gate.launched.load(Ordering::Relaxed);
+            gate.completed.fetch_max(launched, Ordering::Relaxed);
+            gate.next_mark.store(launched + 1, Ordering::Relaxed);
             let old = gate.word();
             gate.word.store(p, Ordering::Release);
             // Launchers waiting on the local word look again, at the board.
             futex_wake(old);
+        }
+        for i in 0..self.devs.len() {
+            self.set_allowed(i);
         }
         *self.g.ctl() = Some(writer);
         // Launchers that were already waiting must be asked for.
@@ -605,12 +649,13 @@ impl Runner {
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
             gate.yielded.store(NONE, Ordering::SeqCst);
             gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
-            gate.ahead_ns.store(0, Ordering::Relaxed);
-            gate.budget.store(u64::MAX, Ordering::Relaxed);
             let old = gate.word();
             gate.word.store(std::ptr::null_mut(), Ordering::Release);
             futex_wake(old);
             futex_wake(&gate.local);
+        }
+        for i in 0..self.devs.len() {
+            self.set_allowed(i);
         }
     }
 
@@ -632,6 +677,7 @@ impl Runner {
                         continue;
                     }
                 }
+                self.poll_markers();
                 self.fallback_tick();
                 let seq = self.g.doorbell.load(Ordering::Acquire);
                 let wait = if holding {
@@ -659,6 +705,7 @@ impl Runner {
                     continue;
                 }
             }
+            self.poll_markers();
             self.holding_tick();
             if self.last_usage.elapsed() >= Duration::from_secs(1) {
                 self.last_usage = Instant::now();
@@ -747,14 +794,10 @@ impl Runner {
                 };
                 let gate = &self.g.gates[i];
                 d.holding = Some(generation);
-                gate.setup_grant(generation, mono_ns());
-                d.grant_at = gate.grant_at.load(Ordering::Relaxed);
-                d.launched_at_grant = gate.launched_at_grant.load(Ordering::Relaxed);
+                d.grant_at = mono_ns();
+                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
                 d.last_launched = d.launched_at_grant;
                 d.idle_ticks = 0;
-                gate.refresh_budget(mono_ns());
-                gate.budget_seq.fetch_add(1, Ordering::Release);
-                futex_wake(&gate.budget_seq);
             }
             DaemonMsg::Revoke { gpu, generation } => {
                 let i = gpu as usize;
@@ -771,6 +814,79 @@ impl Runner {
         }
     }
 
+    /// How many launches may be outstanding on GPU `i`: the queue-ahead bound over the
+    /// measured GPU time per launch (2 until measured; unbounded if the bound is 0).
+    fn set_allowed(&mut self, i: usize) {
+        let gate = &self.g.gates[i];
+        let per = self.devs[i].per_launch_ns;
+        let ahead = self.queue_ahead_ns as f64;
+        let (allowed, every) = if ahead <= 0.0 {
+            (UNBOUNDED, u64::MAX / 4)
+        } else if per <= 0.0 {
+            (UNMEASURED_ALLOWED, 1)
+        } else {
+            let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
+            (a, (a / 4).max(1))
+        };
+        gate.allowed.store(allowed, Ordering::Relaxed);
+        gate.mark_every.store(every, Ordering::Relaxed);
+        let launched = gate.launched.load(Ordering::Relaxed);
+        let next = gate.next_mark.load(Ordering::Relaxed);
+        if next > launched + every {
+            gate.next_mark.store(launched + every, Ordering::Relaxed);
+        }
+        gate.publish_budget();
+    }
+
+    /// Learns which launches completed from the marker events (in order), and the GPU
+    /// time per launch while the queue stayed busy.
+    fn poll_markers(&mut self) {
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let mut advanced = false;
+            loop {
+                let front = gate.markers().pending.front().copied();
+                let Some((ctx, event, seq)) = front else {
+                    break;
+                };
+                let done = {
+                    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                    crate::hooks::event_done(event)
+                };
+                if !done {
+                    break;
+                }
+                {
+                    let mut m = gate.markers();
+                    if m.pending.front().is_some_and(|f| f.1 == event) {
+                        m.pending.pop_front();
+                        m.free.push((ctx, event));
+                    }
+                }
+                let now = mono_ns();
+                let d = &mut self.devs[i];
+                if let Some((t0, s0, busy)) = d.last_obs
+                    && busy
+                    && seq > s0
+                {
+                    let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
+                    d.per_launch_ns = if d.per_launch_ns <= 0.0 {
+                        sample
+                    } else {
+                        0.8 * d.per_launch_ns + 0.2 * sample
+                    };
+                }
+                let launched = gate.launched.load(Ordering::Relaxed);
+                d.last_obs = Some((now, seq, launched > seq));
+                gate.completed.fetch_max(seq, Ordering::Relaxed);
+                advanced = true;
+            }
+            if advanced {
+                self.set_allowed(i);
+            }
+        }
+    }
+
     /// While holding: bound the queue, and yield a slice the process stopped using.
     fn holding_tick(&mut self) {
         let now = mono_ns();
@@ -781,31 +897,21 @@ impl Runner {
                 continue;
             };
             let launched = gate.launched.load(Ordering::Relaxed);
-            if d.per_launch_ns == 0.0
-                && gate.ahead_ns.load(Ordering::Relaxed) > 0
-                && launched >= d.launched_at_grant + CALIBRATION_LAUNCHES
-            {
-                // First launches of the process: measure what one costs.
-                sync_device(self.shim, i);
-                let n = launched.saturating_sub(d.launched_at_grant).max(1);
-                let per = (mono_ns().saturating_sub(d.grant_at) / n).max(1);
-                d.per_launch_ns = per as f64;
-                gate.per_launch_ns.store(per, Ordering::Relaxed);
-                gate.budget_seq.fetch_add(1, Ordering::Release);
-                futex_wake(&gate.budget_seq);
-            }
             if launched == d.last_launched
                 && gate.waiting.load(Ordering::SeqCst) == 0
                 && gate.budget_waiting.load(Ordering::SeqCst) == 0
                 && gate.inflight.load(Ordering::SeqCst) == 0
-                && gate.queued_ns(now) <= 0.0
+                && gate.markers().pending.is_empty()
             {
                 d.idle_ticks += 1;
             } else {
                 d.idle_ticks = 0;
                 d.last_launched = launched;
             }
-            if d.idle_ticks >= IDLE_TICKS {
+            // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
+            let ticks = IDLE_TICKS.max((2.0 * d.per_launch_ns / TICK.as_nanos() as f64) as u32);
+            let _ = now;
+            if d.idle_ticks >= ticks {
                 self.drain(i, generation, true);
             }
         }
@@ -828,21 +934,15 @@ impl Runner {
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
         let launches = launched.saturating_sub(d.launched_at_grant);
-        if launches > 0 && d.holding == Some(generation) && !idle {
-            let sample = end.saturating_sub(d.grant_at) as f64 / launches as f64;
-            d.per_launch_ns = if d.per_launch_ns == 0.0 {
-                sample
-            } else {
-                0.7 * d.per_launch_ns + 0.3 * sample
-            };
+        // Everything launched so far has completed: markers are free again.
+        {
+            let mut m = gate.markers();
+            let done: Vec<(usize, usize)> = m.pending.drain(..).map(|(c, e, _)| (c, e)).collect();
+            m.free.extend(done);
         }
-        // The measured time per launch includes hand-off latency: bias the estimate low
-        // so the queue never runs dry because of it (the bound stays a bound, a little
-        // looser).
-        gate.per_launch_ns
-            .store((d.per_launch_ns * 0.8) as u64, Ordering::Relaxed);
-        // No room until the next grant is set up.
-        gate.budget.store(launched, Ordering::Relaxed);
+        gate.completed.fetch_max(launched, Ordering::Relaxed);
+        d.last_obs = None;
+        gate.publish_budget();
         d.holding = None;
         d.idle_ticks = 0;
         let gpu = u32::try_from(i).unwrap_or(0);
@@ -928,6 +1028,20 @@ fn sync_device(shim: &Shim, dev: usize) {
     }
     for c in ctxs {
         crate::hooks::sync_context(c);
+    }
+}
+
+/// Context `ctx` is being destroyed (the caller holds [`CTX_LOCK`] for writing): its
+/// marker events go with it.
+pub fn forget_context(ctx: usize) {
+    let Some(Some(g)) = GATES.get() else { return };
+    for gate in &g.gates {
+        let mut m = gate.markers();
+        let before = m.pending.len() + m.free.len();
+        m.pending.retain(|(c, _, _)| *c != ctx);
+        m.free.retain(|(c, _)| *c != ctx);
+        let gone = before - m.pending.len() - m.free.len();
+        m.created -= gone.min(m.created);
     }
 }
 

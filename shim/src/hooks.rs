@@ -1292,6 +1292,17 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     })
 }
 
+/// Whether this release (or reset) of the primary context of `dev` destroys it: the
+/// last reference goes.
+fn primary_is_gone(dev: CUdevice, reset: bool) -> bool {
+    match (mode(), dev_index(dev)) {
+        (Mode::Enforce(shim), Some(d)) => {
+            reset || shim.primary_refs[d].load(Ordering::Acquire) <= 1
+        }
+        _ => false,
+    }
+}
+
 /// After a successful primary release (`reset`: all references at once).
 fn primary_released(dev: CUdevice, reset: bool) {
     let (Mode::Enforce(shim), Some(d)) = (mode(), dev_index(dev)) else {
@@ -1328,7 +1339,14 @@ unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUre
         let lock = crate::gate::CTX_LOCK
             .write()
             .unwrap_or_else(|p| p.into_inner());
+        let before = match (mode(), dev_index(dev)) {
+            (Mode::Enforce(shim), Some(d)) => shim.primary_ctx[d].load(Ordering::Acquire),
+            _ => 0,
+        };
         let r = call();
+        if r == CUDA_SUCCESS && before != 0 && primary_is_gone(dev, reset) {
+            crate::gate::forget_context(before);
+        }
         drop(lock);
         if r == CUDA_SUCCESS {
             primary_released(dev, reset);
@@ -1454,6 +1472,9 @@ unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         let r = call();
+        if r == CUDA_SUCCESS {
+            crate::gate::forget_context(ctx as usize);
+        }
         drop(lock);
         if r == CUDA_SUCCESS
             && let Mode::Enforce(shim) = mode()
@@ -1520,14 +1541,65 @@ pub(crate) fn sync_context(ctx: usize) {
     }
 }
 
+/// The current context (0: none), for the gate's marker events.
+pub(crate) fn current_context() -> usize {
+    current_ctx()
+}
+
+/// A new event without timing in the current context (None: the driver refused).
+pub(crate) fn create_event() -> Option<usize> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventCreate");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuEventCreate(CUevent*, unsigned int).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult>(p)
+    };
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; 2 = CU_EVENT_DISABLE_TIMING.
+    let r = unsafe { f(&mut e, 2) };
+    (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
+}
+
+/// Records `event` on `stream` (after the launch just made on it).
+pub(crate) fn record_event(event: usize, stream: usize) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventRecord");
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuEventRecord(CUevent, CUstream).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(CUevent, CUstream) -> CUresult>(p)
+    };
+    // SAFETY: an event this shim created in the current context, and the stream the
+    // application launched on.
+    unsafe { f(event as CUevent, stream as CUstream) == CUDA_SUCCESS }
+}
+
+/// Whether `event` has completed (an error counts as completed: nothing to wait for).
+pub(crate) fn event_done(event: usize) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventQuery");
+    if p == 0 {
+        return true;
+    }
+    // SAFETY: `p` is the real cuEventQuery(CUevent).
+    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUevent) -> CUresult>(p) };
+    // SAFETY: an event of a live context (the caller holds the context lock).
+    unsafe { f(event as CUevent) != CUDA_ERROR_NOT_READY }
+}
+
 /// Runs `launch` once the gate admits it (enforcing mode), else directly.
-fn gated(launch: impl FnOnce() -> CUresult) -> CUresult {
+fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
     let shim = match mode() {
         Mode::Enforce(s) => s,
         Mode::Unenforced => return launch(),
         Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
     };
-    let pass = crate::gate::enter(shim, current_device);
+    let pass = crate::gate::enter(shim, current_device, stream as usize, ptsz);
     let r = launch();
     drop(pass);
     r
@@ -1580,7 +1652,8 @@ macro_rules! launch_kernel_hook {
                     extra,
                 )
             };
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
         }
     };
 }
@@ -1606,7 +1679,14 @@ macro_rules! launch_kernel_ex_hook {
             let real = real_or!($name, LaunchKernelEx, CUDA_ERROR_NOT_INITIALIZED);
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { real(config, f, kernelParams, extra) };
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            // SAFETY: a non-null config points to the caller's CUlaunchConfig.
+            let stream = if config.is_null() {
+                std::ptr::null_mut()
+            } else {
+                unsafe { (*config).hStream }
+            };
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
         }
     };
 }
@@ -1657,7 +1737,8 @@ macro_rules! launch_cooperative_hook {
                     kernelParams,
                 )
             };
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
         }
     };
 }
@@ -1673,7 +1754,8 @@ macro_rules! graph_launch_hook {
             let real = real_or!($name, GraphLaunch, CUDA_ERROR_NOT_INITIALIZED);
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { real(hGraphExec, hStream) };
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(call))
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
         }
     };
 }

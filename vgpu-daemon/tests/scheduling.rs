@@ -76,6 +76,9 @@ impl Node {
     }
 
     fn daemon_at(&self, socket: &Path, api: &Path, extra: &[&str]) -> Daemon {
+        // A killed daemon leaves its socket files behind: wait for the new ones.
+        let _ = std::fs::remove_file(socket);
+        let _ = std::fs::remove_file(api);
         let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
             .arg("--socket")
             .arg(socket)
