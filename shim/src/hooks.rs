@@ -1680,10 +1680,10 @@ macro_rules! launch_kernel_ex_hook {
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { real(config, f, kernelParams, extra) };
             let ptsz = stringify!($name).ends_with("_ptsz");
-            // SAFETY: a non-null config points to the caller's CUlaunchConfig.
             let stream = if config.is_null() {
                 std::ptr::null_mut()
             } else {
+                // SAFETY: a non-null config points to the caller's CUlaunchConfig.
                 unsafe { (*config).hStream }
             };
             guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
