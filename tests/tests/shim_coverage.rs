@@ -50,20 +50,6 @@ const NVML_FAMILIES: &[&str] = &["Memory", "Processes", "Utilization"];
 /// Deliberately passed through, and why.
 const PASSED_THROUGH: &[(&str, &str)] = &[
     (
-        "cuLaunchKernel",
-        "compute gating: issue 4 (the daemon's time slices); no memory",
-    ),
-    ("cuLaunchKernel_ptsz", "compute gating: issue 4"),
-    ("cuLaunchKernelEx", "compute gating: issue 4"),
-    ("cuLaunchKernelEx_ptsz", "compute gating: issue 4"),
-    ("cuLaunchCooperativeKernel", "compute gating: issue 4"),
-    ("cuLaunchCooperativeKernel_ptsz", "compute gating: issue 4"),
-    (
-        "cuGraphLaunch",
-        "compute gating: issue 4; graph memory nodes are not simulated",
-    ),
-    ("cuGraphLaunch_ptsz", "compute gating: issue 4"),
-    (
         "cuGraphUpload",
         "uploads an instantiated graph; no allocation in the simulator",
     ),
