@@ -4,8 +4,9 @@
 //!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
 //! - `ci`: what CI checks, in order: formatting, clippy, the simulator, every test
 //!   (Rust and the third-party Python clients), docs.
-//! - `demo`: the main demo: a simulated 2-GPU node with real CUDA processes on it, shown
-//!   through a real NVML client (`vgpu-smi`); see `docs/demo.md`.
+//! - `demo`: the main demo: `vgpu-daemon` on a simulated node, four tenants under the
+//!   shim with different compute shares, policies and memory quotas, their achieved
+//!   shares measured by the simulator and by the daemon; see `docs/demo.md`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -109,20 +110,31 @@ fn ci() -> Result<()> {
     Ok(())
 }
 
-/// Builds the simulator, `vgpu-smi` and `cuda-probe` (release), then runs the demo.
+/// Builds the simulator, the daemon and `vgpuctl`, the shim, `cuda-probe` and `vgpu-smi`
+/// (release), then runs the demo.
 fn demo() -> Result<()> {
     let libs = sim()?;
     run(cargo().args([
         "build",
         "--release",
         "-p",
-        "vgpu-smi",
+        "vgpu-daemon",
+        "-p",
+        "vgpu-shim",
         "-p",
         "vgpu-tests",
-        "--bin",
+        "-p",
         "vgpu-smi",
+        // The shim's `libvgpu.so` is its library target.
+        "--lib",
+        "--bin",
+        "vgpu-daemon",
+        "--bin",
+        "vgpuctl",
         "--bin",
         "cuda-probe",
+        "--bin",
+        "vgpu-smi",
     ]))?;
     demo::demo(&libs, &target_dir().join("release"))
 }
