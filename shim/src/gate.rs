@@ -40,7 +40,7 @@ const DEMAND_REPEAT: Duration = Duration::from_millis(100);
 /// Gate thread tick while the process holds a slice somewhere.
 const TICK: Duration = Duration::from_micros(500);
 /// Ticks without a launch before the process yields a slice it holds.
-const IDLE_TICKS: u32 = 3;
+const IDLE_TICKS: u32 = 4;
 /// Fallback duty-cycle period's open part at most (then the share decides the rest).
 const LOCAL_QUANTUM_NS: u64 = 10_000_000;
 /// Reconnect interval without a daemon.
@@ -91,8 +91,9 @@ struct Markers {
 
 /// Most marker events per gate.
 const MAX_MARKERS: usize = 16;
-/// Launches allowed outstanding before the GPU time per launch is measured.
-const UNMEASURED_ALLOWED: u64 = 2;
+/// Launches allowed outstanding before the GPU time per launch is measured (a marker
+/// every quarter of them).
+const UNMEASURED_ALLOWED: u64 = 8;
 /// Unbounded.
 const UNBOUNDED: u64 = u64::MAX / 2;
 
@@ -121,6 +122,19 @@ impl Gate {
         self.markers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// After a synchronization: everything launched so far has completed, the markers
+    /// are free again.
+    fn all_completed(&self) {
+        {
+            let mut m = self.markers();
+            let done: Vec<(usize, usize)> = m.pending.drain(..).map(|(c, e, _)| (c, e)).collect();
+            m.free.extend(done);
+        }
+        self.completed
+            .fetch_max(self.launched.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.publish_budget();
+    }
+
     /// Sets the budget from `completed` and `allowed`, waking launchers waiting for it.
     fn publish_budget(&self) {
         let b = self
@@ -140,6 +154,11 @@ impl Gate {
         }
         let every = self.mark_every.load(Ordering::Relaxed).max(1);
         self.next_mark.store(n + every, Ordering::Relaxed);
+        self.mark(n, stream, ptsz);
+    }
+
+    /// Records a marker after launch `n` on `stream` (the calling thread's launches).
+    fn mark(&self, n: u64, stream: usize, ptsz: bool) {
         let ctx = crate::hooks::current_context();
         if ctx == 0 {
             return;
@@ -223,6 +242,13 @@ impl Drop for Pass {
     }
 }
 
+/// Registers the process with the daemon (once), at its first context: a process that
+/// holds GPU memory is then known to the daemon before it launches anything (else NVML
+/// reconciliation would flag it as a bypass).
+pub fn ensure_started(shim: &'static Shim) {
+    let _ = GATES.get_or_init(|| start(shim));
+}
+
 /// Admits a launch on the current context's device, blocking while the container does
 /// not hold its slice there. None: not gated (no enforcing shim, or an unknown device).
 pub fn enter(
@@ -257,7 +283,7 @@ pub fn enter(
             });
         }
         gate.inflight.fetch_sub(1, Ordering::SeqCst);
-        g.block(dev, gate, w);
+        g.block(dev, gate, w, stream, ptsz);
     }
 }
 
@@ -267,12 +293,17 @@ impl Gates {
     }
 
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
-    fn block(&self, dev: usize, gate: &Gate, w: u32) {
+    fn block(&self, dev: usize, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
         if gate.held(w) {
             // Out of budget: wait until the gate thread sees more of the queue
-            // complete (or a revoke/grant wakes us).
+            // complete (or a revoke/grant wakes us). With no marker outstanding it
+            // would learn nothing: mark what this thread launched so far.
             let seq = gate.budget_seq.load(Ordering::Acquire);
-            if gate.launched.load(Ordering::Relaxed) >= gate.budget.load(Ordering::Relaxed) {
+            let launched = gate.launched.load(Ordering::Relaxed);
+            if launched >= gate.budget.load(Ordering::Relaxed) {
+                if gate.markers().pending.is_empty() {
+                    gate.mark(launched, stream, ptsz);
+                }
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
                 futex_wait(&gate.budget_seq, seq, Duration::from_millis(2));
                 gate.budget_waiting.fetch_sub(1, Ordering::SeqCst);
@@ -318,7 +349,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     let uuids = match crate::hooks::device_uuids() {
         Ok(u) => u,
         Err(e) => {
-            eprintln!("vgpu: WARNING: launch gate disabled: cannot list devices: {e}");
+            crate::say!("vgpu: WARNING: launch gate disabled: cannot list devices: {e}");
             return None;
         }
     };
@@ -341,9 +372,24 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     }
     let spawned = std::thread::Builder::new()
         .name("vgpu-gate".into())
-        .spawn(move || runner.run());
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()));
+            if r.is_err() {
+                // Never leave launchers waiting on a gate nobody runs: open them all.
+                crate::say!("vgpu: ERROR: the launch gate failed; compute sharing is OFF");
+                for gate in &g.gates {
+                    gate.enabled.store(false, Ordering::SeqCst);
+                    gate.budget.store(UNBOUNDED, Ordering::SeqCst);
+                    gate.local.store(1, Ordering::SeqCst);
+                    gate.word.store(std::ptr::null_mut(), Ordering::SeqCst);
+                    gate.yielded.store(NONE, Ordering::SeqCst);
+                    futex_wake(&gate.budget_seq);
+                    futex_wake(&gate.local);
+                }
+            }
+        });
     if let Err(e) = spawned {
-        eprintln!("vgpu: WARNING: launch gate disabled: cannot start its thread: {e}");
+        crate::say!("vgpu: WARNING: launch gate disabled: cannot start its thread: {e}");
         for gate in &g.gates {
             gate.enabled.store(false, Ordering::Relaxed);
         }
@@ -494,7 +540,7 @@ impl Runner {
             }
             Err(e) => {
                 if !self.warned && e.kind() != io::ErrorKind::NotFound {
-                    eprintln!(
+                    crate::say!(
                         "vgpu: WARNING: daemon at {} unavailable ({e}); compute share enforced locally",
                         path.display()
                     );
@@ -554,7 +600,7 @@ impl Runner {
                 ..
             } => (settings, words, queue_ahead_us),
             DaemonMsg::Refused { reason } => {
-                eprintln!("vgpu: WARNING: the daemon refused this process: {reason}");
+                crate::say!("vgpu: WARNING: the daemon refused this process: {reason}");
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));
             }
             other => {
@@ -587,6 +633,9 @@ impl Runner {
         }
         drop(fd);
         s.set_read_timeout(None)?;
+        // A daemon that stops reading must not hang a launcher: writes give up after 1 s
+        // (the connection is then treated as lost).
+        s.set_write_timeout(Some(Duration::from_secs(1)))?;
         let writer = s.try_clone()?;
         let ahead = queue_ahead_us.saturating_mul(1000);
         self.queue_ahead_ns = ahead;
@@ -823,7 +872,7 @@ impl Runner {
         let (allowed, every) = if ahead <= 0.0 {
             (UNBOUNDED, u64::MAX / 4)
         } else if per <= 0.0 {
-            (UNMEASURED_ALLOWED, 1)
+            (UNMEASURED_ALLOWED, UNMEASURED_ALLOWED / 4)
         } else {
             let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
             (a, (a / 4).max(1))
@@ -884,6 +933,22 @@ impl Runner {
             if advanced {
                 self.set_allowed(i);
             }
+            if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
+                let m = gate.markers();
+                crate::say!(
+                    "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
+                    gate.launched.load(Ordering::Relaxed),
+                    gate.completed.load(Ordering::Relaxed),
+                    gate.allowed.load(Ordering::Relaxed),
+                    gate.budget.load(Ordering::Relaxed),
+                    gate.next_mark.load(Ordering::Relaxed),
+                    gate.mark_every.load(Ordering::Relaxed),
+                    m.pending.len(),
+                    m.free.len(),
+                    m.created,
+                    self.devs[i].per_launch_ns
+                );
+            }
         }
     }
 
@@ -934,15 +999,8 @@ impl Runner {
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
         let launches = launched.saturating_sub(d.launched_at_grant);
-        // Everything launched so far has completed: markers are free again.
-        {
-            let mut m = gate.markers();
-            let done: Vec<(usize, usize)> = m.pending.drain(..).map(|(c, e, _)| (c, e)).collect();
-            m.free.extend(done);
-        }
-        gate.completed.fetch_max(launched, Ordering::Relaxed);
+        gate.all_completed();
         d.last_obs = None;
-        gate.publish_budget();
         d.holding = None;
         d.idle_ticks = 0;
         let gpu = u32::try_from(i).unwrap_or(0);
@@ -995,6 +1053,15 @@ impl Runner {
                     d.closed_until = end + used * (100 - share) / share;
                     d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
                     d.holding = None;
+                    gate.all_completed();
+                    d.last_obs = None;
+                    let until = d.closed_until.saturating_sub(end) / 1000;
+                    crate::state::log(self.shim, || {
+                        format!(
+                            "fallback: GPU {i} used {} µs, closed for {until} µs",
+                            used / 1000
+                        )
+                    });
                 }
                 None if now >= d.closed_until => {
                     d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;

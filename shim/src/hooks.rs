@@ -47,7 +47,7 @@ fn missing<R>(id: Id, code: R) -> R {
             Err(msg) => msg.to_owned(),
             Ok(_) => format!("the real library has no {}", e.symbol),
         };
-        eprintln!("vgpu: ERROR: {why}");
+        crate::say!("vgpu: ERROR: {why}");
     });
     code
 }
@@ -1287,6 +1287,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             }
             // SAFETY: written by the driver on success.
             shim.primary_ctx[d].store(unsafe { *pctx } as usize, Ordering::Release);
+            crate::gate::ensure_started(shim);
         }
         r
     })
@@ -1411,6 +1412,7 @@ fn ctx_created(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUres
             .unwrap_or_else(|p| p.into_inner())
             .insert(ctx, d);
         shim.region.count_context(shim.slot, d, true);
+        crate::gate::ensure_started(shim);
     }
     r
 }

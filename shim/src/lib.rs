@@ -20,6 +20,16 @@
 // shared memory. Every unsafe block carries its SAFETY argument.
 #![allow(unsafe_code)]
 
+/// `eprintln!` that never panics: a closed or full stderr must not take the
+/// application (or the gate thread) down.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod config;
 pub mod gate;
 pub mod hooks;

@@ -119,7 +119,7 @@ fn configure() -> Result<Config, (OnError, String)> {
         .map_err(|e| (cfg.on_error, e))?;
     if cfg.log {
         for n in notes {
-            eprintln!("vgpu: {n}");
+            crate::say!("vgpu: {n}");
         }
     }
     Ok(cfg)
@@ -139,7 +139,7 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
         let want = cfg.limit(d).filter(|&q| q > 0);
         let q = region.init_quota(d, want);
         if want.is_some() && q != want && cfg.log {
-            eprintln!(
+            crate::say!(
                 "vgpu: device {d}: the container's quota is {q:?} bytes (set by its first process), not {:?}",
                 cfg.limit(d)
             );
@@ -191,7 +191,7 @@ fn init_mode(cfg: Result<Config, (OnError, String)>) -> &'static Result<Shim, (O
                     "running WITHOUT GPU memory isolation (VGPU_ON_ERROR=unenforced)"
                 }
             };
-            eprintln!("vgpu: ERROR: cannot enforce GPU memory limits: {msg}; {what}");
+            crate::say!("vgpu: ERROR: cannot enforce GPU memory limits: {msg}; {what}");
         }
         r
     })
@@ -222,7 +222,7 @@ pub fn log(shim: &Shim, msg: impl FnOnce() -> String) {
         COUNT.store(0, Ordering::Relaxed);
     }
     if COUNT.fetch_add(1, Ordering::Relaxed) < 20 {
-        eprintln!("vgpu[{}]: {}", std::process::id(), msg());
+        crate::say!("vgpu[{}]: {}", std::process::id(), msg());
     }
 }
 

@@ -424,7 +424,7 @@ impl Scheduler {
         t.grants += 1;
         self.vclock = self.vclock.max(t.vtime);
         let slice = if t.settings.policy == ComputePolicy::Cap {
-            (t.bucket_ns.max(min_slice) as u64).min(q)
+            cap_slice(t, min_slice, q)
         } else {
             q
         };
@@ -509,7 +509,7 @@ impl Scheduler {
                     let min_slice = self.min_slice();
                     let slice = match self.tenants.get(&t) {
                         Some(x) if x.settings.policy == ComputePolicy::Cap => {
-                            (x.bucket_ns.max(min_slice) as u64).min(q)
+                            cap_slice(x, min_slice, q)
                         }
                         _ => q,
                     };
@@ -541,6 +541,17 @@ impl Scheduler {
             _ => {}
         }
     }
+}
+
+/// A capped tenant's slice: its tokens last `bucket / (1 − rate)` while it runs, since
+/// they keep accruing at `rate` meanwhile (at most a quantum).
+fn cap_slice(t: &T, min_slice: f64, q: u64) -> u64 {
+    let rate = f64::from(t.settings.share_pct.min(100)) / 100.0;
+    let tokens = t.bucket_ns.max(min_slice);
+    if rate >= 1.0 {
+        return q;
+    }
+    ((tokens / (1.0 - rate)) as u64).min(q)
 }
 
 #[cfg(test)]
@@ -659,6 +670,20 @@ mod tests {
         let used = run_saturated(&mut sched, &[1], 10_000 * MS, 0);
         let pct = used[&1] as f64 * 100.0 / (10_000 * MS) as f64;
         assert!((pct - 30.0).abs() < 1.0, "cap 30 % alone got {pct:.2} %");
+    }
+
+    #[test]
+    fn a_cap_tenant_beside_a_busy_burst_tenant_reaches_its_cap() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(20), 0);
+        sched.add(2, s(50, ComputePolicy::Cap, Priority::BestEffort), 0);
+        let used = run_saturated(&mut sched, &[1, 2], 10_000 * MS, MS);
+        let total: u64 = used.values().sum();
+        let cap = used[&2] as f64 * 100.0 / total as f64;
+        assert!(
+            (cap - 50.0).abs() < 2.0,
+            "cap 50 % beside burst got {cap:.2} %"
+        );
     }
 
     #[test]

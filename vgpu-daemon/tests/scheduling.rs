@@ -16,6 +16,15 @@ use vgpu_cuda_sim::config::SimConfig;
 use vgpu_cuda_sim::state::State;
 use vgpu_tests::{Container, SimNode, probe_bin};
 
+/// These tests measure scheduling against the simulator's device time; run in parallel
+/// on a small machine they would mostly measure each other's CPU contention. One at a
+/// time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 const SIM: &str = r#"
 [[device]]
 name = "NVIDIA H100 80GB HBM3"
@@ -200,6 +209,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 
 #[test]
 fn saturating_tenants_get_their_shares() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     let at = now_ms() + 1500;
@@ -228,6 +238,7 @@ fn saturating_tenants_get_their_shares() {
 
 #[test]
 fn every_launch_path_is_gated() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     // A 20 % cap: 20 kernels of 5 ms (100 ms of device time) cannot finish in less
@@ -260,6 +271,7 @@ fn every_launch_path_is_gated() {
 
 #[test]
 fn a_killed_tenant_releases_its_slice_at_once() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     let at = now_ms() + 1500;
@@ -286,6 +298,7 @@ fn a_killed_tenant_releases_its_slice_at_once() {
 
 #[test]
 fn daemon_restart_loses_no_tenant_and_the_fallback_holds_the_cap() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     let (socket, api) = (d.socket.clone(), d.api.clone());
@@ -323,6 +336,7 @@ fn daemon_restart_loses_no_tenant_and_the_fallback_holds_the_cap() {
 
 #[test]
 fn garbage_on_the_socket_does_not_disturb_other_tenants() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     let c = container(100, "burst");
@@ -384,7 +398,9 @@ fn garbage_on_the_socket_does_not_disturb_other_tenants() {
     for f in floods {
         f.join().expect("flood thread");
     }
-    // The daemon is alive, serves the API, keeps the real tenant and lets it run.
+    // The daemon is alive, serves the API, keeps the real tenant and lets it run (once
+    // its load has started).
+    std::thread::sleep(Duration::from_millis((at + 300).saturating_sub(now_ms())));
     let busy = window(&node, &[t.id()], Duration::from_secs(1));
     assert!(busy[0] > 200_000_000, "tenant starved: {busy:?}");
     assert!(tenant(&d.api, &key(&c)).is_some());
@@ -408,6 +424,7 @@ fn garbage_on_the_socket_does_not_disturb_other_tenants() {
 
 #[test]
 fn a_live_share_change_takes_effect() {
+    let _serial = serial();
     let node = Node::new();
     let d = node.daemon(&[]);
     let at = now_ms() + 1500;
@@ -450,6 +467,7 @@ fn a_live_share_change_takes_effect() {
 
 #[test]
 fn trusted_mode_takes_the_share_from_the_quota_file_not_the_environment() {
+    let _serial = serial();
     let node = Node::new();
     let c = container(100, "burst");
     let uuid = vgpu_cuda_sim::config::format_uuid(&node.state().info(0).uuid);

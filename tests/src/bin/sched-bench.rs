@@ -360,6 +360,15 @@ fn convergence(b: &Bench, r: &mut Report) -> Result<()> {
             break;
         }
     }
+    let shares_after: Vec<f64> = starts
+        .iter()
+        .filter_map(|&a| share_between(a, a + win))
+        .collect();
+    let lo = shares_after.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = shares_after.iter().copied().fold(0.0, f64::max);
+    r.say(format!(
+        "  500 ms windows after the change: tenant 1 between {lo:.1} % and {hi:.1} % (target 80)"
+    ));
     match converged_at {
         Some(c) => r.say(format!(
             "  live change 50/50 → 80/20 (2 × vgpuctl set, {:.0} ms to apply): every 500 ms window from {:.0} ms after the change on is within ±5 pp of 80 %",
