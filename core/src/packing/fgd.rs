@@ -175,6 +175,13 @@ impl Fragmentation {
         &self.typical
     }
 
+    /// Forgets the model table of node `idx` (its GPUs' models changed in place).
+    pub fn forget_node(&mut self, idx: usize) {
+        if let Some(slot) = self.allowed.get_mut(idx) {
+            *slot = None;
+        }
+    }
+
     fn ensure_allowed(&mut self, idx: usize, node: &NodeState) {
         if self.allowed.len() <= idx {
             self.allowed.resize(idx + 1, None);

@@ -224,6 +224,13 @@ impl Policy {
         self.name
     }
 
+    /// Forgets the per-node tables kept for node `idx` (its spec changed in place).
+    pub fn forget_node(&mut self, idx: usize) {
+        if let Some(frag) = self.frag.as_mut() {
+            frag.forget_node(idx);
+        }
+    }
+
     /// Whether a node's verdict depends only on the node's state and the task (so it can
     /// be cached per node generation).
     pub fn cacheable(&self) -> bool {

@@ -415,6 +415,32 @@ fn check_invariants(l: &Ledger, tasks: &[Task], placed: &[(usize, Placement)]) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
+    /// The extender's path (rank the candidates, bind with `place_on` on a best-ranked
+    /// node) decides exactly as the replay's `choose`: the chosen node is ranked best,
+    /// and placing on it grants the same GPUs.
+    #[test]
+    fn place_on_the_best_ranked_node_is_choose(
+        nodes in (1usize..6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>()),
+        tasks in prop::collection::vec(arb_task(), 1..40),
+        policy in prop::sample::select(PolicyName::ALL.to_vec()),
+    ) {
+        prop_assume!(policy != PolicyName::Random); // draws afresh at every call
+        let mut l = Ledger::with_nodes(nodes.clone()).unwrap();
+        let mut s = scheduler(policy, &tasks, nodes.len());
+        let all: Vec<Option<usize>> = (0..nodes.len()).map(Some).collect();
+        for (i, t) in tasks.iter().enumerate() {
+            let ranks = s.rank(&l, t, &all);
+            let Some(p) = s.choose(&l, t) else {
+                prop_assert!(ranks.iter().all(Option::is_none));
+                continue;
+            };
+            let best = ranks.iter().flatten().map(Rank::key).max();
+            prop_assert_eq!(ranks[p.node].map(|r| r.key()), best);
+            prop_assert_eq!(&s.place_on(&l, t, p.node).unwrap(), &p);
+            l.commit(&i.to_string(), t, p).unwrap();
+        }
+    }
+
     #[test]
     fn no_policy_ever_over_assigns(
         nodes in (1usize..6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>()),

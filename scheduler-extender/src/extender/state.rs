@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Reject, Task};
+use vgpu_core::packing::{
+    GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, Task,
+};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
     GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
@@ -280,6 +282,12 @@ pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
     let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
     parse_pod_request(requests.iter().map(|(n, m)| (*n, m)), annotations)
         .map_err(|e| bad(e.to_string()))
+}
+
+/// The ledger task of a pod, as filter, prioritize and bind decide it (GPU demands
+/// only; CPU and memory are kube-scheduler's).
+pub fn pod_task(pod: &Pod) -> Result<Task, ExtenderError> {
+    Ok(task_of(&pod_request(pod)?))
 }
 
 /// The ledger task for a pod request: GPU demands only (CPU and memory are
@@ -748,6 +756,14 @@ impl State {
         }
     }
 
+    /// A copy of the ledger and the workload (the task of every pod it holds), as of
+    /// now: for tests and diagnostics that compare decisions with the policy core.
+    #[must_use]
+    pub fn snapshot(&self) -> (Ledger, Vec<Task>) {
+        let inner = self.read();
+        (inner.ledger.clone(), inner.workload())
+    }
+
     /// Free compute (milli-GPU) per GPU of a node, by device index, as the ledger sees it.
     #[must_use]
     pub fn gpu_milli_free(&self, node: &str) -> Option<Vec<u32>> {
@@ -965,26 +981,27 @@ impl State {
             return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
         }
         let base = task_of(&request);
-        // Nodes that filter would reject score nothing; the others in one policy
-        // pass (cached per node state and pod shape).
-        let located: Vec<Option<(usize, bool)>> = candidates
+        // Nodes that filter would reject rank nothing; the others are ranked in one
+        // pass of the policy core's scheduler (the replay's ranking), each with the
+        // task as its node sees it (unhealthy GPUs excluded).
+        let located: Vec<Option<(usize, Cow<'_, Task>)>> = candidates
             .names
             .iter()
-            .map(|name| inner.locate(name).ok())
+            .map(|name| {
+                let (i, unhealthy) = inner.locate(name).ok()?;
+                let task = if unhealthy {
+                    effective_task(&base, &inner.ledger.node(i).spec, true)
+                } else {
+                    Cow::Borrowed(&base)
+                };
+                Some((i, task))
+            })
             .collect();
-        let raw: Vec<Option<i64>> = if located.iter().flatten().all(|(_, u)| !u) {
-            let nodes: Vec<Option<usize>> = located.iter().map(|l| l.map(|(i, _)| i)).collect();
-            self.policy.scores(&inner.ledger, &base, &nodes)
-        } else {
-            located
-                .iter()
-                .map(|l| {
-                    let (i, unhealthy) = (*l)?;
-                    let task = effective_task(&base, &inner.ledger.node(i).spec, unhealthy);
-                    self.policy.score(&inner.ledger, i, &task).ok()
-                })
-                .collect()
-        };
+        let items: Vec<Option<(usize, &Task)>> = located
+            .iter()
+            .map(|l| l.as_ref().map(|(i, t)| (*i, t.as_ref())))
+            .collect();
+        let raw = self.policy.ranks(&inner.ledger, &items);
         Ok(normalise(candidates, &raw))
     }
 
@@ -1056,7 +1073,7 @@ impl State {
         let spec = inner.ledger.node(node_index).spec.clone();
         let unhealthy = inner.nodes.get(&args.node).is_some_and(|e| e.unhealthy);
         let task = effective_task(&task_of(&request), &spec, unhealthy).into_owned();
-        let grants = self
+        let placement = self
             .policy
             .place(&inner.ledger, node_index, &task)
             .map_err(|r| ExtenderError::NoLongerFits {
@@ -1064,6 +1081,7 @@ impl State {
                 node: args.node.clone(),
                 reason: r.to_string(),
             })?;
+        let grants = placement.containers.clone();
         let assignment = Assignment {
             version: ASSIGNMENT_VERSION,
             node: args.node.clone(),
@@ -1084,10 +1102,6 @@ impl State {
                         .collect(),
                 })
                 .collect(),
-        };
-        let placement = Placement {
-            node: node_index,
-            containers: grants.clone(),
         };
         // The commit re-checks every GPU: the decision and its reservation are one
         // step under the write lock.
@@ -1215,28 +1229,30 @@ impl State {
     }
 }
 
-/// Maps raw policy scores (higher is better; `None`: does not fit) onto `0..=10`:
-/// the best node(s) get 10, the others `9 * (s - min) / (max - min)`, rounded
-/// down, and nodes that do not fit 0.
-fn normalise(candidates: &Candidates<'_>, raw: &[Option<i64>]) -> HostPriorityList {
+/// Maps the policy's ranks (`None`: does not fit) onto `0..=10`: the node(s) with
+/// the best key `(score, live)` get 10, every other node
+/// `min(9, ⌊9·(score − min)/(max − min)⌋)` over the primary scores (so a node tied
+/// on the score but not on the live key gets 9), and nodes that do not fit 0.
+fn normalise(candidates: &Candidates<'_>, raw: &[Option<Rank>]) -> HostPriorityList {
     let present = raw.iter().flatten();
-    let max = present.clone().max().copied();
-    let min = present.min().copied();
+    let best = present.clone().map(Rank::key).max();
+    let max = present.clone().map(|r| r.score).max();
+    let min = present.map(|r| r.score).min();
     candidates
         .names
         .iter()
         .zip(raw)
-        .map(|(name, s)| {
-            let score = match (s, min, max) {
-                (Some(s), Some(lo), Some(hi)) => {
-                    if *s == hi {
+        .map(|(name, r)| {
+            let score = match (r, min, max) {
+                (Some(r), Some(lo), Some(hi)) => {
+                    if Some(r.key()) == best {
                         MAX_EXTENDER_PRIORITY
                     } else {
                         let span = i128::from(hi) - i128::from(lo);
-                        let v = (i128::from(*s) - i128::from(lo))
+                        let v = (i128::from(r.score) - i128::from(lo))
                             * i128::from(MAX_EXTENDER_PRIORITY - 1)
                             / span.max(1);
-                        i64::try_from(v).unwrap_or(0)
+                        i64::try_from(v).unwrap_or(0).min(MAX_EXTENDER_PRIORITY - 1)
                     }
                 }
                 _ => 0,
@@ -1313,10 +1329,21 @@ mod tests {
         let names = Candidates {
             names: vec!["a", "b", "c", "d"],
         };
-        let list = normalise(&names, &[Some(50), Some(100), Some(99), None]);
+        let r = |score, live| {
+            Some(Rank {
+                score,
+                live,
+                pick: None,
+            })
+        };
+        let list = normalise(&names, &[r(50, 0), r(100, 0), r(99, 0), None]);
         let scores: Vec<i64> = list.iter().map(|h| h.score).collect();
         assert_eq!(scores, vec![0, 10, 8, 0]);
-        let all_equal = normalise(&names, &[Some(3), Some(3), Some(3), Some(3)]);
+        let all_equal = normalise(&names, &[r(3, 0), r(3, 0), r(3, 0), r(3, 0)]);
         assert!(all_equal.iter().all(|h| h.score == 10));
+        // The live key decides among equal scores: the runner-up gets 9.
+        let live = normalise(&names, &[r(7, -3), r(7, 5), r(2, 9), r(7, 5)]);
+        let scores: Vec<i64> = live.iter().map(|h| h.score).collect();
+        assert_eq!(scores, vec![9, 10, 0, 10]);
     }
 }
