@@ -97,7 +97,7 @@ impl Task {
 }
 
 /// Why a node cannot take a task: one precise, human-readable reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reject {
     /// Not enough CPU left.
     Cpu {

@@ -204,6 +204,19 @@ pub struct Policy {
     scale: Scale,
     /// Parameters of the `vgpu` policy.
     pub vgpu: VgpuParams,
+    scratch: Scratch,
+}
+
+/// Buffers [`Policy::evaluate`] reuses from node to node, so that evaluating a node
+/// allocates nothing on the common paths (the extender evaluates thousands per request).
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    /// Free milli per GPU of the node being evaluated.
+    free: Vec<u32>,
+    /// Its fragmentation before the placement.
+    before: NodeFrag,
+    /// Candidate placements: the GPU (single shares) and the fragmentation decrease.
+    cands: Vec<(Option<usize>, f64)>,
 }
 
 impl Policy {
@@ -216,6 +229,7 @@ impl Policy {
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
             scale,
             vgpu: VgpuParams::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -249,8 +263,19 @@ impl Policy {
     /// Scores `task` on node `idx` (state `node`), or says why it does not fit.
     pub fn evaluate(&mut self, idx: usize, node: &NodeState, task: &Task) -> Result<Eval, Reject> {
         node.check_host(task)?;
-        // The default plan both proves GPU feasibility and gives the whole-GPU choice.
-        let plan = node.plan(task, None)?;
+        // The default plan both proves GPU feasibility and gives the whole-GPU choice. A
+        // single share needs no plan (the policy chooses its GPU): one allowed GPU with
+        // room proves it fits, and only a node without one pays for the plan's reason.
+        let plan = match task.single_share() {
+            Some(d)
+                if (0..node.gpus.len()).any(|i| {
+                    node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model)
+                }) =>
+            {
+                None
+            }
+            _ => Some(node.plan(task, None)?),
+        };
         let eval = match self.name {
             PolicyName::Random => {
                 // Every feasible node scores 0; `live` draws the random key per decision.
@@ -288,13 +313,23 @@ impl Policy {
             PolicyName::Spread => spread_eval(node, task, self.scale),
             PolicyName::Fgd => {
                 let frag = self.frag.as_mut().expect("fgd needs typical tasks");
-                fgd_eval(frag, idx, node, task, &plan, 100.0)
+                candidates(frag, idx, node, task, plan.as_deref(), &mut self.scratch);
+                fgd_eval(&self.scratch.cands, 100.0)
             }
             PolicyName::Vgpu => {
                 let params = self.vgpu;
                 let scale = self.scale;
                 let frag = self.frag.as_mut().expect("vgpu needs typical tasks");
-                vgpu_eval(frag, idx, node, task, &plan, params, scale)
+                candidates(frag, idx, node, task, plan.as_deref(), &mut self.scratch);
+                vgpu_eval(
+                    frag,
+                    node,
+                    task,
+                    plan.as_deref(),
+                    &self.scratch.cands,
+                    params,
+                    scale,
+                )
             }
         };
         Ok(eval)
@@ -369,61 +404,55 @@ fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
     }
 }
 
-fn free_list(node: &NodeState) -> Vec<u32> {
-    node.gpus.iter().map(|g| g.milli).collect()
-}
-
-/// The fragmentation decrease of each candidate: for a single-share task, every GPU it
-/// fits on (in index order); otherwise the default plan alone.
+/// The fragmentation decrease of each candidate, into `scratch.cands`: for a single-share
+/// task, every GPU it fits on (in index order); otherwise the default plan alone.
 fn candidates(
     frag: &mut Fragmentation,
     idx: usize,
     node: &NodeState,
     task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
-) -> (NodeFrag, Vec<(Option<usize>, f64)>) {
-    let free = free_list(node);
-    let before = frag.prepare(idx, node, node.cpu_free, &free);
-    let mut out = Vec::new();
+    plan: Option<&[Vec<super::ledger::Grant>]>,
+    scratch: &mut Scratch,
+) {
+    let Scratch {
+        free,
+        before,
+        cands,
+    } = scratch;
+    free.clear();
+    free.extend(node.gpus.iter().map(|g| g.milli));
+    frag.prepare_into(idx, node, node.cpu_free, free, before);
+    cands.clear();
     if let Some(d) = task.single_share() {
         for (i, &f) in free.iter().enumerate() {
             if node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model) {
                 let after = frag.value_after_share(
                     idx,
                     node,
-                    &before,
+                    before,
                     i,
                     f,
                     d.compute_milli,
                     task.cpu_milli,
                 );
-                out.push((Some(i), before.value - after));
+                cands.push((Some(i), before.value - after));
             }
         }
     } else {
-        let mut after_free = free.clone();
-        for grants in plan {
+        let value_before = before.value;
+        for grants in plan.expect("a task that is not a single share has a plan") {
             for g in grants {
-                after_free[usize::from(g.gpu)] -= g.milli;
+                free[usize::from(g.gpu)] -= g.milli;
             }
         }
-        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, &after_free);
-        out.push((None, before.value - after));
+        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, free);
+        cands.push((None, value_before - after));
     }
-    (before, out)
 }
 
-fn fgd_eval(
-    frag: &mut Fragmentation,
-    idx: usize,
-    node: &NodeState,
-    task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
-    resolution: f64,
-) -> Eval {
-    let (_, cands) = candidates(frag, idx, node, task, plan);
+fn fgd_eval(cands: &[(Option<usize>, f64)], resolution: f64) -> Eval {
     let mut best: Option<Eval> = None;
-    for (pick, delta) in cands {
+    for &(pick, delta) in cands {
         let s = if resolution == 100.0 {
             fgd_score(delta)
         } else {
@@ -480,20 +509,19 @@ fn quantized(delta: f64, resolution: f64) -> i64 {
 }
 
 fn vgpu_eval(
-    frag: &mut Fragmentation,
-    idx: usize,
+    frag: &Fragmentation,
     node: &NodeState,
     task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
+    plan: Option<&[Vec<super::ledger::Grant>]>,
+    cands: &[(Option<usize>, f64)],
     params: VgpuParams,
     scale: Scale,
 ) -> Eval {
-    let (_, cands) = candidates(frag, idx, node, task, plan);
     let share = task.single_share().map_or(0, |d| d.compute_milli);
     let lambda = params.waste_weight;
     let mut best: Option<(i64, Option<usize>)> = None;
     let mut ties = 0u64;
-    for (pick, delta) in cands {
+    for &(pick, delta) in cands {
         let dw = if lambda == 0.0 {
             0.0
         } else {
@@ -503,7 +531,8 @@ fn vgpu_eval(
                     frag.gpu_waste(a) - frag.gpu_waste(a - share)
                 }
                 None => plan
-                    .iter()
+                    .into_iter()
+                    .flatten()
                     .flatten()
                     .map(|g| {
                         let a = node.gpus[usize::from(g.gpu)].milli;

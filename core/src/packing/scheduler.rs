@@ -39,6 +39,8 @@ pub struct Scheduler {
     policy: Policy,
     order: Vec<usize>,
     shapes: HashMap<Task, usize>,
+    /// Verdicts by shape, then by node index: one shape's verdicts over every node
+    /// lie side by side, as a ranking reads them.
     cache: Vec<Vec<Entry>>,
     /// Shapes remembered at most before the cache starts afresh (`None`: no limit).
     shape_limit: Option<usize>,
@@ -99,8 +101,10 @@ impl Scheduler {
     /// Forgets everything cached about node `n` (its spec changed in place, e.g. a GPU's
     /// health, so cached verdicts and the policy's per-node tables are void).
     pub fn forget_node(&mut self, n: usize) {
-        if let Some(row) = self.cache.get_mut(n) {
-            row.clear();
+        for row in &mut self.cache {
+            if let Some(e) = row.get_mut(n) {
+                *e = EMPTY;
+            }
         }
         self.policy.forget_node(n);
     }
@@ -129,8 +133,10 @@ impl Scheduler {
                 }
             }
         }
-        if self.cache.len() < n {
-            self.cache.resize_with(n, Vec::new);
+        for row in &mut self.cache {
+            if row.len() < n {
+                row.resize(n, EMPTY);
+            }
         }
     }
 
@@ -140,9 +146,7 @@ impl Scheduler {
         }
         if self.shape_limit.is_some_and(|l| self.shapes.len() >= l) {
             self.shapes.clear();
-            for row in &mut self.cache {
-                row.clear();
-            }
+            self.cache.clear();
         }
         let id = self.shapes.len();
         self.shapes.insert(task.clone(), id);
@@ -160,11 +164,14 @@ impl Scheduler {
         if !self.policy.cacheable() {
             return self.policy.evaluate(n, node, task).ok();
         }
-        let row = &mut self.cache[n];
-        if row.len() <= shape {
-            row.resize(shape + 1, EMPTY);
+        if self.cache.len() <= shape {
+            self.cache.resize_with(shape + 1, Vec::new);
         }
-        let e = row[shape];
+        let row = &mut self.cache[shape];
+        if row.len() <= n {
+            row.resize(ledger.nodes().len().max(n + 1), EMPTY);
+        }
+        let e = row[n];
         if e.generation == node.generation + 1 {
             return (e.score != i64::MIN).then(|| Eval {
                 score: e.score,
@@ -173,7 +180,7 @@ impl Scheduler {
             });
         }
         let r = self.policy.evaluate(n, node, task).ok();
-        self.cache[n][shape] = Entry {
+        self.cache[shape][n] = Entry {
             generation: node.generation + 1,
             score: r.map_or(i64::MIN, |e| e.score),
             pick: r

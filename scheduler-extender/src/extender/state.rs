@@ -28,7 +28,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -44,11 +44,12 @@ use vgpu_core::resources::{
 
 use super::binder::BindPlan;
 use super::error::ExtenderError;
+use super::names::{Located, NameIndex};
 use super::policy::ExtenderPolicy;
 use super::sync::WatchKind;
 use super::types::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, FailedNodesMap, HostPriority,
-    HostPriorityList, MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, HostPriorityRef,
+    MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
 };
 
 /// Settings of the state.
@@ -94,16 +95,17 @@ impl<'a> Candidates<'a> {
     }
 }
 
-/// The verdict of filter.
+/// The verdict of filter. Nodes are indices into the candidates, in request order;
+/// a reason shared by many nodes is one string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FilterOutcome {
-    /// Indices (into the candidates) of feasible nodes, in request order.
+    /// Feasible nodes.
     pub feasible: Vec<usize>,
     /// Nodes that lack free GPU now (preemption could help), with the reason.
-    pub failed: FailedNodesMap,
+    pub failed: Vec<(usize, Arc<str>)>,
     /// Nodes that can never take the pod as they are (no inventory, wrong model,
     /// too few GPUs), with the reason.
-    pub unresolvable: FailedNodesMap,
+    pub unresolvable: Vec<(usize, Arc<str>)>,
 }
 
 /// A pod as the watch shows it, reduced to what the ledger needs.
@@ -158,6 +160,20 @@ struct NodeEntry {
 }
 
 impl NodeEntry {
+    /// The entry as the name index keeps it.
+    fn located(&self) -> Located {
+        Located {
+            slot: self
+                .slot
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(u32::MAX),
+            ready: self.spec.is_ok()
+                && self.unavailable.is_none()
+                && self.slot.is_some_and(|i| u32::try_from(i).is_ok()),
+            unhealthy: self.unhealthy,
+        }
+    }
+
     fn new(spec: Result<NodeSpec, String>, unavailable: Option<String>) -> Self {
         let unhealthy = spec
             .as_ref()
@@ -190,7 +206,14 @@ impl Default for Fnv {
 
 impl std::hash::Hasher for Fnv {
     fn finish(&self) -> u64 {
-        self.0
+        // FNV-1a's low bits (the table's bucket index) depend only on the input's low
+        // bits, and names differing in their last characters then crowd into a few
+        // probe groups with equal control bytes (a string comparison each). A
+        // multiply-xorshift finaliser (splitmix64's) spreads every bit.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -206,6 +229,9 @@ struct Inner {
     nodes_synced: bool,
     pods_synced: bool,
     nodes: HashMap<String, NodeEntry, FnvBuild>,
+    /// `nodes` laid out for the per-candidate lookups (rebuilt with the ledger,
+    /// updated in place when a node's availability or health changes).
+    index: NameIndex,
     pods: HashMap<String, PodEntry>,
     assumptions: HashMap<String, Assumption>,
     ledger: Ledger,
@@ -414,6 +440,85 @@ fn quick_fit(node: &NodeState, task: &Task) -> Option<bool> {
     Some(false)
 }
 
+/// The reason [`NodeState::fit`] gives when [`quick_fit`] said no, computed without
+/// building a plan, for one GPU demand that is whole or a share of one GPU (the
+/// common shapes; `None` otherwise, and the caller asks `fit`). The same rules as
+/// `NodeState::plan` and its reasons, checked against `fit` by a property test.
+fn quick_reject(node: &NodeState, task: &Task) -> Option<Reject> {
+    let [d] = task.gpus.as_slice() else {
+        return None;
+    };
+    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
+        return None;
+    }
+    if !(d.is_whole() || d.count == 1) {
+        return None;
+    }
+    let allowed = |i: usize| task.models.is_any() || task.models.allows(&node.spec.gpus[i].model);
+    let n = node.gpus.len();
+    let have = (0..n).filter(|&i| allowed(i)).count();
+    if have == 0 && !task.models.is_any() {
+        return None; // the model reason: rare, left to `fit`
+    }
+    if have < d.count as usize {
+        return Some(Reject::GpuCount {
+            have,
+            need: d.count,
+        });
+    }
+    if d.is_whole() {
+        let free = (0..n)
+            .filter(|&i| allowed(i) && node.gpu_fully_free(i))
+            .count();
+        return (free < d.count as usize).then_some(Reject::WholeGpus {
+            free,
+            need: d.count,
+        });
+    }
+    let mut max_milli = 0;
+    let (mut with_compute, mut with_memory) = (0u32, 0u32);
+    let mut memory: Option<(u64, u64)> = None;
+    let mut max_slices = 0;
+    for i in (0..n).filter(|&i| allowed(i)) {
+        let g = &node.gpus[i];
+        max_milli = max_milli.max(g.milli);
+        if g.milli < d.compute_milli {
+            continue;
+        }
+        with_compute += 1;
+        let need = d.memory.resolve(node.spec.gpus[i].memory_mib);
+        memory = memory.max(Some((g.memory_mib, need)));
+        if g.memory_mib >= need {
+            with_memory += 1;
+            max_slices = max_slices.max(g.slices);
+        }
+    }
+    Some(if with_compute < d.count {
+        Reject::GpuCompute {
+            max_free: max_milli,
+            need: d.compute_milli,
+            count: d.count,
+        }
+    } else if with_memory < d.count {
+        let (max_free, need) = memory.unwrap_or((0, 0));
+        Reject::GpuMemory { max_free, need }
+    } else {
+        Reject::GpuSlices {
+            max_free: max_slices,
+            need: d.slices,
+        }
+    })
+}
+
+/// Why filter rejects a node.
+#[derive(Debug)]
+enum Why {
+    /// It cannot take vgpu pods at all (unresolvable), in words.
+    Unusable(String),
+    /// The ledger's reason.
+    Reject(Reject),
+}
+
 /// A pod's assignment annotation, if valid and present.
 fn assignment_of(pod: &Pod) -> Option<Assignment> {
     let text = pod
@@ -595,6 +700,7 @@ impl Inner {
             }
         }
         self.ledger = ledger;
+        self.index = NameIndex::build(self.nodes.iter().map(|(n, e)| (n.as_str(), e.located())));
         self.conflicts.clear();
         let mut uids: Vec<String> = self
             .pods
@@ -649,6 +755,17 @@ impl Inner {
     /// A candidate's ledger index and health flag, or why it cannot take vgpu pods
     /// at all (unresolvable).
     fn locate(&self, name: &str) -> Result<(usize, bool), String> {
+        if let Some(l) = self.index.get(name)
+            && l.ready
+            && (self.conflicts.is_empty() || self.conflict_on(name).is_none())
+        {
+            return Ok((l.slot as usize, l.unhealthy));
+        }
+        self.locate_slowly(name)
+    }
+
+    /// [`Inner::locate`] from the full node entry, with the reason when it fails.
+    fn locate_slowly(&self, name: &str) -> Result<(usize, bool), String> {
         let Some(entry) = self.nodes.get(name) else {
             return Err("node not known to the extender (not in its node watch)".into());
         };
@@ -671,16 +788,20 @@ impl Inner {
 
     /// The precise verdict for one node: `Err((resolvable, reason))` when it cannot
     /// take the task.
-    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
-        let (i, unhealthy) = self.locate(name).map_err(|r| (false, r))?;
+    fn verdict(&self, name: &str, task: &Task) -> Result<(), Why> {
+        let (i, unhealthy) = self.locate(name).map_err(Why::Unusable)?;
         let node = self.ledger.node(i);
         let task = effective_task(task, &node.spec, unhealthy);
-        if quick_fit(node, &task) == Some(true) {
-            return Ok(());
+        match quick_fit(node, &task) {
+            Some(true) => return Ok(()),
+            Some(false) => {
+                if let Some(r) = quick_reject(node, &task) {
+                    return Err(Why::Reject(r));
+                }
+            }
+            None => {}
         }
-        node.fit(&task)
-            .map(|_| ())
-            .map_err(|r| (resolvable(&r), r.to_string()))
+        node.fit(&task).map(|_| ()).map_err(Why::Reject)
     }
 }
 
@@ -798,6 +919,8 @@ impl State {
         {
             // Same GPUs: at most the availability changed; no ledger entry moves.
             entry.unavailable = unavailable;
+            let located = entry.located();
+            inner.index.set(&name, located);
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
@@ -951,14 +1074,27 @@ impl State {
             return Ok(outcome);
         }
         let task = task_of(&request);
+        // Thousands of nodes share a handful of reasons: each is written once.
+        let mut reasons: HashMap<Reject, Arc<str>> = HashMap::new();
         for (i, name) in candidates.names.iter().enumerate() {
             match inner.verdict(name, &task) {
                 Ok(()) => outcome.feasible.push(i),
-                Err((true, reason)) => {
-                    outcome.failed.insert((*name).to_string(), reason);
-                }
-                Err((false, reason)) => {
-                    outcome.unresolvable.insert((*name).to_string(), reason);
+                Err(Why::Unusable(reason)) => outcome.unresolvable.push((i, reason.into())),
+                Err(Why::Reject(r)) => {
+                    let list = if resolvable(&r) {
+                        &mut outcome.failed
+                    } else {
+                        &mut outcome.unresolvable
+                    };
+                    let reason = match reasons.get(&r) {
+                        Some(text) => text.clone(),
+                        None => {
+                            let text: Arc<str> = r.to_string().into();
+                            reasons.insert(r, text.clone());
+                            text
+                        }
+                    };
+                    list.push((i, reason));
                 }
             }
         }
@@ -967,11 +1103,11 @@ impl State {
 
     /// Prioritize: the policy's scores, mapped onto `0..=10` so that the best
     /// node(s) get 10 and every other node at most 9, in proportion.
-    pub fn prioritize(
+    pub fn prioritize<'a>(
         &self,
         pod: &Pod,
-        candidates: &Candidates<'_>,
-    ) -> Result<HostPriorityList, ExtenderError> {
+        candidates: &Candidates<'a>,
+    ) -> Result<Vec<HostPriorityRef<'a>>, ExtenderError> {
         let request = self.request_for(pod)?;
         let inner = self.read();
         if !inner.synced() {
@@ -1233,7 +1369,7 @@ impl State {
 /// the best key `(score, live)` get 10, every other node
 /// `min(9, ⌊9·(score − min)/(max − min)⌋)` over the primary scores (so a node tied
 /// on the score but not on the live key gets 9), and nodes that do not fit 0.
-fn normalise(candidates: &Candidates<'_>, raw: &[Option<Rank>]) -> HostPriorityList {
+fn normalise<'a>(candidates: &Candidates<'a>, raw: &[Option<Rank>]) -> Vec<HostPriorityRef<'a>> {
     let present = raw.iter().flatten();
     let best = present.clone().map(Rank::key).max();
     let max = present.clone().map(|r| r.score).max();
@@ -1257,10 +1393,7 @@ fn normalise(candidates: &Candidates<'_>, raw: &[Option<Rank>]) -> HostPriorityL
                 }
                 _ => 0,
             };
-            HostPriority {
-                host: (*name).to_string(),
-                score,
-            }
+            HostPriorityRef { host: name, score }
         })
         .collect()
 }
@@ -1286,7 +1419,7 @@ mod tests {
     }
 
     proptest! {
-        /// The allocation-free fast path agrees with the ledger's full fit.
+        /// The allocation-free fast paths agree with the ledger's full fit, reasons included.
         #[test]
         fn quick_fit_agrees_with_fit(
             gpus in proptest::collection::vec((prop::bool::ANY, prop::bool::ANY), 1..8),
@@ -1320,7 +1453,16 @@ mod tests {
             let models = if constrained { ModelConstraint::only(["A100"]) } else { ModelConstraint::any() };
             let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![probe], models };
             let node = ledger.node(0);
-            prop_assert_eq!(quick_fit(node, &task), Some(node.fit(&task).is_ok()));
+            let fit = node.fit(&task);
+            prop_assert_eq!(quick_fit(node, &task), Some(fit.is_ok()));
+            if let Err(reason) = fit {
+                let quick = quick_reject(node, &task);
+                let simple = probe.is_whole() || probe.count == 1;
+                prop_assert_eq!(quick.is_some(), simple && !matches!(reason, Reject::Model { .. }));
+                if let Some(quick) = quick {
+                    prop_assert_eq!(quick, reason);
+                }
+            }
         }
     }
 
