@@ -273,6 +273,9 @@ pub enum LedgerError {
     /// A node with this name exists already.
     #[error("node {0:?} is already in the ledger")]
     DuplicateNode(String),
+    /// A relabel that would change more than GPU models.
+    #[error("cannot relabel GPUs in place: {0}")]
+    Relabel(String),
 }
 
 /// One node's live state.
@@ -605,6 +608,50 @@ impl Ledger {
     /// A node's index by name.
     pub fn node_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
+    }
+
+    /// Renames the models of node `n`'s GPUs in place (the extender marks a GPU's health
+    /// in its model name), keeping every placement: only the models of new placements
+    /// are checked against them. Refused, naming the difference, unless `spec` equals
+    /// the node's spec but for GPU models. Bumps the node's generation.
+    pub fn relabel_gpus(&mut self, n: usize, spec: &NodeSpec) -> Result<(), LedgerError> {
+        let node = self
+            .nodes
+            .get_mut(n)
+            .ok_or_else(|| LedgerError::Relabel(format!("no node #{n}")))?;
+        let old = &node.spec;
+        let why = if old.name != spec.name {
+            Some(format!("name {:?} is not {:?}", spec.name, old.name))
+        } else if old.cpu_milli != spec.cpu_milli || old.memory_mib != spec.memory_mib {
+            Some(format!("node {:?}: CPU or memory changed", old.name))
+        } else if old.gpus.len() != spec.gpus.len() {
+            Some(format!(
+                "node {:?}: {} GPUs, not {}",
+                old.name,
+                spec.gpus.len(),
+                old.gpus.len()
+            ))
+        } else {
+            old.gpus
+                .iter()
+                .zip(&spec.gpus)
+                .enumerate()
+                .find(|(_, (a, b))| a.uuid != b.uuid || a.memory_mib != b.memory_mib)
+                .map(|(i, (a, b))| {
+                    format!(
+                        "node {:?} GPU {i}: {} ({} MiB) is not {} ({} MiB)",
+                        old.name, b.uuid, b.memory_mib, a.uuid, a.memory_mib
+                    )
+                })
+        };
+        if let Some(why) = why {
+            return Err(LedgerError::Relabel(why));
+        }
+        for (g, new) in node.spec.gpus.iter_mut().zip(&spec.gpus) {
+            g.model.clone_from(&new.model);
+        }
+        node.generation += 1;
+        Ok(())
     }
 
     /// Where a pod is placed.

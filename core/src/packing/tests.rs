@@ -96,6 +96,46 @@ fn commit_and_release_round_trip() {
 }
 
 #[test]
+fn relabel_changes_models_only_and_keeps_placements() {
+    let spec = node("a", 8000, 65536, &[("T4", 16384), ("T4", 16384)]);
+    let mut l = Ledger::with_nodes([spec.clone()]).unwrap();
+    let t = share(1000, 300);
+    let plan = l.node(0).fit(&t).unwrap();
+    l.commit(
+        "p1",
+        &t,
+        Placement {
+            node: 0,
+            containers: plan,
+        },
+    )
+    .unwrap();
+    let generation = l.node(0).generation;
+    let mut marked = spec.clone();
+    marked.gpus[0].model = "unhealthy:T4".into();
+    l.relabel_gpus(0, &marked).unwrap();
+    assert_eq!(l.node(0).spec, marked);
+    assert!(l.node(0).generation > generation);
+    assert_eq!(l.node(0).gpus[0].milli, 700, "placements stay");
+    assert!(l.placement("p1").is_some());
+    // Anything but models is refused, naming the difference.
+    let mut other = spec.clone();
+    other.gpus[1].uuid = "GPU-x".into();
+    let e = l.relabel_gpus(0, &other).unwrap_err().to_string();
+    assert!(e.contains("GPU-x"), "{e}");
+    let mut fewer = spec;
+    fewer.gpus.pop();
+    let e = l.relabel_gpus(0, &fewer).unwrap_err().to_string();
+    assert!(e.contains("1 GPUs, not 2"), "{e}");
+    assert!(
+        l.relabel_gpus(3, &marked)
+            .unwrap_err()
+            .to_string()
+            .contains("#3")
+    );
+}
+
+#[test]
 fn over_assignment_is_refused() {
     let mut l = Ledger::with_nodes([node("a", 8000, 65536, &[("T4", 16384)])]).unwrap();
     let t = share(100, 600);

@@ -15,8 +15,9 @@
 //!    [`ANNOTATION_GPU_INVENTORY`].
 //!
 //! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
-//! else from its live assumption. A change of a node's GPUs rebuilds it (a node
-//! reporting 0 `vgpu.io/gpu` for a moment does not); a pod change updates only
+//! else from its live assumption. A change of a node's GPU list rebuilds it (a
+//! change of GPU health relabels that node in place, and a node reporting 0
+//! `vgpu.io/gpu` for a moment changes nothing in it); a pod change updates only
 //! that pod's entry. A restarted extender therefore rebuilds exactly the
 //! same ledger from the API objects, less only the assumptions of binds that
 //! never reached the API server.
@@ -235,6 +236,8 @@ struct Inner {
     pods: HashMap<String, PodEntry>,
     assumptions: HashMap<String, Assumption>,
     ledger: Ledger,
+    /// Full ledger rebuilds so far.
+    rebuilds: u64,
     /// Pods whose recorded grants do not fit their node's ledger (should never
     /// happen; a sign of an inventory change or a foreign writer). Their node is
     /// refused until it clears, so that nothing is placed on top of them.
@@ -254,6 +257,9 @@ pub struct StateStats {
     pub assumptions: usize,
     /// Pods whose records conflict with the ledger.
     pub conflicts: usize,
+    /// Full ledger rebuilds so far (node added, removed or its GPU list changed;
+    /// lists).
+    pub rebuilds: u64,
 }
 
 /// The extender's state. See the module documentation.
@@ -684,6 +690,7 @@ impl Inner {
     /// Rebuilds the ledger from the nodes, pods and assumptions.
     /// Returns the tasks of every pod it placed (the workload, for the policy).
     fn rebuild(&mut self) -> Vec<Task> {
+        self.rebuilds += 1;
         let mut names: Vec<String> = self.nodes.keys().cloned().collect();
         names.sort();
         let mut ledger = Ledger::new();
@@ -874,6 +881,7 @@ impl State {
             placed: inner.ledger.pod_count(),
             assumptions: inner.assumptions.len(),
             conflicts: inner.conflicts.len(),
+            rebuilds: inner.rebuilds,
         }
     }
 
@@ -906,7 +914,8 @@ impl State {
         self.rebuild(&mut inner);
     }
 
-    /// One node added or changed. The ledger is rebuilt only if its GPUs changed.
+    /// One node added or changed. The ledger is rebuilt only if its GPU list changed;
+    /// a change of GPU health alone relabels the node in place.
     pub fn apply_node(&self, node: &Node) {
         let Some(name) = node.metadata.name.clone() else {
             return;
@@ -921,6 +930,24 @@ impl State {
             entry.unavailable = unavailable;
             let located = entry.located();
             inner.index.set(&name, located);
+            return;
+        }
+        // Only GPU health changed (an unhealthy GPU is a renamed model): relabel the
+        // node in place; its pods, and every other node, stay as they are.
+        if let (Some(entry), Ok(new)) = (inner.nodes.get(&name), &spec)
+            && entry.spec.is_ok()
+            && let Some(slot) = entry.slot
+            && inner.ledger.relabel_gpus(slot, new).is_ok()
+        {
+            debug!(node = %name, "GPU health changed");
+            let entry = NodeEntry {
+                slot: Some(slot),
+                ..NodeEntry::new(spec, unavailable)
+            };
+            let located = entry.located();
+            inner.nodes.insert(name.clone(), entry);
+            inner.index.set(&name, located);
+            self.policy.forget_node(slot);
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
