@@ -118,6 +118,11 @@ pub struct VgpuParams {
     /// Weight of the expected-waste decrease added to FGD's fragmentation decrease
     /// before quantisation ([`Fragmentation::gpu_waste`]; 0 = FGD's measure alone).
     pub waste_weight: f64,
+    /// Whether whole GPUs taken by a placement add to the expected-waste decrease. Every
+    /// placement of a whole-GPU demand takes fully free GPUs, so this part is the same for
+    /// all of a task's candidates: it ranks nothing, it only moves the quantisation's bin
+    /// edges (ADR 0006).
+    pub waste_whole: bool,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -147,14 +152,16 @@ impl Default for VgpuParams {
             coverage: 0.95,
             sum_of_squares: true,
             waste_weight: DEFAULT_WASTE_WEIGHT,
+            waste_whole: true,
         }
     }
 }
 
 impl VgpuParams {
-    /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ss`
-    /// (`1`/`0`: sum-of-squares ties), `cpu` and `gpu` (tie keys: none, bestfit,
-    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage).
+    /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ww`
+    /// (`1`/`0`: whole GPUs in the waste term), `ss` (`1`/`0`: sum-of-squares ties), `cpu`
+    /// and `gpu` (tie keys: none, bestfit, worstfit, leastgpu, cpurich, surplus), `cov`
+    /// (typical-task coverage).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut p = VgpuParams::default();
         let key = |v: &str| -> Result<TieKey, String> {
@@ -177,6 +184,7 @@ impl VgpuParams {
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
                 "w" => p.waste_weight = v.parse().map_err(|_| format!("bad w {v:?}"))?,
+                "ww" => p.waste_whole = v == "1",
                 "ss" => p.sum_of_squares = v == "1",
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
@@ -534,6 +542,7 @@ fn vgpu_eval(
                     .into_iter()
                     .flatten()
                     .flatten()
+                    .filter(|g| params.waste_whole || g.milli < MILLI_PER_GPU)
                     .map(|g| {
                         let a = node.gpus[usize::from(g.gpu)].milli;
                         frag.gpu_waste(a) - frag.gpu_waste(a - g.milli)
