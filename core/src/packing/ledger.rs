@@ -323,6 +323,13 @@ impl NodeState {
             && g.slices == SLICES_PER_GPU
     }
 
+    /// Number of fully free GPUs.
+    pub fn fully_free_count(&self) -> usize {
+        (0..self.gpus.len())
+            .filter(|&i| self.gpu_fully_free(i))
+            .count()
+    }
+
     /// Total free milli-GPU on the node.
     pub fn gpu_milli_free(&self) -> u64 {
         self.gpus.iter().map(|g| u64::from(g.milli)).sum()
@@ -543,6 +550,8 @@ pub struct Ledger {
     host: HashMap<String, (u64, u64)>,
     /// Number of GPUs by free milli-GPU (index 0..=1000).
     free_hist: Vec<u32>,
+    /// Number of nodes by their count of fully free GPUs.
+    whole_hist: Vec<u32>,
 }
 
 impl Ledger {
@@ -572,6 +581,10 @@ impl Ledger {
         }
         self.free_hist[MILLI_PER_GPU as usize] +=
             u32::try_from(spec.gpus.len()).expect("GPU count fits u32");
+        if self.whole_hist.len() <= spec.gpus.len() {
+            self.whole_hist.resize(spec.gpus.len() + 1, 0);
+        }
+        self.whole_hist[spec.gpus.len()] += 1;
         self.nodes.push(NodeState::new(spec));
         Ok(i)
     }
@@ -591,6 +604,22 @@ impl Ledger {
                 } else {
                     hist[m] = hist[m].saturating_sub(1);
                 }
+            }
+        }
+    }
+
+    /// Number of nodes by their count of fully free GPUs: `hist[k]` nodes have exactly `k`.
+    pub fn whole_histogram(&self) -> &[u32] {
+        &self.whole_hist
+    }
+
+    fn whole_update(hist: &mut [u32], node: &NodeState, add: bool) {
+        let k = node.fully_free_count();
+        if let Some(h) = hist.get_mut(k) {
+            if add {
+                *h += 1;
+            } else {
+                *h = h.saturating_sub(1);
             }
         }
     }
@@ -743,8 +772,10 @@ impl Ledger {
         node.cpu_free -= task.cpu_milli;
         node.memory_free -= task.memory_mib;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
+        Self::whole_update(&mut self.whole_hist, node, false);
         node.apply(&placement, 1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
+        Self::whole_update(&mut self.whole_hist, node, true);
         debug_assert_eq!(node.gpus, free);
         let n = placement.node;
         node.pods.insert(pod.to_owned(), placement);
@@ -770,8 +801,10 @@ impl Ledger {
         node.cpu_free += cpu;
         node.memory_free += mem;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
+        Self::whole_update(&mut self.whole_hist, node, false);
         node.apply(&placement, -1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
+        Self::whole_update(&mut self.whole_hist, node, true);
         Ok(placement)
     }
 }

@@ -123,6 +123,9 @@ pub struct VgpuParams {
     /// all of a task's candidates: it ranks nothing, it only moves the quantisation's bin
     /// edges (ADR 0006).
     pub waste_whole: bool,
+    /// Break ties between equal scores of whole-GPU tasks by the sum-of-squares key over
+    /// nodes' counts of fully free GPUs ([`sum_of_squares_delta_nodes`]).
+    pub node_sum_of_squares: bool,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -153,13 +156,15 @@ impl Default for VgpuParams {
             sum_of_squares: true,
             waste_weight: DEFAULT_WASTE_WEIGHT,
             waste_whole: true,
+            node_sum_of_squares: true,
         }
     }
 }
 
 impl VgpuParams {
     /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ww`
-    /// (`1`/`0`: whole GPUs in the waste term), `ss` (`1`/`0`: sum-of-squares ties), `cpu`
+    /// (`1`/`0`: whole GPUs in the waste term), `ss` (`1`/`0`: sum-of-squares ties between
+    /// GPUs), `nss` (`1`/`0`: sum-of-squares ties between nodes for whole GPUs), `cpu`
     /// and `gpu` (tie keys: none, bestfit, worstfit, leastgpu, cpurich, surplus), `cov`
     /// (typical-task coverage).
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -185,6 +190,7 @@ impl VgpuParams {
                 "gpu" => p.gpu_tie = key(v)?,
                 "w" => p.waste_weight = v.parse().map_err(|_| format!("bad w {v:?}"))?,
                 "ww" => p.waste_whole = v == "1",
+                "nss" => p.node_sum_of_squares = v == "1",
                 "ss" => p.sum_of_squares = v == "1",
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
@@ -594,6 +600,16 @@ pub fn sum_of_squares_delta(hist: &[u32], g: u32, s: u32) -> i64 {
     d
 }
 
+/// Sum-of-squares over nodes' fully free GPUs: the change of `Σ_k N(k)²` (`N(k)` = nodes
+/// with exactly `k` fully free GPUs) when a node with `f` fully free GPUs gives `k` of them.
+pub fn sum_of_squares_delta_nodes(hist: &[u32], f: usize, k: usize) -> i64 {
+    if k == 0 || k > f {
+        return 0;
+    }
+    let n = |h: usize| i64::from(hist.get(h).copied().unwrap_or(0));
+    (1 - 2 * n(f)) + (2 * n(f - k) + 1)
+}
+
 impl Policy {
     /// The live secondary key for a cached verdict: depends on cluster-wide state (the
     /// free-milli histogram of every GPU), so it is computed at every decision. Returns
@@ -604,6 +620,7 @@ impl Policy {
         task: &Task,
         eval: &Eval,
         hist: &[u32],
+        whole_hist: &[u32],
     ) -> Option<(i64, Option<usize>)> {
         if self.name == PolicyName::Random {
             // A fresh uniform key per decision: the cached verdict only says the node fits.
@@ -614,6 +631,17 @@ impl Policy {
             return None;
         }
         let Some(d) = task.single_share() else {
+            if self.vgpu.node_sum_of_squares
+                && !task.gpus.is_empty()
+                && task.gpus.iter().all(|d| d.is_whole())
+            {
+                let k: u32 = task.gpus.iter().map(|d| d.count).sum();
+                let f = node.fully_free_count();
+                return Some((
+                    -sum_of_squares_delta_nodes(whole_hist, f, k as usize),
+                    eval.pick,
+                ));
+            }
             return Some((0, eval.pick));
         };
         let mut best: Option<(i64, usize)> = None;

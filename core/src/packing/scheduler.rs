@@ -203,6 +203,7 @@ impl Scheduler {
         let n_nodes = ledger.nodes().len();
         self.sync_order(n_nodes);
         let hist = ledger.free_histogram();
+        let whole_hist = ledger.whole_histogram();
         let mut shape: Option<(&Task, usize)> = None;
         let mut best: Option<i64> = None;
         let mut out = Vec::with_capacity(items.len());
@@ -243,7 +244,7 @@ impl Scheduler {
             best = Some(e.score);
             let (live, pick) = self
                 .policy
-                .live(node, task, &e, hist)
+                .live(node, task, &e, hist, whole_hist)
                 .unwrap_or((0, e.pick));
             out.push(Some(Rank {
                 score: e.score,
