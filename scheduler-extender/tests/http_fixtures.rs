@@ -802,3 +802,107 @@ async fn unhealthy_gpus_take_no_new_pods_but_keep_theirs() {
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn a_gpu_health_change_updates_the_node_in_place_without_a_rebuild() {
+    use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
+    fn with_health(mut node: Value, healthy: [bool; 2]) -> Node {
+        let mut inv = NodeInventory::from_json(
+            node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
+                .as_str()
+                .expect("inventory"),
+        )
+        .expect("valid");
+        for (g, h) in inv.gpus.iter_mut().zip(healthy) {
+            g.healthy = h;
+        }
+        node["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY] = json!(inv.to_json());
+        serde_json::from_value(node).expect("node")
+    }
+    let record = Assignment {
+        version: vgpu_core::resources::ASSIGNMENT_VERSION,
+        node: "node-h".into(),
+        containers: vec![vgpu_core::resources::ContainerAssignment {
+            name: "main".into(),
+            gpus: vec![vgpu_core::resources::GpuGrant {
+                uuid: "GPU-node-h-0".into(),
+                compute_milli: 300,
+                memory_mib: 24576,
+                slices: 3,
+            }],
+        }],
+    };
+    let mut old = common::gpu_pod("old", "uid-old", json!({"vgpu.io/gpu": "3"}));
+    old["metadata"]["annotations"] = json!({ANNOTATION_ASSIGNMENT: record.to_json()});
+    old["spec"]["nodeName"] = json!("node-h");
+    old["status"]["phase"] = json!("Running");
+    let old: Pod = serde_json::from_value(old).expect("pod");
+    let node = common::gpu_node("node-h", 2, "A100", 81920);
+    let other: Node =
+        serde_json::from_value(common::gpu_node("node-o", 2, "A100", 81920)).expect("node");
+    let state_with = |healthy: [bool; 2]| {
+        let state = Arc::new(State::new(
+            StateConfig::default(),
+            ExtenderPolicy::new(PolicyName::Vgpu),
+        ));
+        state.replace_nodes(&[with_health(node.clone(), healthy), other.clone()]);
+        state.replace_pods(std::slice::from_ref(&old));
+        state.mark_synced(WatchKind::Nodes);
+        state.mark_synced(WatchKind::Pods);
+        state
+    };
+    let state = state_with([true, true]);
+    let served = Served::start(Extender::new(state.clone(), common::recording_binder())).await;
+    let filter = |pod: &Value| json!({"Pod": pod, "NodeNames": ["node-h", "node-o"]});
+    let big = common::gpu_pod("big", "uid-big", json!({"vgpu.io/gpu": "8"}));
+    let rebuilds = state.stats().rebuilds;
+
+    // GPU 1 turns unhealthy: relabelled in place, the old pod stays accounted, and
+    // a 0.8 pod no longer fits node-h (GPU 0 has 0.7 left).
+    state.apply_node(&with_health(node.clone(), [true, false]));
+    assert_eq!(
+        state.stats().rebuilds,
+        rebuilds,
+        "no rebuild for a health change"
+    );
+    assert_eq!(state.gpu_milli_free("node-h"), Some(vec![700, 1000]));
+    let (_, ans) = served.post_json("/scheduler/filter", &filter(&big)).await;
+    assert_eq!(ans["NodeNames"], json!(["node-o"]), "{ans}");
+    // The same answers as an extender that built everything from these objects.
+    let fresh = Served::start(Extender::new(
+        state_with([true, false]),
+        common::recording_binder(),
+    ))
+    .await;
+    for pod in [
+        &big,
+        &common::gpu_pod("s", "uid-s", json!({"vgpu.io/gpu": "2"})),
+    ] {
+        for verb in ["filter", "prioritize"] {
+            let path = format!("/scheduler/{verb}");
+            let (_, a) = served.post_json(&path, &filter(pod)).await;
+            let (_, b) = fresh.post_json(&path, &filter(pod)).await;
+            assert_eq!(a, b, "{verb}");
+        }
+    }
+
+    // Healthy again: the 0.8 pod fits node-h's GPU 1 and binds there.
+    state.apply_node(&with_health(node.clone(), [true, true]));
+    assert_eq!(state.stats().rebuilds, rebuilds);
+    let (_, ans) = served.post_json("/scheduler/filter", &filter(&big)).await;
+    assert_eq!(ans["NodeNames"], json!(["node-h", "node-o"]), "{ans}");
+    let (_, ans) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": "big", "PodNamespace": "default", "PodUID": "uid-big", "Node": "node-h"}),
+        )
+        .await;
+    assert_eq!(ans, json!({"Error": ""}));
+    assert_eq!(state.gpu_milli_free("node-h"), Some(vec![700, 200]));
+
+    // A change of the GPU list itself still rebuilds.
+    state.apply_node(
+        &serde_json::from_value(common::gpu_node("node-h", 3, "A100", 81920)).expect("node"),
+    );
+    assert_eq!(state.stats().rebuilds, rebuilds + 1);
+}

@@ -122,7 +122,7 @@ pub struct Fragmentation {
 }
 
 /// The fragmentation of one node state, prepared for evaluating candidate placements.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeFrag {
     parts: Vec<Part>,
     free_total: u64,
@@ -175,6 +175,13 @@ impl Fragmentation {
         &self.typical
     }
 
+    /// Forgets the model table of node `idx` (its GPUs' models changed in place).
+    pub fn forget_node(&mut self, idx: usize) {
+        if let Some(slot) = self.allowed.get_mut(idx) {
+            *slot = None;
+        }
+    }
+
     fn ensure_allowed(&mut self, idx: usize, node: &NodeState) {
         if self.allowed.len() <= idx {
             self.allowed.resize(idx + 1, None);
@@ -208,11 +215,27 @@ impl Fragmentation {
         cpu_free: u64,
         free: &[u32],
     ) -> NodeFrag {
+        let mut out = NodeFrag::default();
+        self.prepare_into(idx, node, cpu_free, free, &mut out);
+        out
+    }
+
+    /// [`Fragmentation::prepare`] into `out`, reusing its storage (no allocation once
+    /// `out` has held a node's parts).
+    pub fn prepare_into(
+        &mut self,
+        idx: usize,
+        node: &NodeState,
+        cpu_free: u64,
+        free: &[u32],
+        out: &mut NodeFrag,
+    ) {
         let g = free.len();
         let free_total: u64 = free.iter().map(|&m| u64::from(m)).sum();
         self.ensure_allowed(idx, node);
         let allowed = self.allowed[idx].as_deref().expect("just ensured");
-        let mut parts = Vec::with_capacity(self.typical.len());
+        let parts = &mut out.parts;
+        parts.clear();
         for (ti, t) in self.typical.iter().enumerate() {
             let mut p = Part::default();
             for (i, &m) in free.iter().enumerate() {
@@ -226,13 +249,9 @@ impl Fragmentation {
             }
             parts.push(p);
         }
-        let value = self.sum(&parts, free_total, cpu_free);
-        NodeFrag {
-            parts,
-            free_total,
-            cpu_free,
-            value,
-        }
+        out.value = self.sum(parts, free_total, cpu_free);
+        out.free_total = free_total;
+        out.cpu_free = cpu_free;
     }
 
     fn sum(&self, parts: &[Part], free_total: u64, cpu_free: u64) -> f64 {

@@ -97,7 +97,7 @@ impl Task {
 }
 
 /// Why a node cannot take a task: one precise, human-readable reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reject {
     /// Not enough CPU left.
     Cpu {
@@ -273,6 +273,9 @@ pub enum LedgerError {
     /// A node with this name exists already.
     #[error("node {0:?} is already in the ledger")]
     DuplicateNode(String),
+    /// A relabel that would change more than GPU models.
+    #[error("cannot relabel GPUs in place: {0}")]
+    Relabel(String),
 }
 
 /// One node's live state.
@@ -318,6 +321,13 @@ impl NodeState {
         g.milli == MILLI_PER_GPU
             && g.memory_mib == self.spec.gpus[i].memory_mib
             && g.slices == SLICES_PER_GPU
+    }
+
+    /// Number of fully free GPUs.
+    pub fn fully_free_count(&self) -> usize {
+        (0..self.gpus.len())
+            .filter(|&i| self.gpu_fully_free(i))
+            .count()
     }
 
     /// Total free milli-GPU on the node.
@@ -540,6 +550,8 @@ pub struct Ledger {
     host: HashMap<String, (u64, u64)>,
     /// Number of GPUs by free milli-GPU (index 0..=1000).
     free_hist: Vec<u32>,
+    /// Number of nodes by their count of fully free GPUs.
+    whole_hist: Vec<u32>,
 }
 
 impl Ledger {
@@ -569,6 +581,10 @@ impl Ledger {
         }
         self.free_hist[MILLI_PER_GPU as usize] +=
             u32::try_from(spec.gpus.len()).expect("GPU count fits u32");
+        if self.whole_hist.len() <= spec.gpus.len() {
+            self.whole_hist.resize(spec.gpus.len() + 1, 0);
+        }
+        self.whole_hist[spec.gpus.len()] += 1;
         self.nodes.push(NodeState::new(spec));
         Ok(i)
     }
@@ -592,6 +608,22 @@ impl Ledger {
         }
     }
 
+    /// Number of nodes by their count of fully free GPUs: `hist[k]` nodes have exactly `k`.
+    pub fn whole_histogram(&self) -> &[u32] {
+        &self.whole_hist
+    }
+
+    fn whole_update(hist: &mut [u32], node: &NodeState, add: bool) {
+        let k = node.fully_free_count();
+        if let Some(h) = hist.get_mut(k) {
+            if add {
+                *h += 1;
+            } else {
+                *h = h.saturating_sub(1);
+            }
+        }
+    }
+
     /// All nodes, by index.
     pub fn nodes(&self) -> &[NodeState] {
         &self.nodes
@@ -605,6 +637,50 @@ impl Ledger {
     /// A node's index by name.
     pub fn node_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
+    }
+
+    /// Renames the models of node `n`'s GPUs in place (the extender marks a GPU's health
+    /// in its model name), keeping every placement: only the models of new placements
+    /// are checked against them. Refused, naming the difference, unless `spec` equals
+    /// the node's spec but for GPU models. Bumps the node's generation.
+    pub fn relabel_gpus(&mut self, n: usize, spec: &NodeSpec) -> Result<(), LedgerError> {
+        let node = self
+            .nodes
+            .get_mut(n)
+            .ok_or_else(|| LedgerError::Relabel(format!("no node #{n}")))?;
+        let old = &node.spec;
+        let why = if old.name != spec.name {
+            Some(format!("name {:?} is not {:?}", spec.name, old.name))
+        } else if old.cpu_milli != spec.cpu_milli || old.memory_mib != spec.memory_mib {
+            Some(format!("node {:?}: CPU or memory changed", old.name))
+        } else if old.gpus.len() != spec.gpus.len() {
+            Some(format!(
+                "node {:?}: {} GPUs, not {}",
+                old.name,
+                spec.gpus.len(),
+                old.gpus.len()
+            ))
+        } else {
+            old.gpus
+                .iter()
+                .zip(&spec.gpus)
+                .enumerate()
+                .find(|(_, (a, b))| a.uuid != b.uuid || a.memory_mib != b.memory_mib)
+                .map(|(i, (a, b))| {
+                    format!(
+                        "node {:?} GPU {i}: {} ({} MiB) is not {} ({} MiB)",
+                        old.name, b.uuid, b.memory_mib, a.uuid, a.memory_mib
+                    )
+                })
+        };
+        if let Some(why) = why {
+            return Err(LedgerError::Relabel(why));
+        }
+        for (g, new) in node.spec.gpus.iter_mut().zip(&spec.gpus) {
+            g.model.clone_from(&new.model);
+        }
+        node.generation += 1;
+        Ok(())
     }
 
     /// Where a pod is placed.
@@ -696,8 +772,10 @@ impl Ledger {
         node.cpu_free -= task.cpu_milli;
         node.memory_free -= task.memory_mib;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
+        Self::whole_update(&mut self.whole_hist, node, false);
         node.apply(&placement, 1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
+        Self::whole_update(&mut self.whole_hist, node, true);
         debug_assert_eq!(node.gpus, free);
         let n = placement.node;
         node.pods.insert(pod.to_owned(), placement);
@@ -723,8 +801,10 @@ impl Ledger {
         node.cpu_free += cpu;
         node.memory_free += mem;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
+        Self::whole_update(&mut self.whole_hist, node, false);
         node.apply(&placement, -1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
+        Self::whole_update(&mut self.whole_hist, node, true);
         Ok(placement)
     }
 }

@@ -19,7 +19,7 @@ pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
 };
 pub use policy::{Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams};
-pub use scheduler::{NodeVerdict, Scheduler};
+pub use scheduler::{NodeVerdict, Rank, Scheduler};
 
 #[cfg(test)]
 mod tests;

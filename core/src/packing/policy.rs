@@ -118,6 +118,14 @@ pub struct VgpuParams {
     /// Weight of the expected-waste decrease added to FGD's fragmentation decrease
     /// before quantisation ([`Fragmentation::gpu_waste`]; 0 = FGD's measure alone).
     pub waste_weight: f64,
+    /// Whether whole GPUs taken by a placement add to the expected-waste decrease. Every
+    /// placement of a whole-GPU demand takes fully free GPUs, so this part is the same for
+    /// all of a task's candidates: it ranks nothing, it only moves the quantisation's bin
+    /// edges (ADR 0006).
+    pub waste_whole: bool,
+    /// Break ties between equal scores of whole-GPU tasks by the sum-of-squares key over
+    /// nodes' counts of fully free GPUs ([`sum_of_squares_delta_nodes`]).
+    pub node_sum_of_squares: bool,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -147,14 +155,18 @@ impl Default for VgpuParams {
             coverage: 0.95,
             sum_of_squares: true,
             waste_weight: DEFAULT_WASTE_WEIGHT,
+            waste_whole: true,
+            node_sum_of_squares: true,
         }
     }
 }
 
 impl VgpuParams {
-    /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ss`
-    /// (`1`/`0`: sum-of-squares ties), `cpu` and `gpu` (tie keys: none, bestfit,
-    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage).
+    /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ww`
+    /// (`1`/`0`: whole GPUs in the waste term), `ss` (`1`/`0`: sum-of-squares ties between
+    /// GPUs), `nss` (`1`/`0`: sum-of-squares ties between nodes for whole GPUs), `cpu`
+    /// and `gpu` (tie keys: none, bestfit, worstfit, leastgpu, cpurich, surplus), `cov`
+    /// (typical-task coverage).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut p = VgpuParams::default();
         let key = |v: &str| -> Result<TieKey, String> {
@@ -177,6 +189,8 @@ impl VgpuParams {
                 "cpu" => p.cpu_only = key(v)?,
                 "gpu" => p.gpu_tie = key(v)?,
                 "w" => p.waste_weight = v.parse().map_err(|_| format!("bad w {v:?}"))?,
+                "ww" => p.waste_whole = v == "1",
+                "nss" => p.node_sum_of_squares = v == "1",
                 "ss" => p.sum_of_squares = v == "1",
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
@@ -204,6 +218,19 @@ pub struct Policy {
     scale: Scale,
     /// Parameters of the `vgpu` policy.
     pub vgpu: VgpuParams,
+    scratch: Scratch,
+}
+
+/// Buffers [`Policy::evaluate`] reuses from node to node, so that evaluating a node
+/// allocates nothing on the common paths (the extender evaluates thousands per request).
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    /// Free milli per GPU of the node being evaluated.
+    free: Vec<u32>,
+    /// Its fragmentation before the placement.
+    before: NodeFrag,
+    /// Candidate placements: the GPU (single shares) and the fragmentation decrease.
+    cands: Vec<(Option<usize>, f64)>,
 }
 
 impl Policy {
@@ -216,12 +243,20 @@ impl Policy {
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
             scale,
             vgpu: VgpuParams::default(),
+            scratch: Scratch::default(),
         }
     }
 
     /// The policy's name.
     pub fn name(&self) -> PolicyName {
         self.name
+    }
+
+    /// Forgets the per-node tables kept for node `idx` (its spec changed in place).
+    pub fn forget_node(&mut self, idx: usize) {
+        if let Some(frag) = self.frag.as_mut() {
+            frag.forget_node(idx);
+        }
     }
 
     /// Whether a node's verdict depends only on the node's state and the task (so it can
@@ -242,8 +277,19 @@ impl Policy {
     /// Scores `task` on node `idx` (state `node`), or says why it does not fit.
     pub fn evaluate(&mut self, idx: usize, node: &NodeState, task: &Task) -> Result<Eval, Reject> {
         node.check_host(task)?;
-        // The default plan both proves GPU feasibility and gives the whole-GPU choice.
-        let plan = node.plan(task, None)?;
+        // The default plan both proves GPU feasibility and gives the whole-GPU choice. A
+        // single share needs no plan (the policy chooses its GPU): one allowed GPU with
+        // room proves it fits, and only a node without one pays for the plan's reason.
+        let plan = match task.single_share() {
+            Some(d)
+                if (0..node.gpus.len()).any(|i| {
+                    node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model)
+                }) =>
+            {
+                None
+            }
+            _ => Some(node.plan(task, None)?),
+        };
         let eval = match self.name {
             PolicyName::Random => {
                 // Every feasible node scores 0; `live` draws the random key per decision.
@@ -281,13 +327,23 @@ impl Policy {
             PolicyName::Spread => spread_eval(node, task, self.scale),
             PolicyName::Fgd => {
                 let frag = self.frag.as_mut().expect("fgd needs typical tasks");
-                fgd_eval(frag, idx, node, task, &plan, 100.0)
+                candidates(frag, idx, node, task, plan.as_deref(), &mut self.scratch);
+                fgd_eval(&self.scratch.cands, 100.0)
             }
             PolicyName::Vgpu => {
                 let params = self.vgpu;
                 let scale = self.scale;
                 let frag = self.frag.as_mut().expect("vgpu needs typical tasks");
-                vgpu_eval(frag, idx, node, task, &plan, params, scale)
+                candidates(frag, idx, node, task, plan.as_deref(), &mut self.scratch);
+                vgpu_eval(
+                    frag,
+                    node,
+                    task,
+                    plan.as_deref(),
+                    &self.scratch.cands,
+                    params,
+                    scale,
+                )
             }
         };
         Ok(eval)
@@ -362,61 +418,55 @@ fn spread_eval(node: &NodeState, task: &Task, scale: Scale) -> Eval {
     }
 }
 
-fn free_list(node: &NodeState) -> Vec<u32> {
-    node.gpus.iter().map(|g| g.milli).collect()
-}
-
-/// The fragmentation decrease of each candidate: for a single-share task, every GPU it
-/// fits on (in index order); otherwise the default plan alone.
+/// The fragmentation decrease of each candidate, into `scratch.cands`: for a single-share
+/// task, every GPU it fits on (in index order); otherwise the default plan alone.
 fn candidates(
     frag: &mut Fragmentation,
     idx: usize,
     node: &NodeState,
     task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
-) -> (NodeFrag, Vec<(Option<usize>, f64)>) {
-    let free = free_list(node);
-    let before = frag.prepare(idx, node, node.cpu_free, &free);
-    let mut out = Vec::new();
+    plan: Option<&[Vec<super::ledger::Grant>]>,
+    scratch: &mut Scratch,
+) {
+    let Scratch {
+        free,
+        before,
+        cands,
+    } = scratch;
+    free.clear();
+    free.extend(node.gpus.iter().map(|g| g.milli));
+    frag.prepare_into(idx, node, node.cpu_free, free, before);
+    cands.clear();
     if let Some(d) = task.single_share() {
         for (i, &f) in free.iter().enumerate() {
             if node.share_fits(i, d) && task.models.allows(&node.spec.gpus[i].model) {
                 let after = frag.value_after_share(
                     idx,
                     node,
-                    &before,
+                    before,
                     i,
                     f,
                     d.compute_milli,
                     task.cpu_milli,
                 );
-                out.push((Some(i), before.value - after));
+                cands.push((Some(i), before.value - after));
             }
         }
     } else {
-        let mut after_free = free.clone();
-        for grants in plan {
+        let value_before = before.value;
+        for grants in plan.expect("a task that is not a single share has a plan") {
             for g in grants {
-                after_free[usize::from(g.gpu)] -= g.milli;
+                free[usize::from(g.gpu)] -= g.milli;
             }
         }
-        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, &after_free);
-        out.push((None, before.value - after));
+        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, free);
+        cands.push((None, value_before - after));
     }
-    (before, out)
 }
 
-fn fgd_eval(
-    frag: &mut Fragmentation,
-    idx: usize,
-    node: &NodeState,
-    task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
-    resolution: f64,
-) -> Eval {
-    let (_, cands) = candidates(frag, idx, node, task, plan);
+fn fgd_eval(cands: &[(Option<usize>, f64)], resolution: f64) -> Eval {
     let mut best: Option<Eval> = None;
-    for (pick, delta) in cands {
+    for &(pick, delta) in cands {
         let s = if resolution == 100.0 {
             fgd_score(delta)
         } else {
@@ -473,20 +523,19 @@ fn quantized(delta: f64, resolution: f64) -> i64 {
 }
 
 fn vgpu_eval(
-    frag: &mut Fragmentation,
-    idx: usize,
+    frag: &Fragmentation,
     node: &NodeState,
     task: &Task,
-    plan: &[Vec<super::ledger::Grant>],
+    plan: Option<&[Vec<super::ledger::Grant>]>,
+    cands: &[(Option<usize>, f64)],
     params: VgpuParams,
     scale: Scale,
 ) -> Eval {
-    let (_, cands) = candidates(frag, idx, node, task, plan);
     let share = task.single_share().map_or(0, |d| d.compute_milli);
     let lambda = params.waste_weight;
     let mut best: Option<(i64, Option<usize>)> = None;
     let mut ties = 0u64;
-    for (pick, delta) in cands {
+    for &(pick, delta) in cands {
         let dw = if lambda == 0.0 {
             0.0
         } else {
@@ -496,8 +545,10 @@ fn vgpu_eval(
                     frag.gpu_waste(a) - frag.gpu_waste(a - share)
                 }
                 None => plan
-                    .iter()
+                    .into_iter()
                     .flatten()
+                    .flatten()
+                    .filter(|g| params.waste_whole || g.milli < MILLI_PER_GPU)
                     .map(|g| {
                         let a = node.gpus[usize::from(g.gpu)].milli;
                         frag.gpu_waste(a) - frag.gpu_waste(a - g.milli)
@@ -549,6 +600,16 @@ pub fn sum_of_squares_delta(hist: &[u32], g: u32, s: u32) -> i64 {
     d
 }
 
+/// Sum-of-squares over nodes' fully free GPUs: the change of `Σ_k N(k)²` (`N(k)` = nodes
+/// with exactly `k` fully free GPUs) when a node with `f` fully free GPUs gives `k` of them.
+pub fn sum_of_squares_delta_nodes(hist: &[u32], f: usize, k: usize) -> i64 {
+    if k == 0 || k > f {
+        return 0;
+    }
+    let n = |h: usize| i64::from(hist.get(h).copied().unwrap_or(0));
+    (1 - 2 * n(f)) + (2 * n(f - k) + 1)
+}
+
 impl Policy {
     /// The live secondary key for a cached verdict: depends on cluster-wide state (the
     /// free-milli histogram of every GPU), so it is computed at every decision. Returns
@@ -559,6 +620,7 @@ impl Policy {
         task: &Task,
         eval: &Eval,
         hist: &[u32],
+        whole_hist: &[u32],
     ) -> Option<(i64, Option<usize>)> {
         if self.name == PolicyName::Random {
             // A fresh uniform key per decision: the cached verdict only says the node fits.
@@ -569,6 +631,17 @@ impl Policy {
             return None;
         }
         let Some(d) = task.single_share() else {
+            if self.vgpu.node_sum_of_squares
+                && !task.gpus.is_empty()
+                && task.gpus.iter().all(|d| d.is_whole())
+            {
+                let k: u32 = task.gpus.iter().map(|d| d.count).sum();
+                let f = node.fully_free_count();
+                return Some((
+                    -sum_of_squares_delta_nodes(whole_hist, f, k as usize),
+                    eval.pick,
+                ));
+            }
             return Some((0, eval.pick));
         };
         let mut best: Option<(i64, usize)> = None;

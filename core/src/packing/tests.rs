@@ -96,6 +96,46 @@ fn commit_and_release_round_trip() {
 }
 
 #[test]
+fn relabel_changes_models_only_and_keeps_placements() {
+    let spec = node("a", 8000, 65536, &[("T4", 16384), ("T4", 16384)]);
+    let mut l = Ledger::with_nodes([spec.clone()]).unwrap();
+    let t = share(1000, 300);
+    let plan = l.node(0).fit(&t).unwrap();
+    l.commit(
+        "p1",
+        &t,
+        Placement {
+            node: 0,
+            containers: plan,
+        },
+    )
+    .unwrap();
+    let generation = l.node(0).generation;
+    let mut marked = spec.clone();
+    marked.gpus[0].model = "unhealthy:T4".into();
+    l.relabel_gpus(0, &marked).unwrap();
+    assert_eq!(l.node(0).spec, marked);
+    assert!(l.node(0).generation > generation);
+    assert_eq!(l.node(0).gpus[0].milli, 700, "placements stay");
+    assert!(l.placement("p1").is_some());
+    // Anything but models is refused, naming the difference.
+    let mut other = spec.clone();
+    other.gpus[1].uuid = "GPU-x".into();
+    let e = l.relabel_gpus(0, &other).unwrap_err().to_string();
+    assert!(e.contains("GPU-x"), "{e}");
+    let mut fewer = spec;
+    fewer.gpus.pop();
+    let e = l.relabel_gpus(0, &fewer).unwrap_err().to_string();
+    assert!(e.contains("1 GPUs, not 2"), "{e}");
+    assert!(
+        l.relabel_gpus(3, &marked)
+            .unwrap_err()
+            .to_string()
+            .contains("#3")
+    );
+}
+
+#[test]
 fn over_assignment_is_refused() {
     let mut l = Ledger::with_nodes([node("a", 8000, 65536, &[("T4", 16384)])]).unwrap();
     let t = share(100, 600);
@@ -330,6 +370,53 @@ fn sum_of_squares_prefers_rare_gaps() {
     assert_eq!(policy::sum_of_squares_delta(&hist, 1000, 500), 21);
 }
 
+#[test]
+fn node_sum_of_squares_prefers_rare_counts_of_free_gpus() {
+    // Nodes by fully free GPUs: 10 with 8, 1 with 6, 1 with 2.
+    let mut hist = vec![0u32; 9];
+    hist[8] = 10;
+    hist[6] = 1;
+    hist[2] = 1;
+    // Two GPUs from a node with 8 free: one fewer common count, one more of a rare one.
+    assert_eq!(policy::sum_of_squares_delta_nodes(&hist, 8, 2), -19 + 3);
+    // Four from the node with 6 free turns it into a second node with 2 free.
+    assert_eq!(policy::sum_of_squares_delta_nodes(&hist, 6, 4), -1 + 3);
+    // Taking more than a node has, or nothing, changes nothing.
+    assert_eq!(policy::sum_of_squares_delta_nodes(&hist, 2, 4), 0);
+    assert_eq!(policy::sum_of_squares_delta_nodes(&hist, 8, 0), 0);
+}
+
+#[test]
+fn vgpu_breaks_whole_gpu_ties_by_node_sum_of_squares() {
+    // Three identical 4-GPU nodes; one already gave 2 GPUs away. A 2-GPU task scores
+    // alike on the two fresh nodes (and the used one); the node key prefers the
+    // placement that leaves the counts of fully free GPUs most balanced.
+    let nodes: Vec<NodeSpec> = (0..3)
+        .map(|i| node(&format!("n{i}"), 96_000, 1 << 20, &[("A100", 81920); 4]))
+        .collect();
+    let mut l = Ledger::with_nodes(nodes).unwrap();
+    let t = whole(1000, 2);
+    let p = Placement {
+        node: 2,
+        containers: l.node(2).fit(&t).unwrap(),
+    };
+    l.commit("first", &t, p).unwrap();
+    assert_eq!(l.whole_histogram(), &[0, 0, 1, 0, 2]);
+    let mut s = scheduler(PolicyName::Vgpu, std::slice::from_ref(&t), 3);
+    let ranks = s.rank(&l, &t, &[Some(0), Some(1), Some(2)]);
+    let key = |n: usize| ranks[n].unwrap().live;
+    // From a 4-free node: N(4) 2→1, N(2) 1→2: Δ = -3 + 3 = 0. From the 2-free node:
+    // N(2) 1→0, N(0) 0→1: Δ = -1 + 1 = 0. Equal here; the keys are the negated deltas.
+    assert_eq!(
+        key(0),
+        -policy::sum_of_squares_delta_nodes(l.whole_histogram(), 4, 2)
+    );
+    assert_eq!(
+        key(2),
+        -policy::sum_of_squares_delta_nodes(l.whole_histogram(), 2, 2)
+    );
+}
+
 fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
     (
         1u64..=64,
@@ -410,10 +497,47 @@ fn check_invariants(l: &Ledger, tasks: &[Task], placed: &[(usize, Placement)]) {
             assert_eq!(n.gpus[i].memory_mib, n.spec.gpus[i].memory_mib - u.1);
         }
     }
+    // The histograms the live keys read match a recount.
+    let mut free = vec![0u32; 1001];
+    let mut whole = vec![0u32; l.whole_histogram().len()];
+    for n in l.nodes() {
+        for g in &n.gpus {
+            free[g.milli as usize] += 1;
+        }
+        whole[n.fully_free_count()] += 1;
+    }
+    assert_eq!(l.free_histogram(), free.as_slice());
+    assert_eq!(l.whole_histogram(), whole.as_slice());
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The extender's path (rank the candidates, bind with `place_on` on a best-ranked
+    /// node) decides exactly as the replay's `choose`: the chosen node is ranked best,
+    /// and placing on it grants the same GPUs.
+    #[test]
+    fn place_on_the_best_ranked_node_is_choose(
+        nodes in (1usize..6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>()),
+        tasks in prop::collection::vec(arb_task(), 1..40),
+        policy in prop::sample::select(PolicyName::ALL.to_vec()),
+    ) {
+        prop_assume!(policy != PolicyName::Random); // draws afresh at every call
+        let mut l = Ledger::with_nodes(nodes.clone()).unwrap();
+        let mut s = scheduler(policy, &tasks, nodes.len());
+        let all: Vec<Option<usize>> = (0..nodes.len()).map(Some).collect();
+        for (i, t) in tasks.iter().enumerate() {
+            let ranks = s.rank(&l, t, &all);
+            let Some(p) = s.choose(&l, t) else {
+                prop_assert!(ranks.iter().all(Option::is_none));
+                continue;
+            };
+            let best = ranks.iter().flatten().map(Rank::key).max();
+            prop_assert_eq!(ranks[p.node].map(|r| r.key()), best);
+            prop_assert_eq!(&s.place_on(&l, t, p.node).unwrap(), &p);
+            l.commit(&i.to_string(), t, p).unwrap();
+        }
+    }
 
     #[test]
     fn no_policy_ever_over_assigns(

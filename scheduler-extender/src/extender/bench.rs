@@ -252,6 +252,8 @@ pub struct Cluster {
     pub rebuild: Duration,
     /// Time of one recomputation of the policy's typical tasks over the workload.
     pub refresh: Duration,
+    /// Time of one GPU health change (a node's inventory marks a GPU unhealthy).
+    pub health: Duration,
 }
 
 /// Builds and fills a cluster through the state's own bind path.
@@ -305,6 +307,19 @@ pub fn populate(args: &BenchArgs, rng: &mut StdRng) -> Result<Cluster, BenchErro
     let t = Instant::now();
     state.replace_nodes(&nodes);
     let rebuild = t.elapsed();
+    // What a GPU health change costs: node 0's first GPU turns unhealthy, then
+    // healthy again (the second change is not timed).
+    let health = match nodes.first() {
+        Some(first) => {
+            let sick = with_gpu_health(first, false)?;
+            let t = Instant::now();
+            state.apply_node(&sick);
+            let health = t.elapsed();
+            state.apply_node(first);
+            health
+        }
+        None => Duration::ZERO,
+    };
     Ok(Cluster {
         extender: Extender::new(state, Arc::new(NoopBinder)),
         node_names,
@@ -312,7 +327,29 @@ pub fn populate(args: &BenchArgs, rng: &mut StdRng) -> Result<Cluster, BenchErro
         unplaced,
         rebuild,
         refresh,
+        health,
     })
+}
+
+/// `node` with its first GPU's health set to `healthy` in the inventory annotation.
+fn with_gpu_health(node: &Node, healthy: bool) -> Result<Node, BenchError> {
+    let mut node = node.clone();
+    if let Some(text) = node
+        .metadata
+        .annotations
+        .as_mut()
+        .and_then(|a| a.get_mut(ANNOTATION_GPU_INVENTORY))
+    {
+        let mut inventory = NodeInventory::from_json(text).map_err(|e| BenchError::Answer {
+            verb: "inventory",
+            detail: e.to_string(),
+        })?;
+        if let Some(g) = inventory.gpus.first_mut() {
+            g.healthy = healthy;
+        }
+        *text = inventory.to_json();
+    }
+    Ok(node)
 }
 
 /// Figures of one run.
@@ -560,6 +597,10 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         "typical-task refresh over the workload (sweep, pod count moved > 1 %): {:.1} ms",
         cluster.refresh.as_secs_f64() * 1e3
     );
+    println!(
+        "GPU health change (one node relabelled in place): {:.1} µs",
+        cluster.health.as_secs_f64() * 1e6
+    );
     println!("wall-clock time:");
     println!("{}", line("filter", &fig.filter));
     println!("{}", line("prioritize", &fig.prioritize));
@@ -589,6 +630,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         "candidates": if args.candidates == 0 { args.nodes } else { args.candidates.min(args.nodes) },
         "rebuild_ms": cluster.rebuild.as_secs_f64() * 1e3,
         "refresh_ms": cluster.refresh.as_secs_f64() * 1e3,
+        "health_change_us": cluster.health.as_secs_f64() * 1e6,
         "figures": fig,
     });
     println!("{json}");

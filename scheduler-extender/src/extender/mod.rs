@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod binder;
 pub mod error;
+mod names;
 pub mod policy;
 pub mod serve;
 pub mod server;

@@ -10,71 +10,37 @@
 //! yet, every node's fragmentation is 0: scores tie except for the policy's own
 //! tie-breaker, and kube-scheduler's other scores decide.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_core::packing::{
-    Fragmentation, Grant, Ledger, Policy, PolicyName, Reject, Scale, Task, typical_tasks,
+    Fragmentation, Ledger, Placement, Policy, PolicyName, Rank, Reject, Scale, Scheduler, Task,
+    typical_tasks,
 };
 
 /// Share of the workload the typical tasks cover (FGD's 95 %).
 pub const TYPICAL_COVERAGE: f64 = 0.95;
 
-/// Cached score of one (node, pod shape): valid while the node's generation is
-/// unchanged (a node's score depends only on its state, the task and the typical
-/// tasks, and a new set of typical tasks starts a new cache).
-#[derive(Debug, Clone, Copy)]
-struct Cached {
-    /// Node generation + 1 when computed; 0 = empty.
-    generation: u64,
-    /// `i64::MIN` when the node does not fit.
-    score: i64,
-}
+/// Seed of the policy's random stream (`random`'s draws).
+pub const POLICY_SEED: u64 = 0x5EED;
 
-const EMPTY: Cached = Cached {
-    generation: 0,
-    score: i64::MIN,
-};
-
-/// Shapes remembered at most; past that the cache starts afresh (pods with
-/// one-off memory requests would otherwise grow it without bound).
+/// Shapes whose verdicts are cached at most; past that the cache starts afresh (pods
+/// with one-off memory requests would otherwise grow it without bound).
 const MAX_SHAPES: usize = 1024;
 
 #[derive(Debug)]
 struct Current {
-    policy: Policy,
+    /// The policy core's scheduler: the same ranking the replay decides with.
+    scheduler: Scheduler,
     /// Number of tasks the typical tasks were computed from.
     basis: usize,
-    shapes: HashMap<Task, usize>,
-    /// Per node index, per shape id.
-    cache: Vec<Vec<Cached>>,
 }
 
-impl Current {
-    fn new(policy: Policy, basis: usize) -> Self {
-        Self {
-            policy,
-            basis,
-            shapes: HashMap::new(),
-            cache: Vec::new(),
-        }
-    }
-
-    fn shape_id(&mut self, task: &Task) -> usize {
-        if let Some(&id) = self.shapes.get(task) {
-            return id;
-        }
-        if self.shapes.len() >= MAX_SHAPES {
-            self.shapes.clear();
-            self.cache.clear();
-        }
-        let id = self.shapes.len();
-        self.shapes.insert(task.clone(), id);
-        id
-    }
-}
-
-/// A [`Policy`] behind a lock, refreshed from the ledger's workload.
+/// The policy core's [`Scheduler`] behind a lock, refreshed from the ledger's workload.
+///
+/// Prioritize ranks candidates with [`Scheduler::rank_each`] and bind places with
+/// [`Scheduler::place_on`], exactly as the replay's [`Scheduler::choose`] does: the
+/// same cached scores, the same live secondary key (`vgpu`'s sum-of-squares choice
+/// among tied GPUs, `random`'s draw), the same GPU.
 #[derive(Debug)]
 pub struct ExtenderPolicy {
     name: PolicyName,
@@ -104,7 +70,7 @@ impl ExtenderPolicy {
     pub fn new(name: PolicyName) -> Self {
         Self {
             name,
-            current: Mutex::new(Current::new(Self::build(name, &Ledger::new(), &[]), 0)),
+            current: Mutex::new(Self::current(name, &Ledger::new(), &[])),
         }
     }
 
@@ -114,11 +80,24 @@ impl ExtenderPolicy {
         self.name
     }
 
-    fn build(name: PolicyName, ledger: &Ledger, tasks: &[&Task]) -> Policy {
+    /// The core policy the extender decides with over `ledger` when its workload is
+    /// `tasks`: typical tasks covering [`TYPICAL_COVERAGE`] of `tasks` (for `fgd` and
+    /// `vgpu`), [`POLICY_SEED`], the ledger's largest node as the scale.
+    #[must_use]
+    pub fn build(name: PolicyName, ledger: &Ledger, tasks: &[&Task]) -> Policy {
         let frag = name
             .needs_typical_tasks()
             .then(|| Fragmentation::new(typical_tasks(tasks.iter().copied(), TYPICAL_COVERAGE)));
-        Policy::new(name, frag, 0x5EED, scale_of(ledger))
+        Policy::new(name, frag, POLICY_SEED, scale_of(ledger))
+    }
+
+    fn current(name: PolicyName, ledger: &Ledger, tasks: &[&Task]) -> Current {
+        let order = (0..ledger.nodes().len()).collect();
+        Current {
+            scheduler: Scheduler::new(Self::build(name, ledger, tasks), order)
+                .with_shape_limit(MAX_SHAPES),
+            basis: tasks.len(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Current> {
@@ -130,8 +109,13 @@ impl ExtenderPolicy {
     /// Starts afresh over a rebuilt ledger (node indices may have changed) with the
     /// typical tasks of `tasks`.
     pub fn reset(&self, ledger: &Ledger, tasks: &[&Task]) {
-        let policy = Self::build(self.name, ledger, tasks);
-        *self.lock() = Current::new(policy, tasks.len());
+        *self.lock() = Self::current(self.name, ledger, tasks);
+    }
+
+    /// Forgets what is cached about node `n`, whose GPUs' models (health) changed in
+    /// place in the ledger.
+    pub fn forget_node(&self, n: usize) {
+        self.lock().scheduler.forget_node(n);
     }
 
     /// Whether the workload has moved enough (> 1 % or 100 pods) since the typical
@@ -143,63 +127,17 @@ impl ExtenderPolicy {
         moved >= 100 || moved * 100 > basis.max(1)
     }
 
-    /// The policy's score for `task` on node `n` (higher is better), or why it does not fit.
-    pub fn score(&self, ledger: &Ledger, n: usize, task: &Task) -> Result<i64, Reject> {
-        let node = ledger
-            .nodes()
-            .get(n)
-            .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
-        self.lock().policy.evaluate(n, node, task).map(|e| e.score)
+    /// Ranks candidates (prioritize), one `(node, task)` per candidate, under one lock:
+    /// [`Scheduler::rank_each`], whose scores are cached per node state and pod shape
+    /// (after the first pod of a shape only nodes that changed since are evaluated
+    /// again) and whose live key is computed against the ledger as it is now.
+    pub fn ranks(&self, ledger: &Ledger, items: &[Option<(usize, &Task)>]) -> Vec<Option<Rank>> {
+        self.lock().scheduler.rank_each(ledger, items)
     }
 
-    /// Scores of several nodes under one lock (prioritize), cached per node state
-    /// and pod shape: after the first pod of a shape, only nodes that changed since
-    /// are evaluated again.
-    pub fn scores(
-        &self,
-        ledger: &Ledger,
-        task: &Task,
-        nodes: &[Option<usize>],
-    ) -> Vec<Option<i64>> {
-        let mut current = self.lock();
-        let cacheable = current.policy.cacheable();
-        let shape = current.shape_id(task);
-        if current.cache.len() < ledger.nodes().len() {
-            current.cache.resize_with(ledger.nodes().len(), Vec::new);
-        }
-        nodes
-            .iter()
-            .map(|n| {
-                let n = (*n)?;
-                let node = ledger.nodes().get(n)?;
-                if !cacheable {
-                    return current.policy.evaluate(n, node, task).ok().map(|e| e.score);
-                }
-                let row = &mut current.cache[n];
-                if row.len() <= shape {
-                    row.resize(shape + 1, EMPTY);
-                }
-                let hit = row[shape];
-                if hit.generation == node.generation + 1 {
-                    return (hit.score != i64::MIN).then_some(hit.score);
-                }
-                let score = current.policy.evaluate(n, node, task).ok().map(|e| e.score);
-                current.cache[n][shape] = Cached {
-                    generation: node.generation + 1,
-                    score: score.unwrap_or(i64::MIN),
-                };
-                score
-            })
-            .collect()
-    }
-
-    /// The concrete GPUs for `task` on node `n`, against the live ledger (bind).
-    pub fn place(&self, ledger: &Ledger, n: usize, task: &Task) -> Result<Vec<Vec<Grant>>, Reject> {
-        let node = ledger
-            .nodes()
-            .get(n)
-            .ok_or_else(|| Reject::UnknownNode(format!("#{n}")))?;
-        let eval = self.lock().policy.evaluate(n, node, task)?;
-        node.plan(task, eval.pick)
+    /// The concrete GPUs for `task` on node `n`, against the live ledger (bind):
+    /// [`Scheduler::place_on`].
+    pub fn place(&self, ledger: &Ledger, n: usize, task: &Task) -> Result<Placement, Reject> {
+        self.lock().scheduler.place_on(ledger, task, n)
     }
 }

@@ -22,6 +22,7 @@ use super::state::{Candidates, State};
 use super::types::{
     ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
     ExtenderFilterAnswer, ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeListRef,
+    ReasonsRef,
 };
 
 /// The extender: decisions over [`State`], writes through a [`Binder`].
@@ -153,8 +154,14 @@ impl Extender {
         let answer = ExtenderFilterAnswer {
             nodes,
             node_names,
-            failed_nodes: outcome.failed,
-            failed_and_unresolvable_nodes: outcome.unresolvable,
+            failed_nodes: ReasonsRef {
+                names: &candidates.names,
+                reasons: &outcome.failed,
+            },
+            failed_and_unresolvable_nodes: ReasonsRef {
+                names: &candidates.names,
+                reasons: &outcome.unresolvable,
+            },
             error: String::new(),
         };
         serde_json::to_vec(&answer).map_err(|source| ExtenderError::BadRequest {
@@ -174,11 +181,12 @@ impl Extender {
                 .ok_or(ExtenderError::MissingPod {
                     verb: Verb::Prioritize,
                 })?;
-            self.state
-                .prioritize(pod, &candidates_of(&args, owned.as_ref()))
+            let candidates = candidates_of(&args, owned.as_ref());
+            let list = self.state.prioritize(pod, &candidates)?;
+            Ok(json_answer(Verb::Prioritize, &list))
         });
         match result {
-            Ok(list) => json_answer(Verb::Prioritize, &list),
+            Ok(answer) => answer,
             Err(e) => {
                 warn!(error = %super::error::error_chain(&e), "prioritize failed");
                 error_response(Verb::Prioritize, &e)

@@ -15,8 +15,9 @@
 //!    [`ANNOTATION_GPU_INVENTORY`].
 //!
 //! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
-//! else from its live assumption. A change of a node's GPUs rebuilds it (a node
-//! reporting 0 `vgpu.io/gpu` for a moment does not); a pod change updates only
+//! else from its live assumption. A change of a node's GPU list rebuilds it (a
+//! change of GPU health relabels that node in place, and a node reporting 0
+//! `vgpu.io/gpu` for a moment changes nothing in it); a pod change updates only
 //! that pod's entry. A restarted extender therefore rebuilds exactly the
 //! same ledger from the API objects, less only the assumptions of binds that
 //! never reached the API server.
@@ -28,13 +29,15 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Reject, Task};
+use vgpu_core::packing::{
+    GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, Task,
+};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
     GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
@@ -42,11 +45,12 @@ use vgpu_core::resources::{
 
 use super::binder::BindPlan;
 use super::error::ExtenderError;
+use super::names::{Located, NameIndex};
 use super::policy::ExtenderPolicy;
 use super::sync::WatchKind;
 use super::types::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, FailedNodesMap, HostPriority,
-    HostPriorityList, MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, HostPriorityRef,
+    MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
 };
 
 /// Settings of the state.
@@ -92,16 +96,17 @@ impl<'a> Candidates<'a> {
     }
 }
 
-/// The verdict of filter.
+/// The verdict of filter. Nodes are indices into the candidates, in request order;
+/// a reason shared by many nodes is one string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FilterOutcome {
-    /// Indices (into the candidates) of feasible nodes, in request order.
+    /// Feasible nodes.
     pub feasible: Vec<usize>,
     /// Nodes that lack free GPU now (preemption could help), with the reason.
-    pub failed: FailedNodesMap,
+    pub failed: Vec<(usize, Arc<str>)>,
     /// Nodes that can never take the pod as they are (no inventory, wrong model,
     /// too few GPUs), with the reason.
-    pub unresolvable: FailedNodesMap,
+    pub unresolvable: Vec<(usize, Arc<str>)>,
 }
 
 /// A pod as the watch shows it, reduced to what the ledger needs.
@@ -156,6 +161,20 @@ struct NodeEntry {
 }
 
 impl NodeEntry {
+    /// The entry as the name index keeps it.
+    fn located(&self) -> Located {
+        Located {
+            slot: self
+                .slot
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(u32::MAX),
+            ready: self.spec.is_ok()
+                && self.unavailable.is_none()
+                && self.slot.is_some_and(|i| u32::try_from(i).is_ok()),
+            unhealthy: self.unhealthy,
+        }
+    }
+
     fn new(spec: Result<NodeSpec, String>, unavailable: Option<String>) -> Self {
         let unhealthy = spec
             .as_ref()
@@ -188,7 +207,14 @@ impl Default for Fnv {
 
 impl std::hash::Hasher for Fnv {
     fn finish(&self) -> u64 {
-        self.0
+        // FNV-1a's low bits (the table's bucket index) depend only on the input's low
+        // bits, and names differing in their last characters then crowd into a few
+        // probe groups with equal control bytes (a string comparison each). A
+        // multiply-xorshift finaliser (splitmix64's) spreads every bit.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -204,9 +230,14 @@ struct Inner {
     nodes_synced: bool,
     pods_synced: bool,
     nodes: HashMap<String, NodeEntry, FnvBuild>,
+    /// `nodes` laid out for the per-candidate lookups (rebuilt with the ledger,
+    /// updated in place when a node's availability or health changes).
+    index: NameIndex,
     pods: HashMap<String, PodEntry>,
     assumptions: HashMap<String, Assumption>,
     ledger: Ledger,
+    /// Full ledger rebuilds so far.
+    rebuilds: u64,
     /// Pods whose recorded grants do not fit their node's ledger (should never
     /// happen; a sign of an inventory change or a foreign writer). Their node is
     /// refused until it clears, so that nothing is placed on top of them.
@@ -226,6 +257,9 @@ pub struct StateStats {
     pub assumptions: usize,
     /// Pods whose records conflict with the ledger.
     pub conflicts: usize,
+    /// Full ledger rebuilds so far (node added, removed or its GPU list changed;
+    /// lists).
+    pub rebuilds: u64,
 }
 
 /// The extender's state. See the module documentation.
@@ -280,6 +314,12 @@ pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
     let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
     parse_pod_request(requests.iter().map(|(n, m)| (*n, m)), annotations)
         .map_err(|e| bad(e.to_string()))
+}
+
+/// The ledger task of a pod, as filter, prioritize and bind decide it (GPU demands
+/// only; CPU and memory are kube-scheduler's).
+pub fn pod_task(pod: &Pod) -> Result<Task, ExtenderError> {
+    Ok(task_of(&pod_request(pod)?))
 }
 
 /// The ledger task for a pod request: GPU demands only (CPU and memory are
@@ -404,6 +444,85 @@ fn quick_fit(node: &NodeState, task: &Task) -> Option<bool> {
         }
     }
     Some(false)
+}
+
+/// The reason [`NodeState::fit`] gives when [`quick_fit`] said no, computed without
+/// building a plan, for one GPU demand that is whole or a share of one GPU (the
+/// common shapes; `None` otherwise, and the caller asks `fit`). The same rules as
+/// `NodeState::plan` and its reasons, checked against `fit` by a property test.
+fn quick_reject(node: &NodeState, task: &Task) -> Option<Reject> {
+    let [d] = task.gpus.as_slice() else {
+        return None;
+    };
+    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
+        return None;
+    }
+    if !(d.is_whole() || d.count == 1) {
+        return None;
+    }
+    let allowed = |i: usize| task.models.is_any() || task.models.allows(&node.spec.gpus[i].model);
+    let n = node.gpus.len();
+    let have = (0..n).filter(|&i| allowed(i)).count();
+    if have == 0 && !task.models.is_any() {
+        return None; // the model reason: rare, left to `fit`
+    }
+    if have < d.count as usize {
+        return Some(Reject::GpuCount {
+            have,
+            need: d.count,
+        });
+    }
+    if d.is_whole() {
+        let free = (0..n)
+            .filter(|&i| allowed(i) && node.gpu_fully_free(i))
+            .count();
+        return (free < d.count as usize).then_some(Reject::WholeGpus {
+            free,
+            need: d.count,
+        });
+    }
+    let mut max_milli = 0;
+    let (mut with_compute, mut with_memory) = (0u32, 0u32);
+    let mut memory: Option<(u64, u64)> = None;
+    let mut max_slices = 0;
+    for i in (0..n).filter(|&i| allowed(i)) {
+        let g = &node.gpus[i];
+        max_milli = max_milli.max(g.milli);
+        if g.milli < d.compute_milli {
+            continue;
+        }
+        with_compute += 1;
+        let need = d.memory.resolve(node.spec.gpus[i].memory_mib);
+        memory = memory.max(Some((g.memory_mib, need)));
+        if g.memory_mib >= need {
+            with_memory += 1;
+            max_slices = max_slices.max(g.slices);
+        }
+    }
+    Some(if with_compute < d.count {
+        Reject::GpuCompute {
+            max_free: max_milli,
+            need: d.compute_milli,
+            count: d.count,
+        }
+    } else if with_memory < d.count {
+        let (max_free, need) = memory.unwrap_or((0, 0));
+        Reject::GpuMemory { max_free, need }
+    } else {
+        Reject::GpuSlices {
+            max_free: max_slices,
+            need: d.slices,
+        }
+    })
+}
+
+/// Why filter rejects a node.
+#[derive(Debug)]
+enum Why {
+    /// It cannot take vgpu pods at all (unresolvable), in words.
+    Unusable(String),
+    /// The ledger's reason.
+    Reject(Reject),
 }
 
 /// A pod's assignment annotation, if valid and present.
@@ -571,6 +690,7 @@ impl Inner {
     /// Rebuilds the ledger from the nodes, pods and assumptions.
     /// Returns the tasks of every pod it placed (the workload, for the policy).
     fn rebuild(&mut self) -> Vec<Task> {
+        self.rebuilds += 1;
         let mut names: Vec<String> = self.nodes.keys().cloned().collect();
         names.sort();
         let mut ledger = Ledger::new();
@@ -587,6 +707,7 @@ impl Inner {
             }
         }
         self.ledger = ledger;
+        self.index = NameIndex::build(self.nodes.iter().map(|(n, e)| (n.as_str(), e.located())));
         self.conflicts.clear();
         let mut uids: Vec<String> = self
             .pods
@@ -641,6 +762,17 @@ impl Inner {
     /// A candidate's ledger index and health flag, or why it cannot take vgpu pods
     /// at all (unresolvable).
     fn locate(&self, name: &str) -> Result<(usize, bool), String> {
+        if let Some(l) = self.index.get(name)
+            && l.ready
+            && (self.conflicts.is_empty() || self.conflict_on(name).is_none())
+        {
+            return Ok((l.slot as usize, l.unhealthy));
+        }
+        self.locate_slowly(name)
+    }
+
+    /// [`Inner::locate`] from the full node entry, with the reason when it fails.
+    fn locate_slowly(&self, name: &str) -> Result<(usize, bool), String> {
         let Some(entry) = self.nodes.get(name) else {
             return Err("node not known to the extender (not in its node watch)".into());
         };
@@ -663,16 +795,20 @@ impl Inner {
 
     /// The precise verdict for one node: `Err((resolvable, reason))` when it cannot
     /// take the task.
-    fn verdict(&self, name: &str, task: &Task) -> Result<(), (bool, String)> {
-        let (i, unhealthy) = self.locate(name).map_err(|r| (false, r))?;
+    fn verdict(&self, name: &str, task: &Task) -> Result<(), Why> {
+        let (i, unhealthy) = self.locate(name).map_err(Why::Unusable)?;
         let node = self.ledger.node(i);
         let task = effective_task(task, &node.spec, unhealthy);
-        if quick_fit(node, &task) == Some(true) {
-            return Ok(());
+        match quick_fit(node, &task) {
+            Some(true) => return Ok(()),
+            Some(false) => {
+                if let Some(r) = quick_reject(node, &task) {
+                    return Err(Why::Reject(r));
+                }
+            }
+            None => {}
         }
-        node.fit(&task)
-            .map(|_| ())
-            .map_err(|r| (resolvable(&r), r.to_string()))
+        node.fit(&task).map(|_| ()).map_err(Why::Reject)
     }
 }
 
@@ -745,7 +881,16 @@ impl State {
             placed: inner.ledger.pod_count(),
             assumptions: inner.assumptions.len(),
             conflicts: inner.conflicts.len(),
+            rebuilds: inner.rebuilds,
         }
+    }
+
+    /// A copy of the ledger and the workload (the task of every pod it holds), as of
+    /// now: for tests and diagnostics that compare decisions with the policy core.
+    #[must_use]
+    pub fn snapshot(&self) -> (Ledger, Vec<Task>) {
+        let inner = self.read();
+        (inner.ledger.clone(), inner.workload())
     }
 
     /// Free compute (milli-GPU) per GPU of a node, by device index, as the ledger sees it.
@@ -769,7 +914,8 @@ impl State {
         self.rebuild(&mut inner);
     }
 
-    /// One node added or changed. The ledger is rebuilt only if its GPUs changed.
+    /// One node added or changed. The ledger is rebuilt only if its GPU list changed;
+    /// a change of GPU health alone relabels the node in place.
     pub fn apply_node(&self, node: &Node) {
         let Some(name) = node.metadata.name.clone() else {
             return;
@@ -782,6 +928,26 @@ impl State {
         {
             // Same GPUs: at most the availability changed; no ledger entry moves.
             entry.unavailable = unavailable;
+            let located = entry.located();
+            inner.index.set(&name, located);
+            return;
+        }
+        // Only GPU health changed (an unhealthy GPU is a renamed model): relabel the
+        // node in place; its pods, and every other node, stay as they are.
+        if let (Some(entry), Ok(new)) = (inner.nodes.get(&name), &spec)
+            && entry.spec.is_ok()
+            && let Some(slot) = entry.slot
+            && inner.ledger.relabel_gpus(slot, new).is_ok()
+        {
+            debug!(node = %name, "GPU health changed");
+            let entry = NodeEntry {
+                slot: Some(slot),
+                ..NodeEntry::new(spec, unavailable)
+            };
+            let located = entry.located();
+            inner.nodes.insert(name.clone(), entry);
+            inner.index.set(&name, located);
+            self.policy.forget_node(slot);
             return;
         }
         debug!(node = %name, usable = spec.is_ok(), "node inventory changed");
@@ -935,14 +1101,27 @@ impl State {
             return Ok(outcome);
         }
         let task = task_of(&request);
+        // Thousands of nodes share a handful of reasons: each is written once.
+        let mut reasons: HashMap<Reject, Arc<str>> = HashMap::new();
         for (i, name) in candidates.names.iter().enumerate() {
             match inner.verdict(name, &task) {
                 Ok(()) => outcome.feasible.push(i),
-                Err((true, reason)) => {
-                    outcome.failed.insert((*name).to_string(), reason);
-                }
-                Err((false, reason)) => {
-                    outcome.unresolvable.insert((*name).to_string(), reason);
+                Err(Why::Unusable(reason)) => outcome.unresolvable.push((i, reason.into())),
+                Err(Why::Reject(r)) => {
+                    let list = if resolvable(&r) {
+                        &mut outcome.failed
+                    } else {
+                        &mut outcome.unresolvable
+                    };
+                    let reason = match reasons.get(&r) {
+                        Some(text) => text.clone(),
+                        None => {
+                            let text: Arc<str> = r.to_string().into();
+                            reasons.insert(r, text.clone());
+                            text
+                        }
+                    };
+                    list.push((i, reason));
                 }
             }
         }
@@ -951,11 +1130,11 @@ impl State {
 
     /// Prioritize: the policy's scores, mapped onto `0..=10` so that the best
     /// node(s) get 10 and every other node at most 9, in proportion.
-    pub fn prioritize(
+    pub fn prioritize<'a>(
         &self,
         pod: &Pod,
-        candidates: &Candidates<'_>,
-    ) -> Result<HostPriorityList, ExtenderError> {
+        candidates: &Candidates<'a>,
+    ) -> Result<Vec<HostPriorityRef<'a>>, ExtenderError> {
         let request = self.request_for(pod)?;
         let inner = self.read();
         if !inner.synced() {
@@ -965,26 +1144,27 @@ impl State {
             return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
         }
         let base = task_of(&request);
-        // Nodes that filter would reject score nothing; the others in one policy
-        // pass (cached per node state and pod shape).
-        let located: Vec<Option<(usize, bool)>> = candidates
+        // Nodes that filter would reject rank nothing; the others are ranked in one
+        // pass of the policy core's scheduler (the replay's ranking), each with the
+        // task as its node sees it (unhealthy GPUs excluded).
+        let located: Vec<Option<(usize, Cow<'_, Task>)>> = candidates
             .names
             .iter()
-            .map(|name| inner.locate(name).ok())
+            .map(|name| {
+                let (i, unhealthy) = inner.locate(name).ok()?;
+                let task = if unhealthy {
+                    effective_task(&base, &inner.ledger.node(i).spec, true)
+                } else {
+                    Cow::Borrowed(&base)
+                };
+                Some((i, task))
+            })
             .collect();
-        let raw: Vec<Option<i64>> = if located.iter().flatten().all(|(_, u)| !u) {
-            let nodes: Vec<Option<usize>> = located.iter().map(|l| l.map(|(i, _)| i)).collect();
-            self.policy.scores(&inner.ledger, &base, &nodes)
-        } else {
-            located
-                .iter()
-                .map(|l| {
-                    let (i, unhealthy) = (*l)?;
-                    let task = effective_task(&base, &inner.ledger.node(i).spec, unhealthy);
-                    self.policy.score(&inner.ledger, i, &task).ok()
-                })
-                .collect()
-        };
+        let items: Vec<Option<(usize, &Task)>> = located
+            .iter()
+            .map(|l| l.as_ref().map(|(i, t)| (*i, t.as_ref())))
+            .collect();
+        let raw = self.policy.ranks(&inner.ledger, &items);
         Ok(normalise(candidates, &raw))
     }
 
@@ -1056,7 +1236,7 @@ impl State {
         let spec = inner.ledger.node(node_index).spec.clone();
         let unhealthy = inner.nodes.get(&args.node).is_some_and(|e| e.unhealthy);
         let task = effective_task(&task_of(&request), &spec, unhealthy).into_owned();
-        let grants = self
+        let placement = self
             .policy
             .place(&inner.ledger, node_index, &task)
             .map_err(|r| ExtenderError::NoLongerFits {
@@ -1064,6 +1244,7 @@ impl State {
                 node: args.node.clone(),
                 reason: r.to_string(),
             })?;
+        let grants = placement.containers.clone();
         let assignment = Assignment {
             version: ASSIGNMENT_VERSION,
             node: args.node.clone(),
@@ -1084,10 +1265,6 @@ impl State {
                         .collect(),
                 })
                 .collect(),
-        };
-        let placement = Placement {
-            node: node_index,
-            containers: grants.clone(),
         };
         // The commit re-checks every GPU: the decision and its reservation are one
         // step under the write lock.
@@ -1215,36 +1392,35 @@ impl State {
     }
 }
 
-/// Maps raw policy scores (higher is better; `None`: does not fit) onto `0..=10`:
-/// the best node(s) get 10, the others `9 * (s - min) / (max - min)`, rounded
-/// down, and nodes that do not fit 0.
-fn normalise(candidates: &Candidates<'_>, raw: &[Option<i64>]) -> HostPriorityList {
+/// Maps the policy's ranks (`None`: does not fit) onto `0..=10`: the node(s) with
+/// the best key `(score, live)` get 10, every other node
+/// `min(9, ⌊9·(score − min)/(max − min)⌋)` over the primary scores (so a node tied
+/// on the score but not on the live key gets 9), and nodes that do not fit 0.
+fn normalise<'a>(candidates: &Candidates<'a>, raw: &[Option<Rank>]) -> Vec<HostPriorityRef<'a>> {
     let present = raw.iter().flatten();
-    let max = present.clone().max().copied();
-    let min = present.min().copied();
+    let best = present.clone().map(Rank::key).max();
+    let max = present.clone().map(|r| r.score).max();
+    let min = present.map(|r| r.score).min();
     candidates
         .names
         .iter()
         .zip(raw)
-        .map(|(name, s)| {
-            let score = match (s, min, max) {
-                (Some(s), Some(lo), Some(hi)) => {
-                    if *s == hi {
+        .map(|(name, r)| {
+            let score = match (r, min, max) {
+                (Some(r), Some(lo), Some(hi)) => {
+                    if Some(r.key()) == best {
                         MAX_EXTENDER_PRIORITY
                     } else {
                         let span = i128::from(hi) - i128::from(lo);
-                        let v = (i128::from(*s) - i128::from(lo))
+                        let v = (i128::from(r.score) - i128::from(lo))
                             * i128::from(MAX_EXTENDER_PRIORITY - 1)
                             / span.max(1);
-                        i64::try_from(v).unwrap_or(0)
+                        i64::try_from(v).unwrap_or(0).min(MAX_EXTENDER_PRIORITY - 1)
                     }
                 }
                 _ => 0,
             };
-            HostPriority {
-                host: (*name).to_string(),
-                score,
-            }
+            HostPriorityRef { host: name, score }
         })
         .collect()
 }
@@ -1270,7 +1446,7 @@ mod tests {
     }
 
     proptest! {
-        /// The allocation-free fast path agrees with the ledger's full fit.
+        /// The allocation-free fast paths agree with the ledger's full fit, reasons included.
         #[test]
         fn quick_fit_agrees_with_fit(
             gpus in proptest::collection::vec((prop::bool::ANY, prop::bool::ANY), 1..8),
@@ -1304,7 +1480,16 @@ mod tests {
             let models = if constrained { ModelConstraint::only(["A100"]) } else { ModelConstraint::any() };
             let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![probe], models };
             let node = ledger.node(0);
-            prop_assert_eq!(quick_fit(node, &task), Some(node.fit(&task).is_ok()));
+            let fit = node.fit(&task);
+            prop_assert_eq!(quick_fit(node, &task), Some(fit.is_ok()));
+            if let Err(reason) = fit {
+                let quick = quick_reject(node, &task);
+                let simple = probe.is_whole() || probe.count == 1;
+                prop_assert_eq!(quick.is_some(), simple && !matches!(reason, Reject::Model { .. }));
+                if let Some(quick) = quick {
+                    prop_assert_eq!(quick, reason);
+                }
+            }
         }
     }
 
@@ -1313,10 +1498,21 @@ mod tests {
         let names = Candidates {
             names: vec!["a", "b", "c", "d"],
         };
-        let list = normalise(&names, &[Some(50), Some(100), Some(99), None]);
+        let r = |score, live| {
+            Some(Rank {
+                score,
+                live,
+                pick: None,
+            })
+        };
+        let list = normalise(&names, &[r(50, 0), r(100, 0), r(99, 0), None]);
         let scores: Vec<i64> = list.iter().map(|h| h.score).collect();
         assert_eq!(scores, vec![0, 10, 8, 0]);
-        let all_equal = normalise(&names, &[Some(3), Some(3), Some(3), Some(3)]);
+        let all_equal = normalise(&names, &[r(3, 0), r(3, 0), r(3, 0), r(3, 0)]);
         assert!(all_equal.iter().all(|h| h.score == 10));
+        // The live key decides among equal scores: the runner-up gets 9.
+        let live = normalise(&names, &[r(7, -3), r(7, 5), r(2, 9), r(7, 5)]);
+        let scores: Vec<i64> = live.iter().map(|h| h.score).collect();
+        assert_eq!(scores, vec![9, 10, 0, 10]);
     }
 }

@@ -80,11 +80,31 @@ pub struct ExtenderFilterAnswer<'a> {
     /// Feasible node names (answer form when the request had `NodeNames`).
     pub node_names: Option<Vec<&'a str>>,
     /// Rejected nodes whose verdict preemption could change, with the reason.
-    pub failed_nodes: FailedNodesMap,
+    pub failed_nodes: ReasonsRef<'a>,
     /// Rejected nodes that preemption cannot help, with the reason.
-    pub failed_and_unresolvable_nodes: FailedNodesMap,
+    pub failed_and_unresolvable_nodes: ReasonsRef<'a>,
     /// A failure of the whole request; empty on success.
     pub error: String,
+}
+
+/// A `FailedNodesMap` as written: `(candidate index, reason)` pairs over the
+/// request's node names, serialised as a JSON object keyed by node name.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReasonsRef<'a> {
+    /// The request's node names, by candidate index.
+    pub names: &'a [&'a str],
+    /// The rejected candidates and their reasons.
+    pub reasons: &'a [(usize, std::sync::Arc<str>)],
+}
+
+impl Serialize for ReasonsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.reasons
+                .iter()
+                .map(|(i, reason)| (self.names.get(*i).copied().unwrap_or(""), &**reason)),
+        )
+    }
 }
 
 /// Reasons keyed by node name (`FailedNodesMap`).
@@ -123,6 +143,16 @@ pub struct HostPriority {
 
 /// The answer to a prioritize request (`HostPriorityList`).
 pub type HostPriorityList = Vec<HostPriority>;
+
+/// [`HostPriority`] as written, borrowing the node name from the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct HostPriorityRef<'a> {
+    /// Node name.
+    pub host: &'a str,
+    /// Score in `0..=MAX_EXTENDER_PRIORITY`.
+    pub score: i64,
+}
 
 /// The body of a bind request (`ExtenderBindingArgs`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,5 +270,10 @@ mod tests {
         }];
         let json = serde_json::to_string(&list).expect("serialises");
         assert_eq!(json, r#"[{"Host":"n","Score":7}]"#);
+        let borrowed = [HostPriorityRef {
+            host: "n",
+            score: 7,
+        }];
+        assert_eq!(serde_json::to_string(&borrowed).expect("serialises"), json);
     }
 }

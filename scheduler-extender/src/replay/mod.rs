@@ -57,7 +57,9 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub full_curve: bool,
     /// Overrides of the `vgpu` policy's parameters, for experiments: `w=0.3` (waste
-    /// weight), `ss=1` (sum-of-squares ties), `res=100`, `cpu=leastgpu`, `gpu=none`,
+    /// weight), `ww=1` (whole GPUs in the waste term), `ss=1` (sum-of-squares ties
+    /// between GPUs), `nss=1` (between nodes, for whole GPUs), `res=100`, `cpu=leastgpu`,
+    /// `gpu=none`,
     /// `cov=0.95` (see ADR 0006).
     #[arg(long, default_value = "")]
     pub vgpu: String,
