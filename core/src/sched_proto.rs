@@ -244,6 +244,10 @@ pub enum DaemonMsg {
         gpu: u32,
         /// Generation.
         generation: u32,
+        /// A tighter queue-ahead bound for this grant, µs (a best-effort holder beside
+        /// latency-sensitive tenants drains faster when preempted). None: the Welcome's.
+        #[serde(default)]
+        queue_ahead_us: Option<u64>,
     },
     /// The grant `generation` on `gpu` ended: stop launching (the board word already says so),
     /// drain, answer [`ShimMsg::Drained`].

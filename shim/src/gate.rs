@@ -412,6 +412,8 @@ struct Dev {
     per_launch_ns: f64,
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
+    /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
+    queue_ahead_ns: u64,
     /// Fallback: closed until (mono ns).
     closed_until: u64,
     local_gen: u32,
@@ -484,6 +486,7 @@ impl Runner {
                     idle_ticks: 0,
                     per_launch_ns: 0.0,
                     last_obs: None,
+                    queue_ahead_ns: 2_000_000,
                     closed_until: 0,
                     local_gen: 0,
                     word_index: 0,
@@ -639,6 +642,9 @@ impl Runner {
         let writer = s.try_clone()?;
         let ahead = queue_ahead_us.saturating_mul(1000);
         self.queue_ahead_ns = ahead;
+        for d in &mut self.devs {
+            d.queue_ahead_ns = ahead;
+        }
         for (i, (d, (w, st))) in self
             .devs
             .iter_mut()
@@ -836,8 +842,21 @@ impl Runner {
 
     fn handle(&mut self, m: DaemonMsg) {
         match m {
-            DaemonMsg::Grant { gpu, generation } => {
+            DaemonMsg::Grant {
+                gpu,
+                generation,
+                queue_ahead_us,
+            } => {
                 let i = gpu as usize;
+                let base = self.queue_ahead_ns;
+                let Some(d) = self.devs.get_mut(i) else {
+                    return;
+                };
+                let ahead = queue_ahead_us.map_or(base, |q| q.saturating_mul(1000).min(base));
+                if ahead != d.queue_ahead_ns {
+                    d.queue_ahead_ns = ahead;
+                    self.set_allowed(i);
+                }
                 let Some(d) = self.devs.get_mut(i) else {
                     return;
                 };
@@ -868,7 +887,7 @@ impl Runner {
     fn set_allowed(&mut self, i: usize) {
         let gate = &self.g.gates[i];
         let per = self.devs[i].per_launch_ns;
-        let ahead = self.queue_ahead_ns as f64;
+        let ahead = self.devs[i].queue_ahead_ns as f64;
         let (allowed, every) = if ahead <= 0.0 {
             (UNBOUNDED, u64::MAX / 4)
         } else if per <= 0.0 {

@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 use vgpu_core::container_quota::ContainerQuota;
 use vgpu_core::sched_proto::{
-    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION,
+    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION, Priority,
 };
 
 use crate::board::Board;
@@ -41,6 +41,9 @@ pub struct Config {
     /// set and the file is absent).
     pub default_settings: ComputeSettings,
 }
+
+/// Queue-ahead bound of a best-effort grant on a GPU with latency-sensitive tenants, µs.
+pub const PREEMPTIBLE_QUEUE_AHEAD_US: u64 = 300;
 
 /// A message queue to one connection's writer.
 pub type Outbox = UnboundedSender<DaemonMsg>;
@@ -747,6 +750,16 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
         };
         t.board.set(r.word, generation, held);
         debug!(tenant = %key, gpu = %uuid, generation, held, "grant word");
+        // A best-effort holder beside a latency-sensitive tenant keeps a short queue, so
+        // that a preemption drains quickly.
+        let tight = held
+            && r.settings.priority == Priority::BestEffort
+            && g.tenants.values().any(|o| {
+                o.gpus
+                    .get(uuid)
+                    .is_some_and(|x| x.settings.priority == Priority::LatencySensitive)
+            });
+        let queue_ahead_us = tight.then_some(PREEMPTIBLE_QUEUE_AHEAD_US);
         let conns: Vec<u64> = t
             .conns
             .iter()
@@ -762,7 +775,11 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             let i = conn.gpus.iter().position(|u| u == uuid).unwrap_or(0);
             let gpu = u32::try_from(i).unwrap_or(0);
             let msg = if held {
-                DaemonMsg::Grant { gpu, generation }
+                DaemonMsg::Grant {
+                    gpu,
+                    generation,
+                    queue_ahead_us,
+                }
             } else {
                 DaemonMsg::Revoke { gpu, generation }
             };

@@ -79,6 +79,9 @@ impl Bench {
     fn daemon(&self, tag: &str, extra: &[&str]) -> Result<Daemon> {
         let socket = self.root.path().join(format!("{tag}.sock"));
         let api = self.root.path().join(format!("{tag}-api.sock"));
+        // A killed daemon leaves its socket files: wait for the new daemon's own.
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(&api);
         let log = std::fs::File::create(self.root.path().join(format!("{tag}.log")))?;
         let child = Command::new(self.bin_dir.join("vgpu-daemon"))
             .arg("--socket")
