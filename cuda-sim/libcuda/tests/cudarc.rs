@@ -39,7 +39,13 @@ const PTX: &str = r#"
 "#;
 
 fn sim_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/cuda-sim")
+    // Where `cargo xtask sim` installs it: `$CARGO_TARGET_DIR/cuda-sim` (a relative
+    // target directory is relative to the repository root), else `target/cuda-sim`.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|t| root.join(t))
+        .unwrap_or_else(|| root.join("target"));
+    target.join("cuda-sim")
 }
 
 #[test]
