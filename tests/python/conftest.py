@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SIM_LIBS = REPO / "target" / "cuda-sim"
-VGPU_SIM = REPO / "target" / "release" / "vgpu-sim"
+# Where cargo builds: $CARGO_TARGET_DIR (relative to the repository root), else target/.
+TARGET = REPO / os.environ.get("CARGO_TARGET_DIR", "target")
+SIM_LIBS = TARGET / "cuda-sim"
+VGPU_SIM = TARGET / "release" / "vgpu-sim"
 HERE = Path(__file__).resolve().parent
 
 
