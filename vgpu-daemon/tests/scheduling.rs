@@ -500,3 +500,31 @@ fn trusted_mode_takes_the_share_from_the_quota_file_not_the_environment() {
     assert_eq!(v["pod"], "nb");
     finish(t);
 }
+
+#[test]
+fn a_tenant_of_several_processes_shares_as_one() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(5, 1_000_000, at);
+    // Two processes in one container (one tenant, 25 %), one process in another (75 %).
+    let (c1, c2) = (container(25, "burst"), container(75, "burst"));
+    let a1 = node.tenant(&c1, &d.socket, &strs(&args));
+    let a2 = node.tenant(&c1, &d.socket, &strs(&args));
+    let b = node.tenant(&c2, &d.socket, &strs(&args));
+    std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    let busy = window(&node, &[a1.id(), a2.id(), b.id()], Duration::from_secs(3));
+    let a = busy[0] + busy[1];
+    let share_a = a as f64 * 100.0 / (a + busy[2]).max(1) as f64;
+    assert!(
+        (share_a - 25.0).abs() < 8.0,
+        "the two-process 25 % tenant got {share_a:.1} % ({busy:?} ns)"
+    );
+    assert!(busy[0] > 0 && busy[1] > 0, "both processes ran: {busy:?}");
+    let t = tenant(&d.api, &key(&c1)).expect("listed");
+    assert_eq!(t["pids"].as_array().map(Vec::len), Some(2), "{t}");
+    finish(a1);
+    finish(a2);
+    finish(b);
+}
