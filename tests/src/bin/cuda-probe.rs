@@ -300,6 +300,38 @@ fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
     load(st, secs, kernel_ns, at_ms, 1)
 }
 
+/// Launches the one-thread spin kernel `func` for `*ns` nanoseconds on `stream`.
+///
+/// # Safety
+/// `launch` is `cuLaunchKernel` (or `_ptsz`) of `c`; `func` and `stream` belong to the
+/// current context.
+unsafe fn launch_spin(
+    c: &Cuda,
+    launch: LaunchFn,
+    func: *mut c_void,
+    stream: *mut c_void,
+    ns: &mut u64,
+) -> Result<()> {
+    let mut params = [(ns as *mut u64).cast::<c_void>()];
+    // SAFETY: the caller's guarantees; `params` points to a live u64 for the call.
+    let r = unsafe {
+        launch(
+            func,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    c.check("cuLaunchKernel", r)
+}
+
 /// The spin kernel, loaded once per call site.
 ///
 /// # Safety
@@ -357,23 +389,7 @@ fn load(st: &State, secs: u64, kernel_ns: u64, at_ms: u64, batch: u64) -> Result
                 && let Some(e) = free_events.pop()
             {
                 for _ in 0..batch {
-                    let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
-                    c.check(
-                        "cuLaunchKernel",
-                        launch(
-                            func,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            0,
-                            stream,
-                            params.as_mut_ptr(),
-                            std::ptr::null_mut(),
-                        ),
-                    )?;
+                    launch_spin(c, launch, func, stream, &mut ns)?;
                 }
                 c.check("cuEventRecord", record(e, stream))?;
                 inflight.push_back(e);
@@ -413,23 +429,7 @@ fn latency(st: &State, n: u64, kernel_ns: u64, period_us: u64, at_ms: u64) -> Re
             let due = t0 + Duration::from_micros(period_us * i);
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
             let start = Instant::now();
-            let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
-            c.check(
-                "cuLaunchKernel",
-                launch(
-                    func,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )?;
+            launch_spin(c, launch, func, stream, &mut ns)?;
             c.check("cuStreamSynchronize", ssync(stream))?;
             lat.push(start.elapsed().as_micros() as u64);
         }
@@ -476,22 +476,7 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
             "kernel" => {
                 let launch: LaunchFn = c.sym(&format!("cuLaunchKernel{sfx}"))?;
                 for _ in 0..n {
-                    c.check(
-                        "cuLaunchKernel",
-                        launch(
-                            func,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            0,
-                            stream,
-                            params.as_mut_ptr(),
-                            std::ptr::null_mut(),
-                        ),
-                    )?;
+                    launch_spin(c, launch, func, stream, &mut ns)?;
                 }
             }
             "ex" => {
@@ -548,22 +533,7 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
                 let launch: LaunchFn = c.sym("cuLaunchKernel")?;
                 // Captured on the stream: the capture itself launches nothing.
                 c.check("cuStreamBeginCapture", begin(stream, 0))?;
-                c.check(
-                    "cuLaunchKernel (captured)",
-                    launch(
-                        func,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        0,
-                        stream,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    ),
-                )?;
+                launch_spin(c, launch, func, stream, &mut ns)?;
                 let mut graph = std::ptr::null_mut();
                 c.check("cuStreamEndCapture", end(stream, &mut graph))?;
                 let mut exec = std::ptr::null_mut();
