@@ -40,7 +40,13 @@ pub struct Config {
     /// Settings for a process with no trusted settings (when `trusted_quota_file` is
     /// set and the file is absent).
     pub default_settings: ComputeSettings,
+    /// Where operators' live settings (API) are kept across daemon restarts (None: not
+    /// kept).
+    pub state_file: Option<PathBuf>,
 }
+
+/// Operators' settings: tenant key → GPU UUID → settings.
+type Overrides = BTreeMap<String, BTreeMap<String, ComputeSettings>>;
 
 /// Queue-ahead bound of a best-effort grant on a GPU with latency-sensitive tenants, µs.
 pub const PREEMPTIBLE_QUEUE_AHEAD_US: u64 = 300;
@@ -104,6 +110,7 @@ struct Inner {
     conns: HashMap<u64, Conn>,
     next_id: u64,
     observations: Vec<GpuObservation>,
+    overrides: Overrides,
 }
 
 /// The daemon: shared by the server tasks, the timer threads and the API.
@@ -161,6 +168,46 @@ impl Daemon {
             inner: Mutex::new(Inner::default()),
             timer: Condvar::new(),
         })
+    }
+
+    /// Loads operators' settings saved by an earlier run (`state_file`); returns how
+    /// many tenant GPUs they cover. A missing file is an empty state; a malformed one is
+    /// an error naming the file.
+    pub fn load_state(&self) -> Result<usize, String> {
+        let Some(path) = &self.cfg.state_file else {
+            return Ok(0);
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let o: Overrides = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a vgpu-daemon state file: {e}", path.display()))?;
+        for (k, m) in &o {
+            for (u, st) in m {
+                st.validate()
+                    .map_err(|e| format!("{}: tenant {k} GPU {u}: {e}", path.display()))?;
+            }
+        }
+        let n = o.values().map(BTreeMap::len).sum();
+        self.lock().overrides = o;
+        Ok(n)
+    }
+
+    fn save_state(&self, o: &Overrides) {
+        let Some(path) = &self.cfg.state_file else {
+            return;
+        };
+        let tmp = path.with_extension("tmp");
+        let text = serde_json::to_string_pretty(o).unwrap_or_default();
+        let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = r {
+            warn!(
+                "cannot save the live settings to {}: {e} (they hold until a restart)",
+                path.display()
+            );
+        }
     }
 
     /// The configuration.
@@ -303,6 +350,7 @@ impl Daemon {
             );
             info!(tenant = %ident.key, pid, "new tenant");
         }
+        let saved = inner.overrides.get(&ident.key).cloned().unwrap_or_default();
         let t = inner.tenants.get_mut(&ident.key).expect("inserted above");
         let mut settings_out = Vec::new();
         let mut words = Vec::new();
@@ -321,8 +369,12 @@ impl Daemon {
                 memory_quota: reg.memory_quota,
                 memory: HashMap::new(),
             });
-            // An operator's setting stays; otherwise the newest trusted answer wins.
-            if rec.source != SettingsSource::Api {
+            // An operator's setting stays (also across daemon restarts); otherwise the
+            // newest trusted answer wins.
+            if let Some(op) = saved.get(&reg.uuid) {
+                rec.settings = *op;
+                rec.source = SettingsSource::Api;
+            } else if rec.source != SettingsSource::Api {
                 rec.settings = settings;
                 rec.source = source;
             }
@@ -588,8 +640,14 @@ impl Daemon {
                 apply(inner, uuid, acts, now);
             }
         }
+        let ov = inner.overrides.entry(tenant.to_owned()).or_default();
+        for (uuid, st) in &changed {
+            ov.insert(uuid.clone(), *st);
+        }
+        let snapshot = inner.overrides.clone();
         info!(tenant, ?change, "settings changed");
         drop(g);
+        self.save_state(&snapshot);
         self.timer.notify_all();
         Ok(())
     }

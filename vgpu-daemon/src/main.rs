@@ -37,6 +37,9 @@ struct Args {
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
     trusted_quota_file: Option<PathBuf>,
+    /// Keep operators' live settings (vgpuctl set) in this file across restarts.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
     /// Share for a process without trusted settings (trusted mode), percent.
     #[arg(long, default_value_t = 10)]
     default_share: u32,
@@ -88,6 +91,7 @@ fn main() -> Result<()> {
         queue_ahead_us: a.queue_ahead_us,
         trusted_quota_file: a.trusted_quota_file,
         default_settings,
+        state_file: a.state_file.clone(),
     };
     if a.nvml_interval_ms > 3_600_000 {
         anyhow::bail!(
@@ -112,6 +116,12 @@ fn main() -> Result<()> {
         .context("tokio runtime")?;
     rt.block_on(async move {
         let daemon = Daemon::new(cfg);
+        let kept = daemon
+            .load_state()
+            .map_err(|e| anyhow::anyhow!("--state-file: {e}"))?;
+        if kept > 0 {
+            tracing::info!(kept, "operators' settings restored");
+        }
         daemon.spawn_timer().context("timer thread")?;
         let listener = vgpu_daemon::server::bind(&a.socket)
             .with_context(|| format!("bind {}", a.socket.display()))?;

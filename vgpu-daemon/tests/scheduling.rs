@@ -528,3 +528,60 @@ fn a_tenant_of_several_processes_shares_as_one() {
     finish(a2);
     finish(b);
 }
+
+#[test]
+fn operators_settings_survive_a_daemon_restart() {
+    let _serial = serial();
+    let node = Node::new();
+    let state = node.dir.path().join("state.json");
+    let state_arg = state.to_str().expect("utf-8").to_owned();
+    let d = node.daemon(&["--state-file", &state_arg]);
+    let (socket, api) = (d.socket.clone(), d.api.clone());
+    let c = container(50, "burst");
+    let t = node.tenant(
+        &c,
+        &socket,
+        &["init", "spin", "kernel", "1", "1000", "sleep", "6000"],
+    );
+    wait_for("registration", Duration::from_secs(10), || {
+        tenant(&api, &key(&c)).is_some()
+    });
+    let out = vgpuctl(&api, &["set", &key(&c), "--share", "35", "--policy", "cap"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(d);
+    let d2 = node.daemon_at(&socket, &api, &["--state-file", &state_arg]);
+    wait_for("re-registration", Duration::from_secs(10), || {
+        tenant(&d2.api, &key(&c)).is_some()
+    });
+    let v = tenant(&d2.api, &key(&c)).expect("listed");
+    assert_eq!(v["gpus"][0]["share_pct"], 35, "{v}");
+    assert_eq!(v["gpus"][0]["policy"], "cap", "{v}");
+    assert_eq!(v["gpus"][0]["source"], "api", "{v}");
+    finish(t);
+    // A malformed state file stops the daemon with an error naming it.
+    std::fs::write(&state, "{not json").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .args([
+            "--socket",
+            "/nonexistent/x.sock",
+            "--state-file",
+            &state_arg,
+        ])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--api-socket",
+            "off",
+            "--nvml-interval-ms",
+            "0",
+        ])
+        .output()
+        .expect("run vgpu-daemon");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("state.json"), "{err}");
+}

@@ -28,6 +28,7 @@ pub fn daemon() -> Arc<Daemon> {
             policy: ComputePolicy::Burst,
             priority: Priority::BestEffort,
         },
+        state_file: None,
     })
 }
 
