@@ -1620,81 +1620,12 @@ type LaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> CUresult;
-
-macro_rules! launch_kernel_hook {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            gridDimX: c_uint,
-            gridDimY: c_uint,
-            gridDimZ: c_uint,
-            blockDimX: c_uint,
-            blockDimY: c_uint,
-            blockDimZ: c_uint,
-            sharedMemBytes: c_uint,
-            hStream: CUstream,
-            kernelParams: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            let real = real_or!($name, LaunchKernel, CUDA_ERROR_NOT_INITIALIZED);
-            // SAFETY: forwarding the caller's arguments.
-            let call = || unsafe {
-                real(
-                    f,
-                    gridDimX,
-                    gridDimY,
-                    gridDimZ,
-                    blockDimX,
-                    blockDimY,
-                    blockDimZ,
-                    sharedMemBytes,
-                    hStream,
-                    kernelParams,
-                    extra,
-                )
-            };
-            let ptsz = stringify!($name).ends_with("_ptsz");
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
-        }
-    };
-}
-launch_kernel_hook!(cuLaunchKernel);
-launch_kernel_hook!(cuLaunchKernel_ptsz);
-
 type LaunchKernelEx = unsafe extern "C" fn(
     *const CUlaunchConfig,
     CUfunction,
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> CUresult;
-
-macro_rules! launch_kernel_ex_hook {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            config: *const CUlaunchConfig,
-            f: CUfunction,
-            kernelParams: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            let real = real_or!($name, LaunchKernelEx, CUDA_ERROR_NOT_INITIALIZED);
-            // SAFETY: forwarding the caller's arguments.
-            let call = || unsafe { real(config, f, kernelParams, extra) };
-            let ptsz = stringify!($name).ends_with("_ptsz");
-            let stream = if config.is_null() {
-                std::ptr::null_mut()
-            } else {
-                // SAFETY: a non-null config points to the caller's CUlaunchConfig.
-                unsafe { (*config).hStream }
-            };
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
-        }
-    };
-}
-launch_kernel_ex_hook!(cuLaunchKernelEx);
-launch_kernel_ex_hook!(cuLaunchKernelEx_ptsz);
-
 type LaunchCooperative = unsafe extern "C" fn(
     CUfunction,
     c_uint,
@@ -1707,11 +1638,36 @@ type LaunchCooperative = unsafe extern "C" fn(
     CUstream,
     *mut *mut c_void,
 ) -> CUresult;
+type GraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 
-macro_rules! launch_cooperative_hook {
-    ($name:ident) => {
+/// The stream of a `cuLaunchKernelEx` configuration (null config: the default stream).
+fn ex_stream(config: *const CUlaunchConfig) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a non-null config points to the caller's CUlaunchConfig for the call.
+    unsafe { (*config).hStream }
+}
+
+/// A launch hook: the real function of the same name, run once the gate admits it on
+/// the launch's stream (`$stream`, an expression over the arguments).
+macro_rules! gated_launch_hook {
+    ($name:ident, $ty:ty, $stream:expr, ($($arg:ident: $t:ty),* $(,)?)) => {
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> CUresult {
+            let real = real_or!($name, $ty, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { real($($arg),*) };
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            let stream = $stream;
+            guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
+        }
+    };
+}
+
+macro_rules! launch_kernel_hook {
+    ($name:ident) => {
+        gated_launch_hook!($name, LaunchKernel, hStream, (
             f: CUfunction,
             gridDimX: c_uint,
             gridDimY: c_uint,
@@ -1722,47 +1678,47 @@ macro_rules! launch_cooperative_hook {
             sharedMemBytes: c_uint,
             hStream: CUstream,
             kernelParams: *mut *mut c_void,
-        ) -> CUresult {
-            let real = real_or!($name, LaunchCooperative, CUDA_ERROR_NOT_INITIALIZED);
-            // SAFETY: forwarding the caller's arguments.
-            let call = || unsafe {
-                real(
-                    f,
-                    gridDimX,
-                    gridDimY,
-                    gridDimZ,
-                    blockDimX,
-                    blockDimY,
-                    blockDimZ,
-                    sharedMemBytes,
-                    hStream,
-                    kernelParams,
-                )
-            };
-            let ptsz = stringify!($name).ends_with("_ptsz");
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
-        }
+            extra: *mut *mut c_void,
+        ));
+    };
+}
+launch_kernel_hook!(cuLaunchKernel);
+launch_kernel_hook!(cuLaunchKernel_ptsz);
+
+macro_rules! launch_kernel_ex_hook {
+    ($name:ident) => {
+        gated_launch_hook!($name, LaunchKernelEx, ex_stream(config), (
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernelParams: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ));
+    };
+}
+launch_kernel_ex_hook!(cuLaunchKernelEx);
+launch_kernel_ex_hook!(cuLaunchKernelEx_ptsz);
+
+macro_rules! launch_cooperative_hook {
+    ($name:ident) => {
+        gated_launch_hook!($name, LaunchCooperative, hStream, (
+            f: CUfunction,
+            gridDimX: c_uint,
+            gridDimY: c_uint,
+            gridDimZ: c_uint,
+            blockDimX: c_uint,
+            blockDimY: c_uint,
+            blockDimZ: c_uint,
+            sharedMemBytes: c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut c_void,
+        ));
     };
 }
 launch_cooperative_hook!(cuLaunchCooperativeKernel);
 launch_cooperative_hook!(cuLaunchCooperativeKernel_ptsz);
 
-type GraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
-
-macro_rules! graph_launch_hook {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
-            let real = real_or!($name, GraphLaunch, CUDA_ERROR_NOT_INITIALIZED);
-            // SAFETY: forwarding the caller's arguments.
-            let call = || unsafe { real(hGraphExec, hStream) };
-            let ptsz = stringify!($name).ends_with("_ptsz");
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(hStream, ptsz, call))
-        }
-    };
-}
-graph_launch_hook!(cuGraphLaunch);
-graph_launch_hook!(cuGraphLaunch_ptsz);
+gated_launch_hook!(cuGraphLaunch, GraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
+gated_launch_hook!(cuGraphLaunch_ptsz, GraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
 
 // ---- NVML --------------------------------------------------------------------------
 
