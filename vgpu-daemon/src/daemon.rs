@@ -90,8 +90,6 @@ struct Drain {
     pending: HashSet<u64>,
     end: u64,
     waiting: bool,
-    /// Whether this is a voluntary yield (Idle) rather than a revoke.
-    idle: bool,
 }
 
 #[derive(Debug)]
@@ -260,7 +258,6 @@ impl Daemon {
     fn resolve_settings(
         &self,
         pid: u32,
-        ident: &ContainerIdent,
         reg: &GpuRegistration,
     ) -> Result<(ComputeSettings, SettingsSource), DaemonError> {
         let Some(inner_path) = &self.cfg.trusted_quota_file else {
@@ -271,7 +268,6 @@ impl Daemon {
         };
         let rel = inner_path.strip_prefix("/").unwrap_or(inner_path);
         let path = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
-        let _ = ident;
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 let q = ContainerQuota::from_json(&text)
@@ -325,7 +321,7 @@ impl Daemon {
             if !g.uuid.starts_with("GPU-") || g.uuid.len() > 96 {
                 return Err(DaemonError::Invalid(format!("bad GPU UUID {:?}", g.uuid)));
             }
-            resolved.push(self.resolve_settings(pid, &ident, g)?);
+            resolved.push(self.resolve_settings(pid, g)?);
         }
         let now = mono_ns();
         let mut g = self.lock();
@@ -451,8 +447,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// A process reports its work drained after a revoke (`idle: false`) or that it
-    /// yielded its grant (`idle: true`).
+    /// A process reports its work drained after a revoke, or that it yielded its grant
+    /// (an `Idle`, with `waiting` false).
     pub fn released(
         &self,
         conn: u64,
@@ -460,7 +456,6 @@ impl Daemon {
         generation: u32,
         end_ns: u64,
         waiting: bool,
-        idle: bool,
     ) -> Result<(), DaemonError> {
         let now = mono_ns();
         let mut g = self.lock();
@@ -491,7 +486,6 @@ impl Daemon {
             pending: tenant_conns,
             end: 0,
             waiting: false,
-            idle,
         });
         if d.generation != generation {
             return Ok(());
@@ -785,7 +779,6 @@ fn finish_drain(rec: &mut GpuRec, now: u64) -> Vec<Action> {
     let d = rec.drain.take().expect("checked above");
     rec.grant = None;
     let end = if d.end == 0 { now } else { d.end };
-    let _ = d.idle;
     rec.sched
         .release(d.tenant, d.generation, end, d.waiting, now)
 }
@@ -858,7 +851,6 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                 pending: conns.into_iter().collect(),
                 end: 0,
                 waiting: false,
-                idle: false,
             });
             // No process to drain: the GPU is free now.
             let more = finish_drain(rec, now);

@@ -144,13 +144,13 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     end_ns,
                     waiting,
                     ..
-                } => daemon.released(conn, gpu, generation, end_ns, waiting, false),
+                } => daemon.released(conn, gpu, generation, end_ns, waiting),
                 ShimMsg::Idle {
                     gpu,
                     generation,
                     end_ns,
                     ..
-                } => daemon.released(conn, gpu, generation, end_ns, false, true),
+                } => daemon.released(conn, gpu, generation, end_ns, false),
                 ShimMsg::Usage { gpu, memory_used } => daemon.usage(conn, gpu, memory_used),
             };
             if let Err(e) = r {
