@@ -37,6 +37,12 @@ pub const RESOURCE_GPU_COMPUTE: &str = "vgpu.io/gpu-compute";
 pub const ANNOTATION_GPU_MODEL: &str = "vgpu.io/gpu-model";
 /// Pod annotation: excluded GPU models, `|`-separated.
 pub const ANNOTATION_GPU_MODEL_EXCLUDE: &str = "vgpu.io/gpu-model-exclude";
+/// Pod annotation: how the pod's containers may use idle GPU time, `burst` (default) or
+/// `cap` (ADR 0010).
+pub const ANNOTATION_COMPUTE_POLICY: &str = "vgpu.io/compute-policy";
+/// Pod annotation: the pod's priority class on its GPUs, `best-effort` (default) or
+/// `latency-sensitive` (ADR 0010).
+pub const ANNOTATION_PRIORITY: &str = "vgpu.io/priority";
 /// Pod annotation written by bind: the [`Assignment`] record as JSON.
 pub const ANNOTATION_ASSIGNMENT: &str = "vgpu.io/assignment";
 /// Node label the device plugin sets to the node's GPU model (for node affinity).
@@ -102,6 +108,14 @@ pub enum ResourceError {
         value: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A compute annotation holds an unknown value.
+    #[error("annotation {annotation}: {reason}")]
+    BadComputeClass {
+        /// The annotation name.
+        annotation: &'static str,
+        /// What is wrong with it (names the value and the accepted ones).
+        reason: String,
     },
 }
 
@@ -364,6 +378,41 @@ pub fn parse_model_constraint(
         None => Vec::new(),
     };
     Ok(ModelConstraint { allowed, excluded })
+}
+
+/// Reads a pod's compute policy and priority class ([`ANNOTATION_COMPUTE_POLICY`],
+/// [`ANNOTATION_PRIORITY`]); absent annotations give the defaults (`burst`,
+/// `best-effort`). Surrounding spaces are ignored.
+pub fn parse_compute_class(
+    annotations: &BTreeMap<String, String>,
+) -> Result<
+    (
+        crate::sched_proto::ComputePolicy,
+        crate::sched_proto::Priority,
+    ),
+    ResourceError,
+> {
+    let policy = match annotations.get(ANNOTATION_COMPUTE_POLICY) {
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|reason| ResourceError::BadComputeClass {
+                annotation: ANNOTATION_COMPUTE_POLICY,
+                reason,
+            })?,
+        None => Default::default(),
+    };
+    let priority = match annotations.get(ANNOTATION_PRIORITY) {
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|reason| ResourceError::BadComputeClass {
+                annotation: ANNOTATION_PRIORITY,
+                reason,
+            })?,
+        None => Default::default(),
+    };
+    Ok((policy, priority))
 }
 
 /// Parses one container's resource requests (name → quantity text) into its GPU demand.
@@ -673,6 +722,37 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn compute_class_annotations_parse_and_bad_values_are_named() {
+        use crate::sched_proto::{ComputePolicy, Priority};
+        assert_eq!(
+            parse_compute_class(&req(&[])).unwrap(),
+            (ComputePolicy::Burst, Priority::BestEffort)
+        );
+        assert_eq!(
+            parse_compute_class(&req(&[
+                (ANNOTATION_COMPUTE_POLICY, " cap "),
+                (ANNOTATION_PRIORITY, "latency-sensitive")
+            ]))
+            .unwrap(),
+            (ComputePolicy::Cap, Priority::LatencySensitive)
+        );
+        let e = parse_compute_class(&req(&[(ANNOTATION_COMPUTE_POLICY, "capped")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(ANNOTATION_COMPUTE_POLICY) && e.contains("\"capped\""),
+            "{e}"
+        );
+        let e = parse_compute_class(&req(&[(ANNOTATION_PRIORITY, "urgent")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(ANNOTATION_PRIORITY) && e.contains("\"urgent\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -60,6 +60,23 @@ pub struct Config {
     pub kubelet_poll: Duration,
     /// Deadline of one PodResources `List` and of one API server read.
     pub call_timeout: Duration,
+    /// The node daemon's shim socket on the host; its directory is mounted read-only
+    /// into every container at [`Config::daemon_container_dir`] (so a restarted
+    /// daemon's new socket is seen) and `VGPU_DAEMON_SOCKET` names it there. `None`:
+    /// no daemon (the shim runs its local duty cycle at the container's share).
+    pub daemon_socket: Option<PathBuf>,
+    /// Where the daemon socket's directory appears in containers.
+    pub daemon_container_dir: PathBuf,
+    /// Namespaces whose pods may ask for the latency-sensitive priority class
+    /// (`vgpu.io/priority`); `None`: every namespace.
+    pub latency_sensitive_namespaces: Option<BTreeSet<String>>,
+    /// How often GPU processes are checked for a loaded shim; `None`: never.
+    pub audit_interval: Option<Duration>,
+    /// How often allocation directories no container holds are removed; `None`: never.
+    pub gc_interval: Option<Duration>,
+    /// An allocation directory younger than this is never removed (kubelet records a
+    /// container's devices only after `Allocate` returns).
+    pub gc_grace: Duration,
 }
 
 /// A configuration value that is not acceptable.
@@ -98,6 +115,12 @@ impl Config {
             health_poll: Duration::from_secs(1),
             kubelet_poll: Duration::from_millis(50),
             call_timeout: Duration::from_secs(5),
+            daemon_socket: Some(PathBuf::from("/var/lib/vgpu/daemon/daemon.sock")),
+            daemon_container_dir: PathBuf::from("/run/vgpu-daemon"),
+            latency_sensitive_namespaces: None,
+            audit_interval: Some(Duration::from_secs(10)),
+            gc_interval: Some(Duration::from_secs(60)),
+            gc_grace: Duration::from_secs(300),
         }
     }
 
@@ -134,6 +157,41 @@ impl Config {
                 "shim-container-path",
                 "ld.so.preload entries cannot hold spaces, colons or newlines",
             ));
+        }
+        if let Some(sock) = &self.daemon_socket {
+            let dir = sock.parent().filter(|d| !d.as_os_str().is_empty());
+            let Some(dir) = dir.filter(|_| sock.is_absolute() && sock.file_name().is_some()) else {
+                return Err(ConfigError::Invalid {
+                    name: "daemon-socket",
+                    reason: format!("{} is not an absolute path to a file", sock.display()),
+                });
+            };
+            // That directory is mounted into every container: it must not be (or hold)
+            // the plugin's state, kubelet's sockets or the root.
+            for (what, other) in [
+                ("the state directory", &self.host_state_dir),
+                (
+                    "kubelet's device-plugins directory",
+                    &self.device_plugin_dir,
+                ),
+            ] {
+                if other.starts_with(dir) {
+                    return Err(ConfigError::Invalid {
+                        name: "daemon-socket",
+                        reason: format!(
+                            "its directory {} is mounted into every container and would expose {what} {}; give the daemon socket a directory of its own",
+                            dir.display(),
+                            other.display()
+                        ),
+                    });
+                }
+            }
+            if !self.daemon_container_dir.is_absolute() {
+                return Err(invalid(
+                    "daemon-container-dir",
+                    "container paths must be absolute",
+                ));
+            }
         }
         if self.health_poll.is_zero() || self.kubelet_poll.is_zero() {
             return Err(invalid("health-poll/kubelet-poll", "must be > 0"));

@@ -110,6 +110,29 @@ struct RunArgs {
     /// NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "VGPU_NVML_LIB")]
     nvml_lib: Option<PathBuf>,
+    /// The node daemon's shim socket on the host ("" or "off": no daemon). Its directory
+    /// is mounted read-only into containers and must hold nothing else.
+    #[arg(long, default_value = "/var/lib/vgpu/daemon/daemon.sock")]
+    daemon_socket: String,
+    /// Where the daemon socket's directory appears in containers.
+    #[arg(long, default_value = "/run/vgpu-daemon")]
+    daemon_container_dir: PathBuf,
+    /// Namespaces whose pods may ask for vgpu.io/priority: latency-sensitive
+    /// (comma-separated; "*": every namespace).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    latency_sensitive_namespaces: Vec<String>,
+    /// Seconds between checks that every GPU process has the shim loaded (0: never).
+    #[arg(long, default_value_t = 10)]
+    audit_interval_s: u64,
+    /// Seconds between removals of allocation directories no container holds (0: never).
+    #[arg(long, default_value_t = 60)]
+    gc_interval_s: u64,
+    /// An allocation directory younger than this many seconds is never removed.
+    #[arg(long, default_value_t = 300)]
+    gc_grace_s: u64,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9401); none by default.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl RunArgs {
@@ -135,6 +158,27 @@ impl RunArgs {
         c.ignored_xids = self.ignored_xids.iter().copied().collect();
         c.health_recovery =
             (self.health_recovery_s > 0).then(|| Duration::from_secs(self.health_recovery_s));
+        c.daemon_socket = match self.daemon_socket.trim() {
+            "" | "off" => None,
+            p => Some(PathBuf::from(p)),
+        };
+        c.daemon_container_dir = self.daemon_container_dir.clone();
+        c.latency_sensitive_namespaces =
+            if self.latency_sensitive_namespaces.iter().any(|n| n == "*") {
+                None
+            } else {
+                Some(
+                    self.latency_sensitive_namespaces
+                        .iter()
+                        .map(|n| n.trim().to_owned())
+                        .filter(|n| !n.is_empty())
+                        .collect(),
+                )
+            };
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        c.audit_interval = secs(self.audit_interval_s);
+        c.gc_interval = secs(self.gc_interval_s);
+        c.gc_grace = Duration::from_secs(self.gc_grace_s);
         c.validate()?;
         Ok(c)
     }

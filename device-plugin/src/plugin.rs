@@ -105,6 +105,26 @@ impl Plugin {
         }
     }
 
+    /// The daemon socket's host directory and file name, if a daemon is configured and
+    /// its directory exists (a runtime fails a container whose mount source is missing;
+    /// without it the shim runs its local duty cycle at the container's share).
+    fn daemon_socket_dir(&self) -> Option<(PathBuf, std::ffi::OsString)> {
+        let sock = self.cfg.daemon_socket.as_ref()?;
+        let dir = sock.parent()?;
+        let file = sock.file_name()?.to_owned();
+        // The plugin sees host paths under the state directory at its own mount.
+        let seen = match dir.strip_prefix(&self.cfg.host_state_dir) {
+            Ok(rest) => self.cfg.state_dir.join(rest),
+            Err(_) => dir.to_owned(),
+        };
+        if seen.is_dir() {
+            Some((dir.to_owned(), file))
+        } else {
+            debug!(dir = %seen.display(), "no daemon socket directory: not mounted");
+            None
+        }
+    }
+
     /// The `Allocate` answer for one container (public for benchmarks).
     pub fn allocate_one(
         &self,
@@ -159,6 +179,17 @@ impl Plugin {
         }
         let mut envs = HashMap::new();
         envs.insert("VGPU_CONTAINER_DIR".to_owned(), path(cdir));
+        if let Some((host_dir, file)) = self.daemon_socket_dir() {
+            // The directory, not the socket file: a restarted daemon's new socket is
+            // seen. Read-only is enough to connect to a unix socket.
+            let cdir = &self.cfg.daemon_container_dir;
+            mounts.push(Mount {
+                container_path: path(cdir),
+                host_path: path(&host_dir),
+                read_only: true,
+            });
+            envs.insert("VGPU_DAEMON_SOCKET".to_owned(), path(&cdir.join(file)));
+        }
         let (devices, cdi_devices) = match self.cfg.device_mode {
             DeviceMode::Nodes => {
                 let mut d: Vec<DeviceSpec> = mine
@@ -330,6 +361,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_daemon_socket_directory_is_mounted_read_only_with_its_path_in_the_env() {
+        let root = tempfile::tempdir().unwrap();
+        let mut p = plugin(DeviceMode::Nodes, root.path());
+        let mut cfg = (*p.cfg).clone();
+        // A directory under the state dir (as in deploy/): the plugin checks it at its
+        // own mount, and hands kubelet the host path.
+        std::fs::create_dir_all(cfg.state_dir.join("daemon")).unwrap();
+        cfg.daemon_socket = Some(cfg.host_state_dir.join("daemon/daemon.sock"));
+        cfg.validate().unwrap();
+        p.cfg = Arc::new(cfg);
+        let g = crate::testkit::node::gpus(2, 1024);
+        let r = p.allocate_one(&[ids::device_id(&g[0].uuid, 1)]).unwrap();
+        let m = r
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/run/vgpu-daemon")
+            .expect("daemon directory mounted");
+        assert_eq!(m.host_path, "/host/vgpu/daemon");
+        assert!(m.read_only);
+        assert_eq!(
+            r.envs.get("VGPU_DAEMON_SOCKET").map(String::as_str),
+            Some("/run/vgpu-daemon/daemon.sock")
+        );
+        // A socket directory that would expose the state directory is refused by name.
+        let mut bad = (*p.cfg).clone();
+        bad.daemon_socket = Some(PathBuf::from("/host/daemon.sock"));
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("daemon-socket") && e.contains("/host"), "{e}");
+    }
+
+    #[tokio::test]
     async fn cdi_mode_names_cdi_devices_and_nodes_mode_device_nodes() {
         let root = tempfile::tempdir().unwrap();
         let g = crate::testkit::node::gpus(2, 1024);
@@ -357,6 +419,10 @@ mod tests {
                 .iter()
                 .all(|m| m.host_path.starts_with("/host/vgpu")
                     || m.container_path == "/usr/local/vgpu/libvgpu.so")
+        );
+        assert!(
+            !r.envs.contains_key("VGPU_DAEMON_SOCKET"),
+            "no daemon directory on this host: nothing mounted"
         );
         let e = plugin(DeviceMode::Nodes, root.path())
             .allocate_one(&["GPU-nope-1".to_owned()])

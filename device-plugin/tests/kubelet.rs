@@ -514,3 +514,93 @@ async fn devices_on_another_gpu_than_assigned_are_refused_not_guessed() {
     assert!(e.message().contains(&g[1].uuid), "{}", e.message());
     assert!(t.elapsed() < T);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_ones_are_refused() {
+    use vgpu_core::resources::{ANNOTATION_COMPUTE_POLICY, ANNOTATION_PRIORITY};
+    use vgpu_core::sched_proto::{ComputePolicy, Priority};
+    let g = gpus(1, 81920);
+    let mut node = TestNode::start_with(g.clone(), |c| {
+        c.latency_sensitive_namespaces = Some(["serving".to_owned()].into_iter().collect());
+    })
+    .await
+    .expect("node");
+    // (namespace, pod, annotations, expected: Ok((policy, priority)) or Err(words in the refusal))
+    type Want = Result<(ComputePolicy, Priority), Vec<&'static str>>;
+    let cases: Vec<(&str, &str, Vec<(&str, &str)>, Want)> = vec![
+        (
+            "batch",
+            "plain",
+            vec![],
+            Ok((ComputePolicy::Burst, Priority::BestEffort)),
+        ),
+        (
+            "batch",
+            "capped",
+            vec![(ANNOTATION_COMPUTE_POLICY, "cap")],
+            Ok((ComputePolicy::Cap, Priority::BestEffort)),
+        ),
+        (
+            "serving",
+            "fast",
+            vec![
+                (ANNOTATION_PRIORITY, "latency-sensitive"),
+                (ANNOTATION_COMPUTE_POLICY, "burst"),
+            ],
+            Ok((ComputePolicy::Burst, Priority::LatencySensitive)),
+        ),
+        (
+            "batch",
+            "typo",
+            vec![(ANNOTATION_COMPUTE_POLICY, "capped")],
+            Err(vec![ANNOTATION_COMPUTE_POLICY, "\"capped\""]),
+        ),
+        (
+            "batch",
+            "sneaky",
+            vec![(ANNOTATION_PRIORITY, "latency-sensitive")],
+            Err(vec![ANNOTATION_PRIORITY, "\"batch\"", "serving"]),
+        ),
+    ];
+    for (i, (ns, name, ann, want)) in cases.into_iter().enumerate() {
+        let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 8192, 100, 1))];
+        let mut pod = pod_json(ns, name, &format!("uid-{name}"), i as u32, &cs);
+        for (k, v) in ann {
+            pod["metadata"]["annotations"][k] = json!(v);
+        }
+        node.put_pod(pod).await.expect("pod");
+        let mut c = node.client.clone();
+        let adm = node
+            .kubelet
+            .admit(&mut c, ns, name, &fake_containers(&cs))
+            .await
+            .expect("admit");
+        let ids = adm.containers[0].2.clone();
+        let r = FakeKubelet::prestart(&mut node.client, &ids).await;
+        match want {
+            Ok((policy, priority)) => {
+                r.unwrap_or_else(|e| panic!("{ns}/{name}: {e:?}"));
+                let q = read_quota(&node, &ids).expect("quota written");
+                assert_eq!((q.namespace.as_str(), q.pod.as_str()), (ns, name));
+                assert_eq!(q.gpus[0].compute_policy, policy, "{ns}/{name}");
+                assert_eq!(q.gpus[0].priority, priority, "{ns}/{name}");
+            }
+            Err(words) => {
+                let e = r.expect_err("refused");
+                assert_eq!(e.code(), Code::FailedPrecondition, "{ns}/{name}");
+                for w in words {
+                    assert!(
+                        e.message().contains(w),
+                        "{ns}/{name}: {w} not in {}",
+                        e.message()
+                    );
+                }
+                assert!(
+                    read_quota(&node, &ids).is_none(),
+                    "no quota for a refused start"
+                );
+            }
+        }
+        node.kubelet.remove_pod(ns, name);
+    }
+}

@@ -132,6 +132,15 @@ pub fn fake_containers(containers: &[PodContainer<'_>]) -> Vec<FakeContainer> {
 impl TestNode {
     /// Starts the fakes and the plugin, waits for registration and connects.
     pub async fn start(gpu_list: Vec<GpuInfo>) -> anyhow::Result<TestNode> {
+        TestNode::start_with(gpu_list, |_| {}).await
+    }
+
+    /// [`TestNode::start`], with the plugin's configuration adjusted by `tune` (paths are
+    /// set already; it is validated after).
+    pub async fn start_with(
+        gpu_list: Vec<GpuInfo>,
+        tune: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<TestNode> {
         let root = tempfile::tempdir()?;
         let mut cfg = Config::new(NODE);
         cfg.device_plugin_dir = root.path().join("device-plugins");
@@ -141,6 +150,7 @@ impl TestNode {
         cfg.dev_dir = root.path().join("dev");
         cfg.call_timeout = Duration::from_secs(5);
         cfg.kubelet_poll = Duration::from_millis(20);
+        tune(&mut cfg);
         cfg.validate()?;
         let cfg = Arc::new(cfg);
         prepare_state_dir(&cfg)?;
