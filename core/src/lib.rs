@@ -10,5 +10,6 @@ pub mod bytes;
 pub mod container_quota;
 pub mod inventory;
 pub mod packing;
+pub mod prom;
 pub mod resources;
 pub mod sched_proto;

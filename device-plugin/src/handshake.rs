@@ -311,6 +311,14 @@ struct Listed {
     ids: BTreeSet<String>,
 }
 
+/// The allocation keys of every container kubelet lists with devices of `resource`.
+pub fn listed_keys(resp: &ListPodResourcesResponse, resource: &str) -> BTreeSet<String> {
+    listed(resp, resource)
+        .iter()
+        .map(|l| ids::allocation_key(l.ids.iter().map(String::as_str)))
+        .collect()
+}
+
 fn listed(resp: &ListPodResourcesResponse, resource: &str) -> Vec<Listed> {
     let mut out = Vec::new();
     for p in &resp.pod_resources {
@@ -351,6 +359,7 @@ pub struct Handshake {
     lister: SharedList,
     client: kube::Client,
     pods: Option<Store<Pod>>,
+    alloc_lock: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for Handshake {
@@ -453,7 +462,29 @@ impl Handshake {
             lister,
             client,
             pods,
+            alloc_lock: Arc::default(),
         }
+    }
+
+    /// Held while an allocation directory is made or removed (`Allocate` and the
+    /// garbage collector), so that a directory is never removed as it is being reused.
+    pub fn alloc_lock(&self) -> MutexGuard<'_, ()> {
+        lock(&self.alloc_lock)
+    }
+
+    /// The API server client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The plugin's configuration.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.cfg
+    }
+
+    /// The pod watch of this node, if there is one.
+    pub fn pods(&self) -> Option<&Store<Pod>> {
+        self.pods.as_ref()
     }
 
     /// Whether the plugin's pod watch holds this pod (tests wait for it).

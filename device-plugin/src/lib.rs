@@ -14,13 +14,16 @@
 //! The library is driven by `main.rs` and by the tests, which use a fake kubelet speaking
 //! the real gRPC protocol over unix sockets and a fake API server.
 
+pub mod audit;
 pub mod bench;
 pub mod config;
+pub mod gc;
 pub mod handshake;
 pub mod health;
 pub mod ids;
 pub mod inventory;
 pub mod kubelet;
+pub mod metrics;
 pub mod plugin;
 pub mod server;
 

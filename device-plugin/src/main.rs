@@ -10,8 +10,9 @@ use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use vgpu_device_plugin::config::{Config, DeviceMode};
 use vgpu_device_plugin::handshake::Handshake;
+use vgpu_device_plugin::metrics::Metrics;
 use vgpu_device_plugin::plugin::{Plugin, prepare_state_dir};
-use vgpu_device_plugin::{bench, health, server};
+use vgpu_device_plugin::{audit, bench, gc, health, server};
 
 #[derive(Parser, Debug)]
 #[command(about = "vgpu's kubelet device plugin: fractional GPUs for exactly the right container")]
@@ -204,6 +205,27 @@ async fn run(args: RunArgs) -> Result<()> {
         Duration::from_secs(5),
     ));
     let handshake = Handshake::new(cfg.clone(), client, Some(store));
+    let metrics = Metrics::new(gpus.clone());
+    if let Some(addr) = args.metrics_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics address {addr}"))?;
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = vgpu_device_plugin::metrics::serve(m, l).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        });
+    }
+    if let Some(every) = cfg.audit_interval {
+        let rx = audit::spawn(cfg.clone(), args.nvml_lib.clone(), every)
+            .context("start the audit thread")?;
+        tokio::spawn(audit::report(handshake.clone(), rx, metrics.audit.clone()));
+    }
+    if let Some(every) = cfg.gc_interval {
+        let m = metrics.clone();
+        tokio::spawn(gc::run(handshake.clone(), every, move |r| m.gc_round(r)));
+    }
     let plugin = Plugin::new(cfg.clone(), gpus, handshake);
     server::run(cfg, plugin, async {
         let _ = tokio::signal::ctrl_c().await;

@@ -145,10 +145,13 @@ impl Plugin {
         mine.sort_by_key(|g| g.index);
         let key = ids::allocation_key(device_ids.iter().map(String::as_str));
         let dir = self.cfg.state_dir.join("alloc").join(&key);
-        reset_dir(&dir).map_err(|source| AllocateError::Dir {
-            path: dir.clone(),
-            source,
-        })?;
+        {
+            let _guard = self.handshake.alloc_lock();
+            reset_dir(&dir).map_err(|source| AllocateError::Dir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
         let host_dir = self.cfg.host_state_dir.join("alloc").join(&key);
         let cdir = &self.cfg.container_dir;
         let path = |p: &Path| p.display().to_string();

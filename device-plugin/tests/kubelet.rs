@@ -527,7 +527,13 @@ async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_on
     .expect("node");
     // (namespace, pod, annotations, expected: Ok((policy, priority)) or Err(words in the refusal))
     type Want = Result<(ComputePolicy, Priority), Vec<&'static str>>;
-    let cases: Vec<(&str, &str, Vec<(&str, &str)>, Want)> = vec![
+    type Case = (
+        &'static str,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        Want,
+    );
+    let cases: Vec<Case> = vec![
         (
             "batch",
             "plain",
@@ -603,4 +609,86 @@ async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_on
         }
         node.kubelet.remove_pod(ns, name);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_directories_no_container_holds_are_removed_and_live_ones_kept() {
+    use vgpu_device_plugin::gc;
+    let g = gpus(2, 81920);
+    // Grace 0: every directory is old enough; only kubelet's record and the API server
+    // keep one.
+    let mut node = TestNode::start_with(g.clone(), |c| c.gc_grace = Duration::ZERO)
+        .await
+        .expect("node");
+    let mut c = node.client.clone();
+    // "done": an app container; "init": an init container (never listed by kubelet)
+    // and its app container on other devices; "pending": allocated, not started yet.
+    let done: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 4096, 200, 2))];
+    let init: Vec<PodContainer<'_>> = vec![
+        ("setup", true, grant(&g[1].uuid, 4096, 100, 1)),
+        ("main", false, grant(&g[0].uuid, 4096, 300, 3)),
+    ];
+    let mut dirs = BTreeMap::new();
+    for (i, (name, cs)) in [("done", &done), ("init", &init)].into_iter().enumerate() {
+        node.put_pod(pod_json("ns", name, &format!("uid-{name}"), i as u32, cs))
+            .await
+            .expect("pod");
+        let adm = node
+            .kubelet
+            .admit(&mut c, "ns", name, &fake_containers(cs))
+            .await
+            .expect("admit");
+        // Only the first container starts (the init container of "init", before its
+        // app container): the app container's directory exists, nothing is written yet.
+        for (n, _, ids, _) in &adm.containers {
+            dirs.insert(
+                format!("{name}/{n}"),
+                node.handshake
+                    .allocation_dir(ids.iter().map(String::as_str)),
+            );
+        }
+        FakeKubelet::prestart(&mut node.client, &adm.containers[0].2)
+            .await
+            .expect("prestart");
+    }
+    assert_eq!(dirs.len(), 3);
+    let r = gc::collect(&node.handshake).await.expect("a round");
+    assert!(
+        r.removed.is_empty(),
+        "nothing removed while every pod lives: {r:?}"
+    );
+    assert_eq!(r.kept, 3);
+    // "done" is deleted: kubelet drops it and the API server forgets it.
+    node.kubelet.remove_pod("ns", "done");
+    assert!(node.api.delete_pod("ns", "done"));
+    let r = gc::collect(&node.handshake).await.expect("a round");
+    assert_eq!(r.removed.len(), 1, "{r:?}");
+    assert!(
+        !dirs["done/main"].exists(),
+        "the deleted pod's directory is gone"
+    );
+    assert!(
+        dirs["init/setup"].exists(),
+        "the running init container keeps its own"
+    );
+    assert!(
+        dirs["init/main"].exists(),
+        "a listed container keeps its own"
+    );
+    // A directory a new Allocate makes for the freed devices is young, so with a real
+    // grace period nothing young is touched.
+    let mut strict = (*node.cfg).clone();
+    strict.gc_grace = Duration::from_secs(3600);
+    let hs = vgpu_device_plugin::handshake::Handshake::new(
+        std::sync::Arc::new(strict),
+        node.api.client().expect("client"),
+        None,
+    );
+    node.kubelet.remove_pod("ns", "init");
+    assert!(node.api.delete_pod("ns", "init"));
+    let r = gc::collect(&hs).await.expect("a round");
+    assert!(r.removed.is_empty(), "young directories stay: {r:?}");
+    let r = gc::collect(&node.handshake).await.expect("a round");
+    assert_eq!(r.removed.len(), 2, "{r:?}");
+    assert!(!dirs["init/setup"].exists() && !dirs["init/main"].exists());
 }

@@ -22,6 +22,7 @@ struct Inner {
     pods: BTreeMap<(String, String), Value>,
     nodes: BTreeMap<String, Value>,
     log: Vec<(u64, &'static str, Value)>,
+    events: Vec<Value>,
 }
 
 /// Handle to a running fake API server.
@@ -67,6 +68,10 @@ impl FakeApi {
             .route("/api/v1/pods", get(list_or_watch))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
             .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
+            .route(
+                "/api/v1/namespaces/{ns}/events",
+                axum::routing::post(create_event),
+            )
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -129,6 +134,11 @@ impl FakeApi {
     /// The node as patched so far (merge patches applied to an empty object).
     pub fn node(&self, name: &str) -> Option<Value> {
         lock(&self.inner).nodes.get(name).cloned()
+    }
+
+    /// The events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        lock(&self.inner).events.clone()
     }
 
     /// How many single-pod GETs were served.
@@ -242,6 +252,32 @@ fn merge(target: &mut Value, patch: &Value) {
         }
         (t, p) => *t = p.clone(),
     }
+}
+
+async fn create_event(
+    State(fake): State<FakeApi>,
+    Path(ns): Path<String>,
+    body: Bytes,
+) -> Response {
+    let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    if ev["involvedObject"]["namespace"].as_str() != Some(ns.as_str()) {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("involvedObject.namespace does not match the namespace {ns:?}"),
+        );
+    }
+    let mut inner = lock(&fake.inner);
+    inner.rv += 1;
+    let n = inner.events.len();
+    if let Some(g) = ev["metadata"]["generateName"].as_str() {
+        ev["metadata"]["name"] = json!(format!("{g}{n}"));
+    }
+    ev["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.events.push(ev.clone());
+    (StatusCode::CREATED, axum::Json(ev)).into_response()
 }
 
 async fn patch_node(

@@ -1,0 +1,447 @@
+//! Reports GPU processes that run without the shim: their memory and compute are not
+//! limited, and nobody would know.
+//!
+//! The shim reaches a container through `/etc/ld.so.preload`, which some programs never
+//! read: static binaries, musl-based images (Alpine's loader ignores `ld.so.preload`), a
+//! process that execs with a cleared environment and its own loader, or an image that
+//! mounts over `/etc`. Every [`Config::audit_interval`] the plugin asks NVML for each
+//! GPU's processes and, for each one, reads `/proc/<pid>/maps`: a process that uses a GPU
+//! and has no `libvgpu.so` mapped is *unenforced*. It is attributed to its container by
+//! the quota file the plugin wrote for it (`/proc/<pid>/root` + its `VGPU_CONTAINER_DIR`),
+//! cross-checked with the pod UID of its cgroup (`/proc/<pid>/cgroup`, which the process
+//! cannot change); each one is logged, counted in the metrics
+//! (`vgpu_plugin_unenforced_processes`) and reported once as a `Warning` event
+//! `VgpuShimNotLoaded` on its pod.
+//!
+//! The plugin must see host PIDs (the DaemonSet runs with `hostPID`), like NVML.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Api;
+use kube::api::PostParams;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
+
+use crate::config::Config;
+use crate::handshake::{Handshake, error_chain};
+
+/// The event reason posted on a pod with an unenforced process.
+pub const EVENT_REASON: &str = "VgpuShimNotLoaded";
+
+/// The container a process belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Owner {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Container name.
+    pub container: String,
+}
+
+/// A GPU process without the shim.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unenforced {
+    /// Host PID.
+    pub pid: u32,
+    /// Its command name (`/proc/<pid>/comm`).
+    pub comm: String,
+    /// The GPU it uses.
+    pub gpu: String,
+    /// GPU memory it holds, bytes (0 when NVML does not say).
+    pub used_bytes: u64,
+    /// Its container, when the plugin handed it one.
+    pub owner: Option<Owner>,
+    /// Its pod's UID per its cgroup, when it runs in a pod.
+    pub cgroup_pod_uid: Option<String>,
+}
+
+/// One audit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// GPU processes looked at (one per process and GPU).
+    pub checked: usize,
+    /// Those without the shim.
+    pub unenforced: Vec<Unenforced>,
+}
+
+/// Whether a process has a file named one of `names` (e.g. `libvgpu.so`) mapped; `None`
+/// when its maps cannot be read (it exited, or no permission).
+pub fn shim_loaded(proc_root: &Path, pid: u32, names: &[&str]) -> Option<bool> {
+    let maps = std::fs::read_to_string(proc_root.join(pid.to_string()).join("maps")).ok()?;
+    Some(maps.lines().any(|l| {
+        // `addr perms offset dev inode   path`; the path may end in " (deleted)".
+        let Some(path) = l.split_whitespace().nth(5) else {
+            return false;
+        };
+        Path::new(path)
+            .file_name()
+            .is_some_and(|f| names.iter().any(|n| f == *n))
+    }))
+}
+
+/// The pod UID in a `/proc/<pid>/cgroup` text: kubelet's cgroup names carry
+/// `pod<uid>` (cgroupfs driver) or `pod<uid with _>.slice` (systemd driver).
+pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        for comp in path.split('/') {
+            let comp = comp.strip_suffix(".slice").unwrap_or(comp);
+            let Some(i) = comp.rfind("pod") else {
+                continue;
+            };
+            let uid = &comp[i + 3..];
+            let ok = uid.len() == 36
+                && uid
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
+            if ok {
+                return Some(uid.replace('_', "-"));
+            }
+        }
+    }
+    None
+}
+
+fn env_var(environ: &[u8], name: &str) -> Option<OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    environ.split(|b| *b == 0).find_map(|kv| {
+        let rest = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(std::ffi::OsStr::from_bytes(rest).to_owned())
+    })
+}
+
+/// The quota record of a process's container: `vgpu.conf` in its `VGPU_CONTAINER_DIR`
+/// (or `default_dir`), read through its own root.
+pub fn quota_of(proc_root: &Path, pid: u32, default_dir: &Path) -> Option<ContainerQuota> {
+    let pdir = proc_root.join(pid.to_string());
+    let dir = std::fs::read(pdir.join("environ"))
+        .ok()
+        .and_then(|e| env_var(&e, "VGPU_CONTAINER_DIR"))
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+        .unwrap_or_else(|| default_dir.to_owned());
+    let rel = dir.strip_prefix("/").ok()?;
+    let text = std::fs::read_to_string(pdir.join("root").join(rel).join(QUOTA_FILE)).ok()?;
+    ContainerQuota::from_json(&text).ok()
+}
+
+/// Audits GPU processes `(pid, gpu uuid, bytes)` through `proc_root` (`/proc`).
+pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Audit {
+    let shim_name = cfg.shim_container_path.file_name().map_or_else(
+        || "libvgpu.so".to_owned(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    let mut out = Audit::default();
+    for (pid, gpu, used) in procs {
+        out.checked += 1;
+        // Unreadable maps: the process exited meanwhile; nothing to report.
+        if shim_loaded(proc_root, *pid, &[&shim_name, "libvgpu.so"]).unwrap_or(true) {
+            continue;
+        }
+        let pdir = proc_root.join(pid.to_string());
+        let cgroup_pod_uid = std::fs::read_to_string(pdir.join("cgroup"))
+            .ok()
+            .and_then(|t| pod_uid_from_cgroup(&t));
+        let owner = quota_of(proc_root, *pid, &cfg.container_dir)
+            // A quota file of another pod than the cgroup's is not this process's.
+            .filter(|q| cgroup_pod_uid.as_ref().is_none_or(|u| *u == q.uid))
+            .map(|q| Owner {
+                namespace: q.namespace,
+                pod: q.pod,
+                uid: q.uid,
+                container: q.container,
+            });
+        let comm = std::fs::read_to_string(pdir.join("comm"))
+            .map(|c| c.trim().to_owned())
+            .unwrap_or_default();
+        out.unenforced.push(Unenforced {
+            pid: *pid,
+            comm,
+            gpu: gpu.clone(),
+            used_bytes: *used,
+            owner,
+            cgroup_pod_uid,
+        });
+    }
+    out.unenforced.sort();
+    out
+}
+
+/// Every GPU's compute and graphics processes `(pid, uuid, bytes)`.
+pub fn gpu_processes(
+    nvml: &Nvml,
+) -> Result<Vec<(u32, String, u64)>, nvml_wrapper::error::NvmlError> {
+    let mut out = Vec::new();
+    for i in 0..nvml.device_count()? {
+        let d = nvml.device_by_index(i)?;
+        let uuid = d.uuid()?;
+        let mut procs = d.running_compute_processes()?;
+        procs.extend(d.running_graphics_processes().unwrap_or_default());
+        let mut seen = BTreeSet::new();
+        for p in procs {
+            if seen.insert(p.pid) {
+                let used = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                };
+                out.push((p.pid, uuid.clone(), used));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Starts the audit thread: every `interval`, the GPU processes from NVML (`lib`, or the
+/// system's `libnvidia-ml.so.1`) are audited and the result sent.
+pub fn spawn(
+    cfg: Arc<Config>,
+    lib: Option<PathBuf>,
+    interval: Duration,
+) -> std::io::Result<watch::Receiver<Option<Audit>>> {
+    let (tx, rx) = watch::channel(None);
+    std::thread::Builder::new()
+        .name("vgpu-audit".into())
+        .spawn(move || {
+            let lib = lib.unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
+            let mut nvml = None;
+            let proc_root = Path::new("/proc");
+            loop {
+                if nvml.is_none() {
+                    match Nvml::builder().lib_path(lib.as_os_str()).init() {
+                        Ok(n) => nvml = Some(n),
+                        Err(e) => warn!(lib = %lib.display(), error = %e, "audit: NVML init failed; retrying"),
+                    }
+                }
+                if let Some(n) = &nvml {
+                    match gpu_processes(n) {
+                        Ok(p) => {
+                            if tx.send(Some(audit(&p, proc_root, &cfg))).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "audit: NVML process list failed"),
+                    }
+                }
+                std::thread::sleep(interval);
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mib = u.used_bytes >> 20;
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.vgpu-", owner.pod)),
+            namespace: Some(owner.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(owner.pod.clone()),
+            namespace: Some(owner.namespace.clone()),
+            uid: Some(owner.uid.clone()),
+            field_path: (!owner.container.is_empty())
+                .then(|| format!("spec.containers{{{}}}", owner.container)),
+            ..Default::default()
+        },
+        reason: Some(EVENT_REASON.into()),
+        type_: Some("Warning".into()),
+        message: Some(format!(
+            "process {} ({}) of container {:?} uses GPU {} ({mib} MiB) without the vgpu shim loaded: its GPU memory and compute are not limited (static binary, musl image or cleared preload?)",
+            u.pid, u.comm, owner.container, u.gpu
+        )),
+        source: Some(EventSource {
+            component: Some("vgpu-device-plugin".into()),
+            host: Some(node.to_owned()),
+        }),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
+/// The owner of a finding: its quota file's container, else the pod of its cgroup's UID
+/// in the node's pod watch (container unknown).
+fn resolve(u: &Unenforced, hs: &Handshake) -> Option<Owner> {
+    if let Some(o) = &u.owner {
+        return Some(o.clone());
+    }
+    let uid = u.cgroup_pod_uid.as_ref()?;
+    let pod: Arc<Pod> = hs
+        .pods()?
+        .state()
+        .into_iter()
+        .find(|p| p.metadata.uid.as_ref() == Some(uid))?;
+    Some(Owner {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        uid: uid.clone(),
+        container: String::new(),
+    })
+}
+
+/// What the reporter has seen, for the metrics.
+#[derive(Debug, Default, Clone)]
+pub struct AuditState {
+    /// The latest audit, with each finding's resolved owner.
+    pub latest: Vec<(Unenforced, Option<Owner>)>,
+    /// GPU processes looked at in the latest audit.
+    pub checked: usize,
+    /// Audits so far.
+    pub audits: u64,
+    /// Events posted so far.
+    pub events: u64,
+}
+
+/// Logs each new unenforced process, posts one event on its pod, and keeps `state`
+/// current, for every audit `rx` delivers.
+pub async fn report(
+    hs: Handshake,
+    mut rx: watch::Receiver<Option<Audit>>,
+    state: Arc<Mutex<AuditState>>,
+) {
+    let mut reported: BTreeMap<(u32, String), ()> = BTreeMap::new();
+    while rx.changed().await.is_ok() {
+        let Some(a) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let mut latest = Vec::new();
+        let mut now_seen = BTreeMap::new();
+        let mut posted = 0;
+        for u in a.unenforced {
+            let owner = resolve(&u, &hs);
+            let key = (u.pid, u.gpu.clone());
+            now_seen.insert(key.clone(), ());
+            if !reported.contains_key(&key) {
+                let who = owner
+                    .as_ref()
+                    .map(|o| format!("{}/{}:{}", o.namespace, o.pod, o.container))
+                    .unwrap_or_else(|| "no vgpu container".into());
+                warn!(pid = u.pid, comm = %u.comm, gpu = %u.gpu, container = %who, "a GPU process runs without the vgpu shim: not limited");
+                if let Some(o) = &owner {
+                    let api: Api<Event> = Api::namespaced(hs.client().clone(), &o.namespace);
+                    let ev = event_for(&u, o, &hs.config().node_name);
+                    match api.create(&PostParams::default(), &ev).await {
+                        Ok(_) => posted += 1,
+                        Err(e) => warn!(error = %error_chain(&e), "could not post the event"),
+                    }
+                }
+            }
+            latest.push((u, owner));
+        }
+        // A process that is gone (or now has the shim) may be reported again later.
+        reported = now_seen;
+        let mut st = state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.latest = latest;
+        st.checked = a.checked;
+        st.audits += 1;
+        st.events += posted;
+        if posted > 0 {
+            info!(events = posted, "reported unenforced GPU processes");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uids_come_from_both_cgroup_drivers() {
+        let systemd = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c5a1c2e_59c1_4c3e_9d51_1f0e4d7a8b9c.slice/cri-containerd-abc.scope\n";
+        assert_eq!(
+            pod_uid_from_cgroup(systemd).as_deref(),
+            Some("0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c")
+        );
+        let cgroupfs =
+            "12:memory:/kubepods/besteffort/pod0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c/3f1e\n0::/\n";
+        assert_eq!(
+            pod_uid_from_cgroup(cgroupfs).as_deref(),
+            Some("0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c")
+        );
+        assert_eq!(
+            pod_uid_from_cgroup("0::/user.slice/user-1000.slice\n"),
+            None
+        );
+        assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnot-a-uid/x\n"), None);
+    }
+
+    #[test]
+    fn maps_name_the_shim_even_when_its_file_was_replaced() {
+        let root = tempfile::tempdir().unwrap();
+        let p = root.path().join("42");
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(
+            p.join("maps"),
+            "7f00-7f10 r-xp 00000000 08:01 123   /usr/lib/libc.so.6\n7f20-7f30 r-xp 00000000 08:01 456   /usr/local/vgpu/libvgpu.so (deleted)\n7f40-7f50 rw-p 00000000 00:00 0 \n",
+        )
+        .unwrap();
+        assert_eq!(shim_loaded(root.path(), 42, &["libvgpu.so"]), Some(true));
+        std::fs::write(
+            p.join("maps"),
+            "7f00-7f10 r-xp 00000000 08:01 123   /usr/lib/libvgpu.so.bak\n",
+        )
+        .unwrap();
+        assert_eq!(shim_loaded(root.path(), 42, &["libvgpu.so"]), Some(false));
+        assert_eq!(shim_loaded(root.path(), 43, &["libvgpu.so"]), None);
+    }
+
+    #[test]
+    fn this_test_process_has_no_shim_and_is_attributed_by_its_quota_file() {
+        // The test runs without the shim: a GPU "process" that is this one is unenforced;
+        // its quota file is found through /proc/<pid>/root and VGPU_CONTAINER_DIR's default.
+        let dir = tempfile::tempdir().unwrap();
+        let q = ContainerQuota {
+            version: vgpu_core::container_quota::QUOTA_VERSION,
+            namespace: "ns".into(),
+            pod: "p".into(),
+            uid: "u".into(),
+            container: "c".into(),
+            init: false,
+            gpus: Vec::new(),
+            device_ids: Vec::new(),
+        };
+        std::fs::write(dir.path().join(QUOTA_FILE), q.to_json()).unwrap();
+        let mut cfg = Config::new("n");
+        cfg.container_dir = dir.path().to_owned();
+        let me = std::process::id();
+        let a = audit(&[(me, "GPU-x".into(), 1 << 20)], Path::new("/proc"), &cfg);
+        assert_eq!(a.checked, 1);
+        assert_eq!(a.unenforced.len(), 1);
+        let u = &a.unenforced[0];
+        assert_eq!(u.pid, me);
+        assert_eq!(u.gpu, "GPU-x");
+        // Outside a pod the cgroup has no pod UID, so the quota file decides.
+        if u.cgroup_pod_uid.is_none() {
+            assert_eq!(u.owner.as_ref().map(|o| o.pod.as_str()), Some("p"));
+        }
+        // A process that is gone is not reported.
+        let gone = audit(
+            &[(u32::MAX - 1, "GPU-x".into(), 0)],
+            Path::new("/proc"),
+            &cfg,
+        );
+        assert_eq!((gone.checked, gone.unenforced.len()), (1, 0));
+    }
+}
