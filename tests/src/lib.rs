@@ -177,6 +177,15 @@ impl SimNode {
         if let Some(c) = container {
             c.apply(&mut cmd);
         }
+        Probe::start(cmd, args, timeout)
+    }
+}
+
+impl Probe {
+    /// Starts `cmd` (a `cuda-probe` command with its environment) with `args` in the
+    /// background and waits (at most `timeout`) until it prints a line starting with
+    /// `ready`.
+    pub fn start(mut cmd: Command, args: &[&str], timeout: Duration) -> Probe {
         let mut child = cmd
             .args(args)
             .stdin(Stdio::piped())

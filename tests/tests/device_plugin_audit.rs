@@ -1,0 +1,188 @@
+//! A container whose shim did not load is reported, not silently left unlimited: two
+//! "containers" get their quota from the device plugin (fake kubelet, fake API server);
+//! one runs a real CUDA process under `libvgpu.so`, the other the same program without
+//! it (as a static binary or a musl image would). The plugin's audit, reading cuda-sim's
+//! NVML and `/proc`, flags exactly the second, attributes it to its pod and container,
+//! posts one `VgpuShimNotLoaded` event on that pod, and shows it in the metrics; once the
+//! process exits it is no longer reported.
+//!
+//! The only test in this binary: it points this process's NVML at its own simulated node
+//! through the environment (`VGPU_SIM_DIR`) before any thread of its own starts.
+
+// `std::env::set_var` is unsafe (edition 2024); see the SAFETY comment below.
+#![allow(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vgpu_core::inventory::GpuInfo;
+use vgpu_device_plugin::audit::{self, EVENT_REASON};
+use vgpu_device_plugin::metrics::Metrics;
+use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
+use vgpu_device_plugin::testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
+use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib, sim_lib_dir};
+
+const UUID: &str = "GPU-51570000-0000-4000-8000-0000000a0d17";
+
+#[test]
+fn a_gpu_process_without_the_shim_is_reported_on_its_pod() {
+    let sim = SimNode::new(&format!(
+        "[[device]]\nuuid = \"{UUID}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"8Gi\"\n"
+    ));
+    // SAFETY: the only test of this binary, and no thread of ours runs yet (the runtime
+    // and the probes' readers start below); the harness does not read the environment
+    // while a test runs.
+    unsafe { std::env::set_var("VGPU_SIM_DIR", sim.state_dir()) };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run(&sim));
+}
+
+async fn run(sim: &SimNode) {
+    let gpus = vec![GpuInfo {
+        index: 0,
+        uuid: UUID.into(),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 8192,
+        healthy: true,
+    }];
+    let mut node = TestNode::start(gpus).await.expect("node");
+    let mut dirs = Vec::new();
+    for (i, name) in ["enforced", "escaped"].into_iter().enumerate() {
+        let cs: Vec<PodContainer<'_>> =
+            vec![("main", false, vec![(UUID.to_owned(), 2048, 300, 3)])];
+        node.put_pod(pod_json("ns", name, &format!("uid-{name}"), i as u32, &cs))
+            .await
+            .expect("pod");
+        let mut c = node.client.clone();
+        let adm = node
+            .kubelet
+            .admit(&mut c, "ns", name, &fake_containers(&cs))
+            .await
+            .expect("admit");
+        let ids = adm.containers[0].2.clone();
+        FakeKubelet::prestart(&mut node.client, &ids)
+            .await
+            .expect("PreStartContainer");
+        dirs.push(
+            node.handshake
+                .allocation_dir(ids.iter().map(String::as_str)),
+        );
+    }
+    let hold = ["init", "alloc", "256Mi", "ready", "wait"];
+    let timeout = Duration::from_secs(30);
+    let mut with_shim = sim.command(probe_bin());
+    with_shim
+        .env("LD_PRELOAD", shim_lib())
+        .env("VGPU_CONTAINER_DIR", &dirs[0])
+        .env("VGPU_DAEMON_SOCKET", "off")
+        .env_remove("VGPU_MEMORY_LIMIT");
+    let enforced = Probe::start(with_shim, &hold, timeout);
+    let mut without = sim.command(probe_bin());
+    without
+        .env("VGPU_CONTAINER_DIR", &dirs[1])
+        .env_remove("LD_PRELOAD");
+    let escaped = Probe::start(without, &hold, timeout);
+
+    let metrics = Metrics::new(tokio::sync::watch::channel(Vec::new()).1);
+    let rx = audit::spawn(
+        node.cfg.clone(),
+        Some(sim_lib_dir().join("libnvidia-ml.so.1")),
+        Duration::from_millis(50),
+    )
+    .expect("audit thread");
+    let reporter = tokio::spawn(audit::report(
+        node.handshake.clone(),
+        rx,
+        Arc::clone(&metrics.audit),
+    ));
+
+    // Both processes are on the GPU; only the one without the shim is reported.
+    let state = wait(&metrics, "the escaped process reported", |s| {
+        s.checked >= 2 && !s.latest.is_empty()
+    })
+    .await;
+    let pids: Vec<u32> = state.latest.iter().map(|(u, _)| u.pid).collect();
+    assert_eq!(
+        pids,
+        [escaped.pid()],
+        "only the process without the shim: {state:#?}"
+    );
+    let (u, owner) = &state.latest[0];
+    let owner = owner.as_ref().expect("attributed");
+    assert_eq!(
+        (
+            owner.namespace.as_str(),
+            owner.pod.as_str(),
+            owner.container.as_str()
+        ),
+        ("ns", "escaped", "main")
+    );
+    assert_eq!(u.gpu, UUID);
+    assert!(u.used_bytes >= 256 << 20, "{u:?}");
+
+    // One event on that pod, naming the process and the GPU.
+    let events = wait_events(&node).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let ev = &events[0];
+    assert_eq!(ev["reason"], EVENT_REASON);
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["involvedObject"]["name"], "escaped");
+    assert_eq!(ev["involvedObject"]["uid"], "uid-escaped");
+    assert_eq!(ev["involvedObject"]["fieldPath"], "spec.containers{main}");
+    let msg = ev["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&escaped.pid().to_string()) && msg.contains(UUID),
+        "{msg}"
+    );
+
+    let text = metrics.render();
+    let line = format!(
+        "vgpu_plugin_unenforced_processes{{namespace=\"ns\",pod=\"escaped\",container=\"main\",gpu=\"{UUID}\"}} 1"
+    );
+    assert!(text.contains(&line), "{text}");
+    assert!(!text.contains("pod=\"enforced\""), "{text}");
+
+    // Later audits do not post it again; once it exits it is no longer reported.
+    let audits = metrics.audit.lock().expect("lock").audits;
+    wait(&metrics, "two more audits", |s| s.audits >= audits + 2).await;
+    assert_eq!(node.api.events().len(), 1, "reported once");
+    escaped.kill9();
+    wait(&metrics, "the exited process dropped", |s| {
+        s.latest.is_empty()
+    })
+    .await;
+    enforced.kill9();
+    reporter.abort();
+}
+
+async fn wait(
+    m: &Metrics,
+    what: &str,
+    pred: impl Fn(&audit::AuditState) -> bool,
+) -> audit::AuditState {
+    // A bound so that a broken audit fails the test instead of hanging it.
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = m.audit.lock().expect("lock").clone();
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < end, "{what}: not within 30 s; last {s:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_events(node: &TestNode) -> Vec<serde_json::Value> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let e = node.api.events();
+        if !e.is_empty() || Instant::now() > end {
+            return e;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
