@@ -27,6 +27,11 @@ pub struct BenchArgs {
     /// Seconds of steady state (everything registered and idle) to measure CPU and memory.
     #[arg(long, default_value_t = 5)]
     pub idle_s: u64,
+    /// NVML library for the audit of GPU processes during the steady state (e.g.
+    /// cuda-sim's `libnvidia-ml.so.1`; none: no audit). The audit and the allocation
+    /// clean-up then run every second, ten and sixty times as often as by default.
+    #[arg(long)]
+    pub nvml_lib: Option<std::path::PathBuf>,
 }
 
 /// CPU time of this process so far (user + system), from `/proc/self/stat` (USER_HZ 100).
@@ -161,6 +166,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         lists - lists_before,
         all_ids.len()
     );
+    let mut upkeep = Vec::new();
+    if let Some(lib) = &args.nvml_lib {
+        let every = Duration::from_secs(1);
+        let metrics = crate::metrics::Metrics::new(node.gpus.subscribe());
+        let rx = crate::audit::spawn(node.cfg.clone(), Some(lib.clone()), every)?;
+        upkeep.push(tokio::spawn(crate::audit::report(
+            node.handshake.clone(),
+            rx,
+            metrics.audit.clone(),
+        )));
+        let m = metrics.clone();
+        upkeep.push(tokio::spawn(crate::gc::run(
+            node.handshake.clone(),
+            every,
+            move |r| m.gc_round(r),
+        )));
+        println!(
+            "steady state includes the GPU process audit ({}) and the allocation clean-up, every 1 s",
+            lib.display()
+        );
+    }
     if args.idle_s > 0 {
         let c0 = cpu_time();
         let t0 = Instant::now();
@@ -173,6 +199,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 rss_mib().unwrap_or(f64::NAN)
             );
         }
+    }
+    for t in upkeep {
+        t.abort();
     }
     if failed > 0 {
         anyhow::bail!("{failed} PreStartContainer calls failed");
