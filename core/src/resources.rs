@@ -385,34 +385,21 @@ pub fn parse_model_constraint(
 /// `best-effort`). Surrounding spaces are ignored.
 pub fn parse_compute_class(
     annotations: &BTreeMap<String, String>,
-) -> Result<
-    (
-        crate::sched_proto::ComputePolicy,
-        crate::sched_proto::Priority,
-    ),
-    ResourceError,
-> {
-    let policy = match annotations.get(ANNOTATION_COMPUTE_POLICY) {
-        Some(v) => v
-            .trim()
-            .parse()
-            .map_err(|reason| ResourceError::BadComputeClass {
-                annotation: ANNOTATION_COMPUTE_POLICY,
-                reason,
-            })?,
-        None => Default::default(),
-    };
-    let priority = match annotations.get(ANNOTATION_PRIORITY) {
-        Some(v) => v
-            .trim()
-            .parse()
-            .map_err(|reason| ResourceError::BadComputeClass {
-                annotation: ANNOTATION_PRIORITY,
-                reason,
-            })?,
-        None => Default::default(),
-    };
-    Ok((policy, priority))
+) -> Result<(crate::sched_proto::ComputePolicy, crate::sched_proto::Priority), ResourceError> {
+    fn one<T: std::str::FromStr<Err = String> + Default>(
+        annotations: &BTreeMap<String, String>,
+        annotation: &'static str,
+    ) -> Result<T, ResourceError> {
+        annotations.get(annotation).map_or(Ok(T::default()), |v| {
+            v.trim()
+                .parse()
+                .map_err(|reason| ResourceError::BadComputeClass { annotation, reason })
+        })
+    }
+    Ok((
+        one(annotations, ANNOTATION_COMPUTE_POLICY)?,
+        one(annotations, ANNOTATION_PRIORITY)?,
+    ))
 }
 
 /// Parses one container's resource requests (name → quantity text) into its GPU demand.
