@@ -564,7 +564,7 @@ impl Runner {
                 uuid: d.uuid.clone(),
                 ordinal: u32::try_from(i).unwrap_or(0),
                 settings: d.settings,
-                memory_quota: self.shim.region.quota(i),
+                memory_quota: self.shim.quota(i),
             })
             .collect();
         let hello = ShimMsg::Hello {

@@ -250,14 +250,19 @@ impl Region {
         self.layout().devs.get(d)
     }
 
-    /// Sets device `d`'s quota if none is set yet; returns the quota in force
-    /// (`None`: unlimited). The first process of a container decides.
+    /// Brings device `d`'s quota down to `quota` if it is unset or higher; returns the
+    /// quota in force (`None`: unlimited). The lowest quota any process of the container
+    /// brought wins: a process can only lower it (the region file is writable by the
+    /// tenant, so each process also caps its own charges at its quota, see
+    /// [`Region::try_charge`]).
     pub fn init_quota(&self, d: usize, quota: Option<u64>) -> Option<u64> {
         let dev = self.dev(d)?;
         if let Some(q) = quota {
             let _ = dev
                 .quota
-                .compare_exchange(0, q, Ordering::AcqRel, Ordering::Acquire);
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                    (cur == 0 || cur > q).then_some(q)
+                });
         }
         self.quota(d)
     }
@@ -405,11 +410,17 @@ impl Region {
 
     /// Charges `bytes` on device `d` to slot `slot`: all or nothing, never over the
     /// quota. Returns false (charging nothing) if it does not fit.
-    pub fn try_charge(&self, slot: usize, d: usize, bytes: u64) -> bool {
+    pub fn try_charge(&self, slot: usize, d: usize, bytes: u64, cap: Option<u64>) -> bool {
         let (Some(dev), Some(s)) = (self.dev(d), self.layout().slots.get(slot)) else {
             return false;
         };
-        let quota = dev.quota.load(Ordering::Acquire);
+        // The region's quota can be raised by anyone who can write the file (the tenant):
+        // the process's own quota (from the read-only quota file or its environment) caps it.
+        let quota = match (dev.quota.load(Ordering::Acquire), cap) {
+            (0, Some(c)) => c,
+            (q, Some(c)) => q.min(c),
+            (q, None) => q,
+        };
         let ok = dev
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -498,21 +509,41 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Region::open(dir.path()).unwrap();
         assert_eq!(r.init_quota(0, Some(10 << 20)), Some(10 << 20));
-        // A second process cannot change it.
+        // A second process cannot raise it.
         assert_eq!(r.init_quota(0, Some(1 << 30)), Some(10 << 20));
         let s = r.claim_slot().unwrap();
-        assert!(r.try_charge(s, 0, 6 << 20));
-        assert!(!r.try_charge(s, 0, (4 << 20) + 1));
-        assert!(r.try_charge(s, 0, 4 << 20));
+        assert!(r.try_charge(s, 0, 6 << 20, None));
+        assert!(!r.try_charge(s, 0, (4 << 20) + 1, None));
+        assert!(r.try_charge(s, 0, 4 << 20, None));
         assert_eq!(r.used(0), 10 << 20);
-        assert!(!r.try_charge(s, 0, 1));
-        assert!(!r.try_charge(s, 0, u64::MAX));
+        assert!(!r.try_charge(s, 0, 1, None));
+        assert!(!r.try_charge(s, 0, u64::MAX, None));
         r.uncharge(s, 0, 4 << 20);
         r.uncharge(s, 0, u64::MAX);
         assert_eq!(r.used(0), 0);
         // Unlimited device: charges always fit, saturating.
-        assert!(r.try_charge(s, 1, u64::MAX - 1));
-        assert!(!r.try_charge(s, 1, 2));
+        assert!(r.try_charge(s, 1, u64::MAX - 1, None));
+        assert!(!r.try_charge(s, 1, 2, None));
+    }
+
+    #[test]
+    fn a_tampered_region_cannot_raise_a_process_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::open(dir.path()).unwrap();
+        assert_eq!(r.init_quota(0, Some(8 << 20)), Some(8 << 20));
+        // The tenant (who can write the file) sets the quota to unlimited, then higher.
+        for forged in [0, 1 << 40] {
+            r.layout().devs[0].quota.store(forged, Ordering::Release);
+            let s = r.claim_slot().unwrap();
+            // A process that brought an 8 MiB quota still stops at 8 MiB.
+            assert!(r.try_charge(s, 0, 8 << 20, Some(8 << 20)));
+            assert!(!r.try_charge(s, 0, 1, Some(8 << 20)), "forged {forged}");
+            r.release_slot(s);
+        }
+        // A process that comes later lowers a forged quota again, never raises it.
+        r.layout().devs[0].quota.store(1 << 40, Ordering::Release);
+        assert_eq!(r.init_quota(0, Some(8 << 20)), Some(8 << 20));
+        assert_eq!(r.init_quota(0, Some(4 << 20)), Some(4 << 20), "a lower quota wins");
     }
 
     #[test]
@@ -524,7 +555,7 @@ mod tests {
         let hs: Vec<_> = (0..8)
             .map(|_| {
                 let r = r.clone();
-                std::thread::spawn(move || (0..1000).filter(|_| r.try_charge(s, 0, 7)).count())
+                std::thread::spawn(move || (0..1000).filter(|_| r.try_charge(s, 0, 7, None)).count())
             })
             .collect();
         let n: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
@@ -537,7 +568,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Region::open(dir.path()).unwrap();
         let s = r.claim_slot().unwrap();
-        assert!(r.try_charge(s, 2, 4096));
+        assert!(r.try_charge(s, 2, 4096, None));
         r.count_context(s, 2, true);
         assert_eq!(r.live_pids(), vec![std::process::id()]);
         r.release_slot(s);
@@ -564,7 +595,7 @@ mod tests {
                 let s = slots[i];
                 if charge {
                     let fits = model.iter().sum::<u64>().checked_add(bytes).is_some_and(|n| n <= quota);
-                    proptest::prop_assert_eq!(r.try_charge(s, 0, bytes), fits);
+                    proptest::prop_assert_eq!(r.try_charge(s, 0, bytes, None), fits);
                     if fits {
                         model[i] += bytes;
                     }

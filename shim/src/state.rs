@@ -140,7 +140,7 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
         let q = region.init_quota(d, want);
         if want.is_some() && q != want && cfg.log {
             crate::say!(
-                "vgpu: device {d}: the container's quota is {q:?} bytes (set by its first process), not {:?}",
+                "vgpu: device {d}: the container's quota is {q:?} bytes (lowered by another of its processes), not {:?}",
                 cfg.limit(d)
             );
         }
@@ -274,13 +274,16 @@ impl Shim {
             });
             return false;
         }
-        if self.region.try_charge(self.slot, dev, bytes) {
+        let cap = self.cfg.limit(dev).filter(|&q| q > 0);
+        if self.region.try_charge(self.slot, dev, bytes, cap) {
             return true;
         }
-        if self.region.reap(Some(self.slot)) > 0 && self.region.try_charge(self.slot, dev, bytes) {
+        if self.region.reap(Some(self.slot)) > 0
+            && self.region.try_charge(self.slot, dev, bytes, cap)
+        {
             return true;
         }
-        if reclaim() && self.region.try_charge(self.slot, dev, bytes) {
+        if reclaim() && self.region.try_charge(self.slot, dev, bytes, cap) {
             return true;
         }
         log(self, || {
@@ -385,12 +388,16 @@ impl Shim {
         self.cfg.limit(dev) == Some(0)
     }
 
-    /// The quota of `dev` in force (None: unlimited).
+    /// The quota of `dev` in force (None: unlimited): the container's, capped by this
+    /// process's own (the region file is writable by the tenant).
     pub fn quota(&self, dev: usize) -> Option<u64> {
         if self.denied(dev) {
             return Some(0);
         }
-        self.region.quota(dev)
+        match (self.region.quota(dev), self.cfg.limit(dev).filter(|&q| q > 0)) {
+            (Some(r), Some(own)) => Some(r.min(own)),
+            (r, own) => r.or(own),
+        }
     }
 
     /// The container's usage of `dev`, after reaping dead processes if due.
