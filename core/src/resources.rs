@@ -385,7 +385,13 @@ pub fn parse_model_constraint(
 /// `best-effort`). Surrounding spaces are ignored.
 pub fn parse_compute_class(
     annotations: &BTreeMap<String, String>,
-) -> Result<(crate::sched_proto::ComputePolicy, crate::sched_proto::Priority), ResourceError> {
+) -> Result<
+    (
+        crate::sched_proto::ComputePolicy,
+        crate::sched_proto::Priority,
+    ),
+    ResourceError,
+> {
     fn one<T: std::str::FromStr<Err = String> + Default>(
         annotations: &BTreeMap<String, String>,
         annotation: &'static str,
