@@ -4,7 +4,7 @@
 //! The shim reaches a container through `/etc/ld.so.preload`, which some programs never
 //! read: static binaries, musl-based images (Alpine's loader ignores `ld.so.preload`), a
 //! process that execs with a cleared environment and its own loader, or an image that
-//! mounts over `/etc`. Every [`Config::audit_interval`] the plugin asks NVML for each
+//! mounts over `/etc`. Every [`Config::audit_interval`](crate::config::Config::audit_interval) the plugin asks NVML for each
 //! GPU's processes and, for each one, reads `/proc/<pid>/maps`: a process that uses a GPU
 //! and has no `libvgpu.so` mapped is *unenforced*. It is attributed to its container by
 //! the quota file the plugin wrote for it (`/proc/<pid>/root` + its `VGPU_CONTAINER_DIR`),

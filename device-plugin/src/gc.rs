@@ -5,7 +5,7 @@
 //! region) per container it ever ran. A directory is removed only when all of these hold,
 //! so a live container never loses its directory:
 //!
-//! - it has not changed for [`Config::gc_grace`] (kubelet records a container's devices
+//! - it has not changed for [`Config::gc_grace`](crate::config::Config::gc_grace) (kubelet records a container's devices
 //!   only after `Allocate` returns; the shim and `PreStartContainer` touch it later);
 //! - kubelet's PodResources `List`, started after the round began, lists no container
 //!   holding exactly its device IDs;

@@ -543,7 +543,11 @@ mod tests {
         // A process that comes later lowers a forged quota again, never raises it.
         r.layout().devs[0].quota.store(1 << 40, Ordering::Release);
         assert_eq!(r.init_quota(0, Some(8 << 20)), Some(8 << 20));
-        assert_eq!(r.init_quota(0, Some(4 << 20)), Some(4 << 20), "a lower quota wins");
+        assert_eq!(
+            r.init_quota(0, Some(4 << 20)),
+            Some(4 << 20),
+            "a lower quota wins"
+        );
     }
 
     #[test]
@@ -555,7 +559,9 @@ mod tests {
         let hs: Vec<_> = (0..8)
             .map(|_| {
                 let r = r.clone();
-                std::thread::spawn(move || (0..1000).filter(|_| r.try_charge(s, 0, 7, None)).count())
+                std::thread::spawn(move || {
+                    (0..1000).filter(|_| r.try_charge(s, 0, 7, None)).count()
+                })
             })
             .collect();
         let n: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();

@@ -394,7 +394,10 @@ impl Shim {
         if self.denied(dev) {
             return Some(0);
         }
-        match (self.region.quota(dev), self.cfg.limit(dev).filter(|&q| q > 0)) {
+        match (
+            self.region.quota(dev),
+            self.cfg.limit(dev).filter(|&q| q > 0),
+        ) {
             (Some(r), Some(own)) => Some(r.min(own)),
             (r, own) => r.or(own),
         }
