@@ -36,6 +36,8 @@ use crate::handshake::{Handshake, error_chain};
 
 /// The event reason posted on a pod with an unenforced process.
 pub const EVENT_REASON: &str = "VgpuShimNotLoaded";
+/// The event reason posted on a pod whose container holds more GPU memory than its quota.
+pub const EVENT_OVER_QUOTA: &str = "VgpuMemoryOverQuota";
 
 /// The container a process belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -67,6 +69,23 @@ pub struct Unenforced {
     pub cgroup_pod_uid: Option<String>,
 }
 
+/// A container whose processes hold more GPU memory (NVML's count, which the tenant
+/// cannot touch) than its quota plus one context allowance per process: the shim's
+/// shared counters were tampered with, or processes escaped it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OverQuota {
+    /// The container.
+    pub owner: Owner,
+    /// The GPU.
+    pub gpu: String,
+    /// GPU memory its processes hold per NVML, bytes.
+    pub used_bytes: u64,
+    /// Its memory quota on that GPU, bytes.
+    pub quota_bytes: u64,
+    /// Its processes on that GPU.
+    pub processes: u32,
+}
+
 /// One audit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Audit {
@@ -74,6 +93,8 @@ pub struct Audit {
     pub checked: usize,
     /// Those without the shim.
     pub unenforced: Vec<Unenforced>,
+    /// Containers over their memory quota.
+    pub over_quota: Vec<OverQuota>,
 }
 
 /// Whether a process has a file named one of `names` (e.g. `libvgpu.so`) mapped; `None`
@@ -144,25 +165,43 @@ pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Au
         |f| f.to_string_lossy().into_owned(),
     );
     let mut out = Audit::default();
+    // Per container and GPU: (bytes, processes, quota bytes).
+    let mut held: BTreeMap<(Owner, String), (u64, u32, u64)> = BTreeMap::new();
     for (pid, gpu, used) in procs {
         out.checked += 1;
         // Unreadable maps: the process exited meanwhile; nothing to report.
-        if shim_loaded(proc_root, *pid, &[&shim_name, "libvgpu.so"]).unwrap_or(true) {
+        let Some(loaded) = shim_loaded(proc_root, *pid, &[&shim_name, "libvgpu.so"]) else {
             continue;
-        }
+        };
         let pdir = proc_root.join(pid.to_string());
         let cgroup_pod_uid = std::fs::read_to_string(pdir.join("cgroup"))
             .ok()
             .and_then(|t| pod_uid_from_cgroup(&t));
-        let owner = quota_of(proc_root, *pid, &cfg.container_dir)
+        let quota = quota_of(proc_root, *pid, &cfg.container_dir)
             // A quota file of another pod than the cgroup's is not this process's.
-            .filter(|q| cgroup_pod_uid.as_ref().is_none_or(|u| *u == q.uid))
-            .map(|q| Owner {
-                namespace: q.namespace,
-                pod: q.pod,
-                uid: q.uid,
-                container: q.container,
-            });
+            .filter(|q| cgroup_pod_uid.as_ref().is_none_or(|u| *u == q.uid));
+        let owner = quota.as_ref().map(|q| Owner {
+            namespace: q.namespace.clone(),
+            pod: q.pod.clone(),
+            uid: q.uid.clone(),
+            container: q.container.clone(),
+        });
+        if let (Some(o), Some(q)) = (&owner, &quota) {
+            // A GPU the quota file does not list has a quota of 0.
+            let quota_bytes = q
+                .gpus
+                .iter()
+                .find(|g| g.uuid == *gpu)
+                .map_or(0, |g| g.memory_mib.saturating_mul(1 << 20));
+            let e = held
+                .entry((o.clone(), gpu.clone()))
+                .or_insert((0, 0, quota_bytes));
+            e.0 = e.0.saturating_add(*used);
+            e.1 += 1;
+        }
+        if loaded {
+            continue;
+        }
         let comm = std::fs::read_to_string(pdir.join("comm"))
             .map(|c| c.trim().to_owned())
             .unwrap_or_default();
@@ -174,6 +213,18 @@ pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Au
             owner,
             cgroup_pod_uid,
         });
+    }
+    for ((owner, gpu), (used_bytes, processes, quota_bytes)) in held {
+        let allowance = cfg.context_allowance.saturating_mul(u64::from(processes));
+        if used_bytes > quota_bytes.saturating_add(allowance) {
+            out.over_quota.push(OverQuota {
+                owner,
+                gpu,
+                used_bytes,
+                quota_bytes,
+                processes,
+            });
+        }
     }
     out.unenforced.sort();
     out
@@ -279,6 +330,45 @@ fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
     }
 }
 
+fn over_quota_event(o: &OverQuota, node: &str) -> Event {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let owner = &o.owner;
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.vgpu-", owner.pod)),
+            namespace: Some(owner.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(owner.pod.clone()),
+            namespace: Some(owner.namespace.clone()),
+            uid: Some(owner.uid.clone()),
+            field_path: Some(format!("spec.containers{{{}}}", owner.container)),
+            ..Default::default()
+        },
+        reason: Some(EVENT_OVER_QUOTA.into()),
+        type_: Some("Warning".into()),
+        message: Some(format!(
+            "container {:?} holds {} MiB on GPU {} per NVML ({} processes), over its quota of {} MiB plus a context allowance per process: its limit was bypassed",
+            owner.container,
+            o.used_bytes >> 20,
+            o.gpu,
+            o.processes,
+            o.quota_bytes >> 20
+        )),
+        source: Some(EventSource {
+            component: Some("vgpu-device-plugin".into()),
+            host: Some(node.to_owned()),
+        }),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
 /// The owner of a finding: its quota file's container, else the pod of its cgroup's UID
 /// in the node's pod watch (container unknown).
 fn resolve(u: &Unenforced, hs: &Handshake) -> Option<Owner> {
@@ -304,11 +394,13 @@ fn resolve(u: &Unenforced, hs: &Handshake) -> Option<Owner> {
 pub struct AuditState {
     /// The latest audit, with each finding's resolved owner.
     pub latest: Vec<(Unenforced, Option<Owner>)>,
+    /// Containers over their memory quota in the latest audit.
+    pub over_quota: Vec<OverQuota>,
     /// GPU processes looked at in the latest audit.
     pub checked: usize,
     /// Audits so far.
     pub audits: u64,
-    /// Events posted so far.
+    /// Events posted so far (both reasons).
     pub events: u64,
 }
 
@@ -320,6 +412,7 @@ pub async fn report(
     state: Arc<Mutex<AuditState>>,
 ) {
     let mut reported: BTreeMap<(u32, String), ()> = BTreeMap::new();
+    let mut over_reported: BTreeSet<(String, String, String)> = BTreeSet::new();
     while rx.changed().await.is_ok() {
         let Some(a) = rx.borrow_and_update().clone() else {
             continue;
@@ -350,10 +443,39 @@ pub async fn report(
         }
         // A process that is gone (or now has the shim) may be reported again later.
         reported = now_seen;
+        let mut over_now = BTreeSet::new();
+        for o in &a.over_quota {
+            let key = (
+                o.owner.uid.clone(),
+                o.owner.container.clone(),
+                o.gpu.clone(),
+            );
+            if !over_reported.contains(&key) {
+                warn!(
+                    container = %format!("{}/{}:{}", o.owner.namespace, o.owner.pod, o.owner.container),
+                    gpu = %o.gpu, used = o.used_bytes, quota = o.quota_bytes,
+                    "a container holds more GPU memory than its quota"
+                );
+                let api: Api<Event> = Api::namespaced(hs.client().clone(), &o.owner.namespace);
+                match api
+                    .create(
+                        &PostParams::default(),
+                        &over_quota_event(o, &hs.config().node_name),
+                    )
+                    .await
+                {
+                    Ok(_) => posted += 1,
+                    Err(e) => warn!(error = %error_chain(&e), "could not post the event"),
+                }
+            }
+            over_now.insert(key);
+        }
+        over_reported = over_now;
         let mut st = state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         st.latest = latest;
+        st.over_quota = a.over_quota;
         st.checked = a.checked;
         st.audits += 1;
         st.events += posted;

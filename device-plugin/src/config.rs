@@ -72,6 +72,10 @@ pub struct Config {
     pub latency_sensitive_namespaces: Option<BTreeSet<String>>,
     /// How often GPU processes are checked for a loaded shim; `None`: never.
     pub audit_interval: Option<Duration>,
+    /// GPU memory each process may hold beyond its container's quota before the
+    /// container counts as over quota (its context, which the shim does not charge to
+    /// the quota, ADR 0008), bytes.
+    pub context_allowance: u64,
     /// How often allocation directories no container holds are removed; `None`: never.
     pub gc_interval: Option<Duration>,
     /// An allocation directory younger than this is never removed (kubelet records a
@@ -119,6 +123,7 @@ impl Config {
             daemon_container_dir: PathBuf::from("/run/vgpu-daemon"),
             latency_sensitive_namespaces: None,
             audit_interval: Some(Duration::from_secs(10)),
+            context_allowance: 1 << 30,
             gc_interval: Some(Duration::from_secs(60)),
             gc_grace: Duration::from_secs(300),
         }

@@ -125,6 +125,10 @@ struct RunArgs {
     /// Seconds between checks that every GPU process has the shim loaded (0: never).
     #[arg(long, default_value_t = 10)]
     audit_interval_s: u64,
+    /// GPU memory (MiB) each process may hold beyond its container's quota (its context)
+    /// before the audit reports the container over quota.
+    #[arg(long, default_value_t = 1024)]
+    context_allowance_mib: u64,
     /// Seconds between removals of allocation directories no container holds (0: never).
     #[arg(long, default_value_t = 60)]
     gc_interval_s: u64,
@@ -179,6 +183,7 @@ impl RunArgs {
         let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
         c.audit_interval = secs(self.audit_interval_s);
         c.gc_interval = secs(self.gc_interval_s);
+        c.context_allowance = self.context_allowance_mib.saturating_mul(1 << 20);
         c.gc_grace = Duration::from_secs(self.gc_grace_s);
         c.validate()?;
         Ok(c)

@@ -83,6 +83,16 @@ impl Metrics {
             Kind::Gauge,
             "GPU memory held by processes without the vgpu shim, by container and GPU.",
         );
+        let mut over = Family::new(
+            "vgpu_plugin_over_quota_memory_bytes",
+            Kind::Gauge,
+            "GPU memory (per NVML) held by a container that is over its memory quota plus a context allowance per process, as of the latest audit.",
+        );
+        let mut over_quota = Family::new(
+            "vgpu_plugin_over_quota_limit_bytes",
+            Kind::Gauge,
+            "The memory quota of each container reported in vgpu_plugin_over_quota_memory_bytes.",
+        );
         let mut checked = Family::new(
             "vgpu_plugin_audited_processes",
             Kind::Gauge,
@@ -96,7 +106,7 @@ impl Metrics {
         let mut events = Family::new(
             "vgpu_plugin_unenforced_events_total",
             Kind::Counter,
-            "VgpuShimNotLoaded events posted on pods so far.",
+            "VgpuShimNotLoaded and VgpuMemoryOverQuota events posted on pods so far.",
         );
         {
             let a = lock(&self.audit);
@@ -122,6 +132,16 @@ impl Metrics {
                 ];
                 unenforced.sample(&l, *n);
                 unenforced_mem.sample(&l, *bytes);
+            }
+            for o in &a.over_quota {
+                let l = [
+                    ("namespace", o.owner.namespace.as_str()),
+                    ("pod", o.owner.pod.as_str()),
+                    ("container", o.owner.container.as_str()),
+                    ("gpu", o.gpu.as_str()),
+                ];
+                over.sample(&l, o.used_bytes as f64);
+                over_quota.sample(&l, o.quota_bytes as f64);
             }
             checked.sample(&[], a.checked as f64);
             audits.sample(&[], a.audits as f64);
@@ -151,6 +171,8 @@ impl Metrics {
             &healthy,
             &unenforced,
             &unenforced_mem,
+            &over,
+            &over_quota,
             &checked,
             &audits,
             &events,

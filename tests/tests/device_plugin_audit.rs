@@ -1,10 +1,13 @@
-//! A container whose shim did not load is reported, not silently left unlimited: two
+//! A container whose shim did not load is reported, not silently left unlimited: three
 //! "containers" get their quota from the device plugin (fake kubelet, fake API server);
-//! one runs a real CUDA process under `libvgpu.so`, the other the same program without
-//! it (as a static binary or a musl image would). The plugin's audit, reading cuda-sim's
-//! NVML and `/proc`, flags exactly the second, attributes it to its pod and container,
-//! posts one `VgpuShimNotLoaded` event on that pod, and shows it in the metrics; once the
-//! process exits it is no longer reported.
+//! one runs a real CUDA process under `libvgpu.so`, one the same program without it (as
+//! a static binary or a musl image would), and one runs two processes under the shim but
+//! rewrites the shim's shared usage counters between them (what a tenant can do to its
+//! writable accounting region), so that together they hold twice its quota. The plugin's
+//! audit, reading cuda-sim's NVML and `/proc`, flags exactly the second as unenforced and
+//! the third as over quota, attributes each to its pod and container, posts one event on
+//! each pod, and shows them in the metrics; once the unenforced process exits it is no
+//! longer reported.
 //!
 //! The only test in this binary: it points this process's NVML at its own simulated node
 //! through the environment (`VGPU_SIM_DIR`) before any thread of its own starts.
@@ -51,7 +54,7 @@ async fn run(sim: &SimNode) {
     }];
     let mut node = TestNode::start(gpus).await.expect("node");
     let mut dirs = Vec::new();
-    for (i, name) in ["enforced", "escaped"].into_iter().enumerate() {
+    for (i, name) in ["enforced", "escaped", "forged"].into_iter().enumerate() {
         let cs: Vec<PodContainer<'_>> =
             vec![("main", false, vec![(UUID.to_owned(), 2048, 300, 3)])];
         node.put_pod(pod_json("ns", name, &format!("uid-{name}"), i as u32, &cs))
@@ -86,6 +89,26 @@ async fn run(sim: &SimNode) {
         .env("VGPU_CONTAINER_DIR", &dirs[1])
         .env_remove("LD_PRELOAD");
     let escaped = Probe::start(without, &hold, timeout);
+    // "forged": the first process fills the quota; the tenant then zeroes the shared
+    // usage counter of its accounting region; the second process fills it again.
+    let fill = ["init", "alloc-until-oom", "2097152", "ready", "wait"];
+    let forged_env = |cmd: &mut std::process::Command| {
+        cmd.env("LD_PRELOAD", shim_lib())
+            .env("VGPU_CONTAINER_DIR", &dirs[2])
+            .env("VGPU_DAEMON_SOCKET", "off")
+            .env_remove("VGPU_MEMORY_LIMIT");
+    };
+    let mut first = sim.command(probe_bin());
+    forged_env(&mut first);
+    let forged_1 = Probe::start(first, &fill, timeout);
+    assert_eq!(
+        forge_region(&dirs[2], 2048 << 20),
+        3,
+        "quota, usage and the slot's usage"
+    );
+    let mut second = sim.command(probe_bin());
+    forged_env(&mut second);
+    let forged_2 = Probe::start(second, &fill, timeout);
 
     let metrics = Metrics::new(tokio::sync::watch::channel(Vec::new()).1);
     let rx = audit::spawn(
@@ -100,9 +123,9 @@ async fn run(sim: &SimNode) {
         Arc::clone(&metrics.audit),
     ));
 
-    // Both processes are on the GPU; only the one without the shim is reported.
+    // Every process is on the GPU; only the one without the shim is unenforced.
     let state = wait(&metrics, "the escaped process reported", |s| {
-        s.checked >= 2 && !s.latest.is_empty()
+        s.checked >= 4 && !s.latest.is_empty() && !s.over_quota.is_empty()
     })
     .await;
     let pids: Vec<u32> = state.latest.iter().map(|(u, _)| u.pid).collect();
@@ -124,10 +147,33 @@ async fn run(sim: &SimNode) {
     assert_eq!(u.gpu, UUID);
     assert!(u.used_bytes >= 256 << 20, "{u:?}");
 
-    // One event on that pod, naming the process and the GPU.
-    let events = wait_events(&node).await;
-    assert_eq!(events.len(), 1, "{events:#?}");
-    let ev = &events[0];
+    // Only the forged container is over its quota, by NVML's count.
+    assert_eq!(state.over_quota.len(), 1, "{state:#?}");
+    let o = &state.over_quota[0];
+    assert_eq!(
+        (o.owner.pod.as_str(), o.owner.container.as_str()),
+        ("forged", "main")
+    );
+    assert_eq!(
+        (o.gpu.as_str(), o.processes, o.quota_bytes),
+        (UUID, 2, 2048 << 20)
+    );
+    assert!(o.used_bytes >= 2 * (2048 << 20), "{o:?}");
+
+    // One event on each pod, naming the process (or the memory) and the GPU.
+    let events = wait_events(&node, 2).await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let over = events
+        .iter()
+        .find(|e| e["reason"] == audit::EVENT_OVER_QUOTA)
+        .expect("an over-quota event");
+    assert_eq!(over["involvedObject"]["name"], "forged");
+    let msg = over["message"].as_str().unwrap_or("");
+    assert!(msg.contains("2048 MiB") && msg.contains(UUID), "{msg}");
+    let ev = events
+        .iter()
+        .find(|e| e["reason"] == EVENT_REASON)
+        .expect("a shim-not-loaded event");
     assert_eq!(ev["reason"], EVENT_REASON);
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["involvedObject"]["name"], "escaped");
@@ -145,18 +191,58 @@ async fn run(sim: &SimNode) {
     );
     assert!(text.contains(&line), "{text}");
     assert!(!text.contains("pod=\"enforced\""), "{text}");
+    assert!(
+        text.contains(&format!(
+            "vgpu_plugin_over_quota_limit_bytes{{namespace=\"ns\",pod=\"forged\",container=\"main\",gpu=\"{UUID}\"}} {}",
+            2048u64 << 20
+        )),
+        "{text}"
+    );
 
     // Later audits do not post it again; once it exits it is no longer reported.
     let audits = metrics.audit.lock().expect("lock").audits;
     wait(&metrics, "two more audits", |s| s.audits >= audits + 2).await;
-    assert_eq!(node.api.events().len(), 1, "reported once");
+    assert_eq!(node.api.events().len(), 2, "each reported once");
     escaped.kill9();
     wait(&metrics, "the exited process dropped", |s| {
         s.latest.is_empty()
     })
     .await;
     enforced.kill9();
+    forged_1.kill9();
+    forged_2.kill9();
     reporter.abort();
+}
+
+/// What a tenant can do to its writable accounting region without knowing its layout:
+/// zero every aligned 64-bit word equal to `value` (the quota it filled). Returns how many.
+fn forge_region(dir: &std::path::Path, value: u64) -> usize {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let path = std::fs::read_dir(dir)
+        .expect("the container directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("shim-v"))
+        })
+        .expect("the shim's region file");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("open the region");
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).expect("read the region");
+    let mut n = 0;
+    for (i, w) in bytes.chunks_exact(8).enumerate() {
+        if u64::from_le_bytes(w.try_into().expect("8 bytes")) == value {
+            f.seek(SeekFrom::Start(8 * i as u64)).expect("seek");
+            f.write_all(&0u64.to_le_bytes()).expect("write");
+            n += 1;
+        }
+    }
+    n
 }
 
 async fn wait(
@@ -176,11 +262,11 @@ async fn wait(
     }
 }
 
-async fn wait_events(node: &TestNode) -> Vec<serde_json::Value> {
+async fn wait_events(node: &TestNode, n: usize) -> Vec<serde_json::Value> {
     let end = Instant::now() + Duration::from_secs(30);
     loop {
         let e = node.api.events();
-        if !e.is_empty() || Instant::now() > end {
+        if e.len() >= n || Instant::now() > end {
             return e;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
