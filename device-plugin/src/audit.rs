@@ -230,16 +230,28 @@ pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Au
     out
 }
 
-/// Every GPU's compute and graphics processes `(pid, uuid, bytes)`.
+/// Every GPU's compute and graphics processes `(pid, uuid, bytes)`. A GPU that does not
+/// answer (lost, or its process list fails) is left out of this audit, with the reason;
+/// only failing to count the GPUs fails the whole audit.
 pub fn gpu_processes(
     nvml: &Nvml,
-) -> Result<Vec<(u32, String, u64)>, nvml_wrapper::error::NvmlError> {
+) -> Result<(Vec<(u32, String, u64)>, Vec<String>), nvml_wrapper::error::NvmlError> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for i in 0..nvml.device_count()? {
-        let d = nvml.device_by_index(i)?;
-        let uuid = d.uuid()?;
-        let mut procs = d.running_compute_processes()?;
-        procs.extend(d.running_graphics_processes().unwrap_or_default());
+        let listed = nvml.device_by_index(i).and_then(|d| {
+            let uuid = d.uuid()?;
+            let mut procs = d.running_compute_processes()?;
+            procs.extend(d.running_graphics_processes().unwrap_or_default());
+            Ok((uuid, procs))
+        });
+        let (uuid, procs) = match listed {
+            Ok(x) => x,
+            Err(e) => {
+                skipped.push(format!("GPU {i}: {e}"));
+                continue;
+            }
+        };
         let mut seen = BTreeSet::new();
         for p in procs {
             if seen.insert(p.pid) {
@@ -251,7 +263,7 @@ pub fn gpu_processes(
             }
         }
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
 /// Starts the audit thread: every `interval`, the GPU processes from NVML (`lib`, or the
@@ -268,21 +280,35 @@ pub fn spawn(
             let lib = lib.unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
             let mut nvml = None;
             let proc_root = Path::new("/proc");
+            // Each distinct trouble is logged once (at warn), not every interval.
+            let mut last_trouble = String::new();
+            let mut trouble = |what: String| {
+                if what != last_trouble {
+                    warn!("audit: {what}");
+                    last_trouble = what;
+                }
+            };
             loop {
                 if nvml.is_none() {
                     match Nvml::builder().lib_path(lib.as_os_str()).init() {
                         Ok(n) => nvml = Some(n),
-                        Err(e) => warn!(lib = %lib.display(), error = %e, "audit: NVML init failed; retrying"),
+                        Err(e) => trouble(format!(
+                            "NVML ({}) does not start: {e}; retrying every {interval:?}",
+                            lib.display()
+                        )),
                     }
                 }
                 if let Some(n) = &nvml {
                     match gpu_processes(n) {
-                        Ok(p) => {
+                        Ok((p, skipped)) => {
+                            if !skipped.is_empty() {
+                                trouble(format!("GPUs left out: {}", skipped.join("; ")));
+                            }
                             if tx.send(Some(audit(&p, proc_root, &cfg))).is_err() {
                                 return;
                             }
                         }
-                        Err(e) => warn!(error = %e, "audit: NVML process list failed"),
+                        Err(e) => trouble(format!("NVML cannot count the GPUs: {e}")),
                     }
                 }
                 std::thread::sleep(interval);
