@@ -230,12 +230,13 @@ pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Au
     out
 }
 
+/// GPU processes `(pid, gpu uuid, bytes)`, and the GPUs left out (with the reason).
+pub type GpuProcesses = (Vec<(u32, String, u64)>, Vec<String>);
+
 /// Every GPU's compute and graphics processes `(pid, uuid, bytes)`. A GPU that does not
 /// answer (lost, or its process list fails) is left out of this audit, with the reason;
 /// only failing to count the GPUs fails the whole audit.
-pub fn gpu_processes(
-    nvml: &Nvml,
-) -> Result<(Vec<(u32, String, u64)>, Vec<String>), nvml_wrapper::error::NvmlError> {
+pub fn gpu_processes(nvml: &Nvml) -> Result<GpuProcesses, nvml_wrapper::error::NvmlError> {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for i in 0..nvml.device_count()? {
