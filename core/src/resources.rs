@@ -89,6 +89,15 @@ pub enum ResourceError {
         /// What does not add up.
         reason: String,
     },
+    /// Containers that kubelet's device reuse ties together cannot be given GPUs on
+    /// which every one of them gets exactly its assigned devices.
+    #[error("containers {}: {reason}", quoted(.containers))]
+    Reuse {
+        /// The containers concerned, in kubelet's order.
+        containers: Vec<String>,
+        /// Why, in words.
+        reason: String,
+    },
     /// A name under the vgpu.io domain that we do not know (likely a typo).
     #[error(
         "container {container:?}: unknown resource {name:?} (known: vgpu.io/gpu, vgpu.io/gpu-count, vgpu.io/gpu-memory, vgpu.io/gpu-compute)"
@@ -117,6 +126,14 @@ pub enum ResourceError {
         /// What is wrong with it (names the value and the accepted ones).
         reason: String,
     },
+}
+
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Parses a Kubernetes quantity (`3`, `1k`, `2Gi`, `1500m`, `1e3`) into a whole number of
@@ -218,6 +235,10 @@ pub enum MemoryDemand {
     FractionMilli(u32),
     /// An absolute amount in MiB.
     Mib(u64),
+    /// The larger of two terms, each `floor(total_mib * milli / 1000) + mib`: what
+    /// containers that kubelet's device reuse puts on one GPU hold at their peak when
+    /// their phases ask for memory in different units (`packing::reuse`).
+    MaxOf([(u32, u64); 2]),
 }
 
 impl MemoryDemand {
@@ -229,6 +250,15 @@ impl MemoryDemand {
                 u64::try_from(v).expect("at most total_mib, which fits in u64")
             }
             MemoryDemand::Mib(m) => m,
+            MemoryDemand::MaxOf(terms) => terms
+                .iter()
+                .map(|&(milli, mib)| {
+                    MemoryDemand::FractionMilli(milli)
+                        .resolve(total_mib)
+                        .saturating_add(mib)
+                })
+                .max()
+                .unwrap_or(0),
         }
     }
 }
@@ -542,6 +572,21 @@ pub fn parse_container_request(
     }))
 }
 
+/// How kubelet runs a container, which decides whether its devices are reused by the
+/// pod's later containers (kubelet's device manager, see `packing::reuse`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ContainerKind {
+    /// An init container (runs to completion before the next one starts); its devices
+    /// go into the pod's reuse pool.
+    Init,
+    /// A restartable init container (`restartPolicy: Always`, a sidecar): takes from
+    /// the pool like an app container and keeps its devices.
+    Sidecar,
+    /// An app container: takes from the pool first, keeps its devices.
+    #[default]
+    App,
+}
+
 /// One container of a pod and its GPU demand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ContainerDemand {
@@ -549,13 +594,18 @@ pub struct ContainerDemand {
     pub name: String,
     /// What it needs.
     pub demand: GpuDemand,
+    /// Init, sidecar or app container.
+    #[serde(default)]
+    pub kind: ContainerKind,
 }
 
 /// Everything a pod asks of GPUs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PodGpuRequest {
-    /// Containers with GPU demands, in spec order (init containers first). Init
-    /// containers are reserved like app containers (conservative: never over-assigns).
+    /// Containers with GPU demands in kubelet's order: init containers (sidecars
+    /// included) in spec order, then app containers in spec order. Containers that
+    /// kubelet's device reuse ties together are reserved as one group on the same
+    /// GPU(s), at their peak (`packing::reuse`, ADR 0011).
     pub containers: Vec<ContainerDemand>,
     /// GPU model constraint for every container of the pod.
     pub models: ModelConstraint,
@@ -568,20 +618,25 @@ impl PodGpuRequest {
     }
 }
 
-/// Parses a pod: its containers' requests (name, requests) and its annotations.
+/// Parses a pod: its containers' (name, kind, requests) in kubelet's order (init
+/// containers first) and its annotations. Refuses, naming the containers, a pod whose
+/// containers kubelet's device reuse would put on GPUs other than any assignment can
+/// name (`packing::reuse::layout`).
 pub fn parse_pod_request<'a>(
-    containers: impl IntoIterator<Item = (&'a str, &'a BTreeMap<String, String>)>,
+    containers: impl IntoIterator<Item = (&'a str, ContainerKind, &'a BTreeMap<String, String>)>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<PodGpuRequest, ResourceError> {
     let mut out = Vec::new();
-    for (name, requests) in containers {
+    for (name, kind, requests) in containers {
         if let Some(demand) = parse_container_request(name, requests)? {
             out.push(ContainerDemand {
                 name: name.to_owned(),
                 demand,
+                kind,
             });
         }
     }
+    crate::packing::reuse::layout(&out)?;
     Ok(PodGpuRequest {
         containers: out,
         models: parse_model_constraint(annotations)?,
@@ -877,7 +932,11 @@ mod tests {
     fn pod_request_collects_containers() {
         let a = req(&[("vgpu.io/gpu", "3")]);
         let b = req(&[("cpu", "1")]);
-        let p = parse_pod_request([("a", &a), ("b", &b)], &BTreeMap::new()).unwrap();
+        let p = parse_pod_request(
+            [("a", ContainerKind::App, &a), ("b", ContainerKind::App, &b)],
+            &BTreeMap::new(),
+        )
+        .unwrap();
         assert_eq!(p.containers.len(), 1);
         assert_eq!(p.containers[0].name, "a");
     }

@@ -906,3 +906,188 @@ async fn a_gpu_health_change_updates_the_node_in_place_without_a_rebuild() {
     );
     assert_eq!(state.stats().rebuilds, rebuilds + 1);
 }
+
+/// Filter and bind one pod from the recorded filter body with `spec` patched in;
+/// returns the filter answer and, when it bound, the assignment.
+async fn filter_and_bind(
+    served: &Served,
+    binder: &RecordingBinder,
+    name: &str,
+    patch: Value,
+) -> (Value, Option<Assignment>) {
+    let mut req = body("extender-nodecache-true/001-filter-request.json");
+    req["Pod"]["metadata"]["uid"] = json!(name);
+    req["Pod"]["metadata"]["name"] = json!(name);
+    for (k, v) in patch.as_object().expect("patch") {
+        req["Pod"]["spec"][k] = v.clone();
+    }
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    if ans["NodeNames"] != json!(["fake-gpu-node-a"]) {
+        return (ans, None);
+    }
+    let (_, bound) = served
+        .post_json(
+            "/scheduler/bind",
+            &json!({"PodName": name, "PodNamespace": "default", "PodUID": name, "Node": "fake-gpu-node-a"}),
+        )
+        .await;
+    assert_eq!(bound, json!({"Error": ""}), "{name}");
+    let plan = binder
+        .plans
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .expect("plan");
+    let record = Assignment::from_json(&plan.assignment_json).expect("record");
+    // What the watch shows after the bind: the pod with its record.
+    req["Pod"]["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = json!(plan.assignment_json);
+    req["Pod"]["spec"]["nodeName"] = json!("fake-gpu-node-a");
+    req["Pod"]["status"] = json!({"phase": "Pending"});
+    served
+        .extender
+        .state()
+        .apply_pod(&serde_json::from_value(req["Pod"].clone()).expect("pod"));
+    (ans, Some(record))
+}
+
+fn gpu_container(name: &str, requests: Value) -> Value {
+    json!({"name": name, "image": "registry.invalid/none:0",
+           "resources": {"requests": requests.clone(), "limits": requests}})
+}
+
+fn free_milli(served: &Served) -> u64 {
+    served
+        .extender
+        .state()
+        .gpu_milli_free("fake-gpu-node-a")
+        .expect("node")
+        .iter()
+        .map(|&m| u64::from(m))
+        .sum()
+}
+
+#[tokio::test]
+async fn init_and_app_containers_that_kubelet_reuses_devices_between_share_a_gpu() {
+    let (served, binder) = extender_over_fixture_nodes(&[]).await;
+    // Node a's GPUs: one with exactly 0.5 free, three free.
+    let (_, first) = filter_and_bind(
+        &served,
+        &binder,
+        "half",
+        json!({"containers": [gpu_container("main", json!({"vgpu.io/gpu": "5"}))]}),
+    )
+    .await;
+    let half_gpu = first.expect("bound").containers[0].gpus[0].uuid.clone();
+    assert_eq!(free_milli(&served), 3500);
+
+    // An init container of 0.3 and an app container of 0.5: kubelet hands the app the
+    // init's 3 devices first, so both must be on one GPU. Reserved one by one, the init
+    // would fill the half-free GPU's tightest fit and the app land on another GPU
+    // (the device plugin then refuses the app container). Together they hold their
+    // peak, 0.5, not 0.8: the half-free GPU takes them exactly.
+    let (_, record) = filter_and_bind(
+        &served,
+        &binder,
+        "with-init",
+        json!({
+            "initContainers": [gpu_container("setup", json!({"cpu": "100m", "vgpu.io/gpu": "3"}))],
+            "containers": [gpu_container("train", json!({"cpu": "100m", "vgpu.io/gpu": "5"}))],
+        }),
+    )
+    .await;
+    let record = record.expect("bound");
+    let setup = record.container("setup").expect("init grant");
+    let train = record.container("train").expect("app grant");
+    assert_eq!(setup.gpus.len(), 1);
+    assert_eq!(
+        setup.gpus[0].uuid, train.gpus[0].uuid,
+        "one GPU: {record:?}"
+    );
+    assert_eq!(setup.gpus[0].uuid, half_gpu);
+    assert_eq!(
+        (
+            setup.gpus[0].compute_milli,
+            setup.gpus[0].memory_mib,
+            setup.gpus[0].slices
+        ),
+        (300, 24576, 3)
+    );
+    assert_eq!(
+        (
+            train.gpus[0].compute_milli,
+            train.gpus[0].memory_mib,
+            train.gpus[0].slices
+        ),
+        (500, 40960, 5)
+    );
+    // The peak is held (0.5), not the sum (0.8); the pod read back from its record
+    // (the watch's view above) holds the same.
+    assert_eq!(free_milli(&served), 3000);
+
+    // A combination kubelet cannot hand out consistently is refused at filter, naming
+    // the containers: the last app takes the 6 devices left in the pool and 3 more,
+    // 11 slices on one GPU.
+    let (ans, none) = filter_and_bind(
+        &served,
+        &binder,
+        "impossible",
+        json!({
+            "initContainers": [gpu_container("setup", json!({"vgpu.io/gpu": "8"}))],
+            "containers": [
+                gpu_container("a", json!({"vgpu.io/gpu": "2"})),
+                gpu_container("b", json!({"vgpu.io/gpu": "9", "vgpu.io/gpu-compute": "10", "vgpu.io/gpu-memory": "1024"})),
+            ],
+        }),
+    )
+    .await;
+    assert!(none.is_none());
+    let err = ans["Error"].as_str().expect("error");
+    assert!(
+        err.contains("default/impossible")
+            && err.contains("\"setup\", \"a\", \"b\"")
+            && err.contains("11 slices"),
+        "{err}"
+    );
+
+    // A sidecar (restartPolicy: Always) that takes the init's devices keeps them: the
+    // three of them share a GPU; a whole-GPU init and a 0.3 app hold the whole GPU.
+    let (_, record) = filter_and_bind(
+        &served,
+        &binder,
+        "sidecar",
+        json!({
+            "initContainers": [
+                gpu_container("prep", json!({"vgpu.io/gpu": "2"})),
+                {"name": "proxy", "image": "x", "restartPolicy": "Always",
+                 "resources": {"limits": {"vgpu.io/gpu": "1"}}},
+            ],
+            "containers": [gpu_container("serve", json!({"vgpu.io/gpu": "2"}))],
+        }),
+    )
+    .await;
+    let record = record.expect("bound");
+    let uuids: Vec<&str> = ["prep", "proxy", "serve"]
+        .iter()
+        .map(|c| record.container(c).expect("grant").gpus[0].uuid.as_str())
+        .collect();
+    assert!(uuids.iter().all(|u| *u == uuids[0]), "{record:?}");
+    // Peak: the app and the sidecar together, 0.3 (the init alone is 0.2).
+    assert_eq!(free_milli(&served), 2700);
+    let (_, record) = filter_and_bind(
+        &served,
+        &binder,
+        "whole",
+        json!({
+            "initContainers": [gpu_container("load", json!({"vgpu.io/gpu": "10"}))],
+            "containers": [gpu_container("run", json!({"vgpu.io/gpu": "3"}))],
+        }),
+    )
+    .await;
+    let record = record.expect("bound");
+    assert_eq!(
+        record.container("load").expect("init").gpus[0].uuid,
+        record.container("run").expect("app").gpus[0].uuid
+    );
+    assert_eq!(free_milli(&served), 1700);
+}

@@ -6,12 +6,15 @@
 //! - [`policy`]: `random`, `bestfit`, `gpupacking`, `fgd` (as published), `spread` and
 //!   the default `vgpu`.
 //! - [`fgd`]: the fragmentation measure over the workload's typical tasks.
+//! - [`reuse`]: kubelet's device reuse between a pod's containers: which containers
+//!   must share GPUs, and what they hold together.
 //! - [`scheduler`]: filter/score/choose over the ledger with per-node caching and a
 //!   fixed tie-breaking node order.
 
 pub mod fgd;
 pub mod ledger;
 pub mod policy;
+pub mod reuse;
 pub mod scheduler;
 
 pub use fgd::{Fragmentation, TypicalTask, typical_tasks};
@@ -19,6 +22,7 @@ pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
 };
 pub use policy::{Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams};
+pub use reuse::ReuseSlot;
 pub use scheduler::{NodeVerdict, Rank, Scheduler};
 
 #[cfg(test)]

@@ -36,11 +36,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
 use vgpu_core::packing::{
-    GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, Task,
+    GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, ReuseSlot, Task, reuse,
 };
 use vgpu_core::resources::{
-    ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuDemand,
-    GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
+    ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, ContainerKind,
+    GpuDemand, GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
 };
 
 use super::binder::BindPlan;
@@ -279,7 +279,8 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
-/// Reads a pod's GPU request (init containers first, then app containers;
+/// Reads a pod's GPU request (init containers first, then app containers, as kubelet
+/// allocates them; an init container with `restartPolicy: Always` is a sidecar;
 /// requests, falling back to limits as the API server defaults them).
 pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
     let bad = |reason: String| ExtenderError::BadPodRequest {
@@ -293,9 +294,17 @@ pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
         .init_containers
         .iter()
         .flatten()
-        .chain(spec.containers.iter());
-    let mut requests: Vec<(&str, BTreeMap<String, String>)> = Vec::new();
-    for c in containers {
+        .map(|c| {
+            let kind = if c.restart_policy.as_deref() == Some("Always") {
+                ContainerKind::Sidecar
+            } else {
+                ContainerKind::Init
+            };
+            (c, kind)
+        })
+        .chain(spec.containers.iter().map(|c| (c, ContainerKind::App)));
+    let mut requests: Vec<(&str, ContainerKind, BTreeMap<String, String>)> = Vec::new();
+    for (c, kind) in containers {
         let res = c.resources.as_ref();
         let mut map: BTreeMap<String, String> = BTreeMap::new();
         if let Some(limits) = res.and_then(|r| r.limits.as_ref()) {
@@ -308,27 +317,37 @@ pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
                 map.insert(k.clone(), v.0.clone());
             }
         }
-        requests.push((c.name.as_str(), map));
+        requests.push((c.name.as_str(), kind, map));
     }
     let empty = BTreeMap::new();
     let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    parse_pod_request(requests.iter().map(|(n, m)| (*n, m)), annotations)
+    parse_pod_request(requests.iter().map(|(n, k, m)| (*n, *k, m)), annotations)
         .map_err(|e| bad(e.to_string()))
 }
 
 /// The ledger task of a pod, as filter, prioritize and bind decide it (GPU demands
 /// only; CPU and memory are kube-scheduler's).
 pub fn pod_task(pod: &Pod) -> Result<Task, ExtenderError> {
-    Ok(task_of(&pod_request(pod)?))
+    let request = pod_request(pod)?;
+    Ok(task_of(&request, &slots_of(&request, &pod_key(pod))?))
+}
+
+/// The pod's ledger entries: its containers, those that kubelet's device reuse ties
+/// together as one group (ADR 0011).
+fn slots_of(request: &PodGpuRequest, pod: &str) -> Result<Vec<ReuseSlot>, ExtenderError> {
+    reuse::layout(&request.containers).map_err(|e| ExtenderError::BadPodRequest {
+        pod: pod.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 /// The ledger task for a pod request: GPU demands only (CPU and memory are
-/// kube-scheduler's in production).
-fn task_of(request: &PodGpuRequest) -> Task {
+/// kube-scheduler's in production), one per ledger entry ([`slots_of`]).
+fn task_of(request: &PodGpuRequest, slots: &[ReuseSlot]) -> Task {
     Task {
         cpu_milli: 0,
         memory_mib: 0,
-        gpus: request.containers.iter().map(|c| c.demand).collect(),
+        gpus: slots.iter().map(|s| s.demand).collect(),
         models: request.models.clone(),
     }
 }
@@ -565,14 +584,17 @@ fn pod_entry(pod: &Pod) -> Option<(String, PodEntry)> {
     ))
 }
 
-/// Ledger placement and task from an assignment record on `node`.
+/// Ledger placement and task from an assignment record on `node`. With the pod's
+/// request, the containers of a reuse group count once, at their peak (ADR 0011);
+/// without it, or when the record does not follow the request's layout (a record
+/// from before reuse groups), every container counts on its own.
 fn placement_from_assignment(
     node_index: usize,
     spec: &NodeSpec,
     a: &Assignment,
+    request: Option<&PodGpuRequest>,
 ) -> Result<(Task, Placement), String> {
-    let mut gpus = Vec::with_capacity(a.containers.len());
-    let mut containers = Vec::with_capacity(a.containers.len());
+    let mut per_container = Vec::with_capacity(a.containers.len());
     for c in &a.containers {
         let mut grants = Vec::with_capacity(c.gpus.len());
         for g in &c.gpus {
@@ -586,6 +608,30 @@ fn placement_from_assignment(
                 slices: g.slices,
             });
         }
+        per_container.push((c.name.as_str(), grants));
+    }
+    let grouped = request.and_then(|r| {
+        let slots = reuse::layout(&r.containers).ok()?;
+        let by_request: Vec<Vec<Grant>> = r
+            .containers
+            .iter()
+            .map(|c| {
+                per_container
+                    .iter()
+                    .find(|(n, _)| *n == c.name)
+                    .map(|(_, g)| g.clone())
+            })
+            .collect::<Option<_>>()?;
+        if by_request.len() != per_container.len() {
+            return None;
+        }
+        reuse::held(&r.containers, &slots, &by_request)
+    });
+    let entries: Vec<Vec<Grant>> =
+        grouped.unwrap_or_else(|| per_container.into_iter().map(|(_, g)| g).collect());
+    let mut gpus = Vec::with_capacity(entries.len());
+    let mut containers = Vec::with_capacity(entries.len());
+    for grants in entries {
         let count = u32::try_from(grants.len()).map_err(|_| "too many GPUs".to_string())?;
         gpus.push(GpuDemand {
             count,
@@ -638,7 +684,8 @@ impl Inner {
             if let Some(a) = pod.counted() {
                 let node = self.ledger.node_index(&a.node)?;
                 let spec = &self.ledger.node(node).spec;
-                return match placement_from_assignment(node, spec, a) {
+                let request = pod.request.as_ref().ok().and_then(Option::as_ref);
+                return match placement_from_assignment(node, spec, a, request) {
                     Ok((task, placement)) => Some((a.node.clone(), task, placement)),
                     Err(reason) => {
                         warn!(pod = %pod.key, node = %a.node, %reason, "assignment does not match the node");
@@ -1100,7 +1147,7 @@ impl State {
             outcome.feasible = (0..candidates.names.len()).collect();
             return Ok(outcome);
         }
-        let task = task_of(&request);
+        let task = task_of(&request, &slots_of(&request, &pod_key(pod))?);
         // Thousands of nodes share a handful of reasons: each is written once.
         let mut reasons: HashMap<Reject, Arc<str>> = HashMap::new();
         for (i, name) in candidates.names.iter().enumerate() {
@@ -1143,7 +1190,7 @@ impl State {
         if request.is_empty() {
             return Ok(normalise(candidates, &vec![None; candidates.names.len()]));
         }
-        let base = task_of(&request);
+        let base = task_of(&request, &slots_of(&request, &pod_key(pod))?);
         // Nodes that filter would reject rank nothing; the others are ranked in one
         // pass of the policy core's scheduler (the replay's ranking), each with the
         // task as its node sees it (unhealthy GPUs excluded).
@@ -1235,7 +1282,8 @@ impl State {
         }
         let spec = inner.ledger.node(node_index).spec.clone();
         let unhealthy = inner.nodes.get(&args.node).is_some_and(|e| e.unhealthy);
-        let task = effective_task(&task_of(&request), &spec, unhealthy).into_owned();
+        let slots = slots_of(&request, &key)?;
+        let task = effective_task(&task_of(&request, &slots), &spec, unhealthy).into_owned();
         let placement = self
             .policy
             .place(&inner.ledger, node_index, &task)
@@ -1245,13 +1293,17 @@ impl State {
                 reason: r.to_string(),
             })?;
         let grants = placement.containers.clone();
+        // Each container's share: a reuse group's members each on all of the group's GPUs.
+        let per_container = reuse::expand(&request.containers, &slots, &grants, |g| {
+            spec.gpus.get(usize::from(g)).map_or(0, |s| s.memory_mib)
+        });
         let assignment = Assignment {
             version: ASSIGNMENT_VERSION,
             node: args.node.clone(),
             containers: request
                 .containers
                 .iter()
-                .zip(&grants)
+                .zip(&per_container)
                 .map(|(c, gs)| ContainerAssignment {
                     name: c.name.clone(),
                     gpus: gs
@@ -1328,7 +1380,7 @@ impl State {
         args: &ExtenderPreemptionArgs,
     ) -> Result<BTreeMap<String, MetaVictims>, ExtenderError> {
         let request = pod_request(pod)?;
-        let task = task_of(&request);
+        let task = task_of(&request, &slots_of(&request, &pod_key(pod))?);
         let inner = self.read();
         if !inner.synced() {
             return Err(ExtenderError::NotSynced);
