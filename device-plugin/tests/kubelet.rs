@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tonic::Code;
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
-use vgpu_core::inventory::NodeInventory;
+use vgpu_core::inventory::{GpuInfo, NodeInventory};
+use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Task, reuse};
+use vgpu_core::resources::{ContainerKind, RESOURCE_GPU, parse_pod_request};
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
 use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
+
 use vgpu_device_plugin::testkit::node::{
     NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
 };
@@ -694,4 +697,151 @@ async fn allocation_directories_no_container_holds_are_removed_and_live_ones_kep
     let r = gc::collect(&node.handshake).await.expect("a round");
     assert_eq!(r.removed.len(), 2, "{r:?}");
     assert!(!dirs["init/setup"].exists() && !dirs["init/main"].exists());
+}
+
+/// The extender's decision for a pod alone on a node with GPUs `g`, as its bind makes
+/// it from the policy core: the pod's ledger entries (reuse groups, ADR 0011), the
+/// ledger's plan for them, one grant per container.
+fn extender_assignment(
+    g: &[GpuInfo],
+    cs: &[(&'static str, ContainerKind, u32)],
+) -> Vec<PodContainer<'static>> {
+    let reqs: Vec<BTreeMap<String, String>> = cs
+        .iter()
+        .map(|(_, _, n)| BTreeMap::from([(RESOURCE_GPU.to_owned(), n.to_string())]))
+        .collect();
+    let request = parse_pod_request(
+        cs.iter()
+            .zip(&reqs)
+            .map(|((name, kind, _), r)| (*name, *kind, r)),
+        &BTreeMap::new(),
+    )
+    .expect("a pod the extender accepts");
+    let slots = reuse::layout(&request.containers).expect("layout");
+    let spec = NodeSpec {
+        name: NODE.into(),
+        cpu_milli: 8000,
+        memory_mib: 32768,
+        gpus: g
+            .iter()
+            .map(|x| GpuSpec {
+                uuid: x.uuid.clone(),
+                model: x.model.clone(),
+                memory_mib: x.memory_mib,
+            })
+            .collect(),
+    };
+    let ledger = Ledger::with_nodes([spec]).expect("ledger");
+    let task = Task {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpus: slots.iter().map(|s| s.demand).collect(),
+        models: Default::default(),
+    };
+    let grants = ledger.node(0).fit(&task).expect("fits");
+    let per = reuse::expand(&request.containers, &slots, &grants, |i| {
+        g[usize::from(i)].memory_mib
+    });
+    request
+        .containers
+        .iter()
+        .zip(per)
+        .map(|(c, gs)| {
+            let name: &'static str = cs
+                .iter()
+                .find(|x| x.0 == c.name)
+                .map(|x| x.0)
+                .expect("name");
+            (
+                name,
+                c.kind == ContainerKind::Init,
+                gs.iter()
+                    .map(|x| {
+                        (
+                            g[usize::from(x.gpu)].uuid.clone(),
+                            x.memory_mib,
+                            x.milli,
+                            x.slices,
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_and_app_containers_start_on_the_extenders_gpus_whatever_kubelet_reuses() {
+    let g = gpus(2, 81920);
+    let node = TestNode::start(g.clone()).await.expect("node");
+    let mut c = node.client.clone();
+    let mut pc = node.client.clone();
+    // An init container of 5 slices, then apps of 3 and 4: kubelet gives "train" 3 of
+    // the init's 5 devices (in arbitrary order), "eval" the 2 left and 2 new ones.
+    let cs: [(&'static str, ContainerKind, u32); 3] = [
+        ("warmup", ContainerKind::Init, 5),
+        ("train", ContainerKind::App, 3),
+        ("eval", ContainerKind::App, 4),
+    ];
+    let pcs = extender_assignment(&g, &cs);
+    let mut seen_draws = std::collections::BTreeSet::new();
+    for round in 0..8u32 {
+        node.kubelet
+            .seed_reuse_order(u64::from(round).wrapping_mul(0x2545_f491_4f6c_dd1d) + 7);
+        let name = format!("reuse-{round}");
+        node.put_pod(pod_json(
+            "ns",
+            &name,
+            &format!("u-reuse-{round}"),
+            round,
+            &pcs,
+        ))
+        .await
+        .expect("pod");
+        let adm = node
+            .kubelet
+            .admit(&mut c, "ns", &name, &fake_containers(&pcs))
+            .await
+            .expect("admit");
+        let ids: BTreeMap<&str, Vec<String>> = adm
+            .containers
+            .iter()
+            .map(|(n, _, i, _)| (n.as_str(), i.clone()))
+            .collect();
+        assert!(
+            ids["train"].iter().all(|i| ids["warmup"].contains(i)),
+            "kubelet reused the init's devices"
+        );
+        seen_draws.insert(ids["train"].clone());
+        let quota = |cname: &str| {
+            let q = read_quota(&node, &ids[cname]).expect("quota");
+            let got: Vec<(String, u64, u32, u32)> = q
+                .gpus
+                .iter()
+                .map(|x| (x.uuid.clone(), x.memory_mib, x.compute_milli, x.slices))
+                .collect();
+            (q.container, q.init, got)
+        };
+        FakeKubelet::prestart(&mut pc, &ids["warmup"])
+            .await
+            .expect("init prestart");
+        assert_eq!(quota("warmup"), ("warmup".into(), true, pcs[0].2.clone()));
+        mark_init_done(&node, "ns", &name, "warmup");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for (cname, _, grants) in &pcs[1..] {
+            FakeKubelet::prestart(&mut pc, &ids[cname])
+                .await
+                .unwrap_or_else(|e| panic!("{cname} refused in round {round}: {e}"));
+            assert_eq!(
+                quota(cname),
+                ((*cname).to_owned(), false, grants.clone()),
+                "{cname} starts with the extender's grant"
+            );
+        }
+        node.kubelet.remove_pod("ns", &name);
+    }
+    assert!(
+        seen_draws.len() > 1,
+        "kubelet's arbitrary order was exercised: {seen_draws:?}"
+    );
 }

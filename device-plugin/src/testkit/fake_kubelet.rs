@@ -4,7 +4,8 @@
 //! - DevicePlugin client to the registered endpoint: `ListAndWatch` kept open and its
 //!   latest list stored; admission as kubelet 1.28 does it: one pod at a time, init
 //!   containers first, `GetPreferredAllocation` then `Allocate` per container, devices
-//!   of init containers reused by later containers.
+//!   of init containers reused by later containers, taken from the pod's reuse pool in
+//!   an arbitrary (seeded, shuffled) order as kubelet's Go set iteration takes them.
 //! - PodResources server: `List` reports pods added to it and the devices of their
 //!   regular containers (not init containers, as 1.28), with kubelet's limit of 10
 //!   concurrent calls (the rest get `ResourceExhausted`).
@@ -12,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -196,6 +197,8 @@ pub struct FakeKubelet {
     lister: Lister,
     watch: Option<JoinHandle<()>>,
     admission: tokio::sync::Mutex<()>,
+    /// State of the generator that orders the reuse pool (xorshift; never 0).
+    reuse_order: AtomicU64,
 }
 
 impl Drop for FakeKubelet {
@@ -269,7 +272,29 @@ impl FakeKubelet {
             lister,
             watch: None,
             admission: tokio::sync::Mutex::new(()),
+            reuse_order: AtomicU64::new(0x9e37_79b9_7f4a_7c15),
         })
+    }
+
+    /// Seeds the order in which admission takes devices from a pod's reuse pool
+    /// (kubelet takes them in Go set iteration order: arbitrary).
+    pub fn seed_reuse_order(&self, seed: u64) {
+        self.reuse_order.store(seed | 1, Ordering::SeqCst);
+    }
+
+    /// The reuse pool in the next arbitrary order.
+    fn shuffled(&self, pool: &[String]) -> Vec<String> {
+        let mut v = pool.to_vec();
+        for i in (1..v.len()).rev() {
+            let mut x = self.reuse_order.load(Ordering::SeqCst);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.reuse_order.store(x, Ordering::SeqCst);
+            let j = usize::try_from(x % (i as u64 + 1)).unwrap_or(0);
+            v.swap(i, j);
+        }
+        v
     }
 
     /// The PodResources socket.
@@ -465,7 +490,11 @@ impl FakeKubelet {
             }
             let mut pref_time = None;
             let ids = if reusable.len() >= c.slices {
-                reusable.iter().take(c.slices).cloned().collect::<Vec<_>>()
+                // Kubelet's `allocateRemainingFrom(reusableDevices)`: in set order.
+                self.shuffled(&reusable)
+                    .into_iter()
+                    .take(c.slices)
+                    .collect::<Vec<_>>()
             } else {
                 let available: Vec<String> = {
                     let sh = lock(&self.shared);
