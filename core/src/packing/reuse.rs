@@ -624,6 +624,9 @@ mod tests {
         }
     }
 
+    /// Each container's devices per GPU, and the devices the pod holds per GPU.
+    type Handed = (Vec<BTreeMap<u16, u32>>, Vec<u32>);
+
     /// Kubelet's device manager over one pod (per `manager.go`): every container takes
     /// from the pool first in arbitrary order, then new devices where the device
     /// plugin's preference (its assignment's GPUs, `must_include` kept) puts them.
@@ -634,7 +637,7 @@ mod tests {
         per: &[Vec<Grant>],
         gpus: usize,
         seed: u64,
-    ) -> Result<(Vec<BTreeMap<u16, u32>>, Vec<u32>), String> {
+    ) -> Result<Handed, String> {
         let mut seed = seed | 1;
         let mut free: Vec<Vec<(u16, u32)>> = (0..gpus)
             .map(|g| (0..10).map(|s| (g as u16, s)).collect())
