@@ -443,15 +443,6 @@ fn init_state(pod: &Pod, name: &str) -> InitState {
     }
 }
 
-/// Whether the allocation directory already holds init container `name`'s quota for
-/// the pod `uid` (a previous `PreStartContainer` for the same devices).
-fn holds_init_quota(dir: &Path, uid: &str, name: &str) -> bool {
-    std::fs::read_to_string(dir.join(QUOTA_FILE))
-        .ok()
-        .and_then(|t| ContainerQuota::from_json(&t).ok())
-        .is_some_and(|q| q.init && q.uid == uid && q.container == name)
-}
-
 impl Handshake {
     /// A handshake over kubelet's PodResources socket and the API server. `pods`, when
     /// given, is a watch of this node's pods that `GetPreferredAllocation` steers by.
@@ -494,6 +485,20 @@ impl Handshake {
                 p.metadata.namespace.as_deref() == Some(namespace)
                     && p.metadata.name.as_deref() == Some(name)
             })
+        })
+    }
+
+    /// The devices init container `name` of pod `uid` last ran on on this node: the
+    /// `device_ids` of its quota file, if `PreStartContainer` wrote one (the file stays
+    /// until a later container of the pod reuses exactly those devices, or the pod's
+    /// allocation directories are cleaned up).
+    fn init_devices(&self, uid: &str, name: &str) -> Option<BTreeSet<String>> {
+        let root = self.cfg.state_dir.join("alloc");
+        std::fs::read_dir(root).ok()?.flatten().find_map(|e| {
+            let text = std::fs::read_to_string(e.path().join(QUOTA_FILE)).ok()?;
+            let q = ContainerQuota::from_json(&text).ok()?;
+            (q.init && q.uid == uid && q.container == name)
+                .then(|| q.device_ids.into_iter().collect())
         })
     }
 
@@ -649,43 +654,78 @@ impl Handshake {
             )));
         }
         let (compute_policy, priority) = self.compute_class(&pod, &namespace, &pod_name)?;
-        let spec_init: Vec<String> = pod
+        // Init containers in spec order, and whether each is a sidecar
+        // (`restartPolicy: Always`: it keeps running and never shares its devices).
+        let spec_init: Vec<(String, bool)> = pod
             .spec
             .as_ref()
             .and_then(|s| s.init_containers.as_ref())
-            .map(|v| v.iter().map(|c| c.name.clone()).collect())
+            .map(|v| {
+                v.iter()
+                    .map(|c| {
+                        (
+                            c.name.clone(),
+                            c.restart_policy.as_deref() == Some("Always"),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
-        // A pending init container with a grant of this size comes first: kubelet runs
-        // init containers before any app container, and reuses their devices later.
         let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = self.allocation_dir(ids.iter().map(String::as_str));
         let mut pod = pod;
         let waited_since = tokio::time::Instant::now();
         let (grant, init) = loop {
-            let pending_init = spec_init
-                .iter()
-                .filter_map(|c| assignment.container(c))
-                .find(|a| init_state(&pod, &a.name) != InitState::Done);
-            match (pending_init, &exact_container) {
-                (Some(a), None) if total_slices(a) == n => break (a.clone(), true),
-                (Some(a), Some(_)) if total_slices(a) == n => {
-                    // The same devices serve this init container and, after it, an app
-                    // container. The first call after Allocate is the init container's;
-                    // a later one is the app container's once the init container is done,
-                    // or the init container's again if it failed.
-                    if !holds_init_quota(&dir, &uid, &a.name)
-                        || init_state(&pod, &a.name) == InitState::Failed
-                    {
-                        break (a.clone(), true);
+            // Kubelet starts init containers one by one, in order, before any app
+            // container, and reuses their devices later. So, in spec order, an init
+            // container of this size that is not done is this call's when it never
+            // started (the devices it ran on are in its quota file), or when it ran on
+            // exactly these devices and its status says it failed (kubelet re-runs it);
+            // when it ran on them and its status does not say yet, the call is either its
+            // re-run or the next container on its devices: wait for the status. An init
+            // container that ran on other devices is not this call's.
+            let mut decided = None;
+            let mut unsure = None;
+            let exact_is_init = exact_container
+                .as_ref()
+                .is_some_and(|c| spec_init.iter().any(|(i, _)| i == c));
+            if !exact_is_init {
+                for (name, sidecar) in &spec_init {
+                    let Some(a) = assignment.container(name) else {
+                        continue;
+                    };
+                    let state = init_state(&pod, name);
+                    if total_slices(a) != n || (state == InitState::Done && !sidecar) {
+                        continue;
                     }
+                    match self.init_devices(&uid, name) {
+                        None => {
+                            decided = Some(a);
+                            break;
+                        }
+                        Some(prior) if prior == ids => {
+                            // A sidecar's devices are never handed to another container.
+                            if *sidecar || state == InitState::Failed {
+                                decided = Some(a);
+                            } else {
+                                unsure = Some(name.clone());
+                            }
+                            break;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            match (decided, unsure, &exact_container) {
+                (Some(a), _, _) => break (a.clone(), true),
+                (None, Some(name), _) => {
                     if waited_since.elapsed() >= INIT_STATUS_WAIT {
                         return Err(HandshakeError::NotYet {
                             namespace,
                             name: pod_name,
                             reason: format!(
-                                "the status of init container {:?} does not say yet whether it finished; kubelet will retry",
-                                a.name
+                                "the status of init container {name:?} does not say yet whether it finished; kubelet will retry"
                             ),
                         });
                     }
@@ -695,15 +735,15 @@ impl Handshake {
                         .await?
                         .ok_or_else(|| pod_err("deleted from the API server".into()))?;
                 }
-                (_, Some(c)) => {
+                (None, None, Some(c)) => {
                     break (
                         assignment.container(c).cloned().ok_or_else(|| {
                             pod_err(format!("container {c:?} has no grant in the assignment"))
                         })?,
-                        false,
+                        exact_is_init,
                     );
                 }
-                (_, None) => {
+                (None, None, None) => {
                     return Err(HandshakeError::NoContainer { ids: ids_text });
                 }
             }

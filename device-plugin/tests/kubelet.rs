@@ -845,3 +845,143 @@ async fn init_and_app_containers_start_on_the_extenders_gpus_whatever_kubelet_re
         "kubelet's arbitrary order was exercised: {seen_draws:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_container_the_size_of_an_init_container_whose_status_lags_gets_its_own_quota() {
+    let g = gpus(1, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let mut c = node.client.clone();
+    // Three containers of 2 slices on one GPU: "a" takes exactly the init's devices from
+    // kubelet's reuse pool, "b" gets others. Different memory tells their quotas apart.
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("setup", true, grant(&g[0].uuid, 1000, 200, 2)),
+        ("a", false, grant(&g[0].uuid, 3000, 200, 2)),
+        ("b", false, grant(&g[0].uuid, 5000, 200, 2)),
+    ];
+    node.put_pod(pod_json("ns", "lag", "ul", 0, &cs))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "lag", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let ids: BTreeMap<&str, Vec<String>> = adm
+        .containers
+        .iter()
+        .map(|(n, _, i, _)| (n.as_str(), i.clone()))
+        .collect();
+    let set = |n: &str| {
+        ids[n]
+            .iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        set("setup"),
+        set("a"),
+        "a reuses exactly the init's devices"
+    );
+    assert!(
+        set("setup").is_disjoint(&set("b")),
+        "b has devices of its own"
+    );
+    FakeKubelet::prestart(&mut node.client, &ids["setup"])
+        .await
+        .expect("init");
+    // The init container finished, but the API server does not say so (yet): "b" is
+    // started on other devices than the init ran on, so it is "b", at once.
+    let gets = node.api.gets();
+    FakeKubelet::prestart(&mut node.client, &ids["b"])
+        .await
+        .expect("b");
+    let q = read_quota(&node, &ids["b"]).expect("quota");
+    assert_eq!(
+        (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+        ("b", false, 5000),
+        "not the init container's quota"
+    );
+    // Decided from one read of the pod, without polling for the init's status.
+    assert_eq!(node.api.gets() - gets, 1, "one GET of the pod");
+    // "a" is on the init's very devices: the status decides, never a guess.
+    let e = FakeKubelet::prestart(&mut node.client, &ids["a"])
+        .await
+        .expect_err("cannot tell yet");
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    mark_init_done(&node, "ns", "lag", "setup");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    FakeKubelet::prestart(&mut node.client, &ids["a"])
+        .await
+        .expect("a");
+    let q = read_quota(&node, &ids["a"]).expect("quota");
+    assert_eq!(
+        (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+        ("a", false, 3000)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_with_gpu_slices_gets_its_own_quota_beside_init_and_app_containers() {
+    use vgpu_device_plugin::testkit::fake_kubelet::FakeContainer;
+    let g = gpus(1, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let mut c = node.client.clone();
+    // setup (init, 2 slices) fills kubelet's reuse pool; proxy (a sidecar, 1 slice) and
+    // main (2 slices) take from it (kubelet 1.29+: sidecars are listed by PodResources
+    // and their devices are never reused). All on the one GPU, as the extender groups them.
+    let cs: Vec<PodContainer<'_>> = vec![
+        ("setup", true, grant(&g[0].uuid, 1000, 200, 2)),
+        ("proxy", true, grant(&g[0].uuid, 700, 100, 1)),
+        ("main", false, grant(&g[0].uuid, 3000, 200, 2)),
+    ];
+    for seed in 0..6u64 {
+        let name = format!("side{seed}");
+        let mut pod = pod_json("ns", &name, &format!("u-{name}"), seed as u32, &cs);
+        pod["spec"]["initContainers"][1]["restartPolicy"] = json!("Always");
+        node.put_pod(pod).await.expect("pod");
+        node.kubelet.seed_reuse_order(seed);
+        let fake: Vec<FakeContainer> = fake_containers(&cs)
+            .into_iter()
+            .map(|mut f| {
+                f.sidecar = f.name == "proxy";
+                f
+            })
+            .collect();
+        let adm = node
+            .kubelet
+            .admit(&mut c, "ns", &name, &fake)
+            .await
+            .expect("admit");
+        let ids: BTreeMap<&str, Vec<String>> = adm
+            .containers
+            .iter()
+            .map(|(n, _, i, _)| (n.as_str(), i.clone()))
+            .collect();
+        // Kubelet's order: setup, then proxy (its status never says "done": it runs on),
+        // then main while the API server still shows setup as not finished.
+        for (who, mem, init) in [
+            ("setup", 1000, true),
+            ("proxy", 700, true),
+            ("main", 3000, false),
+        ] {
+            FakeKubelet::prestart(&mut node.client, &ids[who])
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}: {who}: {e}"));
+            let q = read_quota(&node, &ids[who]).expect("quota");
+            assert_eq!(
+                (q.container.as_str(), q.init, q.gpus[0].memory_mib),
+                (who, init, mem),
+                "seed {seed}"
+            );
+        }
+        // The sidecar restarts: its own devices, its own quota again.
+        FakeKubelet::prestart(&mut node.client, &ids["proxy"])
+            .await
+            .expect("proxy restarts");
+        assert_eq!(
+            read_quota(&node, &ids["proxy"]).expect("quota").container,
+            "proxy"
+        );
+        node.kubelet.remove_pod("ns", &name);
+    }
+}

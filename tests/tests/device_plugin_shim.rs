@@ -148,6 +148,7 @@ async fn a_container_sees_exactly_the_quota_its_pod_was_assigned() {
             name: "main".into(),
             slices: slices as usize,
             init: false,
+            sidecar: false,
         }];
         let adm = node
             .kubelet

@@ -131,6 +131,7 @@ async fn init_and_app_containers_start_with_the_extenders_grants_whatever_kubele
                 name: "main".into(),
                 slices: 5,
                 init: false,
+                sidecar: false,
             }],
         )
         .await
@@ -163,6 +164,7 @@ async fn init_and_app_containers_start_with_the_extenders_grants_whatever_kubele
                 name: n.into(),
                 slices: s,
                 init,
+                sidecar: false,
             })
             .collect();
         let adm = node

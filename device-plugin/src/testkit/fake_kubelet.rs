@@ -151,6 +151,9 @@ pub struct FakeContainer {
     pub slices: usize,
     /// Init container.
     pub init: bool,
+    /// A sidecar: an init container with `restartPolicy: Always` (kubelet 1.29+ lists it
+    /// in PodResources and never lets a later container reuse its devices).
+    pub sidecar: bool,
 }
 
 /// What admitting a pod produced: each container's device IDs, in admission order.
@@ -471,7 +474,7 @@ impl FakeKubelet {
             key.clone(),
             containers
                 .iter()
-                .filter(|c| !c.init)
+                .filter(|c| !c.init || c.sidecar)
                 .map(|c| (c.name.clone(), Vec::new()))
                 .collect(),
         );
@@ -581,7 +584,7 @@ impl FakeKubelet {
                         (namespace.to_owned(), pod.to_owned(), c.name.clone()),
                     );
                 }
-                if !c.init
+                if (!c.init || c.sidecar)
                     && let Some(cs) = sh.pods.get_mut(&key)
                     && let Some(e) = cs.iter_mut().find(|(n, _)| *n == c.name)
                 {
@@ -593,8 +596,8 @@ impl FakeKubelet {
                     reusable.push(id.clone());
                 }
             }
-            if !c.init {
-                // Devices of app containers are not reused by later app containers.
+            if !c.init || c.sidecar {
+                // Devices of app containers and sidecars are not reused by later containers.
                 reusable.retain(|r| !ids.contains(r));
             }
             out.timings.push((pref_time, t_alloc.elapsed()));

@@ -125,6 +125,7 @@ pub fn fake_containers(containers: &[PodContainer<'_>]) -> Vec<FakeContainer> {
             name: (*n).to_owned(),
             slices: g.iter().map(|x| x.3 as usize).sum(),
             init: *init,
+            sidecar: false,
         })
         .collect()
 }
