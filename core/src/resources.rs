@@ -637,6 +637,11 @@ pub fn parse_pod_request<'a>(
         }
     }
     crate::packing::reuse::layout(&out)?;
+    if !out.is_empty() {
+        // The device plugin refuses a container of a pod with an unknown compute class
+        // at its start; the scheduler says so before the pod is placed.
+        parse_compute_class(annotations)?;
+    }
     Ok(PodGpuRequest {
         containers: out,
         models: parse_model_constraint(annotations)?,

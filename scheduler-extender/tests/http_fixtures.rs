@@ -565,6 +565,19 @@ async fn malformed_bodies_get_clear_errors_in_the_verbs_own_form() {
         "{err}"
     );
 
+    // An unknown compute class is refused before the pod is placed (the device plugin
+    // would refuse the container's start), naming the annotation and the value.
+    let mut req = body("extender-nodecache-true/001-filter-request.json");
+    req["Pod"]["metadata"]["annotations"]["vgpu.io/priority"] = json!("urgent");
+    let (_, ans) = served.post_json("/scheduler/filter", &req).await;
+    let err = ans["Error"].as_str().expect("error");
+    assert!(
+        err.contains("default/gpu-pod-c1")
+            && err.contains("vgpu.io/priority")
+            && err.contains("\"urgent\""),
+        "{err}"
+    );
+
     // Bind for a pod never seen.
     let (_, ans) = served
         .post_json(
