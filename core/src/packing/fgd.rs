@@ -17,7 +17,7 @@
 //! counts (GPUs with room, free milli below the need) are computed once per node state,
 //! after which each candidate GPU of a sharing task is evaluated in O(typical tasks).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ledger::{NodeState, Task};
 use crate::resources::ModelConstraint;
@@ -137,25 +137,23 @@ pub fn typical_tasks_with_classes<'a>(
     if which == RareShapes::Drop {
         return out;
     }
-    let keys: HashMap<ShapeKey, ()> = out
+    let keys: HashSet<ShapeKey> = out
         .iter()
-        .map(|t| {
-            let key = ShapeKey {
-                cpu_milli: t.cpu_milli,
-                gpu_milli: t.gpu_milli,
-                gpu_count: t.gpu_count,
-                allowed: t.models.allowed.clone(),
-                excluded: t.models.excluded.clone(),
-            };
-            (key, ())
+        .map(|t| ShapeKey {
+            cpu_milli: t.cpu_milli,
+            gpu_milli: t.gpu_milli,
+            gpu_count: t.gpu_count,
+            allowed: t.models.allowed.clone(),
+            excluded: t.models.excluded.clone(),
         })
         .collect();
-    // Left-out tasks by class (per-GPU milli, count, models) → their CPU requests.
-    let mut groups: BTreeMap<(u32, u32, Vec<String>, Vec<String>), Vec<u64>> = BTreeMap::new();
+    // Left-out tasks by class (their shape with CPU 0: per-GPU milli, count, models) →
+    // their CPU requests.
+    let mut groups: BTreeMap<ShapeKey, Vec<u64>> = BTreeMap::new();
     let mut covered = 0u64;
     for t in &tasks {
         let k = shape_of(t);
-        if keys.contains_key(&k) {
+        if keys.contains(&k) {
             covered += 1;
             continue;
         }
@@ -170,10 +168,11 @@ pub fn typical_tasks_with_classes<'a>(
             }
         };
         if take {
+            let cpu = k.cpu_milli;
             groups
-                .entry((k.gpu_milli, k.gpu_count, k.allowed, k.excluded))
+                .entry(ShapeKey { cpu_milli: 0, ..k })
                 .or_default()
-                .push(k.cpu_milli);
+                .push(cpu);
         }
     }
     if which == RareShapes::MissingMultiGpuCut {
@@ -188,7 +187,7 @@ pub fn typical_tasks_with_classes<'a>(
     for t in &mut out {
         t.freq *= rescale;
     }
-    for ((gpu_milli, gpu_count, allowed, excluded), mut cpus) in groups {
+    for (class, mut cpus) in groups {
         cpus.sort_unstable();
         out.push(TypicalTask {
             cpu_milli: if which == RareShapes::MissingMultiGpuMinCpu {
@@ -196,9 +195,12 @@ pub fn typical_tasks_with_classes<'a>(
             } else {
                 cpus[(cpus.len() - 1) / 2]
             },
-            gpu_milli,
-            gpu_count,
-            models: ModelConstraint { allowed, excluded },
+            gpu_milli: class.gpu_milli,
+            gpu_count: class.gpu_count,
+            models: ModelConstraint {
+                allowed: class.allowed,
+                excluded: class.excluded,
+            },
             freq: cpus.len() as f64 / represented as f64,
         });
     }
