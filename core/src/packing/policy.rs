@@ -225,7 +225,11 @@ impl VgpuParams {
                         "missing" => RareShapes::MissingMultiGpu,
                         "missingmin" => RareShapes::MissingMultiGpuMinCpu,
                         "missingcut" => RareShapes::MissingMultiGpuCut,
-                        _ => return Err(format!("bad rare {v:?} (drop, multi, all)")),
+                        _ => {
+                            return Err(format!(
+                                "bad rare {v:?} (missing, missingmin, missingcut, multi, all, drop)"
+                            ));
+                        }
                     }
                 }
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
