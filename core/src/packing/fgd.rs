@@ -17,7 +17,7 @@
 //! counts (GPUs with room, free milli below the need) are computed once per node state,
 //! after which each candidate GPU of a sharing task is evaluated in O(typical tasks).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ledger::{NodeState, Task};
 use crate::resources::ModelConstraint;
@@ -97,6 +97,114 @@ pub fn typical_tasks<'a>(
             freq: c as f64 / cum as f64,
         })
         .collect()
+}
+
+/// Which of the shapes left out of FGD's typical tasks `vgpu` adds back as classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RareShapes {
+    /// None (FGD's typical tasks alone).
+    Drop,
+    /// Multi-GPU shapes, one class per (GPU count, model constraint).
+    MultiGpu,
+    /// Every GPU shape, one class per (per-GPU milli, GPU count, model constraint).
+    AllGpu,
+    /// Multi-GPU shapes of a GPU count that no typical task has.
+    MissingMultiGpu,
+    /// As `MissingMultiGpu`, the class with its smallest CPU request.
+    MissingMultiGpuMinCpu,
+    /// As `MissingMultiGpu`, only classes at least as frequent as the rarest typical task.
+    MissingMultiGpuCut,
+}
+
+/// FGD's typical tasks ([`typical_tasks`]) plus, for the shapes they leave out, one
+/// *class* per GPU demand: the left-out tasks are grouped by their GPU shape ignoring
+/// CPU (`which` says which shapes), each group becomes one typical task with the
+/// group's median CPU and its share of all tasks as frequency, and every frequency is
+/// renormalised over the tasks now represented.
+///
+/// Why: FGD ranks shapes by exact (CPU, GPU, count, models), so a demand spread over
+/// many CPU sizes falls below the coverage cut although, summed, it is common. On the
+/// `gpushare20` trace no 8-GPU task is typical (62 tasks over 5 CPU sizes) although
+/// they are 6 % of the GPU demand: FGD sees no cost in breaking up a fully free 8-GPU
+/// node (ADR 0006).
+pub fn typical_tasks_with_classes<'a>(
+    tasks: impl IntoIterator<Item = &'a Task>,
+    coverage: f64,
+    which: RareShapes,
+) -> Vec<TypicalTask> {
+    let tasks: Vec<&Task> = tasks.into_iter().collect();
+    let mut out = typical_tasks(tasks.iter().copied(), coverage);
+    if which == RareShapes::Drop {
+        return out;
+    }
+    let keys: HashSet<ShapeKey> = out
+        .iter()
+        .map(|t| ShapeKey {
+            cpu_milli: t.cpu_milli,
+            gpu_milli: t.gpu_milli,
+            gpu_count: t.gpu_count,
+            allowed: t.models.allowed.clone(),
+            excluded: t.models.excluded.clone(),
+        })
+        .collect();
+    // Left-out tasks by class (their shape with CPU 0: per-GPU milli, count, models) →
+    // their CPU requests.
+    let mut groups: BTreeMap<ShapeKey, Vec<u64>> = BTreeMap::new();
+    let mut covered = 0u64;
+    for t in &tasks {
+        let k = shape_of(t);
+        if keys.contains(&k) {
+            covered += 1;
+            continue;
+        }
+        let take = match which {
+            RareShapes::Drop => false,
+            RareShapes::MultiGpu => k.gpu_count > 1,
+            RareShapes::AllGpu => k.gpu_count > 0,
+            RareShapes::MissingMultiGpu
+            | RareShapes::MissingMultiGpuMinCpu
+            | RareShapes::MissingMultiGpuCut => {
+                k.gpu_count > 1 && !out.iter().any(|t| t.gpu_count == k.gpu_count)
+            }
+        };
+        if take {
+            let cpu = k.cpu_milli;
+            groups
+                .entry(ShapeKey { cpu_milli: 0, ..k })
+                .or_default()
+                .push(cpu);
+        }
+    }
+    if which == RareShapes::MissingMultiGpuCut {
+        let rarest = out.iter().map(|t| t.freq).fold(f64::INFINITY, f64::min) * covered as f64;
+        groups.retain(|_, cpus| cpus.len() as f64 >= rarest - 1e-9);
+    }
+    let represented = covered + groups.values().map(|c| c.len() as u64).sum::<u64>();
+    if represented == covered {
+        return out;
+    }
+    let rescale = covered as f64 / represented as f64;
+    for t in &mut out {
+        t.freq *= rescale;
+    }
+    for (class, mut cpus) in groups {
+        cpus.sort_unstable();
+        out.push(TypicalTask {
+            cpu_milli: if which == RareShapes::MissingMultiGpuMinCpu {
+                cpus[0]
+            } else {
+                cpus[(cpus.len() - 1) / 2]
+            },
+            gpu_milli: class.gpu_milli,
+            gpu_count: class.gpu_count,
+            models: ModelConstraint {
+                allowed: class.allowed,
+                excluded: class.excluded,
+            },
+            freq: cpus.len() as f64 / represented as f64,
+        });
+    }
+    out
 }
 
 /// Per typical task, the parts of `frag_t` for one node state.

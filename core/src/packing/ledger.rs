@@ -552,6 +552,9 @@ pub struct Ledger {
     free_hist: Vec<u32>,
     /// Number of nodes by their count of fully free GPUs.
     whole_hist: Vec<u32>,
+    /// The same per node size: `whole_by_size[g][k]` nodes of `g` GPUs have exactly `k`
+    /// fully free.
+    whole_by_size: Vec<Vec<u32>>,
 }
 
 impl Ledger {
@@ -585,6 +588,15 @@ impl Ledger {
             self.whole_hist.resize(spec.gpus.len() + 1, 0);
         }
         self.whole_hist[spec.gpus.len()] += 1;
+        let g = spec.gpus.len();
+        if self.whole_by_size.len() <= g {
+            self.whole_by_size.resize(g + 1, Vec::new());
+        }
+        let row = &mut self.whole_by_size[g];
+        if row.is_empty() {
+            *row = vec![0; g + 1];
+        }
+        row[g] += 1;
         self.nodes.push(NodeState::new(spec));
         Ok(i)
     }
@@ -613,9 +625,18 @@ impl Ledger {
         &self.whole_hist
     }
 
-    fn whole_update(hist: &mut [u32], node: &NodeState, add: bool) {
+    /// Number of nodes of `gpus` GPUs by their count of fully free GPUs: `hist[k]` nodes
+    /// of that size have exactly `k` (empty when there is no such node).
+    pub fn whole_histogram_of_size(&self, gpus: usize) -> &[u32] {
+        self.whole_by_size.get(gpus).map_or(&[], Vec::as_slice)
+    }
+
+    fn whole_update(hist: &mut [u32], by_size: &mut [Vec<u32>], node: &NodeState, add: bool) {
         let k = node.fully_free_count();
-        if let Some(h) = hist.get_mut(k) {
+        let row = by_size
+            .get_mut(node.gpus.len())
+            .map_or(&mut [][..], Vec::as_mut_slice);
+        for h in [hist.get_mut(k), row.get_mut(k)].into_iter().flatten() {
             if add {
                 *h += 1;
             } else {
@@ -772,10 +793,10 @@ impl Ledger {
         node.cpu_free -= task.cpu_milli;
         node.memory_free -= task.memory_mib;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
-        Self::whole_update(&mut self.whole_hist, node, false);
+        Self::whole_update(&mut self.whole_hist, &mut self.whole_by_size, node, false);
         node.apply(&placement, 1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
-        Self::whole_update(&mut self.whole_hist, node, true);
+        Self::whole_update(&mut self.whole_hist, &mut self.whole_by_size, node, true);
         debug_assert_eq!(node.gpus, free);
         let n = placement.node;
         node.pods.insert(pod.to_owned(), placement);
@@ -801,10 +822,10 @@ impl Ledger {
         node.cpu_free += cpu;
         node.memory_free += mem;
         Self::hist_update(&mut self.free_hist, node, &placement, false);
-        Self::whole_update(&mut self.whole_hist, node, false);
+        Self::whole_update(&mut self.whole_hist, &mut self.whole_by_size, node, false);
         node.apply(&placement, -1);
         Self::hist_update(&mut self.free_hist, node, &placement, true);
-        Self::whole_update(&mut self.whole_hist, node, true);
+        Self::whole_update(&mut self.whole_hist, &mut self.whole_by_size, node, true);
         Ok(placement)
     }
 }

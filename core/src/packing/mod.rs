@@ -17,11 +17,13 @@ pub mod policy;
 pub mod reuse;
 pub mod scheduler;
 
-pub use fgd::{Fragmentation, TypicalTask, typical_tasks};
+pub use fgd::{Fragmentation, RareShapes, TypicalTask, typical_tasks, typical_tasks_with_classes};
 pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
 };
-pub use policy::{Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams};
+pub use policy::{
+    Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams, fragmentation_for,
+};
 pub use reuse::ReuseSlot;
 pub use scheduler::{NodeVerdict, Rank, Scheduler};
 

@@ -13,7 +13,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::fgd::{Fragmentation, NodeFrag, fgd_score};
+use super::fgd::{
+    Fragmentation, NodeFrag, RareShapes, fgd_score, typical_tasks, typical_tasks_with_classes,
+};
 use super::ledger::{NodeState, Reject, Task};
 use crate::resources::MILLI_PER_GPU;
 
@@ -126,6 +128,17 @@ pub struct VgpuParams {
     /// Break ties between equal scores of whole-GPU tasks by the sum-of-squares key over
     /// nodes' counts of fully free GPUs ([`sum_of_squares_delta_nodes`]).
     pub node_sum_of_squares: bool,
+    /// Count nodes' fully free GPUs per node size (nodes of the same GPU count only) in
+    /// that key, rather than over all nodes.
+    pub node_ss_by_size: bool,
+    /// Add the node key to a share's key too when the share takes a fully free GPU.
+    pub node_ss_shares: bool,
+    /// Leave out of that key the levels of full and idle nodes (0 and all GPUs fully
+    /// free), as Csirik et al.'s sum of squares leaves out full and empty bins.
+    pub node_ss_open_only: bool,
+    /// Which shapes left out of FGD's typical tasks are added back as classes
+    /// ([`super::fgd::typical_tasks_with_classes`]).
+    pub rare: RareShapes,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -157,6 +170,10 @@ impl Default for VgpuParams {
             waste_weight: DEFAULT_WASTE_WEIGHT,
             waste_whole: true,
             node_sum_of_squares: true,
+            node_ss_by_size: true,
+            node_ss_shares: false,
+            node_ss_open_only: false,
+            rare: RareShapes::MissingMultiGpu,
         }
     }
 }
@@ -164,9 +181,12 @@ impl Default for VgpuParams {
 impl VgpuParams {
     /// Parses `key=value,...` overrides: `res` (resolution), `w` (waste weight), `ww`
     /// (`1`/`0`: whole GPUs in the waste term), `ss` (`1`/`0`: sum-of-squares ties between
-    /// GPUs), `nss` (`1`/`0`: sum-of-squares ties between nodes for whole GPUs), `cpu`
-    /// and `gpu` (tie keys: none, bestfit, worstfit, leastgpu, cpurich, surplus), `cov`
-    /// (typical-task coverage).
+    /// GPUs), `nss` (sum-of-squares ties between nodes for whole GPUs: `size` over nodes
+    /// of the same size, `1` over all nodes, `open` per size without idle and full nodes,
+    /// `0` none), `nssx` (`1`: that key for shares taking a fully free GPU too), `rare`
+    /// (classes of left-out shapes: `missing`, `missingmin`, `missingcut`, `multi`,
+    /// `all`, `drop`; see [`RareShapes`]), `cpu` and `gpu` (tie keys: none, bestfit,
+    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut p = VgpuParams::default();
         let key = |v: &str| -> Result<TieKey, String> {
@@ -190,13 +210,60 @@ impl VgpuParams {
                 "gpu" => p.gpu_tie = key(v)?,
                 "w" => p.waste_weight = v.parse().map_err(|_| format!("bad w {v:?}"))?,
                 "ww" => p.waste_whole = v == "1",
-                "nss" => p.node_sum_of_squares = v == "1",
+                "nss" => {
+                    p.node_sum_of_squares = v != "0";
+                    p.node_ss_by_size = v == "size" || v == "open";
+                    p.node_ss_open_only = v == "open";
+                }
                 "ss" => p.sum_of_squares = v == "1",
+                "nssx" => p.node_ss_shares = v == "1",
+                "rare" => {
+                    p.rare = match v {
+                        "drop" => RareShapes::Drop,
+                        "multi" => RareShapes::MultiGpu,
+                        "all" => RareShapes::AllGpu,
+                        "missing" => RareShapes::MissingMultiGpu,
+                        "missingmin" => RareShapes::MissingMultiGpuMinCpu,
+                        "missingcut" => RareShapes::MissingMultiGpuCut,
+                        _ => {
+                            return Err(format!(
+                                "bad rare {v:?} (missing, missingmin, missingcut, multi, all, drop)"
+                            ));
+                        }
+                    }
+                }
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
             }
         }
         Ok(p)
+    }
+}
+
+/// The fragmentation model `name` measures with over the workload `tasks`: FGD's typical
+/// tasks covering `coverage` for `fgd`; for `vgpu`, those plus the classes of shapes they
+/// leave out that `params.rare` names, at `params.coverage`
+/// ([`typical_tasks_with_classes`]); `None` for the policies that need none. The replay and
+/// the live extender both build the model here.
+pub fn fragmentation_for<'a>(
+    name: PolicyName,
+    params: &VgpuParams,
+    tasks: impl IntoIterator<Item = &'a Task>,
+    coverage: f64,
+) -> Option<Fragmentation> {
+    match name {
+        PolicyName::Fgd => {
+            Some(Fragmentation::new(typical_tasks(tasks, coverage)).with_coverage(coverage))
+        }
+        PolicyName::Vgpu => Some(
+            Fragmentation::new(typical_tasks_with_classes(
+                tasks,
+                params.coverage,
+                params.rare,
+            ))
+            .with_coverage(params.coverage),
+        ),
+        _ => None,
     }
 }
 
@@ -610,6 +677,26 @@ pub fn sum_of_squares_delta_nodes(hist: &[u32], f: usize, k: usize) -> i64 {
     (1 - 2 * n(f)) + (2 * n(f - k) + 1)
 }
 
+/// [`sum_of_squares_delta_nodes`] over open nodes only: `N(k)` for `0 < k < size`, the
+/// levels of a node of `size` GPUs that is neither full (no fully free GPU) nor idle (all
+/// fully free), as Csirik et al. count only partly filled bins. `hist` is the histogram of
+/// nodes of that size.
+pub fn sum_of_squares_delta_open_nodes(hist: &[u32], size: usize, f: usize, k: usize) -> i64 {
+    if k == 0 || k > f {
+        return 0;
+    }
+    let n = |h: usize| i64::from(hist.get(h).copied().unwrap_or(0));
+    let open = |h: usize| h > 0 && h < size;
+    let mut d = 0;
+    if open(f) {
+        d += 1 - 2 * n(f);
+    }
+    if open(f - k) {
+        d += 2 * n(f - k) + 1;
+    }
+    d
+}
+
 impl Policy {
     /// The live secondary key for a cached verdict: depends on cluster-wide state (the
     /// free-milli histogram of every GPU), so it is computed at every decision. Returns
@@ -621,6 +708,7 @@ impl Policy {
         eval: &Eval,
         hist: &[u32],
         whole_hist: &[u32],
+        whole_of_size: &[u32],
     ) -> Option<(i64, Option<usize>)> {
         if self.name == PolicyName::Random {
             // A fresh uniform key per decision: the cached verdict only says the node fits.
@@ -637,10 +725,17 @@ impl Policy {
             {
                 let k: u32 = task.gpus.iter().map(|d| d.count).sum();
                 let f = node.fully_free_count();
-                return Some((
-                    -sum_of_squares_delta_nodes(whole_hist, f, k as usize),
-                    eval.pick,
-                ));
+                let h = if self.vgpu.node_ss_by_size {
+                    whole_of_size
+                } else {
+                    whole_hist
+                };
+                let delta = if self.vgpu.node_ss_open_only {
+                    sum_of_squares_delta_open_nodes(h, node.gpus.len(), f, k as usize)
+                } else {
+                    sum_of_squares_delta_nodes(h, f, k as usize)
+                };
+                return Some((-delta, eval.pick));
             }
             return Some((0, eval.pick));
         };
@@ -652,7 +747,15 @@ impl Policy {
         while mask != 0 {
             let i = mask.trailing_zeros() as usize;
             mask &= mask - 1;
-            let key = -sum_of_squares_delta(hist, node.gpus[i].milli, d.compute_milli);
+            let mut key = -sum_of_squares_delta(hist, node.gpus[i].milli, d.compute_milli);
+            if self.vgpu.node_ss_shares && node.gpu_fully_free(i) {
+                let h = if self.vgpu.node_ss_by_size {
+                    whole_of_size
+                } else {
+                    whole_hist
+                };
+                key -= sum_of_squares_delta_nodes(h, node.fully_free_count(), 1);
+            }
             if best.is_none_or(|(k, _)| key > k) {
                 best = Some((key, i));
             }

@@ -244,7 +244,14 @@ impl Scheduler {
             best = Some(e.score);
             let (live, pick) = self
                 .policy
-                .live(node, task, &e, hist, whole_hist)
+                .live(
+                    node,
+                    task,
+                    &e,
+                    hist,
+                    whole_hist,
+                    ledger.whole_histogram_of_size(node.gpus.len()),
+                )
                 .unwrap_or((0, e.pick));
             out.push(Some(Rank {
                 score: e.score,

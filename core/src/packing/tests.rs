@@ -417,6 +417,150 @@ fn vgpu_breaks_whole_gpu_ties_by_node_sum_of_squares() {
     );
 }
 
+#[test]
+fn vgpu_node_key_counts_nodes_of_the_same_size_only() {
+    // Two 2-GPU nodes (both fully free) and two 4-GPU nodes (one fully free, one with 2
+    // fully free). Per size, the 4-GPU node's key sees only the 4-GPU nodes: N₄(4) = 1,
+    // N₄(2) = 1. Over all nodes it would also count the two 2-GPU nodes at level 2.
+    let mut nodes: Vec<NodeSpec> = (0..2)
+        .map(|i| node(&format!("s{i}"), 96_000, 1 << 20, &[("A100", 81920); 2]))
+        .collect();
+    nodes.extend((0..2).map(|i| node(&format!("b{i}"), 96_000, 1 << 20, &[("A100", 81920); 4])));
+    let mut l = Ledger::with_nodes(nodes).unwrap();
+    let t = whole(1000, 2);
+    let p = Placement {
+        node: 3,
+        containers: l.node(3).fit(&t).unwrap(),
+    };
+    l.commit("first", &t, p).unwrap();
+    assert_eq!(l.whole_histogram(), &[0, 0, 3, 0, 1]);
+    assert_eq!(l.whole_histogram_of_size(2), &[0, 0, 2]);
+    assert_eq!(l.whole_histogram_of_size(4), &[0, 0, 1, 0, 1]);
+    assert!(l.whole_histogram_of_size(8).is_empty());
+    let mut s = scheduler(PolicyName::Vgpu, std::slice::from_ref(&t), 4);
+    assert!(s.policy().vgpu.node_ss_by_size, "per-size is the default");
+    let ranks = s.rank(&l, &t, &[Some(0), Some(1), Some(2), Some(3)]);
+    let key = |n: usize| ranks[n].unwrap().live;
+    // 4-GPU node with 4 free: N₄(4) 1→0, N₄(2) 1→2: Δ = −1 + 3 = 2.
+    assert_eq!(key(2), -2);
+    assert_eq!(
+        key(2),
+        -policy::sum_of_squares_delta_nodes(l.whole_histogram_of_size(4), 4, 2)
+    );
+    // 2-GPU node with 2 free: N₂(2) 2→1, N₂(0) 0→1: Δ = −3 + 1 = −2 (over all nodes it
+    // would be N(2) 3→2: −5 + 1 = −4).
+    assert_eq!(key(0), 2);
+    // The whole-cluster variant, for comparison.
+    s.policy_mut().vgpu.node_ss_by_size = false;
+    let ranks = s.rank(&l, &t, &[Some(0), Some(2)]);
+    assert_eq!(ranks[0].unwrap().live, 4);
+    assert_eq!(ranks[1].unwrap().live, -(1 - 2 + 2 * 3 + 1));
+}
+
+#[test]
+fn open_node_key_leaves_out_idle_and_full_levels() {
+    // Size 4: 5 idle nodes, 2 with 2 fully free, 3 full.
+    let hist = [3u32, 0, 2, 0, 5];
+    // Idle → 2 free: only the open level 2 counts: 2·2 + 1.
+    assert_eq!(policy::sum_of_squares_delta_open_nodes(&hist, 4, 4, 2), 5);
+    // 2 free → full: only level 2 counts: 1 − 2·2.
+    assert_eq!(policy::sum_of_squares_delta_open_nodes(&hist, 4, 2, 2), -3);
+    assert_eq!(policy::sum_of_squares_delta_open_nodes(&hist, 4, 2, 3), 0);
+}
+
+fn class_workload() -> Vec<Task> {
+    // 70 shares and 24 whole GPUs are typical (94 of 97 ≥ 95 %); three 8-GPU tasks with
+    // three different CPU requests are each too rare, together as frequent as 3 tasks.
+    let mut tasks = Vec::new();
+    tasks.extend((0..70).map(|_| share(1000, 500)));
+    tasks.extend((0..24).map(|_| whole(2000, 1)));
+    tasks.extend([whole(6000, 8), whole(4000, 8), whole(5000, 8)]);
+    tasks
+}
+
+#[test]
+fn left_out_multi_gpu_shapes_become_one_class_per_gpu_count() {
+    let tasks = class_workload();
+    let fgd = typical_tasks(&tasks, 0.95);
+    assert_eq!(fgd.len(), 2, "{fgd:?}");
+    assert!(fgd.iter().all(|t| t.gpu_count <= 1));
+    let with = typical_tasks_with_classes(&tasks, 0.95, RareShapes::MissingMultiGpu);
+    assert_eq!(with.len(), 3, "{with:?}");
+    // FGD's typical tasks first, in order, renormalised over the 97 tasks represented.
+    for (a, b) in fgd.iter().zip(&with) {
+        assert_eq!(
+            (a.cpu_milli, a.gpu_milli, a.gpu_count),
+            (b.cpu_milli, b.gpu_milli, b.gpu_count)
+        );
+    }
+    assert!((with[0].freq - 70.0 / 97.0).abs() < 1e-12);
+    assert!((with[1].freq - 24.0 / 97.0).abs() < 1e-12);
+    // The class: 8 whole GPUs, the median CPU, its share of the tasks.
+    let c = &with[2];
+    assert_eq!((c.cpu_milli, c.gpu_milli, c.gpu_count), (5000, 1000, 8));
+    assert!((c.freq - 3.0 / 97.0).abs() < 1e-12);
+    let sum: f64 = with.iter().map(|t| t.freq).sum();
+    assert!((sum - 1.0).abs() < 1e-12);
+    // `Drop` is FGD's list unchanged.
+    assert_eq!(
+        typical_tasks_with_classes(&tasks, 0.95, RareShapes::Drop),
+        fgd
+    );
+    // The smallest CPU instead of the median, on request.
+    let min = typical_tasks_with_classes(&tasks, 0.95, RareShapes::MissingMultiGpuMinCpu);
+    assert_eq!(min[2].cpu_milli, 4000);
+}
+
+#[test]
+fn no_class_for_a_gpu_count_the_typical_tasks_already_have() {
+    let mut tasks = class_workload();
+    // Make one 8-GPU shape typical: the left-out 8-GPU shapes then add no class (FGD's
+    // measure already sees what breaking an 8-GPU node costs).
+    tasks.extend((0..40).map(|_| whole(7000, 8)));
+    let fgd = typical_tasks(&tasks, 0.95);
+    assert!(fgd.iter().any(|t| t.gpu_count == 8));
+    let with = typical_tasks_with_classes(&tasks, 0.95, RareShapes::MissingMultiGpu);
+    assert_eq!(with, fgd);
+    // `MultiGpu` adds them regardless.
+    let multi = typical_tasks_with_classes(&tasks, 0.95, RareShapes::MultiGpu);
+    assert_eq!(multi.len(), fgd.len() + 1);
+}
+
+#[test]
+fn the_class_makes_breaking_an_idle_8_gpu_node_cost() {
+    // Two identical 8-GPU nodes; one already runs a whole-GPU task. For another
+    // whole-GPU task FGD's typical tasks (shares, single GPUs) see no difference between
+    // the nodes: both score alike. With the 8-GPU class, taking a GPU from the idle node
+    // makes its 7 free GPUs useless to the class (ΔF = −3/97·7000), from the used node
+    // it frees the class's view of one GPU (ΔF = +3/97·1000): the used node scores higher.
+    let tasks = class_workload();
+    let nodes: Vec<NodeSpec> = (0..2)
+        .map(|i| node(&format!("n{i}"), 96_000, 1 << 20, &[("A100", 81920); 8]))
+        .collect();
+    let mut l = Ledger::with_nodes(nodes).unwrap();
+    let t = whole(2000, 1);
+    let p = Placement {
+        node: 1,
+        containers: l.node(1).fit(&t).unwrap(),
+    };
+    l.commit("first", &t, p).unwrap();
+    let scores = |rare: RareShapes| {
+        let params = VgpuParams {
+            rare,
+            ..VgpuParams::default()
+        };
+        let frag = fragmentation_for(PolicyName::Vgpu, &params, &tasks, 0.95).unwrap();
+        let mut policy = Policy::new(PolicyName::Vgpu, Some(frag), 7, scale());
+        policy.vgpu = params;
+        let mut s = Scheduler::new(policy, vec![0, 1]);
+        let r = s.rank(&l, &t, &[Some(0), Some(1)]);
+        (r[0].unwrap().score / 1000, r[1].unwrap().score / 1000)
+    };
+    let (idle, used) = scores(RareShapes::Drop);
+    assert_eq!(idle, used);
+    assert_eq!(scores(RareShapes::MissingMultiGpu), (44, 50));
+}
+
 fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
     (
         1u64..=64,
@@ -508,10 +652,51 @@ fn check_invariants(l: &Ledger, tasks: &[Task], placed: &[(usize, Placement)]) {
     }
     assert_eq!(l.free_histogram(), free.as_slice());
     assert_eq!(l.whole_histogram(), whole.as_slice());
+    // And per node size.
+    let sizes: std::collections::BTreeSet<usize> = l.nodes().iter().map(|n| n.gpus.len()).collect();
+    for size in sizes {
+        let mut by_size = vec![0u32; size + 1];
+        for n in l.nodes().iter().filter(|n| n.gpus.len() == size) {
+            by_size[n.fully_free_count()] += 1;
+        }
+        assert_eq!(
+            l.whole_histogram_of_size(size),
+            by_size.as_slice(),
+            "size {size}"
+        );
+    }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn classes_keep_fgds_tasks_and_sum_to_one(
+        tasks in proptest::collection::vec(arb_task(), 1..60),
+        cov in 0.5f64..1.0,
+    ) {
+        let fgd = typical_tasks(&tasks, cov);
+        for which in [RareShapes::MissingMultiGpu, RareShapes::MultiGpu, RareShapes::AllGpu] {
+            let with = typical_tasks_with_classes(&tasks, cov, which);
+            prop_assert!(with.len() >= fgd.len());
+            let sum: f64 = with.iter().map(|t| t.freq).sum();
+            prop_assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+            // FGD's typical tasks keep their order and their relative frequencies.
+            for (a, b) in fgd.iter().zip(&with) {
+                prop_assert_eq!((a.cpu_milli, a.gpu_milli, a.gpu_count), (b.cpu_milli, b.gpu_milli, b.gpu_count));
+                prop_assert!((b.freq / with[0].freq - a.freq / fgd[0].freq).abs() < 1e-9);
+            }
+            for c in &with[fgd.len()..] {
+                prop_assert!(c.gpu_count >= 1 && c.freq > 0.0);
+                if which != RareShapes::AllGpu {
+                    prop_assert!(c.gpu_count > 1);
+                }
+                if which == RareShapes::MissingMultiGpu {
+                    prop_assert!(!fgd.iter().any(|t| t.gpu_count == c.gpu_count));
+                }
+            }
+        }
+    }
 
     /// The extender's path (rank the candidates, bind with `place_on` on a best-ranked
     /// node) decides exactly as the replay's `choose`: the chosen node is ranked best,

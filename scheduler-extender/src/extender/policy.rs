@@ -13,8 +13,8 @@
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_core::packing::{
-    Fragmentation, Ledger, Placement, Policy, PolicyName, Rank, Reject, Scale, Scheduler, Task,
-    typical_tasks,
+    Ledger, Placement, Policy, PolicyName, Rank, Reject, Scale, Scheduler, Task, VgpuParams,
+    fragmentation_for,
 };
 
 /// Share of the workload the typical tasks cover (FGD's 95 %).
@@ -82,12 +82,15 @@ impl ExtenderPolicy {
 
     /// The core policy the extender decides with over `ledger` when its workload is
     /// `tasks`: typical tasks covering [`TYPICAL_COVERAGE`] of `tasks` (for `fgd` and
-    /// `vgpu`), [`POLICY_SEED`], the ledger's largest node as the scale.
+    /// `vgpu`, which adds the classes of left-out multi-GPU shapes: ADR 0006), [`POLICY_SEED`], the ledger's largest node as the scale.
     #[must_use]
     pub fn build(name: PolicyName, ledger: &Ledger, tasks: &[&Task]) -> Policy {
-        let frag = name
-            .needs_typical_tasks()
-            .then(|| Fragmentation::new(typical_tasks(tasks.iter().copied(), TYPICAL_COVERAGE)));
+        let frag = fragmentation_for(
+            name,
+            &VgpuParams::default(),
+            tasks.iter().copied(),
+            TYPICAL_COVERAGE,
+        );
         Policy::new(name, frag, POLICY_SEED, scale_of(ledger))
     }
 

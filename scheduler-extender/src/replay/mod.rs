@@ -26,7 +26,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use vgpu_core::packing::{
     Fragmentation, Ledger, NodeSpec, Policy, PolicyName, Scale, Scheduler, Task, VgpuParams,
-    typical_tasks,
+    fragmentation_for, typical_tasks,
 };
 
 pub use trace::{TraceError, read_nodes, read_tasks};
@@ -384,11 +384,11 @@ pub fn run_policy(
     explain: bool,
 ) -> PolicyResult {
     let start = Instant::now();
+    // `vgpu` builds its own model (its classes, its coverage); the others share FGD's.
     let own;
-    let frag = if policy == PolicyName::Vgpu && params.coverage != frag.coverage() {
-        own = Fragmentation::new(typical_tasks(&workload.tasks, params.coverage))
-            .with_coverage(params.coverage);
-        Some(&own)
+    let frag = if policy == PolicyName::Vgpu {
+        own = fragmentation_for(policy, &params, &workload.tasks, params.coverage);
+        own.as_ref()
     } else {
         policy.needs_typical_tasks().then_some(frag)
     };
