@@ -321,9 +321,9 @@ pub fn spawn(
     Ok(rx)
 }
 
-fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
+/// A `Warning` event on `owner`'s pod (and container, when known).
+fn pod_event(owner: &Owner, reason: &str, message: String, node: &str) -> Event {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let mib = u.used_bytes >> 20;
     Event {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}.vgpu-", owner.pod)),
@@ -340,12 +340,9 @@ fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
                 .then(|| format!("spec.containers{{{}}}", owner.container)),
             ..Default::default()
         },
-        reason: Some(EVENT_REASON.into()),
+        reason: Some(reason.into()),
         type_: Some("Warning".into()),
-        message: Some(format!(
-            "process {} ({}) of container {:?} uses GPU {} ({mib} MiB) without the vgpu shim loaded: its GPU memory and compute are not limited (static binary, musl image or cleared preload?)",
-            u.pid, u.comm, owner.container, u.gpu
-        )),
+        message: Some(message),
         source: Some(EventSource {
             component: Some("vgpu-device-plugin".into()),
             host: Some(node.to_owned()),
@@ -357,43 +354,28 @@ fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
     }
 }
 
+fn event_for(u: &Unenforced, owner: &Owner, node: &str) -> Event {
+    let message = format!(
+        "process {} ({}) of container {:?} uses GPU {} ({} MiB) without the vgpu shim loaded: its GPU memory and compute are not limited (static binary, musl image or cleared preload?)",
+        u.pid,
+        u.comm,
+        owner.container,
+        u.gpu,
+        u.used_bytes >> 20
+    );
+    pod_event(owner, EVENT_REASON, message, node)
+}
+
 fn over_quota_event(o: &OverQuota, node: &str) -> Event {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let owner = &o.owner;
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}.vgpu-", owner.pod)),
-            namespace: Some(owner.namespace.clone()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(owner.pod.clone()),
-            namespace: Some(owner.namespace.clone()),
-            uid: Some(owner.uid.clone()),
-            field_path: Some(format!("spec.containers{{{}}}", owner.container)),
-            ..Default::default()
-        },
-        reason: Some(EVENT_OVER_QUOTA.into()),
-        type_: Some("Warning".into()),
-        message: Some(format!(
-            "container {:?} holds {} MiB on GPU {} per NVML ({} processes), over its quota of {} MiB plus a context allowance per process: its limit was bypassed",
-            owner.container,
-            o.used_bytes >> 20,
-            o.gpu,
-            o.processes,
-            o.quota_bytes >> 20
-        )),
-        source: Some(EventSource {
-            component: Some("vgpu-device-plugin".into()),
-            host: Some(node.to_owned()),
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Default::default()
-    }
+    let message = format!(
+        "container {:?} holds {} MiB on GPU {} per NVML ({} processes), over its quota of {} MiB plus a context allowance per process: its limit was bypassed",
+        o.owner.container,
+        o.used_bytes >> 20,
+        o.gpu,
+        o.processes,
+        o.quota_bytes >> 20
+    );
+    pod_event(&o.owner, EVENT_OVER_QUOTA, message, node)
 }
 
 /// The owner of a finding: its quota file's container, else the pod of its cgroup's UID

@@ -12,18 +12,16 @@
 use std::path::Path;
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::GpuInfo;
-use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment, RESOURCE_GPU};
+use vgpu_core::resources::RESOURCE_GPU;
 use vgpu_device_plugin::testkit::fake_kubelet::{FakeContainer, FakeKubelet};
-use vgpu_device_plugin::testkit::node::{NODE, TestNode};
-use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::state::{Candidates, State, StateConfig};
-use vgpu_scheduler_extender::extender::sync::WatchKind;
-use vgpu_scheduler_extender::extender::types::ExtenderBindingArgs;
+use vgpu_device_plugin::testkit::node::TestNode;
 use vgpu_tests::{SimNode, field, num, probe_bin, shim_lib};
+
+mod common;
+use common::extender::{decide, extender_for};
 
 const MIB: u64 = 1 << 20;
 
@@ -38,48 +36,6 @@ fn shim_env(cmd: &mut Command, dir: &Path) -> ContainerQuota {
         .env("VGPU_CONTAINER_DIR", dir)
         .env_remove("VGPU_MEMORY_LIMIT");
     q
-}
-
-/// The extender's state with this node as its watch would see it, once the plugin has
-/// published the node's GPU inventory.
-async fn extender_for(node: &TestNode) -> State {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let published = loop {
-        if let Some(n) = node.api.node(NODE)
-            && n["metadata"]["annotations"][vgpu_core::inventory::ANNOTATION_GPU_INVENTORY]
-                .is_string()
-        {
-            break n;
-        }
-        assert!(
-            std::time::Instant::now() < end,
-            "the plugin did not publish the inventory"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    let mut obj = published;
-    obj["apiVersion"] = json!("v1");
-    obj["kind"] = json!("Node");
-    obj["metadata"]["name"] = json!(NODE);
-    // Kubelet reports the plugin's healthy devices as the node's allocatable resource.
-    let healthy = node
-        .kubelet
-        .devices()
-        .iter()
-        .filter(|d| d.health == vgpu_device_plugin::kubelet::HEALTHY)
-        .count();
-    obj["status"]["allocatable"] = json!({RESOURCE_GPU: healthy.to_string()});
-    obj["status"]["capacity"] = json!({RESOURCE_GPU: healthy.to_string()});
-    let n: Node = serde_json::from_value(obj).expect("a Node");
-    let state = State::new(
-        StateConfig::default(),
-        ExtenderPolicy::new(vgpu_core::packing::policy::PolicyName::Vgpu),
-    );
-    state.replace_nodes(&[n]);
-    state.replace_pods(&[]);
-    state.mark_synced(WatchKind::Nodes);
-    state.mark_synced(WatchKind::Pods);
-    state
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +65,7 @@ async fn a_container_sees_exactly_the_quota_its_pod_was_assigned() {
     let mut dirs = Vec::new();
     for (i, (name, slices)) in [("small", 1u32), ("large", 4)].into_iter().enumerate() {
         let uid = format!("uid-{name}");
-        let mut pod = json!({
+        let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"namespace": "ns", "name": name, "uid": uid,
                           "creationTimestamp": format!("2026-01-01T00:00:0{i}Z")},
@@ -118,30 +74,9 @@ async fn a_container_sees_exactly_the_quota_its_pod_was_assigned() {
                 "limits": {RESOURCE_GPU: slices.to_string()}}}]},
             "status": {"phase": "Pending"},
         });
-        let typed: Pod = serde_json::from_value(pod.clone()).expect("a Pod");
-        let candidates = Candidates { names: vec![NODE] };
-        let f = extender.filter(&typed, &candidates).expect("filter");
-        assert_eq!(f.feasible, [0], "{name}: the node fits: {f:?}");
-        extender
-            .prioritize(&typed, &candidates)
-            .expect("prioritize");
-        let plan = extender
-            .begin_bind(&ExtenderBindingArgs {
-                pod_name: name.into(),
-                pod_namespace: "ns".into(),
-                pod_uid: uid.clone(),
-                node: NODE.into(),
-            })
-            .expect("bind");
-        let assignment = Assignment::from_json(&plan.assignment_json).expect("assignment");
+        let (pod, assignment) = decide(&extender, pod);
         let grant = &assignment.containers[0].gpus[0];
         assert_eq!((grant.uuid.as_str(), grant.slices), (uuid, slices));
-        // What the binder writes: the record, then the Binding (spec.nodeName).
-        pod["metadata"]["annotations"] = json!({ANNOTATION_ASSIGNMENT: plan.assignment_json});
-        pod["spec"]["nodeName"] = json!(NODE);
-        let bound: Pod = serde_json::from_value(pod.clone()).expect("a Pod");
-        extender.apply_pod(&bound);
-        extender.finish_bind(&uid);
         node.put_pod(pod).await.expect("pod");
         let mut c = node.client.clone();
         let cs = [FakeContainer {

@@ -1,0 +1,3 @@
+//! Helpers shared by the cross-component tests.
+
+pub mod extender;
