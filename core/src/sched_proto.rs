@@ -232,6 +232,11 @@ pub enum DaemonMsg {
         quantum_us: u64,
         /// How much work a process may queue beyond what completes, µs of GPU time.
         queue_ahead_us: u64,
+        /// The process's PID in the daemon's (the host's) PID namespace, from the
+        /// socket's credentials: NVML reports host PIDs, so a shim in a container's PID
+        /// namespace maps them to its own with it. Absent from older daemons.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host_pid: Option<u32>,
     },
     /// Registration refused (bad version, bad settings): the shim falls back.
     Refused {

@@ -600,7 +600,7 @@ impl State {
                     d.want.store(0, Ordering::Relaxed);
                     d.busy_ns.store(0, Ordering::Relaxed);
                 }
-                s.pid.store(std::process::id(), Ordering::Relaxed);
+                s.pid.store(host_pid(), Ordering::Relaxed);
                 s.start_unix_us.store(unix_us(), Ordering::Relaxed);
                 s.state.store(SLOT_LIVE, Ordering::Release);
                 return Ok(i);
@@ -1152,6 +1152,21 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+/// This process's PID as a kernel driver sees it: in the outermost PID namespace that
+/// `/proc` shows (the first `NSpid` field of `/proc/self/status`; a process in a
+/// container's PID namespace with the host's `/proc` has its host PID there), else
+/// `getpid`. NVIDIA's driver reports host PIDs through NVML; so does the simulator.
+pub fn host_pid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or_else(std::process::id)
 }
 
 #[cfg(test)]

@@ -600,8 +600,14 @@ impl Runner {
                 settings,
                 words,
                 queue_ahead_us,
+                host_pid,
                 ..
-            } => (settings, words, queue_ahead_us),
+            } => {
+                if let Some(p) = host_pid {
+                    self.shim.region.set_host_pid(self.shim.slot, p);
+                }
+                (settings, words, queue_ahead_us)
+            }
             DaemonMsg::Refused { reason } => {
                 crate::say!("vgpu: WARNING: the daemon refused this process: {reason}");
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));

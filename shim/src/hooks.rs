@@ -1857,15 +1857,22 @@ unsafe fn procs(
             let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
                 continue;
             };
+            let own_pid = shim.region.container_pid(pid).unwrap_or(pid);
             let dst = base.wrapping_add(kept * stride);
             if kept != i {
                 // SAFETY: both entries lie within the buffer; `kept < i` so they do
                 // not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
             }
-            // The process's memory as the container counts it (what its quota covers).
-            // SAFETY: usedGpuMemory is the u64 at offset 8 of every entry version.
-            unsafe { dst.add(8).cast::<u64>().write_unaligned(used) };
+            // The process as the container knows it: its PID in the container's namespace
+            // (NVML reports host PIDs) and its memory as the container counts it (what
+            // its quota covers).
+            // SAFETY: pid is the u32 at offset 0 and usedGpuMemory the u64 at offset 8
+            // of every entry version.
+            unsafe {
+                dst.cast::<u32>().write_unaligned(own_pid);
+                dst.add(8).cast::<u64>().write_unaligned(used);
+            }
             kept += 1;
         }
         // SAFETY: non-null out-pointer.
@@ -1936,14 +1943,14 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
             return r;
         }
-        let pids = shim.region.live_pids();
         // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
         let n = unsafe { *processSamplesCount } as usize;
         let mut kept = 0usize;
         for i in 0..n {
             // SAFETY: sample i lies within the `n` written samples.
-            let s = unsafe { utilization.add(i).read_unaligned() };
-            if pids.contains(&s.pid) {
+            let mut s = unsafe { utilization.add(i).read_unaligned() };
+            if let Some(own) = shim.region.container_pid(s.pid) {
+                s.pid = own;
                 // SAFETY: `kept <= i < n`: within the written samples.
                 unsafe { utilization.add(kept).write_unaligned(s) };
                 kept += 1;

@@ -24,7 +24,7 @@ use crate::config::MAX_DEVICES;
 
 const MAGIC: u64 = 0x4d49_4853_5550_4756; // "VGPUSHIM", little-endian
 /// Layout version; part of the file name, so different layouts never map each other.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 
@@ -57,6 +57,9 @@ struct DevAcct {
 struct Slot {
     state: AtomicU32,
     pid: AtomicU32,
+    /// The process's PID in the host's namespace (what NVML reports), once the daemon
+    /// told it; 0: unknown (then `pid` is assumed to be what NVML reports).
+    host_pid: AtomicU32,
     used: [AtomicU64; MAX_DEVICES],
     contexts: [AtomicU64; MAX_DEVICES],
 }
@@ -334,6 +337,7 @@ impl Region {
                     s.contexts[d].store(0, Ordering::Relaxed);
                 }
                 s.pid.store(std::process::id(), Ordering::Relaxed);
+                s.host_pid.store(0, Ordering::Relaxed);
                 s.state.store(SLOT_LIVE, Ordering::Release);
                 return Ok(i);
             }
@@ -459,25 +463,41 @@ impl Region {
         }
     }
 
-    /// Process ids of the container's live slots.
-    pub fn live_pids(&self) -> Vec<u32> {
-        self.layout()
-            .slots
-            .iter()
-            .filter(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE)
-            .map(|s| s.pid.load(Ordering::Relaxed))
-            .filter(|&p| p != 0)
-            .collect()
+    /// Records the host PID of slot `slot`'s process (from the daemon).
+    pub fn set_host_pid(&self, slot: usize, host_pid: u32) {
+        if let Some(s) = self.layout().slots.get(slot) {
+            s.host_pid.store(host_pid, Ordering::Relaxed);
+        }
     }
 
-    /// Bytes the live process `pid` holds on device `d` (None: not one of ours).
-    pub fn pid_used(&self, pid: u32, d: usize) -> Option<u64> {
-        self.layout()
-            .slots
-            .iter()
-            .find(|s| {
-                s.state.load(Ordering::Acquire) == SLOT_LIVE && s.pid.load(Ordering::Relaxed) == pid
-            })
+    /// The live slot of the process NVML reports as `nvml_pid`: matched on its host PID
+    /// when known (a container's PID namespace), else on its own PID.
+    fn slot_of_nvml_pid(&self, nvml_pid: u32) -> Option<&Slot> {
+        if nvml_pid == 0 {
+            return None;
+        }
+        self.layout().slots.iter().find(|s| {
+            if s.state.load(Ordering::Acquire) != SLOT_LIVE {
+                return false;
+            }
+            match s.host_pid.load(Ordering::Relaxed) {
+                0 => s.pid.load(Ordering::Relaxed) == nvml_pid,
+                h => h == nvml_pid,
+            }
+        })
+    }
+
+    /// The container's own PID of the process NVML reports as `nvml_pid` (None: not one
+    /// of the container's processes).
+    pub fn container_pid(&self, nvml_pid: u32) -> Option<u32> {
+        self.slot_of_nvml_pid(nvml_pid)
+            .map(|s| s.pid.load(Ordering::Relaxed))
+    }
+
+    /// Bytes the live process NVML reports as `nvml_pid` holds on device `d` (None: not
+    /// one of ours).
+    pub fn pid_used(&self, nvml_pid: u32, d: usize) -> Option<u64> {
+        self.slot_of_nvml_pid(nvml_pid)
             .and_then(|s| s.used.get(d))
             .map(|u| u.load(Ordering::Acquire))
     }
@@ -551,6 +571,28 @@ mod tests {
     }
 
     #[test]
+    fn nvml_pids_map_to_the_container_pids_once_the_host_pid_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::open(dir.path()).unwrap();
+        let me = std::process::id();
+        let s = r.claim_slot().unwrap();
+        assert!(r.try_charge(s, 0, 4096, None));
+        // Same PID namespace as NVML: matched on its own PID.
+        assert_eq!(r.container_pid(me), Some(me));
+        assert_eq!(r.pid_used(me, 0), Some(4096));
+        // In a container's PID namespace the daemon tells the host PID; NVML's host PID
+        // then maps to the container's, and the container PID alone no longer matches
+        // (it could be another process's host PID).
+        r.set_host_pid(s, 4_000_000);
+        assert_eq!(r.container_pid(4_000_000), Some(me));
+        assert_eq!(r.pid_used(4_000_000, 0), Some(4096));
+        assert_eq!(r.container_pid(me), None);
+        assert_eq!(r.container_pid(0), None);
+        r.release_slot(s);
+        assert_eq!(r.container_pid(4_000_000), None);
+    }
+
+    #[test]
     fn racing_threads_never_exceed() {
         let dir = tempfile::tempdir().unwrap();
         let r = std::sync::Arc::new(Region::open(dir.path()).unwrap());
@@ -576,11 +618,14 @@ mod tests {
         let s = r.claim_slot().unwrap();
         assert!(r.try_charge(s, 2, 4096, None));
         r.count_context(s, 2, true);
-        assert_eq!(r.live_pids(), vec![std::process::id()]);
+        assert_eq!(
+            r.container_pid(std::process::id()),
+            Some(std::process::id())
+        );
         r.release_slot(s);
         assert_eq!(r.used(2), 0);
         assert_eq!(r.contexts(2), 0);
-        assert!(r.live_pids().is_empty());
+        assert_eq!(r.container_pid(std::process::id()), None);
     }
 
     proptest::proptest! {

@@ -411,6 +411,7 @@ impl Daemon {
                 words,
                 quantum_us: self.cfg.params.quantum_ns / 1000,
                 queue_ahead_us: self.cfg.queue_ahead_us,
+                host_pid: Some(pid),
             },
         })
     }
