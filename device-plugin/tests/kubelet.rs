@@ -394,11 +394,7 @@ async fn multi_container_and_init_container_pods() {
         .admit(&mut c, "ns", "multi", &fake_containers(&cs))
         .await
         .expect("admit");
-    let ids: BTreeMap<&str, Vec<String>> = adm
-        .containers
-        .iter()
-        .map(|(n, _, i, _)| (n.as_str(), i.clone()))
-        .collect();
+    let ids = adm.ids();
     assert!(
         ids["setup"].iter().all(|i| ids["a"].contains(i)),
         "kubelet reused the init's devices"
@@ -803,11 +799,7 @@ async fn init_and_app_containers_start_on_the_extenders_gpus_whatever_kubelet_re
             .admit(&mut c, "ns", &name, &fake_containers(&pcs))
             .await
             .expect("admit");
-        let ids: BTreeMap<&str, Vec<String>> = adm
-            .containers
-            .iter()
-            .map(|(n, _, i, _)| (n.as_str(), i.clone()))
-            .collect();
+        let ids = adm.ids();
         assert!(
             ids["train"].iter().all(|i| ids["warmup"].contains(i)),
             "kubelet reused the init's devices"
@@ -829,7 +821,7 @@ async fn init_and_app_containers_start_on_the_extenders_gpus_whatever_kubelet_re
         mark_init_done(&node, "ns", &name, "warmup");
         tokio::time::sleep(Duration::from_millis(50)).await;
         for (cname, _, grants) in &pcs[1..] {
-            FakeKubelet::prestart(&mut pc, &ids[cname])
+            FakeKubelet::prestart(&mut pc, &ids[*cname])
                 .await
                 .unwrap_or_else(|e| panic!("{cname} refused in round {round}: {e}"));
             assert_eq!(
@@ -866,11 +858,7 @@ async fn an_app_container_the_size_of_an_init_container_whose_status_lags_gets_i
         .admit(&mut c, "ns", "lag", &fake_containers(&cs))
         .await
         .expect("admit");
-    let ids: BTreeMap<&str, Vec<String>> = adm
-        .containers
-        .iter()
-        .map(|(n, _, i, _)| (n.as_str(), i.clone()))
-        .collect();
+    let ids = adm.ids();
     let set = |n: &str| {
         ids[n]
             .iter()
@@ -952,11 +940,7 @@ async fn a_sidecar_with_gpu_slices_gets_its_own_quota_beside_init_and_app_contai
             .admit(&mut c, "ns", &name, &fake)
             .await
             .expect("admit");
-        let ids: BTreeMap<&str, Vec<String>> = adm
-            .containers
-            .iter()
-            .map(|(n, _, i, _)| (n.as_str(), i.clone()))
-            .collect();
+        let ids = adm.ids();
         // Kubelet's order: setup, then proxy (its status never says "done": it runs on),
         // then main while the API server still shows setup as not finished.
         for (who, mem, init) in [

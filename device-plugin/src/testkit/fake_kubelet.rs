@@ -169,6 +169,16 @@ pub struct Admitted {
     pub timings: Vec<(Option<Duration>, Duration)>,
 }
 
+impl Admitted {
+    /// Each container's device IDs, by container name.
+    pub fn ids(&self) -> BTreeMap<String, Vec<String>> {
+        self.containers
+            .iter()
+            .map(|(n, _, i, _)| (n.clone(), i.clone()))
+            .collect()
+    }
+}
+
 /// A failure of the fake kubelet's side (a test fails with it).
 #[derive(Debug, thiserror::Error)]
 pub enum FakeKubeletError {
