@@ -19,6 +19,8 @@ use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
 use vgpu_device_plugin::testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib};
 
+mod common;
+
 const UUID: &str = "GPU-51570000-0000-4000-8000-0000000da3e0";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,21 +34,8 @@ async fn a_container_reaches_the_daemon_with_its_pods_compute_class() {
     let socket = daemon_dir.join("daemon.sock");
 
     // The daemon, as its binary runs it: library, timer and socket server.
-    let daemon = vgpu_daemon::daemon::Daemon::new(vgpu_daemon::daemon::Config {
-        socket: socket.clone(),
-        params: vgpu_daemon::scheduler::Params::default(),
-        queue_ahead_us: 2000,
-        trusted_quota_file: None,
-        default_settings: ComputeSettings {
-            share_pct: 10,
-            policy: ComputePolicy::Burst,
-            priority: Priority::BestEffort,
-        },
-        state_file: None,
-    });
-    let _timer = daemon.spawn_timer().expect("timer");
-    let listener = vgpu_daemon::server::bind(&socket).expect("bind the daemon socket");
-    let server = tokio::spawn(vgpu_daemon::server::serve(daemon.clone(), listener));
+    let served = common::daemon::serve(&socket);
+    let daemon = &served.daemon;
 
     let gpus = vec![GpuInfo {
         index: 0,
@@ -144,5 +133,4 @@ async fn a_container_reaches_the_daemon_with_its_pods_compute_class() {
     );
     assert_eq!(g.memory_quota, Some(2048 << 20), "{tenant:#?}");
     probe.kill9();
-    server.abort();
 }

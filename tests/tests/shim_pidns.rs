@@ -13,8 +13,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_tests::{Container, Probe, SimNode, field, probe_bin};
+
+mod common;
 
 fn user_pid_namespaces() -> bool {
     Command::new("unshare")
@@ -38,21 +39,8 @@ async fn a_container_in_its_own_pid_namespace_sees_its_processes_under_its_own_p
     );
     let host = tempfile::tempdir().expect("temporary directory");
     let socket = host.path().join("daemon.sock");
-    let daemon = vgpu_daemon::daemon::Daemon::new(vgpu_daemon::daemon::Config {
-        socket: socket.clone(),
-        params: vgpu_daemon::scheduler::Params::default(),
-        queue_ahead_us: 2000,
-        trusted_quota_file: None,
-        default_settings: ComputeSettings {
-            share_pct: 50,
-            policy: ComputePolicy::Burst,
-            priority: Priority::BestEffort,
-        },
-        state_file: None,
-    });
-    let _timer = daemon.spawn_timer().expect("timer");
-    let listener = vgpu_daemon::server::bind(&socket).expect("bind the daemon socket");
-    let server = tokio::spawn(vgpu_daemon::server::serve(daemon.clone(), listener));
+    let served = common::daemon::serve(&socket);
+    let daemon = &served.daemon;
 
     let container = Container::new("1Gi").with("VGPU_DAEMON_SOCKET", &socket.to_string_lossy());
     let mut cmd = sim.command("unshare");
@@ -97,5 +85,4 @@ async fn a_container_in_its_own_pid_namespace_sees_its_processes_under_its_own_p
         format!("1:{}", 64u64 << 20),
         "NVML in the namespace lists the process as PID 1 with its charged memory: {out}"
     );
-    server.abort();
 }
