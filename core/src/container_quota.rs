@@ -9,14 +9,21 @@
 //!  "device_ids":["GPU-8c1f…-0","GPU-8c1f…-1","GPU-8c1f…-2"]}
 //! ```
 //!
-//! The shim matches `gpus` to devices by UUID (through the real driver); a visible GPU
-//! that is not listed gets a quota of 0. Compatibility rules, as for the other records: readers
+//! Every reader asks one question of it, [`ContainerQuota::grant`]: "what does this GPU
+//! get?". A GPU is matched by UUID ignoring surrounding white space and ASCII case
+//! ([`same_gpu`]); a listed GPU gets its memory and compute share
+//! ([`GpuQuota::compute_settings`]); a GPU the container can see but the file does not
+//! list is [`GpuGrant::NotGranted`]: no memory, no compute share (it is hidden from the
+//! container's programs where the shim can, and never makes a whole process fail).
+//! The shim, the daemon and the device plugin all read the file through
+//! [`ContainerQuota::from_json`], which also refuses records no reader could honour
+//! (a GPU listed twice, a listed GPU with no memory). Compatibility rules, as for the other records: readers
 //! ignore unknown fields (minor additions); a different `version` is incompatible and
 //! refused, and the shim then fails loudly rather than running unlimited.
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched_proto::{ComputePolicy, Priority};
+use crate::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
 /// Name of the quota file inside the container directory.
 pub const QUOTA_FILE: &str = "vgpu.conf";
@@ -63,6 +70,39 @@ pub struct GpuQuota {
     pub priority: Priority,
 }
 
+/// What a container gets on one GPU, by its quota file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuGrant<'a> {
+    /// The file lists the GPU: this is its quota.
+    Granted(&'a GpuQuota),
+    /// The container can see the GPU but was not given it: no memory, no compute share.
+    NotGranted,
+}
+
+/// Whether two GPU UUIDs name the same GPU: equal after trimming white space, ignoring
+/// ASCII case (NVIDIA prints lower-case hex; people and tools do not always).
+pub fn same_gpu(a: &str, b: &str) -> bool {
+    a.trim().eq_ignore_ascii_case(b.trim())
+}
+
+impl GpuQuota {
+    /// The compute settings the file grants on this GPU: share in percent (the
+    /// milli-GPU figure rounded down, at least 1 %, at most 100 %), policy, priority.
+    pub fn compute_settings(&self) -> ComputeSettings {
+        ComputeSettings {
+            share_pct: (self.compute_milli / 10).clamp(1, 100),
+            policy: self.compute_policy,
+            priority: self.priority,
+        }
+    }
+
+    /// The memory quota in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        // `validate` refuses values whose byte count overflows.
+        self.memory_mib.saturating_mul(1 << 20)
+    }
+}
+
 /// Why a quota record could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaFileError {
@@ -72,7 +112,27 @@ pub enum QuotaFileError {
     /// Written by an incompatible version.
     #[error("quota file: unsupported version {0} (this build reads version 1)")]
     Version(u32),
+    /// A GPU is listed twice (UUIDs compared as by [`same_gpu`]).
+    #[error("quota file: GPU {0:?} is listed twice")]
+    Duplicate(String),
+    /// A listed GPU has no memory or more than any GPU could have.
+    #[error("quota file: GPU {uuid:?} has memory_mib {memory_mib} (1–{max} allowed)")]
+    Memory {
+        /// The GPU.
+        uuid: String,
+        /// Its `memory_mib`.
+        memory_mib: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// A listed GPU's UUID is empty.
+    #[error("quota file: a GPU has an empty uuid")]
+    EmptyUuid,
 }
+
+/// Largest `memory_mib` a record may give one GPU (1 PiB: far above any GPU, far below
+/// an overflow of the byte count).
+pub const MAX_MEMORY_MIB: u64 = 1 << 30;
 
 impl ContainerQuota {
     /// Encodes the record.
@@ -90,7 +150,38 @@ impl ContainerQuota {
         if probe.version != QUOTA_VERSION {
             return Err(QuotaFileError::Version(probe.version));
         }
-        serde_json::from_str(text).map_err(QuotaFileError::Malformed)
+        let q: ContainerQuota = serde_json::from_str(text).map_err(QuotaFileError::Malformed)?;
+        q.validate()?;
+        Ok(q)
+    }
+
+    /// Checks what every reader relies on: each GPU listed once, with a UUID and a
+    /// memory quota of 1 MiB to [`MAX_MEMORY_MIB`].
+    pub fn validate(&self) -> Result<(), QuotaFileError> {
+        for (i, g) in self.gpus.iter().enumerate() {
+            if g.uuid.trim().is_empty() {
+                return Err(QuotaFileError::EmptyUuid);
+            }
+            if g.memory_mib == 0 || g.memory_mib > MAX_MEMORY_MIB {
+                return Err(QuotaFileError::Memory {
+                    uuid: g.uuid.clone(),
+                    memory_mib: g.memory_mib,
+                    max: MAX_MEMORY_MIB,
+                });
+            }
+            if self.gpus[..i].iter().any(|o| same_gpu(&o.uuid, &g.uuid)) {
+                return Err(QuotaFileError::Duplicate(g.uuid.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the container gets on the GPU `uuid` (matched as by [`same_gpu`]).
+    pub fn grant(&self, uuid: &str) -> GpuGrant<'_> {
+        match self.gpus.iter().find(|g| same_gpu(&g.uuid, uuid)) {
+            Some(g) => GpuGrant::Granted(g),
+            None => GpuGrant::NotGranted,
+        }
     }
 }
 
@@ -125,5 +216,70 @@ mod tests {
             ContainerQuota::from_json(&s.replace("\"version\":1", "\"version\":2")),
             Err(QuotaFileError::Version(2))
         ));
+    }
+
+    fn two_gpus() -> ContainerQuota {
+        let g = |uuid: &str, mib, milli| GpuQuota {
+            uuid: uuid.into(),
+            memory_mib: mib,
+            compute_milli: milli,
+            slices: 1,
+            compute_policy: ComputePolicy::Burst,
+            priority: Priority::BestEffort,
+        };
+        ContainerQuota {
+            version: QUOTA_VERSION,
+            namespace: "ml".into(),
+            pod: "p".into(),
+            uid: "u".into(),
+            container: "c".into(),
+            init: false,
+            gpus: vec![g("GPU-aa01", 1024, 300), g(" gpu-BB02 ", 2048, 5)],
+            device_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn a_gpu_is_matched_ignoring_case_and_white_space() {
+        let q = two_gpus();
+        for name in ["GPU-aa01", "gpu-AA01", " GPU-aa01\n"] {
+            assert!(
+                matches!(q.grant(name), GpuGrant::Granted(g) if g.memory_mib == 1024),
+                "{name:?}"
+            );
+        }
+        assert!(matches!(q.grant("GPU-bb02"), GpuGrant::Granted(g) if g.memory_mib == 2048));
+        assert_eq!(q.grant("GPU-cc03"), GpuGrant::NotGranted);
+        assert_eq!(q.grant(""), GpuGrant::NotGranted);
+    }
+
+    #[test]
+    fn compute_settings_round_down_to_a_percent_of_at_least_one() {
+        let q = two_gpus();
+        assert_eq!(q.gpus[0].compute_settings().share_pct, 30);
+        assert_eq!(q.gpus[1].compute_settings().share_pct, 1);
+        assert_eq!(q.gpus[0].memory_bytes(), 1 << 30);
+    }
+
+    #[test]
+    fn records_no_reader_could_honour_are_refused_naming_the_gpu() {
+        let mut q = two_gpus();
+        q.gpus[1].uuid = "gpu-AA01".into();
+        let e = ContainerQuota::from_json(&q.to_json()).expect_err("duplicate");
+        assert!(e.to_string().contains("gpu-AA01"), "{e}");
+        let mut q = two_gpus();
+        q.gpus[0].memory_mib = 0;
+        let e = ContainerQuota::from_json(&q.to_json()).expect_err("zero memory");
+        assert!(e.to_string().contains("GPU-aa01") && e.to_string().contains("memory_mib 0"));
+        let mut q = two_gpus();
+        q.gpus[0].memory_mib = u64::MAX;
+        assert!(ContainerQuota::from_json(&q.to_json()).is_err());
+        let mut q = two_gpus();
+        q.gpus[0].uuid = "  ".into();
+        assert!(matches!(
+            ContainerQuota::from_json(&q.to_json()),
+            Err(QuotaFileError::EmptyUuid)
+        ));
+        assert!(ContainerQuota::from_json(&two_gpus().to_json()).is_ok());
     }
 }

@@ -301,6 +301,13 @@ impl Config {
                 "quota file {file}: unsupported version {v} (this shim reads version {})",
                 vgpu_core::container_quota::QUOTA_VERSION
             ),
+            other => {
+                let what = other.to_string();
+                format!(
+                    "quota file {file}: {}",
+                    what.strip_prefix("quota file: ").unwrap_or(&what)
+                )
+            }
         })?;
         let mut file_limits: [Option<u64>; MAX_DEVICES] = [None; MAX_DEVICES];
         for g in &q.gpus {
