@@ -7,6 +7,8 @@
 //! - `demo`: the main demo: `vgpu-daemon` on a simulated node, four tenants under the
 //!   shim with different compute shares, policies and memory quotas, their achieved
 //!   shares measured by the simulator and by the daemon; see `docs/demo.md`.
+//! - `layout`: structure counts (import cycles among a crate's files, files over 800
+//!   lines, primitives defined in more than one file).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +16,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 mod demo;
+mod layout;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -145,6 +148,7 @@ fn main() -> Result<()> {
         "sim" => sim().map(|_| ()),
         "ci" => ci(),
         "demo" => demo(),
-        other => bail!("unknown task {other:?}: expected `sim`, `ci` or `demo`"),
+        "layout" => layout::layout(&root()),
+        other => bail!("unknown task {other:?}: expected `sim`, `ci`, `demo` or `layout`"),
     }
 }
