@@ -30,7 +30,9 @@ pub struct PodCgroup {
 /// path is not under kubepods.
 pub fn pod_of_cgroup(path: &str) -> Option<PodCgroup> {
     let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
-    let root = parts.iter().position(|part| *part == "kubepods" || *part == "kubepods.slice")?;
+    let root = parts
+        .iter()
+        .position(|part| *part == "kubepods" || *part == "kubepods.slice")?;
     let mut rest = parts[root + 1..].iter().copied();
     let mut next = rest.next()?;
     let qos = match qos_of(next) {
@@ -42,7 +44,11 @@ pub fn pod_of_cgroup(path: &str) -> Option<PodCgroup> {
     };
     let pod_uid = pod_uid_of(next)?;
     let container_id = rest.next().and_then(container_id_of);
-    Some(PodCgroup { qos, pod_uid, container_id })
+    Some(PodCgroup {
+        qos,
+        pod_uid,
+        container_id,
+    })
 }
 
 fn qos_of(part: &str) -> Option<QosClass> {
@@ -123,7 +129,10 @@ mod tests {
         assert_eq!(pod_of_cgroup("/kubepods"), None);
         assert_eq!(pod_of_cgroup("/kubepods/burstable"), None);
         assert_eq!(pod_of_cgroup("/kubepods/burstable/notapod"), None);
-        assert_eq!(pod_of_cgroup("/kubepods.slice/kubepods-podXYZ!.slice"), None);
+        assert_eq!(
+            pod_of_cgroup("/kubepods.slice/kubepods-podXYZ!.slice"),
+            None
+        );
         let sandbox = format!("/kubepods/pod{UID}/not-hex");
         assert_eq!(pod_of_cgroup(&sandbox), pod(QosClass::Guaranteed, false));
     }

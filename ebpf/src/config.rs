@@ -70,7 +70,10 @@ impl GpuDevice {
             return Err(EbpfError::NotCharDevice(path.to_owned()));
         }
         let rdev = metadata.rdev();
-        Ok(Self { major: libc::major(rdev), minor: Some(libc::minor(rdev)) })
+        Ok(Self {
+            major: libc::major(rdev),
+            minor: Some(libc::minor(rdev)),
+        })
     }
 }
 
@@ -82,7 +85,10 @@ pub const NVIDIA_MAJOR: u32 = 195;
 /// 195 always, plus the dynamic majors of nvidia-uvm, nvidia-caps, nvidia-nvlink,
 /// nvidia-nvswitch (every minor of each).
 pub fn gpu_devices_from_proc_devices(text: &str) -> Vec<GpuDevice> {
-    let mut devices = vec![GpuDevice { major: NVIDIA_MAJOR, minor: None }];
+    let mut devices = vec![GpuDevice {
+        major: NVIDIA_MAJOR,
+        minor: None,
+    }];
     let mut in_char = false;
     for line in text.lines() {
         let line = line.trim();
@@ -122,16 +128,28 @@ mod tests {
     fn proc_devices_yields_nvidia_char_majors_only() {
         let text = "Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-uvm\n\
                     235 nvidia-caps\n236 nvidiax\n\nBlock devices:\n 240 nvidia-fake-block\n";
-        let majors: Vec<u32> =
-            gpu_devices_from_proc_devices(text).iter().map(|d| d.major).collect();
+        let majors: Vec<u32> = gpu_devices_from_proc_devices(text)
+            .iter()
+            .map(|d| d.major)
+            .collect();
         assert_eq!(majors, vec![195, 234, 235]);
-        assert!(gpu_devices_from_proc_devices(text).iter().all(|d| d.minor.is_none()));
+        assert!(
+            gpu_devices_from_proc_devices(text)
+                .iter()
+                .all(|d| d.minor.is_none())
+        );
     }
 
     #[test]
     fn proc_devices_without_a_driver_still_guards_major_195() {
         let devices = gpu_devices_from_proc_devices("Character devices:\n  1 mem\n");
-        assert_eq!(devices, vec![GpuDevice { major: 195, minor: None }]);
+        assert_eq!(
+            devices,
+            vec![GpuDevice {
+                major: 195,
+                minor: None
+            }]
+        );
     }
 
     #[test]
@@ -140,6 +158,9 @@ mod tests {
         assert_eq!((null.major, null.minor), (1, Some(3)));
         let file = tempfile::NamedTempFile::new().unwrap();
         let error = GpuDevice::from_node(file.path()).unwrap_err().to_string();
-        assert!(error.contains(&file.path().display().to_string()), "{error}");
+        assert!(
+            error.contains(&file.path().display().to_string()),
+            "{error}"
+        );
     }
 }

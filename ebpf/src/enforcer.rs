@@ -82,15 +82,26 @@ impl std::fmt::Debug for Enforcer {
     }
 }
 
-fn map_error(map: &'static str, operation: String) -> impl FnOnce(aya::maps::MapError) -> EbpfError {
-    move |source| EbpfError::Map { map, operation, source }
+fn map_error(
+    map: &'static str,
+    operation: String,
+) -> impl FnOnce(aya::maps::MapError) -> EbpfError {
+    move |source| EbpfError::Map {
+        map,
+        operation,
+        source,
+    }
 }
 
 fn program_error(
     program: &'static str,
     operation: &'static str,
 ) -> impl FnOnce(aya::programs::ProgramError) -> EbpfError {
-    move |source| EbpfError::Program { program, operation, source }
+    move |source| EbpfError::Program {
+        program,
+        operation,
+        source,
+    }
 }
 
 fn take_map<V>(ebpf: &mut Ebpf, name: &'static str) -> Result<V, EbpfError>
@@ -103,7 +114,11 @@ where
 
 fn io_error(operation: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EbpfError {
     let path = path.to_owned();
-    move |source| EbpfError::Io { operation, path, source }
+    move |source| EbpfError::Io {
+        operation,
+        path,
+        source,
+    }
 }
 
 impl Enforcer {
@@ -149,7 +164,10 @@ impl Enforcer {
         enforcer
             .config
             .set(CONFIG_ABI, ABI_VERSION, 0)
-            .map_err(map_error("vgpu_config", format!("set abi version {ABI_VERSION}")))?;
+            .map_err(map_error(
+                "vgpu_config",
+                format!("set abi version {ABI_VERSION}"),
+            ))?;
         enforcer.set_mode(config.mode)?;
         enforcer.set_gpu_devices(gpu_devices)?;
 
@@ -185,14 +203,16 @@ impl Enforcer {
             .attach("sched", "sched_process_exit")
             .map_err(program_error(EXIT, "attach to sched/sched_process_exit"))?;
         if let Some(dir) = &enforcer.pins {
-            let link = exit.take_link(link_id).map_err(program_error(EXIT, "take link"))?;
+            let link = exit
+                .take_link(link_id)
+                .map_err(program_error(EXIT, "take link"))?;
             let link = FdLink::try_from(link).map_err(|source| EbpfError::Syscall {
                 command: "BPF_LINK_CREATE",
                 what: "sched_process_exit link to pin (not a bpf link on this kernel)".to_owned(),
                 source: std::io::Error::other(source),
             })?;
             let path = dir.join(EXIT_LINK);
-            let temporary = dir.join(format!("{EXIT_LINK}.new"));
+            let temporary = with_new_suffix(&path);
             let _ = std::fs::remove_file(&temporary);
             let pinned = link.pin(&temporary).map_err(|source| EbpfError::Syscall {
                 command: "BPF_OBJ_PIN",
@@ -229,7 +249,10 @@ impl Enforcer {
     pub fn set_gpu_devices(&mut self, devices: &[GpuDevice]) -> Result<(), EbpfError> {
         let wanted: Vec<DevKey> = devices
             .iter()
-            .map(|device| DevKey { major: device.major, minor: device.key_minor() })
+            .map(|device| DevKey {
+                major: device.major,
+                minor: device.key_minor(),
+            })
             .collect();
         for key in &wanted {
             self.devices.insert(key, 1, 0).map_err(map_error(
@@ -255,9 +278,10 @@ impl Enforcer {
     /// Lets process `tgid` (initial pid namespace) open GPU nodes, and watches its exit; the
     /// exit program forgets it when its last thread exits.
     pub fn allow_tgid(&mut self, tgid: u32) -> Result<(), EbpfError> {
-        self.allowed
-            .insert(tgid, 1, 0)
-            .map_err(map_error("vgpu_allowed_tgids", format!("insert pid {tgid}")))
+        self.allowed.insert(tgid, 1, 0).map_err(map_error(
+            "vgpu_allowed_tgids",
+            format!("insert pid {tgid}"),
+        ))
     }
 
     /// Withdraws what [`Enforcer::allow_tgid`] gave; a pid that is not there is no error.
@@ -268,9 +292,10 @@ impl Enforcer {
 
     /// Reports the exit of process `tgid` without granting it anything.
     pub fn watch_tgid(&mut self, tgid: u32) -> Result<(), EbpfError> {
-        self.watched
-            .insert(tgid, 1, 0)
-            .map_err(map_error("vgpu_watched_tgids", format!("insert pid {tgid}")))
+        self.watched.insert(tgid, 1, 0).map_err(map_error(
+            "vgpu_watched_tgids",
+            format!("insert pid {tgid}"),
+        ))
     }
 
     /// Whether `tgid` is registered (it is removed by the kernel when the process exits).
@@ -280,9 +305,10 @@ impl Enforcer {
 
     /// Lets every process of the cgroup with id `cgroup_id` open GPU nodes (node agents).
     pub fn trust_cgroup(&mut self, cgroup_id: u64) -> Result<(), EbpfError> {
-        self.trusted
-            .insert(cgroup_id, 1, 0)
-            .map_err(map_error("vgpu_trusted_cgroups", format!("insert cgroup id {cgroup_id}")))
+        self.trusted.insert(cgroup_id, 1, 0).map_err(map_error(
+            "vgpu_trusted_cgroups",
+            format!("insert cgroup id {cgroup_id}"),
+        ))
     }
 
     /// Withdraws the trust given by [`Enforcer::trust_cgroup`].
@@ -312,6 +338,11 @@ impl Enforcer {
 
     /// Detaches both programs now and removes every pin, so nothing outlives this call.
     pub fn detach(mut self) -> Result<(), EbpfError> {
+        if let Some(link) = &self.gate_link {
+            sys::detach_link(link)?;
+        }
+        // The exit link (a perf link) cannot be force-detached; it goes with its last
+        // reference below, which only costs a few ignored tracepoint hits.
         let pins = self.pins.take();
         drop(self);
         match pins {
@@ -321,8 +352,8 @@ impl Enforcer {
     }
 }
 
-/// Removes what a pinning daemon left under `pin_dir` (every ABI version), detaching the
-/// programs once no process holds them: for `--ebpf off` after a pinned run, and for tests.
+/// Detaches what a pinning daemon left under `pin_dir` (every ABI version) and removes the
+/// pins: for `--ebpf off` after a pinned run, and for tests.
 pub fn remove_pins(pin_dir: &Path) -> Result<(), EbpfError> {
     let entries = match std::fs::read_dir(pin_dir) {
         Ok(entries) => entries,
@@ -332,9 +363,15 @@ pub fn remove_pins(pin_dir: &Path) -> Result<(), EbpfError> {
     for entry in entries {
         let entry = entry.map_err(io_error("list pin directory", pin_dir))?;
         let path = entry.path();
-        if path.file_name().and_then(|name| name.to_str()).is_some_and(|name| name.starts_with('v')) {
-            remove_pin_dir(&path)?;
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with('v') || name.to_string_lossy().contains('.') {
+            continue;
         }
+        let gate = path.join(GATE_LINK);
+        if gate.exists() {
+            sys::detach_link(sys::pinned(&gate)?)?;
+        }
+        remove_pin_dir(&path)?;
     }
     Ok(())
 }
@@ -342,7 +379,9 @@ pub fn remove_pins(pin_dir: &Path) -> Result<(), EbpfError> {
 /// The cgroup v2 id of a cgroup2 directory (its inode number), as the programs report it.
 pub fn cgroup_id(dir: &Path) -> Result<u64, EbpfError> {
     preflight::check_cgroup2(dir)?;
-    Ok(std::fs::metadata(dir).map_err(io_error("stat cgroup directory", dir))?.ino())
+    Ok(std::fs::metadata(dir)
+        .map_err(io_error("stat cgroup directory", dir))?
+        .ino())
 }
 
 fn remove_if_present<K: aya::Pod + std::fmt::Display>(
@@ -357,7 +396,11 @@ fn remove_if_present<K: aya::Pod + std::fmt::Display>(
         {
             Ok(())
         }
-        Err(source) => Err(EbpfError::Map { map: name, operation: format!("remove {key}"), source }),
+        Err(source) => Err(EbpfError::Map {
+            map: name,
+            operation: format!("remove {key}"),
+            source,
+        }),
     }
 }
 
@@ -366,7 +409,8 @@ fn prepare_pin_dir(pin_dir: &Path) -> Result<PathBuf, EbpfError> {
     let mounts_path = Path::new("/proc/self/mounts");
     let mounts =
         std::fs::read_to_string(mounts_path).map_err(io_error("read mount table", mounts_path))?;
-    let absolute = std::path::absolute(pin_dir).map_err(io_error("resolve pin directory", pin_dir))?;
+    let absolute =
+        std::path::absolute(pin_dir).map_err(io_error("resolve pin directory", pin_dir))?;
     if !preflight::on_bpffs(&mounts, &absolute) {
         return Err(EbpfError::NotBpffs(pin_dir.to_owned()));
     }
@@ -378,10 +422,17 @@ fn prepare_pin_dir(pin_dir: &Path) -> Result<PathBuf, EbpfError> {
 /// Pins `fd` at `path`, replacing an earlier pin atomically (rename on the bpf file system),
 /// so the link it replaces detaches only once the new one is in place.
 fn replace_pin(fd: &OwnedFd, path: &Path) -> Result<(), EbpfError> {
-    let temporary = path.with_extension("new");
+    let temporary = with_new_suffix(path);
     let _ = std::fs::remove_file(&temporary);
     sys::pin(fd, &temporary)?;
     std::fs::rename(&temporary, path).map_err(io_error("replace pinned link", path))
+}
+
+/// `<path>_new`: bpffs refuses names with a dot (reserved for its own files).
+fn with_new_suffix(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("_new");
+    PathBuf::from(name)
 }
 
 fn remove_pin_dir(dir: &Path) -> Result<(), EbpfError> {

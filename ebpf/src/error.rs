@@ -13,7 +13,9 @@ pub enum EbpfError {
     #[error("unknown ebpf mode {0:?} (expected off, audit or enforce)")]
     UnknownMode(String),
     /// The process lacks the capabilities to load and attach programs.
-    #[error("missing capabilities {missing} (effective set {effective:#x}): run as root or grant CAP_BPF+CAP_PERFMON (or CAP_SYS_ADMIN)")]
+    #[error(
+        "missing capabilities {missing} (effective set {effective:#x}): run as root or grant CAP_BPF+CAP_PERFMON (or CAP_SYS_ADMIN)"
+    )]
     MissingCapabilities {
         /// Names of the missing capabilities.
         missing: String,
@@ -33,10 +35,14 @@ pub enum EbpfError {
     #[error("kernel has no BTF at {0} (CONFIG_DEBUG_INFO_BTF=y is needed)")]
     NoBtf(PathBuf),
     /// The attach point is not a cgroup2 directory.
-    #[error("{0} is not a cgroup2 directory (no cgroup.controllers): mount cgroup2 and point cgroup_root at the kubepods cgroup in it")]
+    #[error(
+        "{0} is not a cgroup2 directory (no cgroup.controllers): mount cgroup2 and point cgroup_root at the kubepods cgroup in it"
+    )]
     NotCgroup2(PathBuf),
     /// tracefs is not mounted, so the exit tracepoint cannot be attached.
-    #[error("tracefs is not mounted at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount -t tracefs tracefs /sys/kernel/tracing)")]
+    #[error(
+        "tracefs is not mounted at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount -t tracefs tracefs /sys/kernel/tracing)"
+    )]
     NoTracefs,
     /// The pin directory is not on a bpf file system.
     #[error("pin directory {0} is not on a bpf file system (mount -t bpf bpf /sys/fs/bpf)")]

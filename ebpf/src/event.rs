@@ -51,7 +51,11 @@ impl Event {
             EVENT_EXIT => EventKind::Exit,
             _ => return None,
         };
-        let name_len = raw.comm.iter().position(|&byte| byte == 0).unwrap_or(raw.comm.len());
+        let name_len = raw
+            .comm
+            .iter()
+            .position(|&byte| byte == 0)
+            .unwrap_or(raw.comm.len());
         Some(Self {
             kind,
             tgid: raw.tgid,
@@ -75,7 +79,10 @@ pub struct EventReader {
 
 impl std::fmt::Debug for EventReader {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("EventReader").field("fd", &self.ring.as_raw_fd()).finish()
+        formatter
+            .debug_struct("EventReader")
+            .field("fd", &self.ring.as_raw_fd())
+            .finish()
     }
 }
 
@@ -105,7 +112,11 @@ impl EventReader {
             if left.is_zero() {
                 return Ok(None);
             }
-            let mut poll = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let mut poll = libc::pollfd {
+                fd: self.ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             let millis = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
             // SAFETY: `poll` is one valid pollfd for the duration of the call, and the count
             // passed is 1.
@@ -136,7 +147,9 @@ mod tests {
 
     fn bytes(raw: &RawEvent) -> Vec<u8> {
         let mut out = Vec::new();
-        for word in [raw.kind, raw.tgid, raw.pid, raw.major, raw.minor, raw.access] {
+        for word in [
+            raw.kind, raw.tgid, raw.pid, raw.major, raw.minor, raw.access,
+        ] {
             out.extend_from_slice(&word.to_ne_bytes());
         }
         out.extend_from_slice(&raw.cgroup_id.to_ne_bytes());
@@ -166,7 +179,11 @@ mod tests {
         assert_eq!(event.device, Some((195, 255)));
         assert_eq!(event.comm, "pytho");
         assert_eq!(event.time, Duration::from_nanos(1_500));
-        let exit = Event::decode(&bytes(&RawEvent { kind: EVENT_EXIT, ..raw })).unwrap();
+        let exit = Event::decode(&bytes(&RawEvent {
+            kind: EVENT_EXIT,
+            ..raw
+        }))
+        .unwrap();
         assert_eq!((exit.kind, exit.device), (EventKind::Exit, None));
     }
 
@@ -184,7 +201,10 @@ mod tests {
             comm: [b'x'; 16],
         };
         assert_eq!(Event::decode(&bytes(&raw)), None);
-        let good = bytes(&RawEvent { kind: EVENT_EXIT, ..raw });
+        let good = bytes(&RawEvent {
+            kind: EVENT_EXIT,
+            ..raw
+        });
         assert_eq!(Event::decode(&good[..good.len() - 1]), None);
         assert_eq!(Event::decode(&good).unwrap().comm, "x".repeat(16));
     }

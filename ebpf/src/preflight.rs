@@ -52,14 +52,21 @@ pub fn check_capabilities() -> Result<(), EbpfError> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(EbpfError::MissingCapabilities { missing: missing.join(" "), effective })
+        Err(EbpfError::MissingCapabilities {
+            missing: missing.join(" "),
+            effective,
+        })
     }
 }
 
 /// Checks that the kernel exposes its BTF.
 pub fn check_btf() -> Result<(), EbpfError> {
     let path = Path::new("/sys/kernel/btf/vmlinux");
-    if path.exists() { Ok(()) } else { Err(EbpfError::NoBtf(path.to_owned())) }
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(EbpfError::NoBtf(path.to_owned()))
+    }
 }
 
 /// Checks that `dir` is a cgroup2 directory (only cgroup2 has `cgroup.controllers`).
@@ -75,8 +82,16 @@ pub fn check_cgroup2(dir: &Path) -> Result<(), EbpfError> {
 pub fn check_tracefs() -> Result<(), EbpfError> {
     let mounted = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
-        .any(|dir| Path::new(dir).join("events/sched/sched_process_exit").exists());
-    if mounted { Ok(()) } else { Err(EbpfError::NoTracefs) }
+        .any(|dir| {
+            Path::new(dir)
+                .join("events/sched/sched_process_exit")
+                .exists()
+        });
+    if mounted {
+        Ok(())
+    } else {
+        Err(EbpfError::NoTracefs)
+    }
 }
 
 /// The first cgroup2 mount point listed in a `/proc/self/mounts` text (pure cgroup2 nodes:
@@ -109,9 +124,15 @@ mod tests {
         let status = "Name:\tx\nCapPrm:\t0\nCapEff:\t000001fffeffffff\n";
         let effective = effective_capabilities(status).unwrap();
         assert!(missing_capabilities(effective).is_empty());
-        assert_eq!(missing_capabilities(0), vec!["CAP_SYS_ADMIN or", "CAP_BPF", "CAP_PERFMON"]);
+        assert_eq!(
+            missing_capabilities(0),
+            vec!["CAP_SYS_ADMIN or", "CAP_BPF", "CAP_PERFMON"]
+        );
         let bpf_only = 1u64 << CAP_BPF;
-        assert_eq!(missing_capabilities(bpf_only), vec!["CAP_SYS_ADMIN or", "CAP_PERFMON"]);
+        assert_eq!(
+            missing_capabilities(bpf_only),
+            vec!["CAP_SYS_ADMIN or", "CAP_PERFMON"]
+        );
         assert!(missing_capabilities(bpf_only | 1 << CAP_PERFMON).is_empty());
         assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
     }
@@ -121,8 +142,14 @@ mod tests {
         let hybrid = "cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n\
                       cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
         assert_eq!(cgroup2_mount(hybrid), Some("/sys/fs/cgroup/unified"));
-        assert_eq!(cgroup2_mount("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"), Some("/sys/fs/cgroup"));
-        assert_eq!(cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"), None);
+        assert_eq!(
+            cgroup2_mount("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            Some("/sys/fs/cgroup")
+        );
+        assert_eq!(
+            cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"),
+            None
+        );
     }
 
     #[test]

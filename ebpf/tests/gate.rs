@@ -1,0 +1,284 @@
+//! The gate and the exit watcher on the real kernel (root): a cgroup2 child, device nodes
+//! made with mknod, the scripted ebpf-probe process inside the cgroup. Prints SKIPPED without
+//! the privileges, fails instead when VGPU_REQUIRE_EBPF=1 (CI). Everything is detached and
+//! unpinned at the end of each test.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step is the failure
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Bpffs, ENXIO, EPERM, Nodes, Probe, TestCgroup, drain, privileged, wait_event};
+use vgpu_ebpf::{EbpfConfig, EbpfError, Enforcer, EventKind, GpuDevice, Mode};
+
+fn config(mode: Mode, cgroup: &TestCgroup) -> EbpfConfig {
+    EbpfConfig {
+        mode,
+        cgroup_root: cgroup.path.clone(),
+        pin_dir: None,
+    }
+}
+
+const GPU: [GpuDevice; 1] = [GpuDevice {
+    major: 195,
+    minor: None,
+}];
+
+#[test]
+fn enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones() {
+    if !privileged("enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_events().unwrap();
+    {
+        let mut probe = Probe::spawn_in(&cgroup);
+        assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
+        assert_eq!(probe.open(&nodes.path("nvidiactl")), EPERM);
+        assert_eq!(
+            probe.open(&nodes.path("null")),
+            "ok",
+            "non-GPU devices always open"
+        );
+        // This test process is outside the gated cgroup: the driver-less node answers ENXIO.
+        let outside = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(nodes.path("nvidia0"));
+        assert_eq!(outside.unwrap_err().raw_os_error(), Some(6));
+
+        let refused = wait_event(&mut events, EventKind::Refused, probe.pid).expect("an event");
+        assert_eq!(refused.cgroup_id, cgroup.id());
+        assert_eq!(refused.device, Some((195, 0)));
+        assert_eq!(refused.pid, probe.pid);
+        assert_eq!(refused.comm, "ebpf-probe");
+        let second = wait_event(&mut events, EventKind::Refused, probe.pid).expect("an event");
+        assert_eq!(second.device, Some((195, 255)));
+        assert_eq!(
+            drain(&mut events),
+            vec![],
+            "one event per refused open, none for /dev/null"
+        );
+
+        enforcer.allow_tgid(probe.pid).unwrap();
+        assert_eq!(
+            probe.open(&nodes.path("nvidia0")),
+            ENXIO,
+            "a registered process passes"
+        );
+        enforcer.forget_tgid(probe.pid).unwrap();
+        assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
+        let counters = enforcer.counters().unwrap();
+        assert_eq!(
+            (counters.refused, counters.audited, counters.lost),
+            (3, 0, 0)
+        );
+    }
+    enforcer.detach().unwrap();
+    let mut probe = Probe::spawn_in(&cgroup);
+    assert_eq!(
+        probe.open(&nodes.path("nvidia0")),
+        ENXIO,
+        "detached: nothing is gated"
+    );
+}
+
+#[test]
+fn audit_allows_and_reports_what_enforce_would_refuse() {
+    if !privileged("audit_allows_and_reports_what_enforce_would_refuse") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Audit, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_events().unwrap();
+    let mut probe = Probe::spawn_in(&cgroup);
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    let audited = wait_event(&mut events, EventKind::Audited, probe.pid).expect("an event");
+    assert_eq!(
+        (audited.cgroup_id, audited.device),
+        (cgroup.id(), Some((195, 0)))
+    );
+    enforcer.allow_tgid(probe.pid).unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    assert_eq!(
+        drain(&mut events),
+        vec![],
+        "a registered open is not reported"
+    );
+
+    enforcer.forget_tgid(probe.pid).unwrap();
+    enforcer.set_mode(Mode::Enforce).unwrap();
+    assert_eq!(
+        probe.open(&nodes.path("nvidia0")),
+        EPERM,
+        "switching to enforce needs no re-attach"
+    );
+    assert_eq!(enforcer.counters().unwrap().audited, 1);
+    drop(probe);
+    enforcer.detach().unwrap();
+}
+
+#[test]
+fn a_trusted_cgroup_opens_gpu_nodes_without_registering() {
+    if !privileged("a_trusted_cgroup_opens_gpu_nodes_without_registering") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_events().unwrap();
+    let mut probe = Probe::spawn_in(&cgroup);
+    enforcer.trust_cgroup(cgroup.id()).unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    enforcer.distrust_cgroup(cgroup.id()).unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
+    assert_eq!(drain(&mut events).len(), 1);
+    // Guarding only 195:255 leaves 195:0 open.
+    enforcer
+        .set_gpu_devices(&[GpuDevice {
+            major: 195,
+            minor: Some(255),
+        }])
+        .unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    assert_eq!(probe.open(&nodes.path("nvidiactl")), EPERM);
+    drop(probe);
+    enforcer.detach().unwrap();
+}
+
+#[test]
+fn a_sigkilled_watched_process_is_reported_and_forgotten() {
+    if !privileged("a_sigkilled_watched_process_is_reported_and_forgotten") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_events().unwrap();
+    let mut probe = Probe::spawn_in(&cgroup);
+    enforcer.allow_tgid(probe.pid).unwrap();
+    let pid = probe.pid;
+    let killed = Instant::now();
+    probe.child.kill().unwrap();
+    let exit = wait_event(&mut events, EventKind::Exit, pid).expect("an exit event");
+    let latency = killed.elapsed();
+    println!("exit event {latency:?} after SIGKILL");
+    assert!(
+        latency < Duration::from_secs(2),
+        "generous bound: {latency:?}"
+    );
+    assert_eq!(
+        (exit.tgid, exit.cgroup_id, exit.device),
+        (pid, cgroup.id(), None)
+    );
+    assert!(
+        !enforcer.is_allowed(pid),
+        "a dead pid's registration must not outlive it"
+    );
+    assert_eq!(enforcer.counters().unwrap().exits, 1);
+    drop(probe);
+    enforcer.detach().unwrap();
+}
+
+#[test]
+fn a_process_that_opened_a_gpu_node_is_watched_without_asking() {
+    if !privileged("a_process_that_opened_a_gpu_node_is_watched_without_asking") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Audit, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_events().unwrap();
+    let mut quiet = Probe::spawn_in(&cgroup);
+    let mut user = Probe::spawn_in(&cgroup);
+    assert_eq!(user.open(&nodes.path("nvidia0")), ENXIO);
+    assert_eq!(quiet.open(&nodes.path("null")), "ok");
+    let (quiet_pid, user_pid) = (quiet.pid, user.pid);
+    drop(quiet);
+    drop(user);
+    let exit = wait_event(&mut events, EventKind::Exit, user_pid).expect("exit of the GPU user");
+    assert_eq!(exit.cgroup_id, cgroup.id());
+    let rest = drain(&mut events);
+    assert!(rest.iter().all(|event| event.tgid != quiet_pid), "{rest:?}");
+    enforcer.detach().unwrap();
+}
+
+#[test]
+fn pinned_enforcement_outlives_the_enforcer_until_detached() {
+    if !privileged("pinned_enforcement_outlives_the_enforcer_until_detached") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let bpffs = Bpffs::new();
+    let pinned = EbpfConfig {
+        pin_dir: Some(bpffs.dir.path().to_owned()),
+        ..config(Mode::Enforce, &cgroup)
+    };
+    let mut probe = Probe::spawn_in(&cgroup);
+    let mut registered = Probe::spawn_in(&cgroup);
+    let mut first = Enforcer::attach(&pinned, &GPU).unwrap();
+    first.allow_tgid(registered.pid).unwrap();
+    drop(first); // the daemon dies
+    assert_eq!(
+        probe.open(&nodes.path("nvidia0")),
+        EPERM,
+        "fail-closed while the daemon is down"
+    );
+    assert_eq!(
+        registered.open(&nodes.path("nvidia0")),
+        ENXIO,
+        "registrations survive"
+    );
+
+    let second = Enforcer::attach(&pinned, &GPU).unwrap(); // the daemon restarts
+    assert!(
+        second.is_allowed(registered.pid),
+        "the restarted daemon sees the pinned map"
+    );
+    assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
+    assert_eq!(second.counters().unwrap().refused, 2, "counters carry over");
+    second.detach().unwrap();
+    assert_eq!(bpffs.leftovers(), Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        probe.open(&nodes.path("nvidia0")),
+        ENXIO,
+        "detach removes the pinned gate"
+    );
+}
+
+#[test]
+fn attach_says_why_it_cannot() {
+    if !privileged("attach_says_why_it_cannot") {
+        return;
+    }
+    let not_cgroup2 = tempfile::tempdir().unwrap();
+    let bad = EbpfConfig {
+        mode: Mode::Enforce,
+        cgroup_root: not_cgroup2.path().to_owned(),
+        pin_dir: None,
+    };
+    let error = Enforcer::attach(&bad, &GPU).unwrap_err();
+    assert!(matches!(error, EbpfError::NotCgroup2(_)), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&not_cgroup2.path().display().to_string()),
+        "{error}"
+    );
+    let cgroup = TestCgroup::new();
+    let off = config(Mode::Off, &cgroup);
+    assert!(matches!(
+        Enforcer::attach(&off, &GPU),
+        Err(EbpfError::ModeOff)
+    ));
+    let not_bpffs = EbpfConfig {
+        pin_dir: Some(not_cgroup2.path().to_owned()),
+        ..config(Mode::Audit, &cgroup)
+    };
+    let error = Enforcer::attach(&not_bpffs, &GPU).unwrap_err();
+    assert!(matches!(error, EbpfError::NotBpffs(_)), "{error}");
+}
