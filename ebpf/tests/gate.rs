@@ -282,3 +282,42 @@ fn attach_says_why_it_cannot() {
     let error = Enforcer::attach(&not_bpffs, &GPU).unwrap_err();
     assert!(matches!(error, EbpfError::NotBpffs(_)), "{error}");
 }
+
+#[test]
+fn without_capabilities_attach_says_which_are_missing() {
+    if !privileged("without_capabilities_attach_says_which_are_missing") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    // Root without any capability: what a daemon started without CAP_BPF/CAP_SYS_ADMIN sees.
+    let output = std::process::Command::new("setpriv")
+        .args([
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_ebpf-probe"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            writeln!(stdin, "attach {}", cgroup.path.display())?;
+            drop(stdin);
+            child.wait_with_output()
+        })
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("error missing capabilities CAP_SYS_ADMIN or CAP_BPF CAP_PERFMON"),
+        "{text}"
+    );
+    // The same request with the capabilities attaches (and detaches).
+    let mut probe = Probe::spawn_in(&cgroup);
+    assert_eq!(
+        probe.ask(&format!("attach {}", cgroup.path.display())),
+        "attached"
+    );
+}

@@ -1,6 +1,8 @@
 //! A scripted process for the gate's tests and benchmark: prints `ready <pid>`, then for each
 //! stdin line `open PATH` answers `ok` or `err <errno>` (opening read-write, as CUDA does),
-//! `bench PATH N` answers `ns <mean open+close nanoseconds>`, and `exit` (or EOF) ends it.
+//! `bench PATH N` answers `ns <mean open+close nanoseconds>`, `attach CGROUP` tries to attach
+//! the gate in audit mode there and answers `attached` or the error, and `exit` (or EOF) ends
+//! it.
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
@@ -34,6 +36,25 @@ fn bench(path: &str, count: &str) -> String {
     )
 }
 
+fn attach(cgroup: &str) -> String {
+    let config = vgpu_ebpf::EbpfConfig {
+        mode: vgpu_ebpf::Mode::Audit,
+        cgroup_root: cgroup.into(),
+        pin_dir: None,
+    };
+    let devices = [vgpu_ebpf::GpuDevice {
+        major: vgpu_ebpf::config::NVIDIA_MAJOR,
+        minor: None,
+    }];
+    match vgpu_ebpf::Enforcer::attach(&config, &devices) {
+        Ok(enforcer) => match enforcer.detach() {
+            Ok(()) => "attached".to_owned(),
+            Err(error) => format!("error {error}"),
+        },
+        Err(error) => format!("error {error}"),
+    }
+}
+
 fn main() {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "ready {}", std::process::id());
@@ -44,6 +65,7 @@ fn main() {
         let answer = match words.as_slice() {
             ["open", path] => open(path),
             ["bench", path, count] => bench(path, count),
+            ["attach", cgroup] => attach(cgroup),
             ["exit"] => break,
             _ => format!("unknown command {line:?}"),
         };
