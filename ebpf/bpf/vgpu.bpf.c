@@ -65,10 +65,17 @@ struct {
 	__type(value, __u64);
 } vgpu_counters SEC(".maps");
 
+/* Gate events (refused and audited opens): a tenant can flood these. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } vgpu_events SEC(".maps");
+
+/* Exit events, apart so that no flood of refusals can crowd them out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} vgpu_exit_events SEC(".maps");
 
 static __always_inline void count(__u32 index)
 {
@@ -78,13 +85,13 @@ static __always_inline void count(__u32 index)
 		__sync_fetch_and_add(value, 1);
 }
 
-static __always_inline void emit(__u32 kind, __u64 pid_tgid, __u32 major, __u32 minor,
-				 __u32 access)
+static __always_inline void emit(void *ring, __u32 lost_counter, __u32 kind, __u64 pid_tgid,
+				 __u32 major, __u32 minor, __u32 access)
 {
-	struct vgpu_event *event = bpf_ringbuf_reserve(&vgpu_events, sizeof(*event), 0);
+	struct vgpu_event *event = bpf_ringbuf_reserve(ring, sizeof(*event), 0);
 
 	if (!event) {
-		count(VGPU_COUNTER_LOST);
+		count(lost_counter);
 		return;
 	}
 	event->kind = kind;
@@ -139,12 +146,12 @@ int vgpu_gate(struct bpf_cgroup_dev_ctx *ctx)
 
 	if (mode && *mode == VGPU_MODE_AUDIT) {
 		count(VGPU_COUNTER_AUDITED);
-		emit(VGPU_EVENT_AUDITED, pid_tgid, ctx->major, ctx->minor, ctx->access_type);
+		emit(&vgpu_events, VGPU_COUNTER_LOST, VGPU_EVENT_AUDITED, pid_tgid, ctx->major, ctx->minor, ctx->access_type);
 		watch(tgid);
 		return 1;
 	}
 	count(VGPU_COUNTER_REFUSED);
-	emit(VGPU_EVENT_REFUSED, pid_tgid, ctx->major, ctx->minor, ctx->access_type);
+	emit(&vgpu_events, VGPU_COUNTER_LOST, VGPU_EVENT_REFUSED, pid_tgid, ctx->major, ctx->minor, ctx->access_type);
 	return 0;
 }
 
@@ -169,7 +176,7 @@ int vgpu_exit(void *ctx)
 	bpf_map_delete_elem(&vgpu_allowed_tgids, &tgid);
 	bpf_map_delete_elem(&vgpu_watched_tgids, &tgid);
 	count(VGPU_COUNTER_EXITS);
-	emit(VGPU_EVENT_EXIT, pid_tgid, 0, 0, 0);
+	emit(&vgpu_exit_events, VGPU_COUNTER_EXIT_LOST, VGPU_EVENT_EXIT, pid_tgid, 0, 0, 0);
 	return 0;
 }
 

@@ -20,11 +20,12 @@
 #define VGPU_ANY_MINOR 0xffffffffu
 
 /* vgpu_counters indices. */
-#define VGPU_COUNTER_LOST 0     /* events dropped: ring buffer full */
+#define VGPU_COUNTER_LOST 0     /* gate events dropped: vgpu_events full */
 #define VGPU_COUNTER_REFUSED 1  /* GPU opens refused (enforce) */
 #define VGPU_COUNTER_AUDITED 2  /* GPU opens that enforce would refuse (audit) */
 #define VGPU_COUNTER_EXITS 3    /* exit events emitted */
-#define VGPU_COUNTER_LEN 4
+#define VGPU_COUNTER_EXIT_LOST 4 /* exit events dropped: vgpu_exit_events full */
+#define VGPU_COUNTER_LEN 5
 
 /* vgpu_event.kind */
 #define VGPU_EVENT_REFUSED 1

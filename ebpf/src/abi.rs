@@ -21,7 +21,7 @@ pub const MODE_AUDIT: u32 = 1;
 /// A [`DevKey`] minor that matches every minor of its major.
 pub const ANY_MINOR: u32 = u32::MAX;
 
-/// `vgpu_counters` index: events dropped because the ring buffer was full.
+/// `vgpu_counters` index: gate events dropped because `vgpu_events` was full.
 pub const COUNTER_LOST: u32 = 0;
 /// `vgpu_counters` index: GPU opens refused.
 pub const COUNTER_REFUSED: u32 = 1;
@@ -29,8 +29,10 @@ pub const COUNTER_REFUSED: u32 = 1;
 pub const COUNTER_AUDITED: u32 = 2;
 /// `vgpu_counters` index: exit events emitted.
 pub const COUNTER_EXITS: u32 = 3;
+/// `vgpu_counters` index: exit events dropped because `vgpu_exit_events` was full.
+pub const COUNTER_EXIT_LOST: u32 = 4;
 /// Entries in `vgpu_counters`.
-pub const COUNTER_LEN: u32 = 4;
+pub const COUNTER_LEN: u32 = 5;
 
 /// [`RawEvent::kind`]: an open refused by the gate.
 pub const EVENT_REFUSED: u32 = 1;

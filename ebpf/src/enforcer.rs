@@ -12,8 +12,8 @@ use aya::programs::{CgroupDevice, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::abi::{
-    ABI_VERSION, CONFIG_ABI, CONFIG_MODE, COUNTER_AUDITED, COUNTER_EXITS, COUNTER_LOST,
-    COUNTER_REFUSED, DevKey, MODE_AUDIT, MODE_ENFORCE,
+    ABI_VERSION, CONFIG_ABI, CONFIG_MODE, COUNTER_AUDITED, COUNTER_EXIT_LOST, COUNTER_EXITS,
+    COUNTER_LOST, COUNTER_REFUSED, DevKey, MODE_AUDIT, MODE_ENFORCE,
 };
 use crate::config::{EbpfConfig, GpuDevice, Mode};
 use crate::error::EbpfError;
@@ -28,7 +28,7 @@ const EXIT: &str = "vgpu_exit";
 const GATE_LINK: &str = "gate_link";
 const EXIT_LINK: &str = "exit_link";
 /// Every map of the object; all are pinned when a pin directory is configured.
-const MAPS: [&str; 7] = [
+const MAPS: [&str; 8] = [
     "vgpu_gpu_devices",
     "vgpu_allowed_tgids",
     "vgpu_trusted_cgroups",
@@ -36,12 +36,13 @@ const MAPS: [&str; 7] = [
     "vgpu_config",
     "vgpu_counters",
     "vgpu_events",
+    "vgpu_exit_events",
 ];
 
 /// Counters kept by the programs since the maps were created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Events dropped because the ring buffer was full.
+    /// Gate events dropped because their ring buffer was full.
     pub lost: u64,
     /// GPU opens refused.
     pub refused: u64,
@@ -49,6 +50,8 @@ pub struct Counters {
     pub audited: u64,
     /// Exit events emitted.
     pub exits: u64,
+    /// Exit events dropped because their ring buffer was full.
+    pub exit_lost: u64,
 }
 
 /// The attached programs and their maps.
@@ -60,6 +63,7 @@ pub struct Enforcer {
     config: Array<MapData, u32>,
     counters: Array<MapData, u64>,
     events: Option<RingBuf<MapData>>,
+    exit_events: Option<RingBuf<MapData>>,
     /// Closing it detaches the gate unless it is pinned.
     gate_link: Option<OwnedFd>,
     /// A pinned exit link (unpinned links live in `ebpf` and detach with it).
@@ -155,6 +159,7 @@ impl Enforcer {
             config: take_map(&mut ebpf, "vgpu_config")?,
             counters: take_map(&mut ebpf, "vgpu_counters")?,
             events: Some(take_map(&mut ebpf, "vgpu_events")?),
+            exit_events: Some(take_map(&mut ebpf, "vgpu_exit_events")?),
             gate_link: None,
             exit_pin: None,
             pins,
@@ -328,12 +333,19 @@ impl Enforcer {
             refused: read(COUNTER_REFUSED)?,
             audited: read(COUNTER_AUDITED)?,
             exits: read(COUNTER_EXITS)?,
+            exit_lost: read(COUNTER_EXIT_LOST)?,
         })
     }
 
-    /// The event reader (once; `None` after it was taken).
-    pub fn take_events(&mut self) -> Option<EventReader> {
+    /// The reader of gate events, refused and audited opens (once; `None` after).
+    pub fn take_gate_events(&mut self) -> Option<EventReader> {
         self.events.take().map(EventReader::new)
+    }
+
+    /// The reader of exit events (once; `None` after). A ring buffer of its own, so that a
+    /// tenant flooding the gate with refused opens cannot make an exit event be lost.
+    pub fn take_exit_events(&mut self) -> Option<EventReader> {
+        self.exit_events.take().map(EventReader::new)
     }
 
     /// Detaches both programs now and removes every pin, so nothing outlives this call.

@@ -33,7 +33,7 @@ fn enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones() {
     let nodes = Nodes::new();
     let cgroup = TestCgroup::new();
     let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
-    let mut events = enforcer.take_events().unwrap();
+    let mut events = enforcer.take_gate_events().unwrap();
     {
         let mut probe = Probe::spawn_in(&cgroup);
         assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
@@ -94,7 +94,7 @@ fn audit_allows_and_reports_what_enforce_would_refuse() {
     let nodes = Nodes::new();
     let cgroup = TestCgroup::new();
     let mut enforcer = Enforcer::attach(&config(Mode::Audit, &cgroup), &GPU).unwrap();
-    let mut events = enforcer.take_events().unwrap();
+    let mut events = enforcer.take_gate_events().unwrap();
     let mut probe = Probe::spawn_in(&cgroup);
     assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
     let audited = wait_event(&mut events, EventKind::Audited, probe.pid).expect("an event");
@@ -130,7 +130,7 @@ fn a_trusted_cgroup_opens_gpu_nodes_without_registering() {
     let nodes = Nodes::new();
     let cgroup = TestCgroup::new();
     let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
-    let mut events = enforcer.take_events().unwrap();
+    let mut events = enforcer.take_gate_events().unwrap();
     let mut probe = Probe::spawn_in(&cgroup);
     enforcer.trust_cgroup(cgroup.id()).unwrap();
     assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
@@ -157,7 +157,7 @@ fn a_sigkilled_watched_process_is_reported_and_forgotten() {
     }
     let cgroup = TestCgroup::new();
     let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
-    let mut events = enforcer.take_events().unwrap();
+    let mut events = enforcer.take_exit_events().unwrap();
     let mut probe = Probe::spawn_in(&cgroup);
     enforcer.allow_tgid(probe.pid).unwrap();
     let pid = probe.pid;
@@ -191,7 +191,7 @@ fn a_process_that_opened_a_gpu_node_is_watched_without_asking() {
     let nodes = Nodes::new();
     let cgroup = TestCgroup::new();
     let mut enforcer = Enforcer::attach(&config(Mode::Audit, &cgroup), &GPU).unwrap();
-    let mut events = enforcer.take_events().unwrap();
+    let mut events = enforcer.take_exit_events().unwrap();
     let mut quiet = Probe::spawn_in(&cgroup);
     let mut user = Probe::spawn_in(&cgroup);
     assert_eq!(user.open(&nodes.path("nvidia0")), ENXIO);
@@ -320,4 +320,39 @@ fn without_capabilities_attach_says_which_are_missing() {
         probe.ask(&format!("attach {}", cgroup.path.display())),
         "attached"
     );
+}
+
+#[test]
+fn a_flood_of_refusals_does_not_crowd_out_exit_events() {
+    if !privileged("a_flood_of_refusals_does_not_crowd_out_exit_events") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let mut events = enforcer.take_exit_events().unwrap();
+    let mut flooder = Probe::spawn_in(&cgroup);
+    let mut watched = Probe::spawn_in(&cgroup);
+    enforcer.watch_tgid(watched.pid).unwrap();
+    // Nobody reads while a hostile tenant hammers the gate: its events overflow.
+    assert!(
+        flooder
+            .ask(&format!("bench {} 20000", nodes.path("nvidia0")))
+            .starts_with("ns ")
+    );
+    let lost = enforcer.counters().unwrap().lost;
+    assert!(
+        lost > 0,
+        "the flood must overflow the gate's events for this test to mean anything"
+    );
+    let pid = watched.pid;
+    watched.child.kill().unwrap();
+    let exit = wait_event(&mut events, EventKind::Exit, pid);
+    assert!(
+        exit.is_some(),
+        "the exit of pid {pid} was lost ({lost} gate events lost)"
+    );
+    assert_eq!(enforcer.counters().unwrap().exit_lost, 0);
+    drop((flooder, watched));
+    enforcer.detach().unwrap();
 }

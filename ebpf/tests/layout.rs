@@ -62,6 +62,7 @@ fn rust_types_match_the_c_header() {
             COUNTER_REFUSED,
             COUNTER_AUDITED,
             COUNTER_EXITS,
+            COUNTER_EXIT_LOST,
             COUNTER_LEN,
         ]
         .map(u64::from),

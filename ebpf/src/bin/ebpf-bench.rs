@@ -151,7 +151,8 @@ fn run(cgroup: &Path, opens: u32, exits: u32, rate: u32) -> anyhow::Result<()> {
     let detached_gpu = probe.bench(&gpu, opens)?;
     let detached_null = probe.bench(&null, opens)?;
     let mut enforcer = Enforcer::attach(&config, &devices)?;
-    let mut events = enforcer.take_events().context("event reader")?;
+    let mut gate_events = enforcer.take_gate_events().context("gate event reader")?;
+    let mut events = enforcer.take_exit_events().context("exit event reader")?;
     enforcer.allow_tgid(probe.pid)?;
     let allowed_gpu = probe.bench(&gpu, opens)?;
     let attached_null = probe.bench(&null, opens)?;
@@ -160,9 +161,8 @@ fn run(cgroup: &Path, opens: u32, exits: u32, rate: u32) -> anyhow::Result<()> {
     let refused_gpu = probe.bench(&gpu, refused_count)?;
     drop(probe.stdin);
     let _ = probe.child.wait();
-    while events.try_next().is_some() {}
+    while gate_events.try_next().is_some() {}
     let counters = enforcer.counters()?;
-    let lost_before_exits = counters.lost;
     println!("open()+close() mean, ns per call ({opens} calls each, one run, gate enforce)");
     println!("  GPU node, detached              {detached_gpu:>8.0}");
     println!(
@@ -236,7 +236,7 @@ fn run(cgroup: &Path, opens: u32, exits: u32, rate: u32) -> anyhow::Result<()> {
         "exit events: {} of {exits} received (released at {rate}/s in batches of {batch}; \
          {} lost)",
         latencies.len(),
-        counters.lost - lost_before_exits
+        counters.exit_lost
     );
     println!(
         "  latency tracepoint → reader: p50 {:?}  p99 {:?}  max {:?}",
