@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
-/* The vgpu eBPF programs: the GPU device gate (cgroup/dev) and the process-exit watcher
- * (tracepoint sched/sched_process_exit), sharing their maps. Loaded by src/enforcer.rs. */
+/* The vgpu eBPF programs: the GPU device gate (cgroup/dev), the process-exit watcher
+ * (tracepoint sched/sched_process_exit) and the exec hook that drops a registration when
+ * its process runs a new program (sched/sched_process_exec), sharing their maps. Loaded by
+ * src/enforcer.rs. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
@@ -177,6 +179,18 @@ int vgpu_exit(void *ctx)
 	bpf_map_delete_elem(&vgpu_watched_tgids, &tgid);
 	count(VGPU_COUNTER_EXITS);
 	emit(&vgpu_exit_events, VGPU_COUNTER_EXIT_LOST, VGPU_EVENT_EXIT, pid_tgid, 0, 0, 0);
+	return 0;
+}
+
+/* A registered process that executes a new program loses its registration: the new image
+ * registers again through the shim (cuInit/nvmlInit) if it loads it, and a static or
+ * shim-less binary exec'd by a registered wrapper is refused like any other. */
+SEC("tracepoint/sched/sched_process_exec")
+int vgpu_exec(void *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	bpf_map_delete_elem(&vgpu_allowed_tgids, &tgid);
 	return 0;
 }
 

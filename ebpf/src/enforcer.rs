@@ -27,6 +27,8 @@ const GATE: &str = "vgpu_gate";
 const EXIT: &str = "vgpu_exit";
 const GATE_LINK: &str = "gate_link";
 const EXIT_LINK: &str = "exit_link";
+const EXEC: &str = "vgpu_exec";
+const EXEC_LINK: &str = "exec_link";
 /// Every map of the object; all are pinned when a pin directory is configured.
 const MAPS: [&str; 8] = [
     "vgpu_gpu_devices",
@@ -66,8 +68,8 @@ pub struct Enforcer {
     exit_events: Option<RingBuf<MapData>>,
     /// Closing it detaches the gate unless it is pinned.
     gate_link: Option<OwnedFd>,
-    /// A pinned exit link (unpinned links live in `ebpf` and detach with it).
-    exit_pin: Option<PinnedLink>,
+    /// Pinned tracepoint links (unpinned links live in `ebpf` and detach with it).
+    tracepoint_pins: Vec<PinnedLink>,
     /// `<pin_dir>/v<ABI_VERSION>` when pinning.
     pins: Option<PathBuf>,
     mode: Mode,
@@ -161,7 +163,7 @@ impl Enforcer {
             events: Some(take_map(&mut ebpf, "vgpu_events")?),
             exit_events: Some(take_map(&mut ebpf, "vgpu_exit_events")?),
             gate_link: None,
-            exit_pin: None,
+            tracepoint_pins: Vec::new(),
             pins,
             mode: config.mode,
             ebpf,
@@ -197,38 +199,57 @@ impl Enforcer {
             "ebpf: GPU device gate attached (cgroup/dev)"
         );
 
-        let exit: &mut TracePoint = enforcer
-            .ebpf
-            .program_mut(EXIT)
-            .ok_or(EbpfError::Missing(EXIT))?
-            .try_into()
-            .map_err(program_error(EXIT, "look up"))?;
-        exit.load().map_err(program_error(EXIT, "load"))?;
-        let link_id = exit
-            .attach("sched", "sched_process_exit")
-            .map_err(program_error(EXIT, "attach to sched/sched_process_exit"))?;
-        if let Some(dir) = &enforcer.pins {
-            let link = exit
-                .take_link(link_id)
-                .map_err(program_error(EXIT, "take link"))?;
-            let link = FdLink::try_from(link).map_err(|source| EbpfError::Syscall {
-                command: "BPF_LINK_CREATE",
-                what: "sched_process_exit link to pin (not a bpf link on this kernel)".to_owned(),
-                source: std::io::Error::other(source),
-            })?;
-            let path = dir.join(EXIT_LINK);
-            let temporary = with_new_suffix(&path);
-            let _ = std::fs::remove_file(&temporary);
-            let pinned = link.pin(&temporary).map_err(|source| EbpfError::Syscall {
-                command: "BPF_OBJ_PIN",
-                what: temporary.display().to_string(),
-                source: std::io::Error::other(source),
-            })?;
-            std::fs::rename(&temporary, &path).map_err(io_error("replace pinned link", &path))?;
-            enforcer.exit_pin = Some(pinned);
+        for (program, event, link_name) in [
+            (EXIT, "sched_process_exit", EXIT_LINK),
+            (EXEC, "sched_process_exec", EXEC_LINK),
+        ] {
+            enforcer.attach_tracepoint(program, event, link_name)?;
         }
-        tracing::info!("ebpf: process-exit watcher attached (tracepoint sched/sched_process_exit)");
+        tracing::info!(
+            "ebpf: process-exit watcher attached (tracepoints sched/sched_process_exit, \
+             sched/sched_process_exec)"
+        );
         Ok(enforcer)
+    }
+
+    /// Loads `program` and attaches it to `sched/<event>`, pinning the link as `link_name`
+    /// when pinning.
+    fn attach_tracepoint(
+        &mut self,
+        program: &'static str,
+        event: &'static str,
+        link_name: &str,
+    ) -> Result<(), EbpfError> {
+        let tracepoint: &mut TracePoint = self
+            .ebpf
+            .program_mut(program)
+            .ok_or(EbpfError::Missing(program))?
+            .try_into()
+            .map_err(program_error(program, "look up"))?;
+        tracepoint.load().map_err(program_error(program, "load"))?;
+        let link_id = tracepoint
+            .attach("sched", event)
+            .map_err(program_error(program, "attach to its sched tracepoint"))?;
+        let Some(dir) = &self.pins else { return Ok(()) };
+        let link = tracepoint
+            .take_link(link_id)
+            .map_err(program_error(program, "take link"))?;
+        let link = FdLink::try_from(link).map_err(|source| EbpfError::Syscall {
+            command: "BPF_LINK_CREATE",
+            what: format!("{program} link to pin (not a bpf link on this kernel)"),
+            source: std::io::Error::other(source),
+        })?;
+        let path = dir.join(link_name);
+        let temporary = with_new_suffix(&path);
+        let _ = std::fs::remove_file(&temporary);
+        let pinned = link.pin(&temporary).map_err(|source| EbpfError::Syscall {
+            command: "BPF_OBJ_PIN",
+            what: temporary.display().to_string(),
+            source: std::io::Error::other(source),
+        })?;
+        std::fs::rename(&temporary, &path).map_err(io_error("replace pinned link", &path))?;
+        self.tracepoint_pins.push(pinned);
+        Ok(())
     }
 
     /// The mode the gate runs in.
@@ -353,8 +374,8 @@ impl Enforcer {
         if let Some(link) = &self.gate_link {
             sys::detach_link(link)?;
         }
-        // The exit link (a perf link) cannot be force-detached; it goes with its last
-        // reference below, which only costs a few ignored tracepoint hits.
+        // The tracepoint links (perf links) cannot be force-detached; they go with their last
+        // reference below, which only costs a few more tracepoint hits.
         let pins = self.pins.take();
         drop(self);
         match pins {
@@ -433,11 +454,22 @@ fn prepare_pin_dir(pin_dir: &Path) -> Result<PathBuf, EbpfError> {
 
 /// Pins `fd` at `path`, replacing an earlier pin atomically (rename on the bpf file system),
 /// so the link it replaces detaches only once the new one is in place.
+/// The gate link it replaces is then detached at once (not after an RCU period), so no
+/// open is judged twice.
 fn replace_pin(fd: &OwnedFd, path: &Path) -> Result<(), EbpfError> {
+    let previous = if path.exists() {
+        Some(sys::pinned(path)?)
+    } else {
+        None
+    };
     let temporary = with_new_suffix(path);
     let _ = std::fs::remove_file(&temporary);
     sys::pin(fd, &temporary)?;
-    std::fs::rename(&temporary, path).map_err(io_error("replace pinned link", path))
+    std::fs::rename(&temporary, path).map_err(io_error("replace pinned link", path))?;
+    match previous {
+        Some(previous) => sys::detach_link(previous),
+        None => Ok(()),
+    }
 }
 
 /// `<path>_new`: bpffs refuses names with a dot (reserved for its own files).

@@ -356,3 +356,25 @@ fn a_flood_of_refusals_does_not_crowd_out_exit_events() {
     drop((flooder, watched));
     enforcer.detach().unwrap();
 }
+
+#[test]
+fn a_registered_process_that_execs_must_register_again() {
+    if !privileged("a_registered_process_that_execs_must_register_again") {
+        return;
+    }
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let mut enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let mut probe = Probe::spawn_in(&cgroup);
+    enforcer.allow_tgid(probe.pid).unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    assert!(enforcer.is_allowed(probe.pid), "allowed before exec");
+    // A shimmed wrapper exec'ing a static binary: same pid, new program.
+    assert_eq!(probe.ask("exec"), format!("ready {}", probe.pid));
+    assert!(!enforcer.is_allowed(probe.pid));
+    assert_eq!(probe.open(&nodes.path("nvidia0")), EPERM);
+    enforcer.allow_tgid(probe.pid).unwrap(); // the new image's shim registers
+    assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
+    drop(probe);
+    enforcer.detach().unwrap();
+}

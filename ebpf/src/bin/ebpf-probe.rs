@@ -2,7 +2,7 @@
 //! stdin line `open PATH` answers `ok` or `err <errno>` (opening read-write, as CUDA does),
 //! `bench PATH N` answers `ns <mean open+close nanoseconds>`, `attach CGROUP` tries to attach
 //! the gate in audit mode there and answers `attached` or the error, and `exit` (or EOF) ends
-//! it.
+//! it; `exec` replaces the process with a fresh probe (same pid), which prints `ready` again.
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
@@ -66,6 +66,11 @@ fn main() {
             ["open", path] => open(path),
             ["bench", path, count] => bench(path, count),
             ["attach", cgroup] => attach(cgroup),
+            ["exec"] => {
+                use std::os::unix::process::CommandExt;
+                let error = std::process::Command::new("/proc/self/exe").exec();
+                format!("error exec {error}")
+            }
             ["exit"] => break,
             _ => format!("unknown command {line:?}"),
         };
