@@ -109,11 +109,14 @@ static __always_inline void emit(void *ring, __u32 lost_counter, __u32 kind, __u
 	bpf_ringbuf_submit(event, 0);
 }
 
+/* A lookup first: most opens come from a process already watched, and an LRU update
+ * costs far more than a lookup. */
 static __always_inline void watch(__u32 tgid)
 {
 	__u8 one = 1;
 
-	bpf_map_update_elem(&vgpu_watched_tgids, &tgid, &one, BPF_ANY);
+	if (!bpf_map_lookup_elem(&vgpu_watched_tgids, &tgid))
+		bpf_map_update_elem(&vgpu_watched_tgids, &tgid, &one, BPF_ANY);
 }
 
 /* Returns 1 (allow) or 0 (the kernel answers EPERM). */
