@@ -178,7 +178,19 @@ impl Enforcer {
         enforcer.set_mode(config.mode)?;
         enforcer.set_gpu_devices(gpu_devices)?;
 
-        // Attach only now that the maps say what to guard and how.
+        // The tracepoints first: if the gate then fails to attach, nothing that refuses
+        // opens is left behind (pinned tracepoints only forget dead processes).
+        for (program, event, link_name) in [
+            (EXIT, "sched_process_exit", EXIT_LINK),
+            (EXEC, "sched_process_exec", EXEC_LINK),
+        ] {
+            enforcer.attach_tracepoint(program, event, link_name)?;
+        }
+        tracing::info!(
+            "ebpf: process-exit watcher attached (tracepoints sched/sched_process_exit, \
+             sched/sched_process_exec)"
+        );
+        // The gate last, now that the maps say what to guard and how.
         let gate: &mut CgroupDevice = enforcer
             .ebpf
             .program_mut(GATE)
@@ -199,16 +211,6 @@ impl Enforcer {
             "ebpf: GPU device gate attached (cgroup/dev)"
         );
 
-        for (program, event, link_name) in [
-            (EXIT, "sched_process_exit", EXIT_LINK),
-            (EXEC, "sched_process_exec", EXEC_LINK),
-        ] {
-            enforcer.attach_tracepoint(program, event, link_name)?;
-        }
-        tracing::info!(
-            "ebpf: process-exit watcher attached (tracepoints sched/sched_process_exit, \
-             sched/sched_process_exec)"
-        );
         Ok(enforcer)
     }
 
@@ -415,6 +417,31 @@ pub fn cgroup_id(dir: &Path) -> Result<u64, EbpfError> {
     Ok(std::fs::metadata(dir)
         .map_err(io_error("stat cgroup directory", dir))?
         .ino())
+}
+
+/// The cgroup2 directory under `root` whose id is `id` (an event's `cgroup_id`), walking the
+/// tree; `None` when no directory has it (the cgroup was removed since).
+pub fn find_cgroup(root: &Path, id: u64) -> Result<Option<PathBuf>, EbpfError> {
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        match std::fs::metadata(&dir) {
+            Ok(metadata) if metadata.ino() == id => return Ok(Some(dir)),
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(io_error("stat cgroup directory", &dir)(source)),
+        }
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(io_error("list cgroup directory", &dir)(source)),
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                pending.push(entry.path());
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn remove_if_present<K: aya::Pod + std::fmt::Display>(

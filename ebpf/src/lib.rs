@@ -27,6 +27,6 @@ pub mod preflight;
 mod sys;
 
 pub use config::{EbpfConfig, GpuDevice, Mode};
-pub use enforcer::{Counters, Enforcer, cgroup_id, remove_pins};
+pub use enforcer::{Counters, Enforcer, cgroup_id, find_cgroup, remove_pins};
 pub use error::EbpfError;
 pub use event::{Event, EventKind, EventReader};

@@ -52,6 +52,13 @@ fn enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones() {
 
         let refused = wait_event(&mut events, EventKind::Refused, probe.pid).expect("an event");
         assert_eq!(refused.cgroup_id, cgroup.id());
+        let root = support::cgroup2_mount().unwrap();
+        let found = vgpu_ebpf::find_cgroup(&root, refused.cgroup_id).unwrap();
+        assert_eq!(
+            found.as_deref(),
+            Some(cgroup.path.as_path()),
+            "the event names its cgroup"
+        );
         assert_eq!(refused.device, Some((195, 0)));
         assert_eq!(refused.pid, probe.pid);
         assert_eq!(refused.comm, "ebpf-probe");
