@@ -5,7 +5,9 @@
 //!   directory, lets a process open NVIDIA's character devices only when the daemon
 //!   registered its tgid, when its cgroup is trusted, or when the mode is audit;
 //! - the **exit watcher** (tracepoint `sched/sched_process_exit`) reports the end of every
-//!   registered or watched process, and of every process that opened a GPU node.
+//!   registered or watched process, and of every process that opened a GPU node, and forgets
+//!   its registration; `sched/sched_process_exec` drops the registration of a process that
+//!   runs a new program.
 //!
 //! Module map: [`abi`] (the `#[repr(C)]` kernel boundary), [`config`] (mode, attach point,
 //! GPU device numbers), [`enforcer`] (load, attach, maps, detach, pins), [`event`] (ring
