@@ -1,5 +1,6 @@
-//! The two bpf() calls aya 0.14 does not offer for cgroup device programs: creating a link
-//! whose fd we own (aya's cgroup link cannot become a pinnable `FdLink`) and pinning it.
+//! The bpf() calls aya 0.14 does not offer for cgroup device programs: creating a link whose
+//! fd we own (aya's cgroup link cannot become a pinnable `FdLink`), pinning it, opening a
+//! pin, and detaching a link at once.
 //! With `poll` in `event`, `RawEvent::from_bytes` and `Pod` in `abi`, the crate's only unsafe.
 
 use std::ffi::CString;
