@@ -126,7 +126,10 @@ int vgpu_gate(struct bpf_cgroup_dev_ctx *ctx)
 	__u32 type = ctx->access_type & 0xffff;
 	struct vgpu_dev_key key = { .major = ctx->major, .minor = ctx->minor };
 
-	if (type != BPF_DEVCG_DEV_CHAR)
+	/* Creating a node (mknod: runc does it inside the container's cgroup) grants nothing;
+	 * opening it for reading or writing is what the gate judges. */
+	if (type != BPF_DEVCG_DEV_CHAR ||
+	    !((ctx->access_type >> 16) & (BPF_DEVCG_ACC_READ | BPF_DEVCG_ACC_WRITE)))
 		return 1;
 	if (!bpf_map_lookup_elem(&vgpu_gpu_devices, &key)) {
 		key.minor = VGPU_ANY_MINOR;

@@ -385,3 +385,26 @@ fn a_registered_process_that_execs_must_register_again() {
     drop(probe);
     enforcer.detach().unwrap();
 }
+
+#[test]
+fn creating_a_gpu_node_is_not_gated_only_opening_it() {
+    if !privileged("creating_a_gpu_node_is_not_gated_only_opening_it") {
+        return;
+    }
+    // runc creates a container's /dev/nvidia* with mknod from inside the container's cgroup.
+    let nodes = Nodes::new();
+    let cgroup = TestCgroup::new();
+    let enforcer = Enforcer::attach(&config(Mode::Enforce, &cgroup), &GPU).unwrap();
+    let node = nodes.dir.path().join("nvidia1");
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec mknod {} c 195 1",
+        cgroup.path.display(),
+        node.display()
+    );
+    let status = std::process::Command::new("sh").args(["-c", &script]).status().unwrap();
+    assert!(status.success(), "mknod of a GPU node inside the gated cgroup");
+    let mut probe = Probe::spawn_in(&cgroup);
+    assert_eq!(probe.open(&node.display().to_string()), EPERM);
+    drop(probe);
+    enforcer.detach().unwrap();
+}
