@@ -77,7 +77,7 @@ impl GpuDevice {
     }
 }
 
-/// The major that NVIDIA's driver registers for /dev/nvidia<N>, nvidiactl (minor 255) and
+/// The major that NVIDIA's driver registers for `/dev/nvidia<N>`, `nvidiactl` (minor 255) and
 /// nvidia-modeset (254); fixed by the driver.
 pub const NVIDIA_MAJOR: u32 = 195;
 

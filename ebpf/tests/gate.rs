@@ -204,10 +204,10 @@ fn a_process_that_opened_a_gpu_node_is_watched_without_asking() {
     assert_eq!(user.open(&nodes.path("nvidia0")), ENXIO);
     assert_eq!(quiet.open(&nodes.path("null")), "ok");
     let (quiet_pid, user_pid) = (quiet.pid, user.pid);
-    drop(quiet);
     drop(user);
     let exit = wait_event(&mut events, EventKind::Exit, user_pid).expect("exit of the GPU user");
     assert_eq!(exit.cgroup_id, cgroup.id());
+    drop(quiet);
     let rest = drain(&mut events);
     assert!(rest.iter().all(|event| event.tgid != quiet_pid), "{rest:?}");
     enforcer.detach().unwrap();
@@ -401,8 +401,14 @@ fn creating_a_gpu_node_is_not_gated_only_opening_it() {
         cgroup.path.display(),
         node.display()
     );
-    let status = std::process::Command::new("sh").args(["-c", &script]).status().unwrap();
-    assert!(status.success(), "mknod of a GPU node inside the gated cgroup");
+    let status = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "mknod of a GPU node inside the gated cgroup"
+    );
     let mut probe = Probe::spawn_in(&cgroup);
     assert_eq!(probe.open(&node.display().to_string()), EPERM);
     drop(probe);
