@@ -414,3 +414,36 @@ fn creating_a_gpu_node_is_not_gated_only_opening_it() {
     drop(probe);
     enforcer.detach().unwrap();
 }
+
+#[test]
+fn a_program_attached_below_cannot_override_the_gate() {
+    if !privileged("a_program_attached_below_cannot_override_the_gate") {
+        return;
+    }
+    // As runc attaches its own device program to each container's cgroup under kubepods.
+    let nodes = Nodes::new();
+    let parent = TestCgroup::new();
+    let child = TestCgroup {
+        path: parent.path.join("container"),
+    };
+    std::fs::create_dir(&child.path).unwrap();
+    let gate = Enforcer::attach(&config(Mode::Enforce, &parent), &GPU).unwrap();
+    let below = Enforcer::attach(&config(Mode::Audit, &child), &GPU).unwrap();
+    let mut probe = Probe::spawn_in(&child);
+    assert_eq!(
+        probe.open(&nodes.path("nvidia0")),
+        EPERM,
+        "every attached program must allow"
+    );
+    assert_eq!(probe.open(&nodes.path("null")), "ok");
+    assert_eq!(gate.counters().unwrap().refused, 1);
+    assert_eq!(
+        below.counters().unwrap().audited,
+        1,
+        "the program below ran too"
+    );
+    drop(probe);
+    below.detach().unwrap();
+    gate.detach().unwrap();
+    drop(child); // removed before its parent
+}
