@@ -29,6 +29,15 @@ struct {
 	__type(value, __u8);
 } vgpu_gpu_devices SEC(".maps");
 
+/* 1 for every major that has an entry in vgpu_gpu_devices: an array lookup (inlined by the
+ * verifier) lets every other device through without hashing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, VGPU_MAJORS);
+	__type(key, __u32);
+	__type(value, __u8);
+} vgpu_gpu_majors SEC(".maps");
+
 /* Thread-group ids the daemon registered (host pid namespace). Removed here at exit. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -130,6 +139,11 @@ int vgpu_gate(struct bpf_cgroup_dev_ctx *ctx)
 	 * opening it for reading or writing is what the gate judges. */
 	if (type != BPF_DEVCG_DEV_CHAR ||
 	    !((ctx->access_type >> 16) & (BPF_DEVCG_ACC_READ | BPF_DEVCG_ACC_WRITE)))
+		return 1;
+	__u32 major = ctx->major;
+	__u8 *gpu_major = bpf_map_lookup_elem(&vgpu_gpu_majors, &major);
+
+	if (!gpu_major || !*gpu_major)
 		return 1;
 	if (!bpf_map_lookup_elem(&vgpu_gpu_devices, &key)) {
 		key.minor = VGPU_ANY_MINOR;

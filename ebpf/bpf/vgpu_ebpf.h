@@ -16,6 +16,9 @@
 #define VGPU_MODE_ENFORCE 0
 #define VGPU_MODE_AUDIT 1
 
+/* Majors are 12 bits (MAJOR() of a dev_t): vgpu_gpu_majors has one entry per major. */
+#define VGPU_MAJORS 4096
+
 /* A GPU device key with this minor matches every minor of the major (nvidia-uvm, caps). */
 #define VGPU_ANY_MINOR 0xffffffffu
 

@@ -18,6 +18,8 @@ pub const CONFIG_LEN: u32 = 2;
 pub const MODE_ENFORCE: u32 = 0;
 /// Gate mode value: allow and report unregistered opens.
 pub const MODE_AUDIT: u32 = 1;
+/// Entries of `vgpu_gpu_majors`: majors are 12 bits.
+pub const MAJORS: u32 = 4096;
 /// A [`DevKey`] minor that matches every minor of its major.
 pub const ANY_MINOR: u32 = u32::MAX;
 

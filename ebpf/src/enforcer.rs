@@ -13,7 +13,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::abi::{
     ABI_VERSION, CONFIG_ABI, CONFIG_MODE, COUNTER_AUDITED, COUNTER_EXIT_LOST, COUNTER_EXITS,
-    COUNTER_LOST, COUNTER_REFUSED, DevKey, MODE_AUDIT, MODE_ENFORCE,
+    COUNTER_LOST, COUNTER_REFUSED, DevKey, MAJORS, MODE_AUDIT, MODE_ENFORCE,
 };
 use crate::config::{EbpfConfig, GpuDevice, Mode};
 use crate::error::EbpfError;
@@ -30,8 +30,9 @@ const EXIT_LINK: &str = "exit_link";
 const EXEC: &str = "vgpu_exec";
 const EXEC_LINK: &str = "exec_link";
 /// Every map of the object; all are pinned when a pin directory is configured.
-const MAPS: [&str; 8] = [
+const MAPS: [&str; 9] = [
     "vgpu_gpu_devices",
+    "vgpu_gpu_majors",
     "vgpu_allowed_tgids",
     "vgpu_trusted_cgroups",
     "vgpu_watched_tgids",
@@ -59,6 +60,7 @@ pub struct Counters {
 /// The attached programs and their maps.
 pub struct Enforcer {
     devices: HashMap<MapData, DevKey, u8>,
+    majors: Array<MapData, u8>,
     allowed: HashMap<MapData, u32, u8>,
     trusted: HashMap<MapData, u64, u8>,
     watched: HashMap<MapData, u32, u8>,
@@ -155,6 +157,7 @@ impl Enforcer {
         let mut ebpf = loader.load(OBJECT).map_err(EbpfError::Load)?;
         let mut enforcer = Self {
             devices: take_map(&mut ebpf, "vgpu_gpu_devices")?,
+            majors: take_map(&mut ebpf, "vgpu_gpu_majors")?,
             allowed: take_map(&mut ebpf, "vgpu_allowed_tgids")?,
             trusted: take_map(&mut ebpf, "vgpu_trusted_cgroups")?,
             watched: take_map(&mut ebpf, "vgpu_watched_tgids")?,
@@ -273,8 +276,12 @@ impl Enforcer {
         Ok(())
     }
 
-    /// Makes `devices` exactly the set the gate guards.
+    /// Makes `devices` exactly the set the gate guards. A major of 4096 or more (not a
+    /// Linux device number) is refused naming it.
     pub fn set_gpu_devices(&mut self, devices: &[GpuDevice]) -> Result<(), EbpfError> {
+        if let Some(device) = devices.iter().find(|device| device.major >= MAJORS) {
+            return Err(EbpfError::BadMajor(device.major));
+        }
         let wanted: Vec<DevKey> = devices
             .iter()
             .map(|device| DevKey {
@@ -282,6 +289,19 @@ impl Enforcer {
                 minor: device.key_minor(),
             })
             .collect();
+        let old_majors: Vec<u32> = self
+            .devices
+            .keys()
+            .filter_map(Result::ok)
+            .map(|key| key.major)
+            .collect();
+        // Majors on first, so that the new keys are consulted as soon as they are in.
+        for key in &wanted {
+            self.majors.set(key.major, 1, 0).map_err(map_error(
+                "vgpu_gpu_majors",
+                format!("set major {}", key.major),
+            ))?;
+        }
         for key in &wanted {
             self.devices.insert(key, 1, 0).map_err(map_error(
                 "vgpu_gpu_devices",
@@ -299,6 +319,13 @@ impl Enforcer {
                 "vgpu_gpu_devices",
                 format!("remove {}:{:#x}", key.major, key.minor),
             ))?;
+        }
+        for major in old_majors {
+            if !wanted.iter().any(|key| key.major == major) {
+                self.majors
+                    .set(major, 0, 0)
+                    .map_err(map_error("vgpu_gpu_majors", format!("clear major {major}")))?;
+            }
         }
         Ok(())
     }

@@ -97,6 +97,9 @@ pub enum EbpfError {
         #[source]
         source: std::io::Error,
     },
+    /// A device major outside Linux's 12-bit range.
+    #[error("device major {0} is out of range (majors are below 4096)")]
+    BadMajor(u32),
     /// A device number given to the gate is not a character device of a GPU.
     #[error("{0} is not a character device")]
     NotCharDevice(PathBuf),

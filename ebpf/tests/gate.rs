@@ -153,6 +153,16 @@ fn a_trusted_cgroup_opens_gpu_nodes_without_registering() {
         .unwrap();
     assert_eq!(probe.open(&nodes.path("nvidia0")), ENXIO);
     assert_eq!(probe.open(&nodes.path("nvidiactl")), EPERM);
+    // An empty set guards nothing; a major past 12 bits is refused by name.
+    enforcer.set_gpu_devices(&[]).unwrap();
+    assert_eq!(probe.open(&nodes.path("nvidiactl")), ENXIO);
+    let error = enforcer
+        .set_gpu_devices(&[GpuDevice {
+            major: 4096,
+            minor: None,
+        }])
+        .unwrap_err();
+    assert!(error.to_string().contains("4096"), "{error}");
     drop(probe);
     enforcer.detach().unwrap();
 }

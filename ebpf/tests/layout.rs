@@ -55,7 +55,7 @@ fn rust_types_match_the_c_header() {
         ]
         .map(u64::from),
     );
-    rust.push(u64::from(ANY_MINOR));
+    rust.extend([ANY_MINOR, MAJORS].map(u64::from));
     rust.extend(
         [
             COUNTER_LOST,
