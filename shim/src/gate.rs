@@ -14,9 +14,19 @@
 //! the work queued ahead (an estimate from measured per-launch time), and yields the
 //! slice when the process stops launching.
 //!
-//! Without a daemon (not running, dead, refusing), the gate thread runs a local
+//! Without a daemon (not running, dead, refusing, frozen), the gate thread runs a local
 //! fallback: a duty cycle at the container's share over measured time (share 100: open)
-//! and reconnects every 250 ms; a daemon that comes back gets the process re-registered.
+//! and reconnects (after 250 ms, doubling to 2 s); a daemon that comes back gets the
+//! process re-registered, and is told how long the process enforced locally.
+//!
+//! Every wait on the daemon has a deadline: the whole handshake (connect, `Hello`, the
+//! `Welcome`) [`HANDSHAKE_DEADLINE_MS`]; with launches blocked, a daemon that stays
+//! silent is pinged and given [`PEER_DEADLINE_MS`] to answer. Past either, the process
+//! falls back and says so once (one stderr line per fallback period, none per retry).
+//!
+//! With a quota file, only the GPUs it grants are registered; a launch on a visible GPU
+//! it does not list is refused (`NotGranted`, `CUDA_ERROR_NOT_PERMITTED` at the hook),
+//! said once per device: such a GPU has no memory and no compute share.
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -26,11 +36,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use vgpu_core::sched_proto::{
-    BOARD_BYTES, BOARD_STRIDE, ComputePolicy, ComputeSettings, ContainerIdent, DaemonMsg,
-    GpuRegistration, PROTO_VERSION, ShimMsg, decode, encode,
+    BOARD_BYTES, BOARD_STRIDE, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration,
+    HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode, encode,
 };
 
-use crate::config::MAX_DEVICES;
+use crate::config::{DeviceGrant, MAX_DEVICES};
 use crate::state::Shim;
 
 /// No generation yielded.
@@ -43,8 +53,14 @@ const TICK: Duration = Duration::from_micros(500);
 const IDLE_TICKS: u32 = 4;
 /// Fallback duty-cycle period's open part at most (then the share decides the rest).
 const LOCAL_QUANTUM_NS: u64 = 10_000_000;
-/// Reconnect interval without a daemon.
+/// First reconnect interval without a daemon (doubles after each failure).
 const RECONNECT: Duration = Duration::from_millis(250);
+/// Longest reconnect interval.
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// Silence from the daemon, with launches blocked, after which the gate thread pings it.
+const PING_AFTER: Duration = Duration::from_millis(250);
+/// Not a registered GPU (no protocol index).
+const UNREGISTERED: u32 = u32::MAX;
 
 /// Contexts may not be destroyed while the gate thread synchronizes them: destroy
 /// hooks take this for writing, the drain for reading (held across the real
@@ -55,6 +71,12 @@ pub static CTX_LOCK: RwLock<()> = RwLock::new(());
 #[derive(Debug)]
 pub struct Gate {
     enabled: AtomicBool,
+    /// The container was not granted this GPU: launches are refused.
+    not_granted: AtomicBool,
+    /// The refusal was said (once per device).
+    refusal_said: AtomicBool,
+    /// The GPU's index in this connection's `Hello` ([`UNREGISTERED`]: none).
+    proto: AtomicU32,
     word: AtomicPtr<AtomicU32>,
     local: AtomicU32,
     yielded: AtomicU32,
@@ -101,6 +123,9 @@ impl Gate {
     fn new() -> Gate {
         Gate {
             enabled: AtomicBool::new(false),
+            not_granted: AtomicBool::new(false),
+            refusal_said: AtomicBool::new(false),
+            proto: AtomicU32::new(UNREGISTERED),
             word: AtomicPtr::new(std::ptr::null_mut()),
             local: AtomicU32::new(1),
             yielded: AtomicU32::new(NONE),
@@ -220,6 +245,8 @@ pub struct Gates {
     single: AtomicUsize,
     /// Writer side of the daemon connection (None: fallback).
     ctl: Mutex<Option<UnixStream>>,
+    /// A write to the daemon failed (the gate thread falls back).
+    lost: AtomicBool,
     /// Wakes the gate thread (fallback demand).
     doorbell: AtomicU32,
 }
@@ -249,25 +276,48 @@ pub fn ensure_started(shim: &'static Shim) {
     let _ = GATES.get_or_init(|| start(shim));
 }
 
+/// A launch on a GPU the container was not granted (its quota file does not list it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotGranted;
+
 /// Admits a launch on the current context's device, blocking while the container does
-/// not hold its slice there. None: not gated (no enforcing shim, or an unknown device).
+/// not hold its slice there. `Ok(None)`: not gated (no enforcing shim, or an unknown
+/// device); `Err`: the container was not granted this device.
 pub fn enter(
     shim: &'static Shim,
     current_device: impl FnOnce() -> Option<usize>,
     stream: usize,
     ptsz: bool,
-) -> Option<Pass> {
+) -> Result<Option<Pass>, NotGranted> {
     let g = match GATES.get() {
-        Some(g) => (*g)?,
-        None => (*GATES.get_or_init(|| start(shim)))?,
+        Some(Some(g)) => *g,
+        Some(None) => return Ok(None),
+        None => match *GATES.get_or_init(|| start(shim)) {
+            Some(g) => g,
+            None => return Ok(None),
+        },
     };
     let dev = match g.single.load(Ordering::Relaxed) {
-        usize::MAX => current_device()?,
+        usize::MAX => match current_device() {
+            Some(d) => d,
+            None => return Ok(None),
+        },
         d => d,
     };
-    let gate = g.gates.get(dev)?;
+    let Some(gate) = g.gates.get(dev) else {
+        return Ok(None);
+    };
     if !gate.enabled.load(Ordering::Relaxed) {
-        return None;
+        return Ok(None);
+    }
+    if gate.not_granted.load(Ordering::Relaxed) {
+        if !gate.refusal_said.swap(true, Ordering::Relaxed) {
+            crate::say!(
+                "vgpu: WARNING: launch on device {dev} refused: the container was not granted this GPU (its quota file {} does not list it)",
+                shim.cfg.quota_file().display()
+            );
+        }
+        return Err(NotGranted);
     }
     loop {
         gate.inflight.fetch_add(1, Ordering::SeqCst);
@@ -276,14 +326,14 @@ pub fn enter(
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
         {
             // SAFETY-free: `g` is 'static, so the gate is too.
-            return Some(Pass {
+            return Ok(Some(Pass {
                 gate: &g.gates[dev],
                 stream,
                 ptsz,
-            });
+            }));
         }
         gate.inflight.fetch_sub(1, Ordering::SeqCst);
-        g.block(dev, gate, w, stream, ptsz);
+        g.block(gate, w, stream, ptsz);
     }
 }
 
@@ -293,7 +343,7 @@ impl Gates {
     }
 
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
-    fn block(&self, dev: usize, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
+    fn block(&self, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
         if gate.held(w) {
             // Out of budget: wait until the gate thread sees more of the queue
             // complete (or a revoke/grant wakes us). With no marker outstanding it
@@ -315,9 +365,13 @@ impl Gates {
             gate.waiting.fetch_add(1, Ordering::SeqCst);
             match ctl.as_mut() {
                 Some(s) => {
-                    let gpu = u32::try_from(self.index_of(dev)).unwrap_or(0);
+                    let gpu = gate.proto.load(Ordering::Relaxed);
                     if s.write_all(&encode(&ShimMsg::Demand { gpu })).is_err() {
-                        // The gate thread notices the broken connection and falls back.
+                        // A daemon that does not take a small frame within the write
+                        // timeout is gone: no launcher writes to it again, and the gate
+                        // thread falls back.
+                        *ctl = None;
+                        self.lost.store(true, Ordering::SeqCst);
                         futex_wake(&self.doorbell);
                     }
                 }
@@ -333,14 +387,6 @@ impl Gates {
             futex_wait(word, w, DEMAND_REPEAT);
         }
         gate.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Position of `dev` among the enabled devices (the protocol's GPU index).
-    fn index_of(&self, dev: usize) -> usize {
-        self.gates[..dev]
-            .iter()
-            .filter(|g| g.enabled.load(Ordering::Relaxed))
-            .count()
     }
 }
 
@@ -358,6 +404,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
         gates: std::array::from_fn(|_| Gate::new()),
         single: AtomicUsize::new(if n == 1 { 0 } else { usize::MAX }),
         ctl: Mutex::new(None),
+        lost: AtomicBool::new(false),
         doorbell: AtomicU32::new(0),
     }));
     for gate in &g.gates[..n] {
@@ -365,10 +412,11 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     }
     let mut runner = Runner::new(g, shim, uuids[..n].to_vec());
     // The first connection attempt happens before the first launch is admitted, so
-    // that launch is already scheduled by the daemon when one runs.
+    // that launch is already scheduled by the daemon when one runs (it waits at most
+    // the handshake deadline).
     runner.connect();
     if runner.conn.is_none() {
-        runner.enter_fallback();
+        runner.enter_fallback(None);
     }
     let spawned = std::thread::Builder::new()
         .name("vgpu-gate".into())
@@ -401,6 +449,8 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
 #[derive(Debug)]
 struct Dev {
     uuid: String,
+    /// The quota file grants this GPU (or there is no quota file): it is registered.
+    granted: bool,
     settings: ComputeSettings,
     /// Generation held (daemon grant, or local open).
     holding: Option<u32>,
@@ -429,11 +479,28 @@ struct Runner {
     g: &'static Gates,
     shim: &'static Shim,
     devs: Vec<Dev>,
+    /// Protocol GPU index (position in the `Hello`) → device ordinal.
+    registered: Vec<usize>,
     conn: Option<Conn>,
     queue_ahead_ns: u64,
     next_connect: Instant,
+    /// Wait before the next reconnection attempt.
+    retry: Duration,
     last_usage: Instant,
+    /// The current fallback period was said on stderr.
     warned: bool,
+    /// The daemon answers pings and takes fallback reports.
+    peer_checks: bool,
+    /// When the daemon last sent anything.
+    last_heard: Instant,
+    /// A ping sent, not answered yet: when.
+    ping_sent: Option<Instant>,
+    ping_seq: u32,
+    /// Local fallback: since when (None: registered), and what to report.
+    fallback_since: Option<Instant>,
+    fallback_periods: u32,
+    fallback_total: Duration,
+    fallback_reason: String,
 }
 
 impl std::fmt::Debug for Runner {
@@ -455,30 +522,19 @@ pub fn mono_ns() -> u64 {
 
 impl Runner {
     fn new(g: &'static Gates, shim: &'static Shim, uuids: Vec<String>) -> Runner {
-        let file = read_quota_file(shim);
-        let devs = uuids
+        let devs: Vec<Dev> = uuids
             .into_iter()
-            .map(|uuid| {
-                let from_file = file.as_ref().map(|q| {
-                    q.gpus
-                        .iter()
-                        .find(|x| x.uuid.eq_ignore_ascii_case(&uuid))
-                        .map_or(
-                            ComputeSettings {
-                                share_pct: 1,
-                                policy: ComputePolicy::Cap,
-                                priority: Default::default(),
-                            },
-                            |x| ComputeSettings {
-                                share_pct: (x.compute_milli / 10).clamp(1, 100),
-                                policy: x.compute_policy,
-                                priority: x.priority,
-                            },
-                        )
-                });
+            .enumerate()
+            .map(|(i, uuid)| {
+                let (granted, settings) = match shim.cfg.device_grant(&uuid) {
+                    DeviceGrant::Granted(st) => (true, st),
+                    DeviceGrant::NotGranted => (false, shim.cfg.compute_settings(None)),
+                };
+                g.gates[i].not_granted.store(!granted, Ordering::Relaxed);
                 Dev {
                     uuid,
-                    settings: shim.cfg.compute_settings(from_file),
+                    granted,
+                    settings,
                     holding: None,
                     grant_at: 0,
                     launched_at_grant: 0,
@@ -493,34 +549,43 @@ impl Runner {
                 }
             })
             .collect();
+        let registered = (0..devs.len()).filter(|&i| devs[i].granted).collect();
+        let now = Instant::now();
         Runner {
             g,
             shim,
             devs,
+            registered,
             conn: None,
             queue_ahead_ns: 2_000_000,
-            next_connect: Instant::now(),
-            last_usage: Instant::now(),
+            next_connect: now,
+            retry: RECONNECT,
+            last_usage: now,
             warned: false,
+            peer_checks: false,
+            last_heard: now,
+            ping_sent: None,
+            ping_seq: 0,
+            fallback_since: None,
+            fallback_periods: 0,
+            fallback_total: Duration::ZERO,
+            fallback_reason: String::new(),
         }
     }
 
     fn ident(&self) -> ContainerIdent {
         let dir = self.shim.cfg.container_dir.display().to_string();
-        let file = read_quota_file(self.shim);
-        let key = match (&self.shim.cfg.tenant, &file) {
+        let file = self.shim.cfg.quota.as_ref();
+        let key = match (&self.shim.cfg.tenant, file) {
             (Some(t), _) => t.clone(),
             (None, Some(q)) => format!("{}/{}/{}", q.namespace, q.pod, q.container),
             (None, None) => dir.clone(),
         };
         ContainerIdent {
             key,
-            namespace: file
-                .as_ref()
-                .map(|q| q.namespace.clone())
-                .unwrap_or_default(),
-            pod: file.as_ref().map(|q| q.pod.clone()).unwrap_or_default(),
-            container: file.map(|q| q.container).unwrap_or_default(),
+            namespace: file.map(|q| q.namespace.clone()).unwrap_or_default(),
+            pod: file.map(|q| q.pod.clone()).unwrap_or_default(),
+            container: file.map(|q| q.container.clone()).unwrap_or_default(),
             container_dir: dir,
         }
     }
@@ -529,41 +594,78 @@ impl Runner {
         crate::state::log(self.shim, msg);
     }
 
-    /// Tries to register with the daemon; on success the gates follow its board.
+    /// Tries to register with the daemon; on success the gates follow its board. A
+    /// failure is said once per fallback period (a missing socket, no daemon on this
+    /// node, only in the log); the next attempt waits twice as long, up to 2 s.
     fn connect(&mut self) {
-        self.next_connect = Instant::now() + RECONNECT;
         let Some(path) = self.shim.cfg.daemon_socket.clone() else {
+            self.next_connect = Instant::now() + RECONNECT_MAX;
             return;
         };
+        if self.registered.is_empty() {
+            // The quota file grants none of the visible GPUs: nothing to schedule.
+            self.next_connect = Instant::now() + RECONNECT_MAX;
+            return;
+        }
         match self.try_connect(&path) {
             Ok(conn) => {
-                self.log(|| format!("registered with the daemon at {}", path.display()));
-                self.warned = false;
                 self.conn = Some(conn);
+                self.retry = RECONNECT;
+                self.warned = false;
+                self.last_heard = Instant::now();
+                self.ping_sent = None;
+                self.g.lost.store(false, Ordering::SeqCst);
+                if let Some(since) = self.fallback_since.take() {
+                    self.fallback_total += since.elapsed();
+                }
+                let report = (self.fallback_periods > 0).then(|| ShimMsg::Fallback {
+                    periods: self.fallback_periods,
+                    total_ms: u64::try_from(self.fallback_total.as_millis()).unwrap_or(u64::MAX),
+                    reason: cut(&self.fallback_reason, MAX_REASON),
+                });
+                if let Some(m) = report
+                    && self.peer_checks
+                {
+                    self.send(&m);
+                    self.fallback_periods = 0;
+                    self.fallback_total = Duration::ZERO;
+                }
+                self.log(|| format!("registered with the daemon at {}", path.display()));
             }
             Err(e) => {
-                if !self.warned && e.kind() != io::ErrorKind::NotFound {
-                    crate::say!(
-                        "vgpu: WARNING: daemon at {} unavailable ({e}); compute share enforced locally",
-                        path.display()
-                    );
+                self.next_connect = Instant::now() + self.retry;
+                self.retry = (self.retry * 2).min(RECONNECT_MAX);
+                let reason = match e.kind() {
+                    io::ErrorKind::PermissionDenied => {
+                        format!("the daemon at {} refused this process: {e}", path.display())
+                    }
+                    _ => format!("daemon at {} unavailable ({e})", path.display()),
+                };
+                if e.kind() == io::ErrorKind::NotFound {
+                    self.log(|| reason.clone());
+                } else if !self.warned {
+                    crate::say!("vgpu: WARNING: {reason}; compute share enforced locally");
+                    self.warned = true;
                 }
-                self.warned = true;
+                if self.fallback_since.is_none() {
+                    self.fallback_reason = reason;
+                }
             }
         }
     }
 
+    /// One registration, within [`HANDSHAKE_DEADLINE_MS`] whatever the peer does.
     fn try_connect(&mut self, path: &std::path::Path) -> io::Result<Conn> {
-        let mut s = UnixStream::connect(path)?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_DEADLINE_MS);
+        let mut s = connect_nonblocking(path)?;
+        s.set_write_timeout(Some(Duration::from_millis(HANDSHAKE_DEADLINE_MS)))?;
         let gpus: Vec<GpuRegistration> = self
-            .devs
+            .registered
             .iter()
-            .enumerate()
-            .map(|(i, d)| GpuRegistration {
-                uuid: d.uuid.clone(),
+            .map(|&i| GpuRegistration {
+                uuid: self.devs[i].uuid.clone(),
                 ordinal: u32::try_from(i).unwrap_or(0),
-                settings: d.settings,
+                settings: self.devs[i].settings,
                 memory_quota: self.shim.quota(i),
             })
             .collect();
@@ -582,6 +684,13 @@ impl Runner {
             {
                 break m;
             }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wait_readable(s.as_raw_fd(), left)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer to the registration within {HANDSHAKE_DEADLINE_MS} ms"),
+                ));
+            }
             let mut chunk = [0u8; 4096];
             let (n, got) = recv_with_fd(s.as_raw_fd(), &mut chunk)?;
             if got.is_some() {
@@ -595,21 +704,22 @@ impl Runner {
             }
             buf.extend_from_slice(&chunk[..n]);
         };
-        let (settings, words, queue_ahead_us) = match msg {
+        let (settings, words, queue_ahead_us, not_granted, peer_checks) = match msg {
             DaemonMsg::Welcome {
                 settings,
                 words,
                 queue_ahead_us,
                 host_pid,
+                not_granted,
+                peer_checks,
                 ..
             } => {
                 if let Some(p) = host_pid {
                     self.shim.region.set_host_pid(self.shim.slot, p);
                 }
-                (settings, words, queue_ahead_us)
+                (settings, words, queue_ahead_us, not_granted, peer_checks)
             }
             DaemonMsg::Refused { reason } => {
-                crate::say!("vgpu: WARNING: the daemon refused this process: {reason}");
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));
             }
             other => {
@@ -620,7 +730,8 @@ impl Runner {
             }
         };
         let fd = fd.ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
-        if words.len() != self.devs.len() || settings.len() != self.devs.len() {
+        let n = self.registered.len();
+        if words.len() != n || settings.len() != n || not_granted.iter().any(|&i| i as usize >= n) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "Welcome does not match the registered GPUs",
@@ -641,7 +752,6 @@ impl Runner {
             return Err(io::Error::last_os_error());
         }
         drop(fd);
-        s.set_read_timeout(None)?;
         // A daemon that stops reading must not hang a launcher: writes give up after 1 s
         // (the connection is then treated as lost).
         s.set_write_timeout(Some(Duration::from_secs(1)))?;
@@ -651,12 +761,18 @@ impl Runner {
         for d in &mut self.devs {
             d.queue_ahead_ns = ahead;
         }
-        for (i, (d, (w, st))) in self
-            .devs
-            .iter_mut()
-            .zip(words.iter().zip(settings))
-            .enumerate()
-        {
+        for (k, (w, st)) in words.iter().zip(settings).enumerate() {
+            let i = self.registered[k];
+            let d = &mut self.devs[i];
+            if not_granted.contains(&u32::try_from(k).unwrap_or(u32::MAX)) {
+                // The daemon says the container was not granted it (this shim read
+                // an older or different file): refused here too.
+                d.granted = false;
+                self.g.gates[i].not_granted.store(true, Ordering::SeqCst);
+            }
+            self.g.gates[i]
+                .proto
+                .store(u32::try_from(k).unwrap_or(UNREGISTERED), Ordering::SeqCst);
             let w = usize::try_from(*w).unwrap_or(usize::MAX);
             if w >= BOARD_BYTES / BOARD_STRIDE {
                 return Err(io::Error::new(
@@ -682,14 +798,15 @@ impl Runner {
         for i in 0..self.devs.len() {
             self.set_allowed(i);
         }
+        self.peer_checks = peer_checks;
         *self.g.ctl() = Some(writer);
         // Launchers that were already waiting must be asked for.
-        for (i, _) in self.devs.iter().enumerate() {
+        for (k, &i) in self.registered.iter().enumerate() {
             if self.g.gates[i].waiting.load(Ordering::SeqCst) > 0 {
                 let mut ctl = self.g.ctl();
                 if let Some(w) = ctl.as_mut() {
                     let _ = w.write_all(&encode(&ShimMsg::Demand {
-                        gpu: u32::try_from(i).unwrap_or(0),
+                        gpu: u32::try_from(k).unwrap_or(0),
                     }));
                 }
             }
@@ -697,10 +814,28 @@ impl Runner {
         Ok(Conn { stream: s, buf })
     }
 
-    /// The daemon is gone: every gate follows its local word from now on.
-    fn enter_fallback(&mut self) {
+    /// The daemon is gone (or never answered): every gate follows its local word from
+    /// now on. `why` (a lost or frozen daemon) is said once per fallback period.
+    fn enter_fallback(&mut self, why: Option<String>) {
         *self.g.ctl() = None;
+        // Dropping the connection closes it: a daemon that comes back releases the
+        // process's slice and registers it again when it reconnects.
         self.conn = None;
+        self.ping_sent = None;
+        if self.fallback_since.is_none() {
+            self.fallback_since = Some(Instant::now());
+            self.fallback_periods = self.fallback_periods.saturating_add(1);
+            if let Some(w) = &why {
+                self.fallback_reason = w.clone();
+            }
+        }
+        if let Some(w) = why
+            && !self.warned
+        {
+            crate::say!("vgpu: WARNING: {w}; compute share enforced locally until it answers");
+            self.warned = true;
+        }
+        self.next_connect = Instant::now() + self.retry;
         let now = mono_ns();
         for (i, d) in self.devs.iter_mut().enumerate() {
             let gate = &self.g.gates[i];
@@ -722,10 +857,57 @@ impl Runner {
 
     fn send(&mut self, msg: &ShimMsg) {
         let mut ctl = self.g.ctl();
-        if let Some(w) = ctl.as_mut() {
-            // Blocking write of a small frame; on failure the reader sees the error.
-            let _ = w.write_all(&encode(msg));
+        if let Some(w) = ctl.as_mut()
+            && w.write_all(&encode(msg)).is_err()
+        {
+            // The write timeout passed or the connection broke: the loop falls back.
+            *ctl = None;
+            self.g.lost.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// Whether a launcher waits on a registered GPU.
+    fn launchers_waiting(&self) -> bool {
+        self.registered
+            .iter()
+            .any(|&i| self.g.gates[i].waiting.load(Ordering::SeqCst) > 0)
+    }
+
+    /// With launches blocked, a daemon that stays silent is pinged, then given
+    /// [`PEER_DEADLINE_MS`]; the reason to fall back if it let that pass.
+    fn check_peer(&mut self) -> Option<String> {
+        let path = self
+            .shim
+            .cfg
+            .daemon_socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if self.g.lost.load(Ordering::SeqCst) {
+            return Some(format!(
+                "the daemon at {path} did not take a message within 1 s"
+            ));
+        }
+        if !self.peer_checks {
+            return None;
+        }
+        if let Some(sent) = self.ping_sent {
+            if self.last_heard >= sent {
+                self.ping_sent = None;
+            } else if sent.elapsed() >= Duration::from_millis(PEER_DEADLINE_MS) {
+                return Some(format!(
+                    "the daemon at {path} did not answer within {PEER_DEADLINE_MS} ms"
+                ));
+            }
+            return None;
+        }
+        if self.launchers_waiting() && self.last_heard.elapsed() >= PING_AFTER {
+            self.ping_seq = self.ping_seq.wrapping_add(1);
+            self.ping_sent = Some(Instant::now());
+            let seq = self.ping_seq;
+            self.send(&ShimMsg::Ping { seq });
+        }
+        None
     }
 
     fn run(mut self) {
@@ -761,19 +943,31 @@ impl Runner {
                     }
                 }
                 Err(e) => {
-                    self.log(|| format!("daemon connection lost ({e}); local fallback"));
-                    self.enter_fallback();
+                    let path = self
+                        .shim
+                        .cfg
+                        .daemon_socket
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default();
+                    self.enter_fallback(Some(format!(
+                        "connection to the daemon at {path} lost ({e})"
+                    )));
                     continue;
                 }
+            }
+            if let Some(why) = self.check_peer() {
+                self.enter_fallback(Some(why));
+                continue;
             }
             self.poll_markers();
             self.holding_tick();
             if self.last_usage.elapsed() >= Duration::from_secs(1) {
                 self.last_usage = Instant::now();
-                for i in 0..self.devs.len() {
-                    let memory_used = self.shim.region.used(i);
+                for k in 0..self.registered.len() {
+                    let memory_used = self.shim.region.used(self.registered[k]);
                     self.send(&ShimMsg::Usage {
-                        gpu: u32::try_from(i).unwrap_or(0),
+                        gpu: u32::try_from(k).unwrap_or(0),
                         memory_used,
                     });
                 }
@@ -836,6 +1030,7 @@ impl Runner {
                     }
                 }
                 conn.buf.extend_from_slice(&chunk[..n as usize]);
+                self.last_heard = Instant::now();
             }
             while let Some(m) = decode::<DaemonMsg>(&mut conn.buf)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
@@ -846,6 +1041,12 @@ impl Runner {
         Ok(out)
     }
 
+    /// The device ordinal of protocol GPU index `gpu` (None: not one this process
+    /// registered; the message is ignored).
+    fn dev_of(&self, gpu: u32) -> Option<usize> {
+        self.registered.get(gpu as usize).copied()
+    }
+
     fn handle(&mut self, m: DaemonMsg) {
         match m {
             DaemonMsg::Grant {
@@ -853,7 +1054,9 @@ impl Runner {
                 generation,
                 queue_ahead_us,
             } => {
-                let i = gpu as usize;
+                let Some(i) = self.dev_of(gpu) else {
+                    return;
+                };
                 let base = self.queue_ahead_ns;
                 let Some(d) = self.devs.get_mut(i) else {
                     return;
@@ -874,17 +1077,17 @@ impl Runner {
                 d.idle_ticks = 0;
             }
             DaemonMsg::Revoke { gpu, generation } => {
-                let i = gpu as usize;
-                if i < self.devs.len() {
+                if let Some(i) = self.dev_of(gpu) {
                     self.drain(i, generation, false);
                 }
             }
             DaemonMsg::Settings { gpu, settings } => {
-                if let Some(d) = self.devs.get_mut(gpu as usize) {
-                    d.settings = settings;
+                if let Some(i) = self.dev_of(gpu) {
+                    self.devs[i].settings = settings;
                 }
             }
-            DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
+            // Any message counts as an answer (`last_heard`).
+            DaemonMsg::Pong { .. } | DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
         }
     }
 
@@ -1028,7 +1231,7 @@ impl Runner {
         d.last_obs = None;
         d.holding = None;
         d.idle_ticks = 0;
-        let gpu = u32::try_from(i).unwrap_or(0);
+        let gpu = gate.proto.load(Ordering::Relaxed);
         // `waiting` is read under the writer lock, which launchers hold while they
         // count themselves and send a demand: no demand is lost between the two.
         let mut ctl = self.g.ctl();
@@ -1137,9 +1340,90 @@ pub fn forget_context(ctx: usize) {
     }
 }
 
-fn read_quota_file(shim: &Shim) -> Option<vgpu_core::container_quota::ContainerQuota> {
-    let text = std::fs::read_to_string(shim.cfg.quota_file()).ok()?;
-    vgpu_core::container_quota::ContainerQuota::from_json(&text).ok()
+/// `s` cut to at most `max` bytes (at a character boundary).
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// Connects to the unix socket `path` without waiting: a daemon whose listen backlog is
+/// full (frozen, overwhelmed) is an error now, not a block. The stream returned blocks.
+fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid; the family and path are set below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *b as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor this function owns from here on.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `addr` is a valid sockaddr_un of the size given.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&raw const addr).cast::<libc::sockaddr>(),
+            u32::try_from(size_of::<libc::sockaddr_un>()).unwrap_or(u32::MAX),
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.kind() == io::ErrorKind::WouldBlock {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the daemon's socket accepts no connection (backlog full)",
+            )
+        } else {
+            e
+        });
+    }
+    let s = UnixStream::from(owned);
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
+/// Waits at most `timeout` for `fd` to be readable (or closed); false: timed out.
+fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis())
+        .unwrap_or(i32::MAX)
+        .max(1);
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// Receives bytes and at most one descriptor (`SCM_RIGHTS`).

@@ -13,15 +13,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
-use vgpu_core::container_quota::ContainerQuota;
+use vgpu_core::container_quota::{ContainerQuota, GpuGrant, same_gpu};
 use vgpu_core::sched_proto::{
-    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION, Priority,
+    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, MAX_REASON,
+    NEVER_HELD_WORD, PROTO_VERSION, Priority,
 };
 
 use crate::board::Board;
 use crate::model::{
-    Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource, SliceState,
-    Tenant, TenantGpu,
+    ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource,
+    SliceState, Tenant, TenantGpu,
 };
 use crate::scheduler::{Action, Params, Scheduler, TenantId};
 
@@ -43,7 +44,101 @@ pub struct Config {
     /// Where operators' live settings (API) are kept across daemon restarts (None: not
     /// kept).
     pub state_file: Option<PathBuf>,
+    /// The node's GPUs (UUIDs, `--gpu`). Empty: the GPUs the NVML watcher reads; before
+    /// (or without) a reading the daemon cannot tell a real GPU from a made-up one and
+    /// keeps at most [`MAX_UNVERIFIED_GPUS`].
+    pub gpus: Vec<String>,
 }
+
+/// A configuration value the daemon cannot run with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{setting} {value}: {reason}")]
+pub struct ConfigError {
+    /// The setting (its flag).
+    pub setting: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks every value, naming the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting, value: String, reason: &str| ConfigError {
+            setting,
+            value,
+            reason: reason.to_owned(),
+        };
+        let q = self.params.quantum_ns;
+        if !(500_000..=1_000_000_000).contains(&q) {
+            return Err(bad(
+                "--quantum-ms",
+                format!("{}", q as f64 / 1e6),
+                "out of range (0.5–1000)",
+            ));
+        }
+        if self.params.drain_timeout_ns > 60_000_000_000 {
+            return Err(bad(
+                "--drain-timeout-ms",
+                (self.params.drain_timeout_ns / 1_000_000).to_string(),
+                "out of range (0–60000)",
+            ));
+        }
+        if self.queue_ahead_us > 10_000_000 {
+            return Err(bad(
+                "--queue-ahead-us",
+                self.queue_ahead_us.to_string(),
+                "out of range (0–10000000)",
+            ));
+        }
+        if let Err(e) = self.default_settings.validate() {
+            return Err(bad(
+                "--default-share",
+                self.default_settings.share_pct.to_string(),
+                &e,
+            ));
+        }
+        for (i, u) in self.gpus.iter().enumerate() {
+            if !valid_uuid(u) {
+                return Err(bad("--gpu", u.clone(), "not a GPU UUID (GPU-…)"));
+            }
+            if self.gpus[..i].iter().any(|o| same_gpu(o, u)) {
+                return Err(bad("--gpu", u.clone(), "listed twice"));
+            }
+        }
+        if let Some(p) = &self.trusted_quota_file
+            && !p.is_absolute()
+        {
+            return Err(bad(
+                "--trusted-quota-file",
+                p.display().to_string(),
+                "must be an absolute path (inside the container)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `uuid` looks like a GPU UUID (`GPU-…`, at most 96 bytes).
+fn valid_uuid(uuid: &str) -> bool {
+    let u = uuid.trim();
+    u.len() > 4 && u.len() <= 96 && u.starts_with("GPU-")
+}
+
+/// Most processes registered at once (the whole node).
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Most processes of one tenant (container) registered at once.
+pub const MAX_CONNS_PER_TENANT: usize = 1024;
+/// Most distinct GPUs kept while the daemon does not know the node's GPUs (no `--gpu`,
+/// no NVML reading yet): far above any node, far below what would cost memory or time.
+pub const MAX_UNVERIFIED_GPUS: usize = 64;
+/// Longest namespace, pod or container name (Kubernetes allows 253).
+pub const MAX_NAME: usize = 253;
+/// Longest container directory path.
+pub const MAX_CONTAINER_DIR: usize = 4096;
+/// Most containers whose fallbacks and refusals are remembered ([`ContainerHealth`]).
+pub const MAX_HEALTH_RECORDS: usize = 4096;
 
 /// Operators' settings: tenant key → GPU UUID → settings.
 type Overrides = BTreeMap<String, BTreeMap<String, ComputeSettings>>;
@@ -58,9 +153,28 @@ pub type Outbox = UnboundedSender<DaemonMsg>;
 struct Conn {
     pid: u32,
     tenant: String,
-    /// Process GPU index → GPU UUID.
-    gpus: Vec<String>,
+    /// Process GPU index → GPU UUID (None: not granted, not scheduled).
+    gpus: Vec<Option<String>>,
     out: Outbox,
+}
+
+impl Conn {
+    fn uses(&self, uuid: &str) -> bool {
+        self.gpus.iter().any(|u| u.as_deref() == Some(uuid))
+    }
+
+    fn index_of(&self, uuid: &str) -> Option<usize> {
+        self.gpus.iter().position(|u| u.as_deref() == Some(uuid))
+    }
+}
+
+/// What a registered GPU gets.
+#[derive(Debug, Clone, Copy)]
+enum Resolved {
+    /// Scheduled with these settings.
+    Scheduled(ComputeSettings, SettingsSource),
+    /// The container was not granted it: not scheduled.
+    NotGranted,
 }
 
 #[derive(Debug)]
@@ -109,6 +223,8 @@ struct Inner {
     next_id: u64,
     observations: Vec<GpuObservation>,
     overrides: Overrides,
+    /// Fallbacks and refused registrations per container (tenant key).
+    health: BTreeMap<String, ContainerHealth>,
 }
 
 /// The daemon: shared by the server tasks, the timer threads and the API.
@@ -254,51 +370,102 @@ impl Daemon {
         }
     }
 
-    /// Settings for a process: trusted file (if configured), else the shim's proposal.
-    fn resolve_settings(
-        &self,
-        pid: u32,
-        reg: &GpuRegistration,
-    ) -> Result<(ComputeSettings, SettingsSource), DaemonError> {
+    /// What each registered GPU gets: in trusted mode by the container's quota file
+    /// (read once, through `/proc/PID/root`, by [`ContainerQuota::grant`]), else the
+    /// shim's proposal. A process granted none of its GPUs is refused, naming them.
+    fn resolve(&self, pid: u32, gpus: &[GpuRegistration]) -> Result<Vec<Resolved>, DaemonError> {
         let Some(inner_path) = &self.cfg.trusted_quota_file else {
-            reg.settings
-                .validate()
-                .map_err(|e| DaemonError::Invalid(format!("GPU {}: {e}", reg.uuid)))?;
-            return Ok((reg.settings, SettingsSource::Shim));
+            return gpus
+                .iter()
+                .map(|reg| {
+                    reg.settings
+                        .validate()
+                        .map(|()| Resolved::Scheduled(reg.settings, SettingsSource::Shim))
+                        .map_err(|e| DaemonError::Invalid(format!("GPU {}: {e}", reg.uuid)))
+                })
+                .collect();
         };
         let rel = inner_path.strip_prefix("/").unwrap_or(inner_path);
         let path = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let q = ContainerQuota::from_json(&text)
-                    .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
-                match q.gpus.iter().find(|g| g.uuid == reg.uuid) {
-                    Some(g) => {
-                        let s = ComputeSettings {
-                            share_pct: (g.compute_milli / 10).clamp(1, 100),
-                            policy: g.compute_policy,
-                            priority: g.priority,
-                        };
-                        Ok((s, SettingsSource::QuotaFile))
-                    }
-                    None => Err(DaemonError::Invalid(format!(
-                        "{}: GPU {} is not assigned to this container",
-                        path.display(),
-                        reg.uuid
-                    ))),
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            let d = Resolved::Scheduled(self.cfg.default_settings, SettingsSource::Default);
+            return Ok(vec![d; gpus.len()]);
+        };
+        let q = ContainerQuota::from_json(&text)
+            .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
+        let out: Vec<Resolved> = gpus
+            .iter()
+            .map(|reg| match q.grant(&reg.uuid) {
+                GpuGrant::Granted(g) => {
+                    Resolved::Scheduled(g.compute_settings(), SettingsSource::QuotaFile)
                 }
-            }
-            Err(_) => Ok((self.cfg.default_settings, SettingsSource::Default)),
+                GpuGrant::NotGranted => Resolved::NotGranted,
+            })
+            .collect();
+        if out.iter().all(|r| matches!(r, Resolved::NotGranted)) {
+            let names: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+            return Err(DaemonError::Invalid(format!(
+                "{}: none of the GPUs this process registers is granted to the container ({})",
+                path.display(),
+                names.join(", ")
+            )));
         }
+        Ok(out)
     }
 
-    /// Registers a process (host `pid` from the socket's credentials).
+    /// The daemon's name for GPU `uuid`, if the node has it: its own spelling of a GPU it
+    /// knows (`--gpu`, NVML), else (it knows none) the UUID trimmed, at most
+    /// [`MAX_UNVERIFIED_GPUS`] distinct ones with `adding` new ones counted.
+    fn node_gpu(&self, g: &Inner, uuid: &str) -> Result<String, DaemonError> {
+        let known: Vec<&str> = self
+            .cfg
+            .gpus
+            .iter()
+            .map(String::as_str)
+            .chain(g.observations.iter().map(|o| o.uuid.as_str()))
+            .collect();
+        if !known.is_empty() {
+            return known
+                .iter()
+                .find(|k| same_gpu(k, uuid))
+                .map(|k| (*k).to_owned())
+                .ok_or_else(|| {
+                    DaemonError::Invalid(format!(
+                        "GPU {uuid:?} is not a GPU of this node (it has {})",
+                        known.join(", ")
+                    ))
+                });
+        }
+        Ok(g.gpus
+            .keys()
+            .find(|k| same_gpu(k, uuid))
+            .cloned()
+            .unwrap_or_else(|| uuid.trim().to_owned()))
+    }
+
+    /// Registers a process (host `pid` from the socket's credentials). A refusal keeps
+    /// nothing but a count in the container's [`ContainerHealth`].
     pub fn register(
         &self,
         pid: u32,
         proto: u32,
         ident: ContainerIdent,
         gpus: Vec<GpuRegistration>,
+        out: Outbox,
+    ) -> Result<Registered, DaemonError> {
+        let r = self.try_register(pid, proto, &ident, &gpus, out);
+        if let Err(e) = &r {
+            self.note_refusal(pid, &ident, e);
+        }
+        r
+    }
+
+    fn try_register(
+        &self,
+        pid: u32,
+        proto: u32,
+        ident: &ContainerIdent,
+        gpus: &[GpuRegistration],
         out: Outbox,
     ) -> Result<Registered, DaemonError> {
         if proto != PROTO_VERSION {
@@ -310,29 +477,80 @@ impl Daemon {
                 gpus.len()
             )));
         }
-        if ident.key.is_empty() || ident.key.len() > 512 {
-            return Err(DaemonError::Invalid(format!(
-                "tenant key of {} bytes (1–512 allowed)",
-                ident.key.len()
-            )));
-        }
-        let mut resolved = Vec::with_capacity(gpus.len());
-        for g in &gpus {
-            if !g.uuid.starts_with("GPU-") || g.uuid.len() > 96 {
+        check_ident(ident)?;
+        for (i, g) in gpus.iter().enumerate() {
+            if !valid_uuid(&g.uuid) {
                 return Err(DaemonError::Invalid(format!("bad GPU UUID {:?}", g.uuid)));
             }
-            resolved.push(self.resolve_settings(pid, g)?);
+            if gpus[..i].iter().any(|o| same_gpu(&o.uuid, &g.uuid)) {
+                return Err(DaemonError::Invalid(format!(
+                    "GPU {:?} registered twice",
+                    g.uuid
+                )));
+            }
         }
+        let resolved = self.resolve(pid, gpus)?;
         let now = mono_ns();
         let mut g = self.lock();
         let inner = &mut *g;
+        // Every check before the first change: a refusal keeps nothing.
+        if inner.conns.len() >= MAX_CONNECTIONS {
+            return Err(DaemonError::Invalid(format!(
+                "{MAX_CONNECTIONS} processes are registered already (the most this daemon keeps)"
+            )));
+        }
+        let existing = inner.tenants.get(&ident.key);
+        if let Some(t) = existing
+            && t.conns.len() >= MAX_CONNS_PER_TENANT
+        {
+            return Err(DaemonError::Invalid(format!(
+                "tenant {} has {MAX_CONNS_PER_TENANT} processes registered already (the most per container)",
+                ident.key
+            )));
+        }
+        let mut names: Vec<Option<String>> = Vec::with_capacity(gpus.len());
+        for (reg, r) in gpus.iter().zip(&resolved) {
+            names.push(match r {
+                Resolved::NotGranted => None,
+                Resolved::Scheduled(..) => Some(self.node_gpu(inner, &reg.uuid)?),
+            });
+        }
+        if self.cfg.gpus.is_empty() && inner.observations.is_empty() {
+            let mut new: Vec<&str> = names
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .filter(|u| !inner.gpus.contains_key(*u))
+                .collect();
+            new.dedup();
+            if inner.gpus.len() + new.len() > MAX_UNVERIFIED_GPUS {
+                return Err(DaemonError::Invalid(format!(
+                    "GPU {}: this daemon keeps at most {MAX_UNVERIFIED_GPUS} GPUs it cannot verify \
+                     (no --gpu, no NVML reading) and has {}",
+                    new.first().copied().unwrap_or_default(),
+                    inner.gpus.len()
+                )));
+            }
+        }
+        let tenant_gpus = existing.map_or(0, |t| t.gpus.len());
+        let added = names
+            .iter()
+            .flatten()
+            .filter(|u| existing.is_none_or(|t| !t.gpus.contains_key(*u)))
+            .count();
+        if tenant_gpus + added > MAX_GPUS {
+            return Err(DaemonError::Invalid(format!(
+                "tenant {} uses more than {MAX_GPUS} GPUs",
+                ident.key
+            )));
+        }
         inner.next_id += 1;
         let conn_id = inner.next_id;
         if !inner.tenants.contains_key(&ident.key) {
-            inner.next_id += 1;
-            let id = inner.next_id;
+            let id = inner.next_id + 1;
             let board = Board::new(&id.to_string())
                 .map_err(|e| DaemonError::Invalid(format!("cannot create a board: {e}")))?;
+            inner.next_id = id;
             inner.by_id.insert(id, ident.key.clone());
             inner.tenants.insert(
                 ident.key.clone(),
@@ -350,15 +568,17 @@ impl Daemon {
         let t = inner.tenants.get_mut(&ident.key).expect("inserted above");
         let mut settings_out = Vec::new();
         let mut words = Vec::new();
-        for (reg, (settings, source)) in gpus.iter().zip(resolved) {
+        let mut not_granted = Vec::new();
+        for (i, (reg, (name, r))) in gpus.iter().zip(names.iter().zip(resolved)).enumerate() {
+            let (Some(uuid), Resolved::Scheduled(settings, source)) = (name, r) else {
+                // Not granted: a word nobody writes, the shim's own settings echoed.
+                not_granted.push(u32::try_from(i).unwrap_or(u32::MAX));
+                words.push(NEVER_HELD_WORD);
+                settings_out.push(reg.settings);
+                continue;
+            };
             let next_word = t.gpus.len();
-            if next_word >= MAX_GPUS && !t.gpus.contains_key(&reg.uuid) {
-                return Err(DaemonError::Invalid(format!(
-                    "tenant {} uses more than {MAX_GPUS} GPUs",
-                    ident.key
-                )));
-            }
-            let rec = t.gpus.entry(reg.uuid.clone()).or_insert(TenantGpuRec {
+            let rec = t.gpus.entry(uuid.clone()).or_insert(TenantGpuRec {
                 word: next_word,
                 settings,
                 source,
@@ -367,7 +587,7 @@ impl Daemon {
             });
             // An operator's setting stays (also across daemon restarts); otherwise the
             // newest trusted answer wins.
-            if let Some(op) = saved.get(&reg.uuid) {
+            if let Some(op) = saved.get(uuid) {
                 rec.settings = *op;
                 rec.source = SettingsSource::Api;
             } else if rec.source != SettingsSource::Api {
@@ -377,15 +597,15 @@ impl Daemon {
             rec.memory_quota = reg.memory_quota.or(rec.memory_quota);
             settings_out.push(rec.settings);
             words.push(u32::try_from(rec.word).unwrap_or(0));
-            let gpu = inner
-                .gpus
-                .entry(reg.uuid.clone())
-                .or_insert_with(|| GpuRec {
-                    sched: Scheduler::new(self.cfg.params),
-                    grant: None,
-                    drain: None,
-                });
+            let gpu = inner.gpus.entry(uuid.clone()).or_insert_with(|| GpuRec {
+                sched: Scheduler::new(self.cfg.params),
+                grant: None,
+                drain: None,
+            });
             gpu.sched.add(t.id, rec.settings, now);
+        }
+        if !not_granted.is_empty() {
+            debug!(tenant = %ident.key, pid, ?not_granted, "GPUs not granted to the container: not scheduled");
         }
         t.conns.insert(conn_id);
         let board = Arc::clone(&t.board);
@@ -395,7 +615,7 @@ impl Daemon {
             Conn {
                 pid,
                 tenant: tenant.clone(),
-                gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+                gpus: names,
                 out,
             },
         );
@@ -412,24 +632,90 @@ impl Daemon {
                 quantum_us: self.cfg.params.quantum_ns / 1000,
                 queue_ahead_us: self.cfg.queue_ahead_us,
                 host_pid: Some(pid),
+                not_granted,
+                peer_checks: true,
             },
         })
     }
 
-    fn conn_gpu(&self, g: &Inner, conn: u64, gpu: u32) -> Option<(String, TenantId)> {
-        let c = g.conns.get(&conn)?;
-        let uuid = c.gpus.get(gpu as usize)?.clone();
-        let t = g.tenants.get(&c.tenant)?;
-        Some((uuid, t.id))
+    /// Counts a refused registration against the container; logs the first of a kind.
+    fn note_refusal(&self, pid: u32, ident: &ContainerIdent, e: &DaemonError) {
+        let reason = e.to_string();
+        let mut g = self.lock();
+        let Some(h) = health_rec(&mut g, ident) else {
+            debug!(pid, "registration refused: {reason}");
+            return;
+        };
+        let first = h.refused_registrations == 0 || h.last_refusal != reason;
+        h.refused_registrations += 1;
+        h.last_refusal = cut(&reason, MAX_REASON);
+        let n = h.refused_registrations;
+        drop(g);
+        if first {
+            warn!(tenant = %ident.key, pid, "registration refused: {reason}");
+        } else {
+            debug!(tenant = %ident.key, pid, refused = n, "registration refused again: {reason}");
+        }
+    }
+
+    /// A process reports that it ran its local fallback `periods` times, `total_ms` in
+    /// all, since it last reported; the container's record keeps the sums.
+    pub fn fallback_report(
+        &self,
+        conn: u64,
+        periods: u32,
+        total_ms: u64,
+        reason: &str,
+    ) -> Result<(), DaemonError> {
+        let mut g = self.lock();
+        let key = g
+            .conns
+            .get(&conn)
+            .map(|c| c.tenant.clone())
+            .ok_or_else(|| DaemonError::Invalid(format!("connection {conn} not registered")))?;
+        let Some(ident) = g.tenants.get(&key).map(|t| t.ident.clone()) else {
+            return Ok(());
+        };
+        let Some(h) = health_rec(&mut g, &ident) else {
+            return Ok(());
+        };
+        h.fallback_periods = h.fallback_periods.saturating_add(u64::from(periods));
+        h.fallback_ms = h.fallback_ms.saturating_add(total_ms);
+        h.last_fallback_reason = cut(reason, MAX_REASON);
+        drop(g);
+        warn!(
+            tenant = %key,
+            periods,
+            total_ms,
+            "a process of this container enforced its share locally: {reason}"
+        );
+        Ok(())
+    }
+
+    /// GPU `gpu` of connection `conn`: its UUID and the tenant (None: the container was
+    /// not granted it, nothing to do); an index the process did not register is an error.
+    fn conn_gpu(
+        &self,
+        g: &Inner,
+        conn: u64,
+        gpu: u32,
+    ) -> Result<Option<(String, TenantId)>, DaemonError> {
+        let not_registered = || DaemonError::Invalid(format!("GPU index {gpu} not registered"));
+        let c = g.conns.get(&conn).ok_or_else(not_registered)?;
+        let Some(uuid) = c.gpus.get(gpu as usize).ok_or_else(not_registered)? else {
+            return Ok(None);
+        };
+        let t = g.tenants.get(&c.tenant).ok_or_else(not_registered)?;
+        Ok(Some((uuid.clone(), t.id)))
     }
 
     /// A process has launches blocked on its GPU `gpu`.
     pub fn demand(&self, conn: u64, gpu: u32) -> Result<(), DaemonError> {
         let now = mono_ns();
         let mut g = self.lock();
-        let (uuid, tid) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let Some(rec) = g.gpus.get_mut(&uuid) else {
             return Ok(());
         };
@@ -460,9 +746,9 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         let now = mono_ns();
         let mut g = self.lock();
-        let (uuid, tid) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let tenant_conns: HashSet<u64> = g
             .by_id
             .get(&tid)
@@ -471,7 +757,7 @@ impl Daemon {
                 t.conns
                     .iter()
                     .copied()
-                    .filter(|c| g.conns.get(c).is_some_and(|c| c.gpus.contains(&uuid)))
+                    .filter(|c| g.conns.get(c).is_some_and(|c| c.uses(&uuid)))
                     .collect()
             })
             .unwrap_or_default();
@@ -513,9 +799,9 @@ impl Daemon {
     /// A process reports the container's memory use on `gpu`.
     pub fn usage(&self, conn: u64, gpu: u32, memory_used: u64) -> Result<(), DaemonError> {
         let mut g = self.lock();
-        let (uuid, _) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, _)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let key = g
             .conns
             .get(&conn)
@@ -545,7 +831,7 @@ impl Daemon {
             }
             None => return,
         };
-        for uuid in &c.gpus {
+        for uuid in c.gpus.iter().flatten() {
             let Some(rec) = g.gpus.get_mut(uuid) else {
                 continue;
             };
@@ -567,6 +853,13 @@ impl Daemon {
             g.tenants.remove(&key);
             g.by_id.remove(&tid);
             info!(tenant = %key, pid = c.pid, "tenant left");
+            // A GPU no tenant uses any more is forgotten: what the daemon keeps is
+            // bounded by what is registered now, whatever clients named before.
+            for uuid in c.gpus.iter().flatten() {
+                if !g.tenants.values().any(|t| t.gpus.contains_key(uuid)) {
+                    g.gpus.remove(uuid);
+                }
+            }
         }
         drop(g);
         self.timer.notify_all();
@@ -622,7 +915,7 @@ impl Daemon {
         for (uuid, s) in &changed {
             for c in &conns {
                 if let Some(conn) = inner.conns.get(c)
-                    && let Some(i) = conn.gpus.iter().position(|u| u == uuid)
+                    && let Some(i) = conn.index_of(uuid)
                 {
                     let _ = conn.out.send(DaemonMsg::Settings {
                         gpu: u32::try_from(i).unwrap_or(0),
@@ -760,8 +1053,69 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs_f64(),
             tenants,
             gpus,
+            health: g.health.values().cloned().collect(),
         }
     }
+}
+
+/// Checks the identity's fields against their bounds, naming the field.
+fn check_ident(ident: &ContainerIdent) -> Result<(), DaemonError> {
+    if ident.key.is_empty() || ident.key.len() > 512 {
+        return Err(DaemonError::Invalid(format!(
+            "tenant key of {} bytes (1–512 allowed)",
+            ident.key.len()
+        )));
+    }
+    for (field, v, max) in [
+        ("namespace", &ident.namespace, MAX_NAME),
+        ("pod", &ident.pod, MAX_NAME),
+        ("container", &ident.container, MAX_NAME),
+        ("container_dir", &ident.container_dir, MAX_CONTAINER_DIR),
+    ] {
+        if v.len() > max {
+            return Err(DaemonError::Invalid(format!(
+                "{field} of {} bytes (at most {max} allowed)",
+                v.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary).
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// The container's health record, made if needed; at [`MAX_HEALTH_RECORDS`] the record of
+/// a container with no registered process makes room (None: none could).
+fn health_rec<'a>(g: &'a mut Inner, ident: &ContainerIdent) -> Option<&'a mut ContainerHealth> {
+    if ident.key.is_empty() || ident.key.len() > 512 {
+        return None;
+    }
+    if !g.health.contains_key(&ident.key) && g.health.len() >= MAX_HEALTH_RECORDS {
+        let gone = g
+            .health
+            .keys()
+            .find(|k| !g.tenants.contains_key(*k))
+            .cloned()?;
+        g.health.remove(&gone);
+    }
+    Some(
+        g.health
+            .entry(ident.key.clone())
+            .or_insert_with(|| ContainerHealth {
+                key: ident.key.clone(),
+                namespace: cut(&ident.namespace, MAX_NAME),
+                pod: cut(&ident.pod, MAX_NAME),
+                container: cut(&ident.container, MAX_NAME),
+                ..ContainerHealth::default()
+            }),
+    )
 }
 
 fn holder_key(g: &Inner, uuid: &str) -> Option<String> {
@@ -816,15 +1170,11 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             .conns
             .iter()
             .copied()
-            .filter(|c| {
-                g.conns
-                    .get(c)
-                    .is_some_and(|c| c.gpus.iter().any(|u| u == uuid))
-            })
+            .filter(|c| g.conns.get(c).is_some_and(|c| c.uses(uuid)))
             .collect();
         for c in &conns {
             let conn = &g.conns[c];
-            let i = conn.gpus.iter().position(|u| u == uuid).unwrap_or(0);
+            let i = conn.index_of(uuid).unwrap_or(0);
             let gpu = u32::try_from(i).unwrap_or(0);
             let msg = if held {
                 DaemonMsg::Grant {
