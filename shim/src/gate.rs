@@ -1364,7 +1364,7 @@ fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStream> {
     }
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (d, b) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *b as libc::c_char;
+        *d = libc::c_char::from_ne_bytes([*b]);
     }
     // SAFETY: socket(2) with constant arguments.
     let fd = unsafe {
