@@ -442,7 +442,8 @@ mod tests {
     fn memory_and_compute_follow_the_one_rule_of_the_file() {
         let p = Path::new("/c/vgpu.conf");
         let devs = [A.to_owned(), B.to_owned()];
-        let spelled = format!("  {}\t", A.replace("GPU-", "gpu-"));
+        // JSON-escaped tab: the UUID in the file has white space on both sides.
+        let spelled = format!("  {}\\t", A.replace("GPU-", "gpu-"));
         let mut c = cfg(&[("VGPU_COMPUTE_SHARE", "5")]).unwrap();
         assert_eq!(
             c.device_grant(B),
