@@ -821,17 +821,25 @@ impl Daemon {
             return;
         };
         let key = c.tenant.clone();
-        let (tid, last) = match g.tenants.get_mut(&key) {
+        let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
                 t.conns.remove(&conn);
                 for r in t.gpus.values_mut() {
                     r.memory.remove(&conn);
                 }
-                (t.id, t.conns.is_empty())
+                let last = t.conns.is_empty();
+                // The last process takes the tenant off every GPU it used, including
+                // those only processes gone before had registered.
+                let gpus: Vec<String> = if last {
+                    t.gpus.keys().cloned().collect()
+                } else {
+                    c.gpus.iter().flatten().cloned().collect()
+                };
+                (t.id, last, gpus)
             }
             None => return,
         };
-        for uuid in c.gpus.iter().flatten() {
+        for uuid in &gpus {
             let Some(rec) = g.gpus.get_mut(uuid) else {
                 continue;
             };
@@ -855,7 +863,7 @@ impl Daemon {
             info!(tenant = %key, pid = c.pid, "tenant left");
             // A GPU no tenant uses any more is forgotten: what the daemon keeps is
             // bounded by what is registered now, whatever clients named before.
-            for uuid in c.gpus.iter().flatten() {
+            for uuid in &gpus {
                 if !g.tenants.values().any(|t| t.gpus.contains_key(uuid)) {
                     g.gpus.remove(uuid);
                 }

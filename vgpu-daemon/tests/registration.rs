@@ -253,3 +253,24 @@ fn connections_per_tenant_are_capped_and_a_refusal_keeps_nothing() {
         "nothing kept for the refused one"
     );
 }
+
+#[test]
+fn a_tenant_whose_last_process_leaves_is_off_every_gpu_it_used() {
+    // Two processes of one container, each on its own GPU; the first leaves, then the
+    // last: nothing of the tenant, nor of either GPU, stays behind.
+    let d = daemon();
+    let (r1, _rx1) = register(&d, "two-gpus", vec![gpu(A, 0, 10)]);
+    let (r2, _rx2) = register(&d, "two-gpus", vec![gpu(B, 0, 10)]);
+    let (r1, r2) = (r1.expect("first"), r2.expect("second"));
+    assert_eq!(d.snapshot().gpus.len(), 2);
+    d.disconnect(r1.conn);
+    assert_eq!(
+        d.snapshot().tenants[0].gpus.len(),
+        2,
+        "the tenant still has both"
+    );
+    d.disconnect(r2.conn);
+    let snap = d.snapshot();
+    assert!(snap.tenants.is_empty());
+    assert!(snap.gpus.is_empty(), "{:?}", snap.gpus);
+}
