@@ -257,6 +257,7 @@ fn a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_an
     let (ok, out, stderr) = finish(t, &err);
     assert!(ok, "{out}\n{stderr}");
     let max_us = vgpu_tests::num(&out, "lat_max_us");
+    eprintln!("figure: worst launch latency across an 8 s daemon freeze: {max_us} µs");
     assert!(
         max_us < 5_000_000,
         "a launch waited {max_us} µs on a daemon frozen for 8 s (bound: 5 s)"
@@ -305,6 +306,7 @@ fn a_peer_dribbling_bytes_holds_cuinit_for_a_bounded_time() {
     );
     let (ok, out, stderr) = finish(t, &err);
     let took = t0.elapsed();
+    eprintln!("figure: cuInit + one launch against a dribbling peer: {took:?}");
     assert!(ok, "{out}\n{stderr}");
     assert!(
         took < Duration::from_secs(6),
