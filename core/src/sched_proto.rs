@@ -14,6 +14,13 @@
 //! meaning bumps the version, and a daemon answers a version it does not speak with
 //! `Refused`, after which the shim runs its local fallback.
 //!
+//! Liveness (additive): a daemon that sets `peer_checks` in its [`DaemonMsg::Welcome`] answers
+//! [`ShimMsg::Ping`] with [`DaemonMsg::Pong`] and accepts [`ShimMsg::Fallback`]; a shim
+//! sends either only to such a daemon (an older one would close the connection on an
+//! unknown message). The shim bounds every wait on the daemon with a deadline
+//! ([`HANDSHAKE_DEADLINE_MS`], [`PEER_DEADLINE_MS`]) and runs its local fallback when one
+//! passes.
+//!
 //! The grant itself is not a message on the fast path: the daemon writes each tenant's
 //! grant word in a shared memory page (the "board", one page per tenant, sealed so the
 //! tenant can only map it read-only). Word `i` (a `u32` at byte offset
@@ -33,6 +40,17 @@ pub const BOARD_STRIDE: usize = 64;
 pub const MAX_GPUS: usize = 16;
 /// Size of a board, bytes (one page).
 pub const BOARD_BYTES: usize = 4096;
+/// The board word the daemon gives a GPU it does not schedule for this process (one the
+/// container was not granted): the last word of the page, never written, so never held.
+pub const NEVER_HELD_WORD: u32 = (BOARD_BYTES / BOARD_STRIDE - 1) as u32;
+/// Longest the shim waits for the daemon's answer to its `Hello` (connect, send, the
+/// whole `Welcome`), ms: a frozen, slow or dribbling daemon costs at most this.
+pub const HANDSHAKE_DEADLINE_MS: u64 = 1000;
+/// Longest a registered shim with blocked launches waits without hearing anything from
+/// the daemon (it sends a [`ShimMsg::Ping`] meanwhile), ms; then it falls back.
+pub const PEER_DEADLINE_MS: u64 = 2000;
+/// Longest `reason` of a [`ShimMsg::Fallback`], bytes (longer ones are cut).
+pub const MAX_REASON: usize = 256;
 
 /// How a tenant may use idle GPU time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -213,6 +231,22 @@ pub enum ShimMsg {
         /// Bytes charged to the container on this GPU.
         memory_used: u64,
     },
+    /// Are you there? (Only to a daemon whose `Welcome` set `peer_checks`.) The daemon
+    /// answers [`DaemonMsg::Pong`] with the same `seq`.
+    Ping {
+        /// Echoed back.
+        seq: u32,
+    },
+    /// Sent right after the `Welcome` by a process that ran its local fallback since it
+    /// last reported (only to a daemon whose `Welcome` set `peer_checks`).
+    Fallback {
+        /// Periods spent in local fallback since the last report.
+        periods: u32,
+        /// Their total length, ms.
+        total_ms: u64,
+        /// Why the last one began (at most [`MAX_REASON`] bytes).
+        reason: String,
+    },
 }
 
 /// Daemon → shim.
@@ -237,6 +271,15 @@ pub enum DaemonMsg {
         /// namespace maps them to its own with it. Absent from older daemons.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         host_pid: Option<u32>,
+        /// Indices (into `Hello::gpus`) of GPUs the daemon does not schedule for this
+        /// process: the container was not granted them. Their word is
+        /// [`NEVER_HELD_WORD`]; a launch there can never be granted. Absent: none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        not_granted: Vec<u32>,
+        /// This daemon answers [`ShimMsg::Ping`] and accepts [`ShimMsg::Fallback`].
+        /// Absent from older daemons.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        peer_checks: bool,
     },
     /// Registration refused (bad version, bad settings): the shim falls back.
     Refused {
@@ -268,6 +311,11 @@ pub enum DaemonMsg {
         gpu: u32,
         /// Settings in force.
         settings: ComputeSettings,
+    },
+    /// The answer to [`ShimMsg::Ping`].
+    Pong {
+        /// The ping's `seq`.
+        seq: u32,
     },
 }
 
@@ -352,6 +400,25 @@ mod tests {
             decode::<ShimMsg>(&mut buf),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn additions_are_optional_on_the_wire() {
+        // A Welcome of an older daemon (no not_granted, no peer_checks) still decodes.
+        let old = r#"{"Welcome":{"proto":1,"tenant":"t","settings":[],"words":[],"quantum_us":1,"queue_ahead_us":1}}"#;
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&u32::try_from(old.len()).expect("short").to_le_bytes());
+        buf.extend_from_slice(old.as_bytes());
+        match decode::<DaemonMsg>(&mut buf).expect("valid") {
+            Some(DaemonMsg::Welcome {
+                not_granted,
+                peer_checks,
+                ..
+            }) => assert!(not_granted.is_empty() && !peer_checks),
+            other => panic!("{other:?}"),
+        }
+        assert!(NEVER_HELD_WORD as usize * BOARD_STRIDE < BOARD_BYTES);
+        assert!(NEVER_HELD_WORD as usize >= MAX_GPUS);
     }
 
     #[test]

@@ -20,6 +20,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use vgpu_core::container_quota::{ContainerQuota, GpuGrant};
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
 /// Devices the shim keeps accounts for (CUDA ordinals `0..MAX_DEVICES`).
@@ -68,6 +69,21 @@ pub struct Config {
     /// Tenant key from the environment (`VGPU_TENANT`; default: the quota file's
     /// namespace/pod/container, else the container directory).
     pub tenant: Option<String>,
+    /// The container's quota file as read at start (the only read in this process; see
+    /// [`Config::apply_quota_file`]), None without one.
+    pub quota: Option<ContainerQuota>,
+}
+
+/// What this process may do on one visible device, by the quota file's one rule
+/// ([`ContainerQuota::grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceGrant {
+    /// Scheduled with these compute settings (the file's, lowered by the environment;
+    /// without a quota file, the environment's).
+    Granted(ComputeSettings),
+    /// The quota file does not list this GPU: no memory, no compute share; a launch on
+    /// it is refused (`CUDA_ERROR_NOT_PERMITTED`).
+    NotGranted,
 }
 
 /// A configuration value that cannot be used.
@@ -126,6 +142,7 @@ impl Config {
             compute_policy: None,
             priority: None,
             tenant: None,
+            quota: None,
         };
         let mut all = None;
         let mut per_device = Vec::new();
@@ -269,6 +286,21 @@ impl Config {
         }
     }
 
+    /// What this process may do on the device with `uuid`: without a quota file every
+    /// device is granted with the environment's settings; with one, a GPU the file
+    /// lists gets its settings (the environment may only lower them), any other none.
+    pub fn device_grant(&self, uuid: &str) -> DeviceGrant {
+        match &self.quota {
+            None => DeviceGrant::Granted(self.compute_settings(None)),
+            Some(q) => match q.grant(uuid) {
+                GpuGrant::Granted(g) => {
+                    DeviceGrant::Granted(self.compute_settings(Some(g.compute_settings())))
+                }
+                GpuGrant::NotGranted => DeviceGrant::NotGranted,
+            },
+        }
+    }
+
     /// The quota file of this configuration: `$VGPU_CONTAINER_DIR/vgpu.conf`.
     pub fn quota_file(&self) -> PathBuf {
         self.container_dir
@@ -278,9 +310,11 @@ impl Config {
     /// Applies the quota file `path` with contents `text` to the limits, given the
     /// UUIDs of the visible devices in CUDA ordinal order (from the real driver).
     ///
-    /// Per device: the file's `memory_mib` of the GPU with its UUID, lowered by an
+    /// Per device, by the file's one rule ([`ContainerQuota::grant`]: UUIDs matched
+    /// ignoring case and white space): the file's `memory_mib` of the GPU, lowered by an
     /// environment limit if that one is smaller (never raised); a device the file does
-    /// not list gets `Some(0)` (nothing may be allocated on it). A malformed record, an
+    /// not list gets `Some(0)` (nothing may be allocated on it). The parsed file is kept
+    /// in [`Config::quota`]: nothing else in the process reads it again. A malformed record, an
     /// unknown version, a zero or duplicated GPU, or a UUID no visible device has is an
     /// error naming the file and the value. Returns notes about environment limits the
     /// file overrode (for the log).
@@ -290,7 +324,7 @@ impl Config {
         text: &str,
         device_uuids: &[String],
     ) -> Result<Vec<String>, String> {
-        use vgpu_core::container_quota::{ContainerQuota, QuotaFileError};
+        use vgpu_core::container_quota::QuotaFileError;
         let file = path.display();
         let q = ContainerQuota::from_json(text).map_err(|e| match e {
             QuotaFileError::Malformed(err) => {
@@ -309,12 +343,12 @@ impl Config {
                 )
             }
         })?;
-        let mut file_limits: [Option<u64>; MAX_DEVICES] = [None; MAX_DEVICES];
+        // A listed GPU no visible device has cannot be honoured: a loud error.
         for g in &q.gpus {
-            let Some(dev) = device_uuids
+            if !device_uuids
                 .iter()
-                .position(|u| u.eq_ignore_ascii_case(g.uuid.trim()))
-            else {
+                .any(|u| vgpu_core::container_quota::same_gpu(u, &g.uuid))
+            {
                 return Err(format!(
                     "quota file {file}: GPU {:?} is not a visible device (visible: {})",
                     g.uuid,
@@ -324,32 +358,24 @@ impl Config {
                         device_uuids.join(", ")
                     }
                 ));
-            };
-            if g.memory_mib == 0 {
-                return Err(format!(
-                    "quota file {file}: GPU {:?} has memory_mib 0",
-                    g.uuid
-                ));
             }
-            let bytes = g.memory_mib.checked_mul(1 << 20).ok_or_else(|| {
-                format!(
-                    "quota file {file}: GPU {:?} memory_mib {} is out of range",
-                    g.uuid, g.memory_mib
-                )
-            })?;
-            let Some(slot) = file_limits.get_mut(dev) else {
-                return Err(format!(
-                    "quota file {file}: GPU {:?} is device {dev}, beyond the {MAX_DEVICES} devices libvgpu accounts for",
-                    g.uuid
-                ));
-            };
-            if slot.is_some() {
-                return Err(format!(
-                    "quota file {file}: GPU {:?} is listed twice",
-                    g.uuid
-                ));
+        }
+        if let Some(g) = q.gpus.iter().find(|g| {
+            device_uuids
+                .iter()
+                .position(|u| vgpu_core::container_quota::same_gpu(u, &g.uuid))
+                .is_some_and(|d| d >= MAX_DEVICES)
+        }) {
+            return Err(format!(
+                "quota file {file}: GPU {:?} is beyond the {MAX_DEVICES} devices libvgpu accounts for",
+                g.uuid
+            ));
+        }
+        let mut file_limits: [Option<u64>; MAX_DEVICES] = [None; MAX_DEVICES];
+        for (slot, uuid) in file_limits.iter_mut().zip(device_uuids) {
+            if let GpuGrant::Granted(g) = q.grant(uuid) {
+                *slot = Some(g.memory_bytes());
             }
-            *slot = Some(bytes);
         }
         let mut notes = Vec::new();
         for (d, (limit, from_file)) in self.limits.iter_mut().zip(file_limits).enumerate() {
@@ -367,6 +393,7 @@ impl Config {
                 None => *limit = Some(from_file),
             }
         }
+        self.quota = Some(q);
         Ok(notes)
     }
 }
@@ -409,6 +436,34 @@ mod tests {
         let mut c = cfg(&[("VGPU_MEMORY_LIMIT_0", "500Mi")]).unwrap();
         c.apply_quota_file(p, &file(&[(A, 2000)]), &devs).unwrap();
         assert_eq!(c.limit(0), Some(500 << 20), "env can lower");
+    }
+
+    #[test]
+    fn memory_and_compute_follow_the_one_rule_of_the_file() {
+        let p = Path::new("/c/vgpu.conf");
+        let devs = [A.to_owned(), B.to_owned()];
+        // JSON-escaped tab: the UUID in the file has white space on both sides.
+        let spelled = format!("  {}\\t", A.replace("GPU-", "gpu-"));
+        let mut c = cfg(&[("VGPU_COMPUTE_SHARE", "5")]).unwrap();
+        assert_eq!(
+            c.device_grant(B),
+            DeviceGrant::Granted(c.compute_settings(None)),
+            "no file: every device, the environment's settings"
+        );
+        c.apply_quota_file(p, &file(&[(&spelled, 1000)]), &devs)
+            .unwrap();
+        assert_eq!(c.limit(0), Some(1000 << 20));
+        assert_eq!(c.limit(1), Some(0));
+        let DeviceGrant::Granted(st) = c.device_grant(A) else {
+            panic!("A is listed");
+        };
+        assert_eq!(
+            st.share_pct, 5,
+            "the file's 10 %, lowered by the environment"
+        );
+        assert_eq!(c.device_grant(&A.to_lowercase()), DeviceGrant::Granted(st));
+        assert_eq!(c.device_grant(B), DeviceGrant::NotGranted);
+        assert_eq!(c.quota.as_ref().map(|q| q.pod.as_str()), Some("p"));
     }
 
     #[test]

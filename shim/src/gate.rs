@@ -14,24 +14,38 @@
 //! the work queued ahead (an estimate from measured per-launch time), and yields the
 //! slice when the process stops launching.
 //!
-//! Without a daemon (not running, dead, refusing), the gate thread runs a local
+//! Without a daemon (not running, dead, refusing, frozen), the gate thread runs a local
 //! fallback: a duty cycle at the container's share over measured time (share 100: open)
-//! and reconnects every 250 ms; a daemon that comes back gets the process re-registered.
+//! and reconnects (after 250 ms, doubling to 2 s); a daemon that comes back gets the
+//! process re-registered, and is told how long the process enforced locally.
+//!
+//! Every wait on the daemon has a deadline: the whole handshake (connect, `Hello`, the
+//! `Welcome`) `HANDSHAKE_DEADLINE_MS`; with launches blocked, a daemon that stays
+//! silent is pinged and given `PEER_DEADLINE_MS` to answer (`vgpu_core::sched_proto`). Past either, the process
+//! falls back and says so once (one stderr line per fallback period, none per retry).
+//!
+//! With a quota file, only the GPUs it grants are registered; a launch on a visible GPU
+//! it does not list is refused (`NotGranted`, `CUDA_ERROR_NOT_PERMITTED` at the hook),
+//! said once per device: such a GPU has no memory and no compute share.
+//!
+//! This file is the fast path and the gates' shared state; `runner` is the gate thread
+//! (daemon client and local fallback), `peer` its socket calls, each with a bound.
 
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vgpu_core::sched_proto::{
-    BOARD_BYTES, BOARD_STRIDE, ComputePolicy, ComputeSettings, ContainerIdent, DaemonMsg,
-    GpuRegistration, PROTO_VERSION, ShimMsg, decode, encode,
-};
+use vgpu_core::sched_proto::{ShimMsg, encode};
 
 use crate::config::MAX_DEVICES;
 use crate::state::Shim;
+
+mod peer;
+mod runner;
+
+use runner::Runner;
 
 /// No generation yielded.
 const NONE: u32 = u32::MAX;
@@ -43,8 +57,14 @@ const TICK: Duration = Duration::from_micros(500);
 const IDLE_TICKS: u32 = 4;
 /// Fallback duty-cycle period's open part at most (then the share decides the rest).
 const LOCAL_QUANTUM_NS: u64 = 10_000_000;
-/// Reconnect interval without a daemon.
+/// First reconnect interval without a daemon (doubles after each failure).
 const RECONNECT: Duration = Duration::from_millis(250);
+/// Longest reconnect interval.
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// Silence from the daemon, with launches blocked, after which the gate thread pings it.
+const PING_AFTER: Duration = Duration::from_millis(250);
+/// Not a registered GPU (no protocol index).
+const UNREGISTERED: u32 = u32::MAX;
 
 /// Contexts may not be destroyed while the gate thread synchronizes them: destroy
 /// hooks take this for writing, the drain for reading (held across the real
@@ -55,6 +75,12 @@ pub static CTX_LOCK: RwLock<()> = RwLock::new(());
 #[derive(Debug)]
 pub struct Gate {
     enabled: AtomicBool,
+    /// The container was not granted this GPU: launches are refused.
+    not_granted: AtomicBool,
+    /// The refusal was said (once per device).
+    refusal_said: AtomicBool,
+    /// The GPU's index in this connection's `Hello` ([`UNREGISTERED`]: none).
+    proto: AtomicU32,
     word: AtomicPtr<AtomicU32>,
     local: AtomicU32,
     yielded: AtomicU32,
@@ -101,6 +127,9 @@ impl Gate {
     fn new() -> Gate {
         Gate {
             enabled: AtomicBool::new(false),
+            not_granted: AtomicBool::new(false),
+            refusal_said: AtomicBool::new(false),
+            proto: AtomicU32::new(UNREGISTERED),
             word: AtomicPtr::new(std::ptr::null_mut()),
             local: AtomicU32::new(1),
             yielded: AtomicU32::new(NONE),
@@ -220,6 +249,8 @@ pub struct Gates {
     single: AtomicUsize,
     /// Writer side of the daemon connection (None: fallback).
     ctl: Mutex<Option<UnixStream>>,
+    /// A write to the daemon failed (the gate thread falls back).
+    lost: AtomicBool,
     /// Wakes the gate thread (fallback demand).
     doorbell: AtomicU32,
 }
@@ -249,25 +280,48 @@ pub fn ensure_started(shim: &'static Shim) {
     let _ = GATES.get_or_init(|| start(shim));
 }
 
+/// A launch on a GPU the container was not granted (its quota file does not list it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotGranted;
+
 /// Admits a launch on the current context's device, blocking while the container does
-/// not hold its slice there. None: not gated (no enforcing shim, or an unknown device).
+/// not hold its slice there. `Ok(None)`: not gated (no enforcing shim, or an unknown
+/// device); `Err`: the container was not granted this device.
 pub fn enter(
     shim: &'static Shim,
     current_device: impl FnOnce() -> Option<usize>,
     stream: usize,
     ptsz: bool,
-) -> Option<Pass> {
+) -> Result<Option<Pass>, NotGranted> {
     let g = match GATES.get() {
-        Some(g) => (*g)?,
-        None => (*GATES.get_or_init(|| start(shim)))?,
+        Some(Some(g)) => *g,
+        Some(None) => return Ok(None),
+        None => match *GATES.get_or_init(|| start(shim)) {
+            Some(g) => g,
+            None => return Ok(None),
+        },
     };
     let dev = match g.single.load(Ordering::Relaxed) {
-        usize::MAX => current_device()?,
+        usize::MAX => match current_device() {
+            Some(d) => d,
+            None => return Ok(None),
+        },
         d => d,
     };
-    let gate = g.gates.get(dev)?;
+    let Some(gate) = g.gates.get(dev) else {
+        return Ok(None);
+    };
     if !gate.enabled.load(Ordering::Relaxed) {
-        return None;
+        return Ok(None);
+    }
+    if gate.not_granted.load(Ordering::Relaxed) {
+        if !gate.refusal_said.swap(true, Ordering::Relaxed) {
+            crate::say!(
+                "vgpu: WARNING: launch on device {dev} refused: the container was not granted this GPU (its quota file {} does not list it)",
+                shim.cfg.quota_file().display()
+            );
+        }
+        return Err(NotGranted);
     }
     loop {
         gate.inflight.fetch_add(1, Ordering::SeqCst);
@@ -276,14 +330,14 @@ pub fn enter(
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
         {
             // SAFETY-free: `g` is 'static, so the gate is too.
-            return Some(Pass {
+            return Ok(Some(Pass {
                 gate: &g.gates[dev],
                 stream,
                 ptsz,
-            });
+            }));
         }
         gate.inflight.fetch_sub(1, Ordering::SeqCst);
-        g.block(dev, gate, w, stream, ptsz);
+        g.block(gate, w, stream, ptsz);
     }
 }
 
@@ -293,7 +347,7 @@ impl Gates {
     }
 
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
-    fn block(&self, dev: usize, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
+    fn block(&self, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
         if gate.held(w) {
             // Out of budget: wait until the gate thread sees more of the queue
             // complete (or a revoke/grant wakes us). With no marker outstanding it
@@ -315,9 +369,13 @@ impl Gates {
             gate.waiting.fetch_add(1, Ordering::SeqCst);
             match ctl.as_mut() {
                 Some(s) => {
-                    let gpu = u32::try_from(self.index_of(dev)).unwrap_or(0);
+                    let gpu = gate.proto.load(Ordering::Relaxed);
                     if s.write_all(&encode(&ShimMsg::Demand { gpu })).is_err() {
-                        // The gate thread notices the broken connection and falls back.
+                        // A daemon that does not take a small frame within the write
+                        // timeout is gone: no launcher writes to it again, and the gate
+                        // thread falls back.
+                        *ctl = None;
+                        self.lost.store(true, Ordering::SeqCst);
                         futex_wake(&self.doorbell);
                     }
                 }
@@ -333,14 +391,6 @@ impl Gates {
             futex_wait(word, w, DEMAND_REPEAT);
         }
         gate.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Position of `dev` among the enabled devices (the protocol's GPU index).
-    fn index_of(&self, dev: usize) -> usize {
-        self.gates[..dev]
-            .iter()
-            .filter(|g| g.enabled.load(Ordering::Relaxed))
-            .count()
     }
 }
 
@@ -358,6 +408,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
         gates: std::array::from_fn(|_| Gate::new()),
         single: AtomicUsize::new(if n == 1 { 0 } else { usize::MAX }),
         ctl: Mutex::new(None),
+        lost: AtomicBool::new(false),
         doorbell: AtomicU32::new(0),
     }));
     for gate in &g.gates[..n] {
@@ -365,10 +416,11 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     }
     let mut runner = Runner::new(g, shim, uuids[..n].to_vec());
     // The first connection attempt happens before the first launch is admitted, so
-    // that launch is already scheduled by the daemon when one runs.
+    // that launch is already scheduled by the daemon when one runs (it waits at most
+    // the handshake deadline).
     runner.connect();
     if runner.conn.is_none() {
-        runner.enter_fallback();
+        runner.enter_fallback(None);
     }
     let spawned = std::thread::Builder::new()
         .name("vgpu-gate".into())
@@ -397,51 +449,6 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     Some(g)
 }
 
-/// Per-device state of the gate thread.
-#[derive(Debug)]
-struct Dev {
-    uuid: String,
-    settings: ComputeSettings,
-    /// Generation held (daemon grant, or local open).
-    holding: Option<u32>,
-    grant_at: u64,
-    launched_at_grant: u64,
-    last_launched: u64,
-    idle_ticks: u32,
-    /// Measured GPU time per launch, ns (0: unknown yet), from marker completions.
-    per_launch_ns: f64,
-    /// Last marker completion seen: (when, launch count, whether more was queued).
-    last_obs: Option<(u64, u64, bool)>,
-    /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
-    queue_ahead_ns: u64,
-    /// Fallback: closed until (mono ns).
-    closed_until: u64,
-    local_gen: u32,
-    word_index: usize,
-}
-
-struct Conn {
-    stream: UnixStream,
-    buf: Vec<u8>,
-}
-
-struct Runner {
-    g: &'static Gates,
-    shim: &'static Shim,
-    devs: Vec<Dev>,
-    conn: Option<Conn>,
-    queue_ahead_ns: u64,
-    next_connect: Instant,
-    last_usage: Instant,
-    warned: bool,
-}
-
-impl std::fmt::Debug for Runner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runner").field("devs", &self.devs).finish()
-    }
-}
-
 /// CLOCK_MONOTONIC, ns.
 pub fn mono_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -451,654 +458,6 @@ pub fn mono_ns() -> u64 {
     // SAFETY: a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
-impl Runner {
-    fn new(g: &'static Gates, shim: &'static Shim, uuids: Vec<String>) -> Runner {
-        let file = read_quota_file(shim);
-        let devs = uuids
-            .into_iter()
-            .map(|uuid| {
-                let from_file = file.as_ref().map(|q| {
-                    q.gpus
-                        .iter()
-                        .find(|x| x.uuid.eq_ignore_ascii_case(&uuid))
-                        .map_or(
-                            ComputeSettings {
-                                share_pct: 1,
-                                policy: ComputePolicy::Cap,
-                                priority: Default::default(),
-                            },
-                            |x| ComputeSettings {
-                                share_pct: (x.compute_milli / 10).clamp(1, 100),
-                                policy: x.compute_policy,
-                                priority: x.priority,
-                            },
-                        )
-                });
-                Dev {
-                    uuid,
-                    settings: shim.cfg.compute_settings(from_file),
-                    holding: None,
-                    grant_at: 0,
-                    launched_at_grant: 0,
-                    last_launched: 0,
-                    idle_ticks: 0,
-                    per_launch_ns: 0.0,
-                    last_obs: None,
-                    queue_ahead_ns: 2_000_000,
-                    closed_until: 0,
-                    local_gen: 0,
-                    word_index: 0,
-                }
-            })
-            .collect();
-        Runner {
-            g,
-            shim,
-            devs,
-            conn: None,
-            queue_ahead_ns: 2_000_000,
-            next_connect: Instant::now(),
-            last_usage: Instant::now(),
-            warned: false,
-        }
-    }
-
-    fn ident(&self) -> ContainerIdent {
-        let dir = self.shim.cfg.container_dir.display().to_string();
-        let file = read_quota_file(self.shim);
-        let key = match (&self.shim.cfg.tenant, &file) {
-            (Some(t), _) => t.clone(),
-            (None, Some(q)) => format!("{}/{}/{}", q.namespace, q.pod, q.container),
-            (None, None) => dir.clone(),
-        };
-        ContainerIdent {
-            key,
-            namespace: file
-                .as_ref()
-                .map(|q| q.namespace.clone())
-                .unwrap_or_default(),
-            pod: file.as_ref().map(|q| q.pod.clone()).unwrap_or_default(),
-            container: file.map(|q| q.container).unwrap_or_default(),
-            container_dir: dir,
-        }
-    }
-
-    fn log(&self, msg: impl FnOnce() -> String) {
-        crate::state::log(self.shim, msg);
-    }
-
-    /// Tries to register with the daemon; on success the gates follow its board.
-    fn connect(&mut self) {
-        self.next_connect = Instant::now() + RECONNECT;
-        let Some(path) = self.shim.cfg.daemon_socket.clone() else {
-            return;
-        };
-        match self.try_connect(&path) {
-            Ok(conn) => {
-                self.log(|| format!("registered with the daemon at {}", path.display()));
-                self.warned = false;
-                self.conn = Some(conn);
-            }
-            Err(e) => {
-                if !self.warned && e.kind() != io::ErrorKind::NotFound {
-                    crate::say!(
-                        "vgpu: WARNING: daemon at {} unavailable ({e}); compute share enforced locally",
-                        path.display()
-                    );
-                }
-                self.warned = true;
-            }
-        }
-    }
-
-    fn try_connect(&mut self, path: &std::path::Path) -> io::Result<Conn> {
-        let mut s = UnixStream::connect(path)?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        let gpus: Vec<GpuRegistration> = self
-            .devs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| GpuRegistration {
-                uuid: d.uuid.clone(),
-                ordinal: u32::try_from(i).unwrap_or(0),
-                settings: d.settings,
-                memory_quota: self.shim.quota(i),
-            })
-            .collect();
-        let hello = ShimMsg::Hello {
-            proto: PROTO_VERSION,
-            pid: std::process::id(),
-            ident: self.ident(),
-            gpus,
-        };
-        s.write_all(&encode(&hello))?;
-        let mut buf = Vec::new();
-        let mut fd: Option<OwnedFd> = None;
-        let msg = loop {
-            if let Some(m) = decode::<DaemonMsg>(&mut buf)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
-            {
-                break m;
-            }
-            let mut chunk = [0u8; 4096];
-            let (n, got) = recv_with_fd(s.as_raw_fd(), &mut chunk)?;
-            if got.is_some() {
-                fd = got;
-            }
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "daemon closed the connection",
-                ));
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        let (settings, words, queue_ahead_us) = match msg {
-            DaemonMsg::Welcome {
-                settings,
-                words,
-                queue_ahead_us,
-                host_pid,
-                ..
-            } => {
-                if let Some(p) = host_pid {
-                    self.shim.region.set_host_pid(self.shim.slot, p);
-                }
-                (settings, words, queue_ahead_us)
-            }
-            DaemonMsg::Refused { reason } => {
-                crate::say!("vgpu: WARNING: the daemon refused this process: {reason}");
-                return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));
-            }
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("unexpected first message {other:?}"),
-                ));
-            }
-        };
-        let fd = fd.ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
-        if words.len() != self.devs.len() || settings.len() != self.devs.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "Welcome does not match the registered GPUs",
-            ));
-        }
-        // SAFETY: mapping a page of a descriptor we received, read-only and shared.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                BOARD_BYTES,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        drop(fd);
-        s.set_read_timeout(None)?;
-        // A daemon that stops reading must not hang a launcher: writes give up after 1 s
-        // (the connection is then treated as lost).
-        s.set_write_timeout(Some(Duration::from_secs(1)))?;
-        let writer = s.try_clone()?;
-        let ahead = queue_ahead_us.saturating_mul(1000);
-        self.queue_ahead_ns = ahead;
-        for d in &mut self.devs {
-            d.queue_ahead_ns = ahead;
-        }
-        for (i, (d, (w, st))) in self
-            .devs
-            .iter_mut()
-            .zip(words.iter().zip(settings))
-            .enumerate()
-        {
-            let w = usize::try_from(*w).unwrap_or(usize::MAX);
-            if w >= BOARD_BYTES / BOARD_STRIDE {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("board word {w} out of range"),
-                ));
-            }
-            d.word_index = w;
-            d.settings = st;
-            d.holding = None;
-            let gate = &self.g.gates[i];
-            // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
-            // the mapping is never unmapped (see `Gate::word`).
-            let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
-            let launched = gate.launched.load(Ordering::Relaxed);
-            gate.completed.fetch_max(launched, Ordering::Relaxed);
-            gate.next_mark.store(launched + 1, Ordering::Relaxed);
-            let old = gate.word();
-            gate.word.store(p, Ordering::Release);
-            // Launchers waiting on the local word look again, at the board.
-            futex_wake(old);
-        }
-        for i in 0..self.devs.len() {
-            self.set_allowed(i);
-        }
-        *self.g.ctl() = Some(writer);
-        // Launchers that were already waiting must be asked for.
-        for (i, _) in self.devs.iter().enumerate() {
-            if self.g.gates[i].waiting.load(Ordering::SeqCst) > 0 {
-                let mut ctl = self.g.ctl();
-                if let Some(w) = ctl.as_mut() {
-                    let _ = w.write_all(&encode(&ShimMsg::Demand {
-                        gpu: u32::try_from(i).unwrap_or(0),
-                    }));
-                }
-            }
-        }
-        Ok(Conn { stream: s, buf })
-    }
-
-    /// The daemon is gone: every gate follows its local word from now on.
-    fn enter_fallback(&mut self) {
-        *self.g.ctl() = None;
-        self.conn = None;
-        let now = mono_ns();
-        for (i, d) in self.devs.iter_mut().enumerate() {
-            let gate = &self.g.gates[i];
-            d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
-            d.holding = Some(d.local_gen);
-            d.grant_at = now;
-            d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
-            gate.yielded.store(NONE, Ordering::SeqCst);
-            gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
-            let old = gate.word();
-            gate.word.store(std::ptr::null_mut(), Ordering::Release);
-            futex_wake(old);
-            futex_wake(&gate.local);
-        }
-        for i in 0..self.devs.len() {
-            self.set_allowed(i);
-        }
-    }
-
-    fn send(&mut self, msg: &ShimMsg) {
-        let mut ctl = self.g.ctl();
-        if let Some(w) = ctl.as_mut() {
-            // Blocking write of a small frame; on failure the reader sees the error.
-            let _ = w.write_all(&encode(msg));
-        }
-    }
-
-    fn run(mut self) {
-        loop {
-            let holding = self.devs.iter().any(|d| d.holding.is_some());
-            if self.conn.is_none() {
-                if Instant::now() >= self.next_connect {
-                    self.connect();
-                    if self.conn.is_some() {
-                        continue;
-                    }
-                }
-                self.poll_markers();
-                self.fallback_tick();
-                let seq = self.g.doorbell.load(Ordering::Acquire);
-                let wait = if holding {
-                    TICK
-                } else {
-                    Duration::from_millis(20)
-                };
-                futex_wait(&self.g.doorbell, seq, wait);
-                continue;
-            }
-            let timeout = if holding {
-                TICK
-            } else {
-                Duration::from_millis(200)
-            };
-            match self.poll_daemon(timeout) {
-                Ok(msgs) => {
-                    for m in msgs {
-                        self.handle(m);
-                    }
-                }
-                Err(e) => {
-                    self.log(|| format!("daemon connection lost ({e}); local fallback"));
-                    self.enter_fallback();
-                    continue;
-                }
-            }
-            self.poll_markers();
-            self.holding_tick();
-            if self.last_usage.elapsed() >= Duration::from_secs(1) {
-                self.last_usage = Instant::now();
-                for i in 0..self.devs.len() {
-                    let memory_used = self.shim.region.used(i);
-                    self.send(&ShimMsg::Usage {
-                        gpu: u32::try_from(i).unwrap_or(0),
-                        memory_used,
-                    });
-                }
-            }
-        }
-    }
-
-    fn poll_daemon(&mut self, timeout: Duration) -> io::Result<Vec<DaemonMsg>> {
-        let conn = self
-            .conn
-            .as_mut()
-            .ok_or_else(|| io::Error::other("no connection"))?;
-        let mut pfd = libc::pollfd {
-            fd: conn.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis())
-            .unwrap_or(i32::MAX)
-            .max(0);
-        let ms = if timeout < Duration::from_millis(1) {
-            1
-        } else {
-            ms
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(Vec::new())
-            } else {
-                Err(e)
-            };
-        }
-        let mut out = Vec::new();
-        if r > 0 {
-            let mut chunk = [0u8; 4096];
-            loop {
-                // SAFETY: a valid socket and buffer; MSG_DONTWAIT keeps the (blocking)
-                // socket's reads non-blocking without changing the shared file
-                // description that launchers write through.
-                let n = unsafe {
-                    libc::recv(
-                        conn.stream.as_raw_fd(),
-                        chunk.as_mut_ptr().cast(),
-                        chunk.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                if n == 0 {
-                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-                }
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => break,
-                        io::ErrorKind::Interrupted => continue,
-                        _ => return Err(e),
-                    }
-                }
-                conn.buf.extend_from_slice(&chunk[..n as usize]);
-            }
-            while let Some(m) = decode::<DaemonMsg>(&mut conn.buf)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
-            {
-                out.push(m);
-            }
-        }
-        Ok(out)
-    }
-
-    fn handle(&mut self, m: DaemonMsg) {
-        match m {
-            DaemonMsg::Grant {
-                gpu,
-                generation,
-                queue_ahead_us,
-            } => {
-                let i = gpu as usize;
-                let base = self.queue_ahead_ns;
-                let Some(d) = self.devs.get_mut(i) else {
-                    return;
-                };
-                let ahead = queue_ahead_us.map_or(base, |q| q.saturating_mul(1000).min(base));
-                if ahead != d.queue_ahead_ns {
-                    d.queue_ahead_ns = ahead;
-                    self.set_allowed(i);
-                }
-                let Some(d) = self.devs.get_mut(i) else {
-                    return;
-                };
-                let gate = &self.g.gates[i];
-                d.holding = Some(generation);
-                d.grant_at = mono_ns();
-                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
-                d.last_launched = d.launched_at_grant;
-                d.idle_ticks = 0;
-            }
-            DaemonMsg::Revoke { gpu, generation } => {
-                let i = gpu as usize;
-                if i < self.devs.len() {
-                    self.drain(i, generation, false);
-                }
-            }
-            DaemonMsg::Settings { gpu, settings } => {
-                if let Some(d) = self.devs.get_mut(gpu as usize) {
-                    d.settings = settings;
-                }
-            }
-            DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
-        }
-    }
-
-    /// How many launches may be outstanding on GPU `i`: the queue-ahead bound over the
-    /// measured GPU time per launch (2 until measured; unbounded if the bound is 0).
-    fn set_allowed(&mut self, i: usize) {
-        let gate = &self.g.gates[i];
-        let per = self.devs[i].per_launch_ns;
-        let ahead = self.devs[i].queue_ahead_ns as f64;
-        let (allowed, every) = if ahead <= 0.0 {
-            (UNBOUNDED, u64::MAX / 4)
-        } else if per <= 0.0 {
-            (UNMEASURED_ALLOWED, UNMEASURED_ALLOWED / 4)
-        } else {
-            let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
-            (a, (a / 4).max(1))
-        };
-        gate.allowed.store(allowed, Ordering::Relaxed);
-        gate.mark_every.store(every, Ordering::Relaxed);
-        let launched = gate.launched.load(Ordering::Relaxed);
-        let next = gate.next_mark.load(Ordering::Relaxed);
-        if next > launched + every {
-            gate.next_mark.store(launched + every, Ordering::Relaxed);
-        }
-        gate.publish_budget();
-    }
-
-    /// Learns which launches completed from the marker events (in order), and the GPU
-    /// time per launch while the queue stayed busy.
-    fn poll_markers(&mut self) {
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let mut advanced = false;
-            loop {
-                let front = gate.markers().pending.front().copied();
-                let Some((ctx, event, seq)) = front else {
-                    break;
-                };
-                let done = {
-                    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-                    crate::hooks::event_done(event)
-                };
-                if !done {
-                    break;
-                }
-                {
-                    let mut m = gate.markers();
-                    if m.pending.front().is_some_and(|f| f.1 == event) {
-                        m.pending.pop_front();
-                        m.free.push((ctx, event));
-                    }
-                }
-                let now = mono_ns();
-                let d = &mut self.devs[i];
-                if let Some((t0, s0, busy)) = d.last_obs
-                    && busy
-                    && seq > s0
-                {
-                    let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
-                    d.per_launch_ns = if d.per_launch_ns <= 0.0 {
-                        sample
-                    } else {
-                        0.8 * d.per_launch_ns + 0.2 * sample
-                    };
-                }
-                let launched = gate.launched.load(Ordering::Relaxed);
-                d.last_obs = Some((now, seq, launched > seq));
-                gate.completed.fetch_max(seq, Ordering::Relaxed);
-                advanced = true;
-            }
-            if advanced {
-                self.set_allowed(i);
-            }
-            if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
-                let m = gate.markers();
-                crate::say!(
-                    "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
-                    gate.launched.load(Ordering::Relaxed),
-                    gate.completed.load(Ordering::Relaxed),
-                    gate.allowed.load(Ordering::Relaxed),
-                    gate.budget.load(Ordering::Relaxed),
-                    gate.next_mark.load(Ordering::Relaxed),
-                    gate.mark_every.load(Ordering::Relaxed),
-                    m.pending.len(),
-                    m.free.len(),
-                    m.created,
-                    self.devs[i].per_launch_ns
-                );
-            }
-        }
-    }
-
-    /// While holding: bound the queue, and yield a slice the process stopped using.
-    fn holding_tick(&mut self) {
-        let now = mono_ns();
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let d = &mut self.devs[i];
-            let Some(generation) = d.holding else {
-                continue;
-            };
-            let launched = gate.launched.load(Ordering::Relaxed);
-            if launched == d.last_launched
-                && gate.waiting.load(Ordering::SeqCst) == 0
-                && gate.budget_waiting.load(Ordering::SeqCst) == 0
-                && gate.inflight.load(Ordering::SeqCst) == 0
-                && gate.markers().pending.is_empty()
-            {
-                d.idle_ticks += 1;
-            } else {
-                d.idle_ticks = 0;
-                d.last_launched = launched;
-            }
-            // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
-            let ticks = IDLE_TICKS.max((2.0 * d.per_launch_ns / TICK.as_nanos() as f64) as u32);
-            let _ = now;
-            if d.idle_ticks >= ticks {
-                self.drain(i, generation, true);
-            }
-        }
-    }
-
-    /// Ends this process's part of a slice: no new launches, in-flight ones finish,
-    /// queued work completes; then reports when.
-    fn drain(&mut self, i: usize, generation: u32, idle: bool) {
-        let gate = &self.g.gates[i];
-        if idle {
-            gate.yielded.store(generation, Ordering::SeqCst);
-        }
-        let t0 = Instant::now();
-        while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
-        {
-            std::thread::yield_now();
-        }
-        sync_device(self.shim, i);
-        let end = mono_ns();
-        let d = &mut self.devs[i];
-        let launched = gate.launched.load(Ordering::Relaxed);
-        let launches = launched.saturating_sub(d.launched_at_grant);
-        gate.all_completed();
-        d.last_obs = None;
-        d.holding = None;
-        d.idle_ticks = 0;
-        let gpu = u32::try_from(i).unwrap_or(0);
-        // `waiting` is read under the writer lock, which launchers hold while they
-        // count themselves and send a demand: no demand is lost between the two.
-        let mut ctl = self.g.ctl();
-        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
-        let msg = if idle {
-            ShimMsg::Idle {
-                gpu,
-                generation,
-                end_ns: end,
-                launches,
-            }
-        } else {
-            ShimMsg::Drained {
-                gpu,
-                generation,
-                end_ns: end,
-                launches,
-                waiting,
-            }
-        };
-        if let Some(w) = ctl.as_mut() {
-            let _ = w.write_all(&encode(&msg));
-        }
-    }
-
-    /// Fallback: a duty cycle at the share, over measured time.
-    fn fallback_tick(&mut self) {
-        let now = mono_ns();
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let d = &mut self.devs[i];
-            let share = u64::from(d.settings.share_pct.clamp(1, 100));
-            match d.holding {
-                Some(_) if share >= 100 => {}
-                Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
-                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
-                    gate.local.store(closed, Ordering::SeqCst);
-                    let t0 = Instant::now();
-                    while gate.inflight.load(Ordering::SeqCst) != 0
-                        && t0.elapsed() < Duration::from_millis(200)
-                    {
-                        std::thread::yield_now();
-                    }
-                    sync_device(self.shim, i);
-                    let end = mono_ns();
-                    let used = end.saturating_sub(d.grant_at);
-                    d.closed_until = end + used * (100 - share) / share;
-                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
-                    d.holding = None;
-                    gate.all_completed();
-                    d.last_obs = None;
-                    let until = d.closed_until.saturating_sub(end) / 1000;
-                    crate::state::log(self.shim, || {
-                        format!(
-                            "fallback: GPU {i} used {} µs, closed for {until} µs",
-                            used / 1000
-                        )
-                    });
-                }
-                None if now >= d.closed_until => {
-                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
-                    d.holding = Some(d.local_gen);
-                    d.grant_at = now;
-                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
-                    futex_wake(&gate.local);
-                }
-                _ => {}
-            }
-        }
-    }
 }
 
 /// Waits for every context of this process on device `dev` to finish its queued work.
@@ -1135,48 +494,6 @@ pub fn forget_context(ctx: usize) {
         let gone = before - m.pending.len() - m.free.len();
         m.created -= gone.min(m.created);
     }
-}
-
-fn read_quota_file(shim: &Shim) -> Option<vgpu_core::container_quota::ContainerQuota> {
-    let text = std::fs::read_to_string(shim.cfg.quota_file()).ok()?;
-    vgpu_core::container_quota::ContainerQuota::from_json(&text).ok()
-}
-
-/// Receives bytes and at most one descriptor (`SCM_RIGHTS`).
-fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: a zeroed msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of_val(&cbuf);
-    // SAFETY: valid socket and buffers that outlive the call.
-    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut fd = None;
-    // SAFETY: walking the control messages the kernel wrote into `cbuf`.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-                if raw >= 0 && fd.is_none() {
-                    fd = Some(OwnedFd::from_raw_fd(raw));
-                } else if raw >= 0 {
-                    libc::close(raw);
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok((n as usize, fd))
 }
 
 fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {

@@ -1601,7 +1601,11 @@ fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUr
         Mode::Unenforced => return launch(),
         Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
     };
-    let pass = crate::gate::enter(shim, current_device, stream as usize, ptsz);
+    let pass = match crate::gate::enter(shim, current_device, stream as usize, ptsz) {
+        Ok(p) => p,
+        // A GPU the container was not granted: no compute share.
+        Err(crate::gate::NotGranted) => return CUDA_ERROR_NOT_PERMITTED,
+    };
     let r = launch();
     drop(pass);
     r

@@ -10,7 +10,8 @@
 //!   charged until the driver releases it).
 //! - [`region`]: the container's shared accounting (atomics in a mapped file, kernel
 //!   liveness locks, no cross-process lock).
-//! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback).
+//! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback);
+//!   its gate thread, the daemon client with deadlines, is `gate::runner`.
 //! - [`config`]: the environment, parsed and validated.
 //!
 //! See `docs/shim.md` and ADR 0008.

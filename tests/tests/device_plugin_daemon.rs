@@ -34,7 +34,7 @@ async fn a_container_reaches_the_daemon_with_its_pods_compute_class() {
     let socket = daemon_dir.join("daemon.sock");
 
     // The daemon, as its binary runs it: library, timer and socket server.
-    let served = common::daemon::serve(&socket);
+    let served = common::daemon::serve(&socket).await;
     let daemon = &served.daemon;
 
     let gpus = vec![GpuInfo {

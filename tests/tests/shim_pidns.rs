@@ -39,7 +39,7 @@ async fn a_container_in_its_own_pid_namespace_sees_its_processes_under_its_own_p
     );
     let host = tempfile::tempdir().expect("temporary directory");
     let socket = host.path().join("daemon.sock");
-    let served = common::daemon::serve(&socket);
+    let served = common::daemon::serve(&socket).await;
     let daemon = &served.daemon;
 
     let container = Container::new("1Gi").with("VGPU_DAEMON_SOCKET", &socket.to_string_lossy());

@@ -147,6 +147,21 @@ pub fn tenant_to_pb(t: &model::Tenant) -> pb::Tenant {
     }
 }
 
+/// A container's health record on the wire.
+pub fn health_to_pb(h: &model::ContainerHealth) -> pb::ContainerHealth {
+    pb::ContainerHealth {
+        key: h.key.clone(),
+        namespace: h.namespace.clone(),
+        pod: h.pod.clone(),
+        container: h.container.clone(),
+        fallback_periods: h.fallback_periods,
+        fallback_ms: h.fallback_ms,
+        last_fallback_reason: h.last_fallback_reason.clone(),
+        refused_registrations: h.refused_registrations,
+        last_refusal: h.last_refusal.clone(),
+    }
+}
+
 /// A reported GPU on the wire.
 pub fn gpu_to_pb(g: &model::Gpu) -> pb::Gpu {
     let o = &g.observed;
@@ -220,6 +235,7 @@ impl pb::daemon_server::Daemon for Api {
         Ok(Response::new(pb::ListTenantsResponse {
             tenants: s.tenants.iter().map(tenant_to_pb).collect(),
             uptime_seconds: s.uptime_s,
+            health: s.health.iter().map(health_to_pb).collect(),
         }))
     }
 
@@ -319,6 +335,16 @@ pub async fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
         .map_err(|e| io::Error::new(e.kind(), format!("API address {addr}: {e}")))
 }
 
+/// Largest answer a client of this crate accepts, bytes. The daemon's state is bounded
+/// ([`crate::daemon::MAX_CONNECTIONS`] processes, names of at most 512 + 3 × 253 bytes,
+/// 16 GPUs per tenant): its largest listing is about 16 MiB, above gRPC's default 4 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// A client of `ch` that accepts answers up to [`MAX_MESSAGE_BYTES`].
+pub fn client(ch: Channel) -> DaemonClient<Channel> {
+    DaemonClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES)
+}
+
 /// A client connected now to the API's unix socket (fails if nobody listens).
 pub async fn connect_unix(path: &Path) -> Result<DaemonClient<Channel>, tonic::transport::Error> {
     let path: PathBuf = path.to_owned();
@@ -329,5 +355,5 @@ pub async fn connect_unix(path: &Path) -> Result<DaemonClient<Channel>, tonic::t
             async move { UnixStream::connect(path).await.map(TokioIo::new) }
         }))
         .await?;
-    Ok(DaemonClient::new(ch))
+    Ok(client(ch))
 }

@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, MAX_GPUS};
+use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE};
 
 /// One tenant's board.
 #[derive(Debug)]
@@ -76,9 +76,13 @@ impl Board {
         &self.fd
     }
 
-    /// Word `i`.
+    /// Word `i` (the daemon writes words `0..MAX_GPUS`; the page has
+    /// [`vgpu_core::sched_proto::NEVER_HELD_WORD`] too, never written).
     pub fn word(&self, i: usize) -> &AtomicU32 {
-        assert!(i < MAX_GPUS, "board word {i} out of range");
+        assert!(
+            i < BOARD_BYTES / BOARD_STRIDE,
+            "board word {i} out of range"
+        );
         // SAFETY: `i * BOARD_STRIDE + 4 <= BOARD_BYTES`, 4-aligned (page-aligned base),
         // and the mapping lives as long as `self`.
         unsafe { &*self.base.add(i * BOARD_STRIDE).cast::<AtomicU32>() }

@@ -80,7 +80,7 @@ async fn connect(cli: &Cli) -> Result<DaemonClient<Channel>> {
             .connect()
             .await
             .with_context(|| format!("cannot reach the daemon's API at {addr}"))?;
-        return Ok(DaemonClient::new(ch));
+        return Ok(crate::api::client(ch));
     }
     crate::api::connect_unix(&cli.api_socket)
         .await
@@ -107,9 +107,27 @@ pub async fn run(cli: &Cli) -> Result<String> {
                 .map_err(status_err)?
                 .into_inner();
             if cli.json {
+                let health: Vec<Value> = t
+                    .health
+                    .iter()
+                    .map(|h| {
+                        json!({
+                            "key": h.key,
+                            "namespace": h.namespace,
+                            "pod": h.pod,
+                            "container": h.container,
+                            "fallback_periods": h.fallback_periods,
+                            "fallback_ms": h.fallback_ms,
+                            "last_fallback_reason": h.last_fallback_reason,
+                            "refused_registrations": h.refused_registrations,
+                            "last_refusal": h.last_refusal,
+                        })
+                    })
+                    .collect();
                 return Ok(pretty(&json!({
                     "uptime_seconds": t.uptime_seconds,
                     "tenants": t.tenants.iter().map(tenant_json).collect::<Vec<_>>(),
+                    "health": health,
                 })));
             }
             let gpus = gpu_indices(&mut c).await?;

@@ -5,6 +5,9 @@
 //! (hundreds per second per GPU) and every one of them touches all three, so a single
 //! short critical section is both simplest and fastest. No I/O happens under it except
 //! non-blocking channel sends and futex wakes.
+//!
+//! Registration (the quota file's rule, the node's GPUs, the bounds on client state, the
+//! containers' health records) lives in the child module `registration`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -13,17 +16,17 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
-use vgpu_core::container_quota::ContainerQuota;
-use vgpu_core::sched_proto::{
-    ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION, Priority,
-};
+use vgpu_core::container_quota::same_gpu;
+use vgpu_core::sched_proto::{ComputeSettings, ContainerIdent, DaemonMsg, PROTO_VERSION, Priority};
 
 use crate::board::Board;
 use crate::model::{
-    Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource, SliceState,
-    Tenant, TenantGpu,
+    ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource,
+    SliceState, Tenant, TenantGpu,
 };
 use crate::scheduler::{Action, Params, Scheduler, TenantId};
+
+mod registration;
 
 /// The daemon's configuration.
 #[derive(Debug, Clone)]
@@ -43,7 +46,101 @@ pub struct Config {
     /// Where operators' live settings (API) are kept across daemon restarts (None: not
     /// kept).
     pub state_file: Option<PathBuf>,
+    /// The node's GPUs (UUIDs, `--gpu`). Empty: the GPUs the NVML watcher reads; before
+    /// (or without) a reading the daemon cannot tell a real GPU from a made-up one and
+    /// keeps at most [`MAX_UNVERIFIED_GPUS`].
+    pub gpus: Vec<String>,
 }
+
+/// A configuration value the daemon cannot run with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{setting} {value}: {reason}")]
+pub struct ConfigError {
+    /// The setting (its flag).
+    pub setting: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks every value, naming the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting, value: String, reason: &str| ConfigError {
+            setting,
+            value,
+            reason: reason.to_owned(),
+        };
+        let q = self.params.quantum_ns;
+        if !(500_000..=1_000_000_000).contains(&q) {
+            return Err(bad(
+                "--quantum-ms",
+                format!("{}", q as f64 / 1e6),
+                "out of range (0.5–1000)",
+            ));
+        }
+        if self.params.drain_timeout_ns > 60_000_000_000 {
+            return Err(bad(
+                "--drain-timeout-ms",
+                (self.params.drain_timeout_ns / 1_000_000).to_string(),
+                "out of range (0–60000)",
+            ));
+        }
+        if self.queue_ahead_us > 10_000_000 {
+            return Err(bad(
+                "--queue-ahead-us",
+                self.queue_ahead_us.to_string(),
+                "out of range (0–10000000)",
+            ));
+        }
+        if let Err(e) = self.default_settings.validate() {
+            return Err(bad(
+                "--default-share",
+                self.default_settings.share_pct.to_string(),
+                &e,
+            ));
+        }
+        for (i, u) in self.gpus.iter().enumerate() {
+            if !valid_uuid(u) {
+                return Err(bad("--gpu", u.clone(), "not a GPU UUID (GPU-…)"));
+            }
+            if self.gpus[..i].iter().any(|o| same_gpu(o, u)) {
+                return Err(bad("--gpu", u.clone(), "listed twice"));
+            }
+        }
+        if let Some(p) = &self.trusted_quota_file
+            && !p.is_absolute()
+        {
+            return Err(bad(
+                "--trusted-quota-file",
+                p.display().to_string(),
+                "must be an absolute path (inside the container)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `uuid` looks like a GPU UUID (`GPU-…`, at most 96 bytes).
+fn valid_uuid(uuid: &str) -> bool {
+    let u = uuid.trim();
+    u.len() > 4 && u.len() <= 96 && u.starts_with("GPU-")
+}
+
+/// Most processes registered at once (the whole node).
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Most processes of one tenant (container) registered at once.
+pub const MAX_CONNS_PER_TENANT: usize = 1024;
+/// Most distinct GPUs kept while the daemon does not know the node's GPUs (no `--gpu`,
+/// no NVML reading yet): far above any node, far below what would cost memory or time.
+pub const MAX_UNVERIFIED_GPUS: usize = 64;
+/// Longest namespace, pod or container name (Kubernetes allows 253).
+pub const MAX_NAME: usize = 253;
+/// Longest container directory path.
+pub const MAX_CONTAINER_DIR: usize = 4096;
+/// Most containers whose fallbacks and refusals are remembered ([`ContainerHealth`]).
+pub const MAX_HEALTH_RECORDS: usize = 4096;
 
 /// Operators' settings: tenant key → GPU UUID → settings.
 type Overrides = BTreeMap<String, BTreeMap<String, ComputeSettings>>;
@@ -58,9 +155,28 @@ pub type Outbox = UnboundedSender<DaemonMsg>;
 struct Conn {
     pid: u32,
     tenant: String,
-    /// Process GPU index → GPU UUID.
-    gpus: Vec<String>,
+    /// Process GPU index → GPU UUID (None: not granted, not scheduled).
+    gpus: Vec<Option<String>>,
     out: Outbox,
+}
+
+impl Conn {
+    fn uses(&self, uuid: &str) -> bool {
+        self.gpus.iter().any(|u| u.as_deref() == Some(uuid))
+    }
+
+    fn index_of(&self, uuid: &str) -> Option<usize> {
+        self.gpus.iter().position(|u| u.as_deref() == Some(uuid))
+    }
+}
+
+/// What a registered GPU gets.
+#[derive(Debug, Clone, Copy)]
+enum Resolved {
+    /// Scheduled with these settings.
+    Scheduled(ComputeSettings, SettingsSource),
+    /// The container was not granted it: not scheduled.
+    NotGranted,
 }
 
 #[derive(Debug)]
@@ -109,6 +225,8 @@ struct Inner {
     next_id: u64,
     observations: Vec<GpuObservation>,
     overrides: Overrides,
+    /// Fallbacks and refused registrations per container (tenant key).
+    health: BTreeMap<String, ContainerHealth>,
 }
 
 /// The daemon: shared by the server tasks, the timer threads and the API.
@@ -254,182 +372,30 @@ impl Daemon {
         }
     }
 
-    /// Settings for a process: trusted file (if configured), else the shim's proposal.
-    fn resolve_settings(
+    /// GPU `gpu` of connection `conn`: its UUID and the tenant (None: the container was
+    /// not granted it, nothing to do); an index the process did not register is an error.
+    fn conn_gpu(
         &self,
-        pid: u32,
-        reg: &GpuRegistration,
-    ) -> Result<(ComputeSettings, SettingsSource), DaemonError> {
-        let Some(inner_path) = &self.cfg.trusted_quota_file else {
-            reg.settings
-                .validate()
-                .map_err(|e| DaemonError::Invalid(format!("GPU {}: {e}", reg.uuid)))?;
-            return Ok((reg.settings, SettingsSource::Shim));
+        g: &Inner,
+        conn: u64,
+        gpu: u32,
+    ) -> Result<Option<(String, TenantId)>, DaemonError> {
+        let not_registered = || DaemonError::Invalid(format!("GPU index {gpu} not registered"));
+        let c = g.conns.get(&conn).ok_or_else(not_registered)?;
+        let Some(uuid) = c.gpus.get(gpu as usize).ok_or_else(not_registered)? else {
+            return Ok(None);
         };
-        let rel = inner_path.strip_prefix("/").unwrap_or(inner_path);
-        let path = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let q = ContainerQuota::from_json(&text)
-                    .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
-                match q.gpus.iter().find(|g| g.uuid == reg.uuid) {
-                    Some(g) => {
-                        let s = ComputeSettings {
-                            share_pct: (g.compute_milli / 10).clamp(1, 100),
-                            policy: g.compute_policy,
-                            priority: g.priority,
-                        };
-                        Ok((s, SettingsSource::QuotaFile))
-                    }
-                    None => Err(DaemonError::Invalid(format!(
-                        "{}: GPU {} is not assigned to this container",
-                        path.display(),
-                        reg.uuid
-                    ))),
-                }
-            }
-            Err(_) => Ok((self.cfg.default_settings, SettingsSource::Default)),
-        }
-    }
-
-    /// Registers a process (host `pid` from the socket's credentials).
-    pub fn register(
-        &self,
-        pid: u32,
-        proto: u32,
-        ident: ContainerIdent,
-        gpus: Vec<GpuRegistration>,
-        out: Outbox,
-    ) -> Result<Registered, DaemonError> {
-        if proto != PROTO_VERSION {
-            return Err(DaemonError::Version(proto));
-        }
-        if gpus.is_empty() || gpus.len() > MAX_GPUS {
-            return Err(DaemonError::Invalid(format!(
-                "{} GPUs registered (1–{MAX_GPUS} allowed)",
-                gpus.len()
-            )));
-        }
-        if ident.key.is_empty() || ident.key.len() > 512 {
-            return Err(DaemonError::Invalid(format!(
-                "tenant key of {} bytes (1–512 allowed)",
-                ident.key.len()
-            )));
-        }
-        let mut resolved = Vec::with_capacity(gpus.len());
-        for g in &gpus {
-            if !g.uuid.starts_with("GPU-") || g.uuid.len() > 96 {
-                return Err(DaemonError::Invalid(format!("bad GPU UUID {:?}", g.uuid)));
-            }
-            resolved.push(self.resolve_settings(pid, g)?);
-        }
-        let now = mono_ns();
-        let mut g = self.lock();
-        let inner = &mut *g;
-        inner.next_id += 1;
-        let conn_id = inner.next_id;
-        if !inner.tenants.contains_key(&ident.key) {
-            inner.next_id += 1;
-            let id = inner.next_id;
-            let board = Board::new(&id.to_string())
-                .map_err(|e| DaemonError::Invalid(format!("cannot create a board: {e}")))?;
-            inner.by_id.insert(id, ident.key.clone());
-            inner.tenants.insert(
-                ident.key.clone(),
-                TenantRec {
-                    id,
-                    ident: ident.clone(),
-                    board: Arc::new(board),
-                    gpus: BTreeMap::new(),
-                    conns: HashSet::new(),
-                },
-            );
-            info!(tenant = %ident.key, pid, "new tenant");
-        }
-        let saved = inner.overrides.get(&ident.key).cloned().unwrap_or_default();
-        let t = inner.tenants.get_mut(&ident.key).expect("inserted above");
-        let mut settings_out = Vec::new();
-        let mut words = Vec::new();
-        for (reg, (settings, source)) in gpus.iter().zip(resolved) {
-            let next_word = t.gpus.len();
-            if next_word >= MAX_GPUS && !t.gpus.contains_key(&reg.uuid) {
-                return Err(DaemonError::Invalid(format!(
-                    "tenant {} uses more than {MAX_GPUS} GPUs",
-                    ident.key
-                )));
-            }
-            let rec = t.gpus.entry(reg.uuid.clone()).or_insert(TenantGpuRec {
-                word: next_word,
-                settings,
-                source,
-                memory_quota: reg.memory_quota,
-                memory: HashMap::new(),
-            });
-            // An operator's setting stays (also across daemon restarts); otherwise the
-            // newest trusted answer wins.
-            if let Some(op) = saved.get(&reg.uuid) {
-                rec.settings = *op;
-                rec.source = SettingsSource::Api;
-            } else if rec.source != SettingsSource::Api {
-                rec.settings = settings;
-                rec.source = source;
-            }
-            rec.memory_quota = reg.memory_quota.or(rec.memory_quota);
-            settings_out.push(rec.settings);
-            words.push(u32::try_from(rec.word).unwrap_or(0));
-            let gpu = inner
-                .gpus
-                .entry(reg.uuid.clone())
-                .or_insert_with(|| GpuRec {
-                    sched: Scheduler::new(self.cfg.params),
-                    grant: None,
-                    drain: None,
-                });
-            gpu.sched.add(t.id, rec.settings, now);
-        }
-        t.conns.insert(conn_id);
-        let board = Arc::clone(&t.board);
-        let tenant = t.ident.key.clone();
-        inner.conns.insert(
-            conn_id,
-            Conn {
-                pid,
-                tenant: tenant.clone(),
-                gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
-                out,
-            },
-        );
-        debug!(tenant = %tenant, pid, conn = conn_id, "process registered");
-        // If the tenant holds a GPU right now, this process may launch too.
-        Ok(Registered {
-            conn: conn_id,
-            board,
-            welcome: DaemonMsg::Welcome {
-                proto: PROTO_VERSION,
-                tenant,
-                settings: settings_out,
-                words,
-                quantum_us: self.cfg.params.quantum_ns / 1000,
-                queue_ahead_us: self.cfg.queue_ahead_us,
-                host_pid: Some(pid),
-            },
-        })
-    }
-
-    fn conn_gpu(&self, g: &Inner, conn: u64, gpu: u32) -> Option<(String, TenantId)> {
-        let c = g.conns.get(&conn)?;
-        let uuid = c.gpus.get(gpu as usize)?.clone();
-        let t = g.tenants.get(&c.tenant)?;
-        Some((uuid, t.id))
+        let t = g.tenants.get(&c.tenant).ok_or_else(not_registered)?;
+        Ok(Some((uuid.clone(), t.id)))
     }
 
     /// A process has launches blocked on its GPU `gpu`.
     pub fn demand(&self, conn: u64, gpu: u32) -> Result<(), DaemonError> {
         let now = mono_ns();
         let mut g = self.lock();
-        let (uuid, tid) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let Some(rec) = g.gpus.get_mut(&uuid) else {
             return Ok(());
         };
@@ -460,9 +426,9 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         let now = mono_ns();
         let mut g = self.lock();
-        let (uuid, tid) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let tenant_conns: HashSet<u64> = g
             .by_id
             .get(&tid)
@@ -471,7 +437,7 @@ impl Daemon {
                 t.conns
                     .iter()
                     .copied()
-                    .filter(|c| g.conns.get(c).is_some_and(|c| c.gpus.contains(&uuid)))
+                    .filter(|c| g.conns.get(c).is_some_and(|c| c.uses(&uuid)))
                     .collect()
             })
             .unwrap_or_default();
@@ -513,9 +479,9 @@ impl Daemon {
     /// A process reports the container's memory use on `gpu`.
     pub fn usage(&self, conn: u64, gpu: u32, memory_used: u64) -> Result<(), DaemonError> {
         let mut g = self.lock();
-        let (uuid, _) = self
-            .conn_gpu(&g, conn, gpu)
-            .ok_or_else(|| DaemonError::Invalid(format!("GPU index {gpu} not registered")))?;
+        let Some((uuid, _)) = self.conn_gpu(&g, conn, gpu)? else {
+            return Ok(());
+        };
         let key = g
             .conns
             .get(&conn)
@@ -535,17 +501,25 @@ impl Daemon {
             return;
         };
         let key = c.tenant.clone();
-        let (tid, last) = match g.tenants.get_mut(&key) {
+        let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
                 t.conns.remove(&conn);
                 for r in t.gpus.values_mut() {
                     r.memory.remove(&conn);
                 }
-                (t.id, t.conns.is_empty())
+                let last = t.conns.is_empty();
+                // The last process takes the tenant off every GPU it used, including
+                // those only processes gone before had registered.
+                let gpus: Vec<String> = if last {
+                    t.gpus.keys().cloned().collect()
+                } else {
+                    c.gpus.iter().flatten().cloned().collect()
+                };
+                (t.id, last, gpus)
             }
             None => return,
         };
-        for uuid in &c.gpus {
+        for uuid in &gpus {
             let Some(rec) = g.gpus.get_mut(uuid) else {
                 continue;
             };
@@ -567,6 +541,13 @@ impl Daemon {
             g.tenants.remove(&key);
             g.by_id.remove(&tid);
             info!(tenant = %key, pid = c.pid, "tenant left");
+            // A GPU no tenant uses any more is forgotten: what the daemon keeps is
+            // bounded by what is registered now, whatever clients named before.
+            for uuid in &gpus {
+                if !g.tenants.values().any(|t| t.gpus.contains_key(uuid)) {
+                    g.gpus.remove(uuid);
+                }
+            }
         }
         drop(g);
         self.timer.notify_all();
@@ -622,7 +603,7 @@ impl Daemon {
         for (uuid, s) in &changed {
             for c in &conns {
                 if let Some(conn) = inner.conns.get(c)
-                    && let Some(i) = conn.gpus.iter().position(|u| u == uuid)
+                    && let Some(i) = conn.index_of(uuid)
                 {
                     let _ = conn.out.send(DaemonMsg::Settings {
                         gpu: u32::try_from(i).unwrap_or(0),
@@ -760,6 +741,7 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs_f64(),
             tenants,
             gpus,
+            health: g.health.values().cloned().collect(),
         }
     }
 }
@@ -816,15 +798,11 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             .conns
             .iter()
             .copied()
-            .filter(|c| {
-                g.conns
-                    .get(c)
-                    .is_some_and(|c| c.gpus.iter().any(|u| u == uuid))
-            })
+            .filter(|c| g.conns.get(c).is_some_and(|c| c.uses(uuid)))
             .collect();
         for c in &conns {
             let conn = &g.conns[c];
-            let i = conn.gpus.iter().position(|u| u == uuid).unwrap_or(0);
+            let i = conn.index_of(uuid).unwrap_or(0);
             let gpu = u32::try_from(i).unwrap_or(0);
             let msg = if held {
                 DaemonMsg::Grant {

@@ -12,6 +12,7 @@
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
 //! - [`api`]: the gRPC API (`vgpu.daemon.v1`), served on a unix socket and optionally TCP.
 //! - [`reporting`]: starts the three above next to the shims' server.
+//! - [`run`]: the composition root: a validated configuration in, the whole node served.
 //! - [`ctl`]: `vgpuctl`, the API's command-line client.
 //!
 //! See `docs/vgpu-daemon.md`.
@@ -29,5 +30,6 @@ pub mod metrics;
 pub mod model;
 pub mod nvml;
 pub mod reporting;
+pub mod run;
 pub mod scheduler;
 pub mod server;

@@ -1,13 +1,14 @@
-//! `vgpu-daemon`: runs in the foreground; `--socket PATH` is the shims' socket.
+//! `vgpu-daemon`: runs in the foreground; `--socket PATH` is the shims' socket. Parses
+//! the flags into a [`vgpu_daemon::run::Config`], installs logging, calls
+//! [`vgpu_daemon::run::run`] and maps its error to an exit code (2: bad configuration).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use clap::Parser;
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
-use vgpu_daemon::daemon::{Config, Daemon};
+use vgpu_daemon::daemon::Config;
 use vgpu_daemon::nvml::WatcherConfig;
 use vgpu_daemon::reporting::{self, ReportingConfig};
 use vgpu_daemon::scheduler::Params;
@@ -58,9 +59,45 @@ struct Args {
     /// Also serve the gRPC API on this TCP address (host:port; unauthenticated).
     #[arg(long)]
     api_addr: Option<std::net::SocketAddr>,
+    /// A GPU of this node (UUID; repeat for each). Without it the daemon takes the GPUs
+    /// NVML reports; registrations naming any other GPU are refused.
+    #[arg(long)]
+    gpu: Vec<String>,
 }
 
-fn main() -> Result<()> {
+fn config(a: &Args) -> vgpu_daemon::run::Config {
+    vgpu_daemon::run::Config {
+        daemon: Config {
+            socket: a.socket.clone(),
+            params: Params {
+                quantum_ns: (a.quantum_ms * 1e6) as u64,
+                drain_timeout_ns: a.drain_timeout_ms.saturating_mul(1_000_000),
+                ..Params::default()
+            },
+            queue_ahead_us: a.queue_ahead_us,
+            trusted_quota_file: a.trusted_quota_file.clone(),
+            default_settings: ComputeSettings {
+                share_pct: a.default_share,
+                policy: ComputePolicy::Burst,
+                priority: Priority::BestEffort,
+            },
+            state_file: a.state_file.clone(),
+            gpus: a.gpu.clone(),
+        },
+        reporting: ReportingConfig {
+            nvml: (a.nvml_interval_ms > 0).then(|| WatcherConfig {
+                lib: a.nvml_lib.clone(),
+                interval: Duration::from_millis(a.nvml_interval_ms),
+                ..WatcherConfig::default()
+            }),
+            metrics_addr: reporting::optional(&a.metrics_addr),
+            api_socket: reporting::optional(&a.api_socket).map(PathBuf::from),
+            api_addr: a.api_addr,
+        },
+    }
+}
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("VGPU_DAEMON_LOG")
@@ -70,67 +107,38 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let a = Args::parse();
-    if !(a.quantum_ms >= 0.5 && a.quantum_ms <= 1000.0) {
-        anyhow::bail!("--quantum-ms {} is out of range (0.5–1000)", a.quantum_ms);
+    if !(a.quantum_ms.is_finite()) {
+        eprintln!("vgpu-daemon: --quantum-ms {} is not a number", a.quantum_ms);
+        return ExitCode::from(2);
     }
-    let default_settings = ComputeSettings {
-        share_pct: a.default_share,
-        policy: ComputePolicy::Burst,
-        priority: Priority::BestEffort,
-    };
-    default_settings
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--default-share: {e}"))?;
-    let cfg = Config {
-        socket: a.socket.clone(),
-        params: Params {
-            quantum_ns: (a.quantum_ms * 1e6) as u64,
-            drain_timeout_ns: a.drain_timeout_ms * 1_000_000,
-            ..Params::default()
-        },
-        queue_ahead_us: a.queue_ahead_us,
-        trusted_quota_file: a.trusted_quota_file,
-        default_settings,
-        state_file: a.state_file.clone(),
-    };
-    if a.nvml_interval_ms > 3_600_000 {
-        anyhow::bail!(
-            "--nvml-interval-ms {} is out of range (0–3600000)",
-            a.nvml_interval_ms
-        );
-    }
-    let reporting = ReportingConfig {
-        nvml: (a.nvml_interval_ms > 0).then(|| WatcherConfig {
-            lib: a.nvml_lib.clone(),
-            interval: Duration::from_millis(a.nvml_interval_ms),
-            ..WatcherConfig::default()
-        }),
-        metrics_addr: reporting::optional(&a.metrics_addr),
-        api_socket: reporting::optional(&a.api_socket).map(PathBuf::from),
-        api_addr: a.api_addr,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let cfg = config(&a);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("tokio runtime")?;
-    rt.block_on(async move {
-        let daemon = Daemon::new(cfg);
-        let kept = daemon
-            .load_state()
-            .map_err(|e| anyhow::anyhow!("--state-file: {e}"))?;
-        if kept > 0 {
-            tracing::info!(kept, "operators' settings restored");
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-daemon: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
         }
-        daemon.spawn_timer().context("timer thread")?;
-        let listener = vgpu_daemon::server::bind(&a.socket)
-            .with_context(|| format!("bind {}", a.socket.display()))?;
-        let _reporting = reporting::start(Arc::clone(&daemon), &reporting).await?;
-        tracing::info!(socket = %a.socket.display(), "vgpu-daemon serving");
-        tokio::select! {
-            r = vgpu_daemon::server::serve(daemon, listener) => r.context("serve")?,
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+    };
+    let shutdown = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
         }
-        Ok(())
-    })
+    };
+    match rt.block_on(vgpu_daemon::run::run(cfg, shutdown)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let mut msg = format!("vgpu-daemon: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("{msg}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }

@@ -237,6 +237,33 @@ pub fn render(snap: &NodeSnapshot) -> String {
         g_obs.sample(&l, o.observed_unix_ms as f64 / 1000.0);
     }
 
+    let mut fb_periods = Family::new(
+        "vgpu_container_fallback_periods_total",
+        Counter,
+        "Periods a container's processes enforced their share locally (no daemon), as they reported on registering again.",
+    );
+    let mut fb_secs = Family::new(
+        "vgpu_container_fallback_seconds_total",
+        Counter,
+        "Total length of those periods.",
+    );
+    let mut refused = Family::new(
+        "vgpu_container_registrations_refused_total",
+        Counter,
+        "Registrations of the container's processes the daemon refused.",
+    );
+    for h in &snap.health {
+        let l = [
+            ("tenant", h.key.as_str()),
+            ("namespace", h.namespace.as_str()),
+            ("pod", h.pod.as_str()),
+            ("container", h.container.as_str()),
+        ];
+        fb_periods.sample(&l, h.fallback_periods as f64);
+        fb_secs.sample(&l, h.fallback_ms as f64 / 1000.0);
+        refused.sample(&l, h.refused_registrations as f64);
+    }
+
     let mut out = String::with_capacity(4096 + 2048 * snap.tenants.len());
     for f in [
         &up,
@@ -261,6 +288,9 @@ pub fn render(snap: &NodeSnapshot) -> String {
         &g_bypass_mem,
         &g_sched,
         &g_obs,
+        &fb_periods,
+        &fb_secs,
+        &refused,
     ] {
         f.write(&mut out);
     }

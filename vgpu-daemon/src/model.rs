@@ -121,6 +121,32 @@ pub struct Gpu {
     pub holder: Option<String>,
 }
 
+/// What the daemon knows of a container's trouble: periods its processes enforced their
+/// share locally (reported by the shims when they register again) and registrations it
+/// refused. Kept while the container has processes, and after (at most
+/// [`crate::daemon::MAX_HEALTH_RECORDS`] containers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerHealth {
+    /// Tenant key.
+    pub key: String,
+    /// Pod namespace (empty if unknown).
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Local fallback periods its processes reported.
+    pub fallback_periods: u64,
+    /// Their total length, ms.
+    pub fallback_ms: u64,
+    /// Why the last one began, as the shim said.
+    pub last_fallback_reason: String,
+    /// Registrations refused.
+    pub refused_registrations: u64,
+    /// The last refusal's reason.
+    pub last_refusal: String,
+}
+
 /// Everything the daemon knows, at one instant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeSnapshot {
@@ -130,6 +156,9 @@ pub struct NodeSnapshot {
     pub tenants: Vec<Tenant>,
     /// GPUs, sorted by NVML index then UUID.
     pub gpus: Vec<Gpu>,
+    /// Containers that fell back or were refused, sorted by key.
+    #[serde(default)]
+    pub health: Vec<ContainerHealth>,
 }
 
 /// A live change of a tenant's settings (fields left None keep their value).

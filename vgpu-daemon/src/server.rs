@@ -2,7 +2,8 @@
 //! (within [`HELLO_TIMEOUT`]); the process's host PID comes from the socket's peer
 //! credentials, never from the message. The `Welcome` carries the tenant's board
 //! descriptor (`SCM_RIGHTS`). A framing or protocol error closes that connection only;
-//! a closed connection releases the process's charges and slice at once.
+//! a closed connection releases the process's charges and slice at once. A `Ping` is
+//! answered by the connection's own task, at once.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -89,10 +90,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         return Ok(());
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<DaemonMsg>();
+    let pong = tx.clone();
     let reg = match daemon.register(pid, proto, ident, gpus, tx) {
         Ok(r) => r,
         Err(e) => {
-            warn!(pid, "registration refused: {e}");
+            // The daemon counts and logs refusals per container (once per reason).
             let frame = encode(&DaemonMsg::Refused {
                 reason: e.to_string(),
             });
@@ -152,6 +154,17 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     ..
                 } => daemon.released(conn, gpu, generation, end_ns, false),
                 ShimMsg::Usage { gpu, memory_used } => daemon.usage(conn, gpu, memory_used),
+                // Answered at once, by this task: the shim's liveness check measures the
+                // daemon's responsiveness, not the scheduler's decisions.
+                ShimMsg::Ping { seq } => {
+                    let _ = pong.send(DaemonMsg::Pong { seq });
+                    Ok(())
+                }
+                ShimMsg::Fallback {
+                    periods,
+                    total_ms,
+                    reason,
+                } => daemon.fallback_report(conn, periods, total_ms, &reason),
             };
             if let Err(e) = r {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));

@@ -481,3 +481,56 @@ async fn vgpuctl_against_the_api() {
     assert!(!ok);
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }
+
+/// As many tenants as the daemon keeps at most, each with long names and 16 GPUs: the
+/// listing is larger than gRPC's default 4 MiB message, and `vgpuctl` still shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vgpuctl_lists_as_many_tenants_as_the_daemon_keeps() {
+    let d = daemon();
+    let gpus: Vec<String> = (0..16)
+        .map(|i| format!("GPU-{i:08x}-0000-4000-8000-000000000000"))
+        .collect();
+    let mut keep = Vec::new();
+    for t in 0..3000u32 {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let ident = vgpu_core::sched_proto::ContainerIdent {
+            key: format!("{t:06}/{}", "k".repeat(500)),
+            namespace: "n".repeat(253),
+            pod: "p".repeat(253),
+            container: "c".repeat(253),
+            container_dir: String::new(),
+        };
+        let regs = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, u)| common::gpu(u, u32::try_from(i).expect("16"), 5))
+            .collect();
+        let r = d
+            .register(
+                6000 + t,
+                vgpu_core::sched_proto::PROTO_VERSION,
+                ident,
+                regs,
+                tx,
+            )
+            .expect("registered");
+        keep.push((r, rx));
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let socket = dir.path().join("api.sock");
+    let _rep = start(
+        d.clone(),
+        &ReportingConfig {
+            nvml: None,
+            metrics_addr: None,
+            api_socket: Some(socket.clone()),
+            api_addr: None,
+        },
+    )
+    .await
+    .expect("start the API");
+    let (ok, out, err) = ctl(&socket, &["--json", "tenants"]).await;
+    assert!(ok, "vgpuctl tenants failed: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["tenants"].as_array().map(Vec::len), Some(3000));
+}

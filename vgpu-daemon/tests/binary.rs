@@ -336,3 +336,33 @@ fn shim_process_is_a_tenant_and_a_bare_one_a_bypass() {
     tenant.kill9();
     bare.kill9();
 }
+
+/// The library validates the configuration; `main` maps the error to exit code 2 and
+/// the message names the flag and the value.
+#[test]
+fn bad_daemon_flags_exit_2_naming_flag_and_value() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for (args, needle) in [
+        (vec!["--quantum-ms", "0.1"], "--quantum-ms 0.1"),
+        (vec!["--default-share", "0"], "--default-share 0"),
+        (vec!["--gpu", "not-a-gpu"], "--gpu not-a-gpu"),
+        (
+            vec!["--trusted-quota-file", "relative/vgpu.conf"],
+            "relative/vgpu.conf",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .arg("--socket")
+            .arg(dir.path().join("d.sock"))
+            .arg("--api-socket")
+            .arg(dir.path().join("a.sock"))
+            .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
+            .args(&args)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run vgpu-daemon");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -11,7 +11,8 @@ use common::{GPU0, GPU1, daemon, register};
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::metrics::{CONTENT_TYPE, escape_label_value, render};
 use vgpu_daemon::model::{
-    Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsSource, SliceState, Tenant, TenantGpu,
+    ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsSource, SliceState,
+    Tenant, TenantGpu,
 };
 
 /// One parsed sample.
@@ -250,6 +251,17 @@ fn evil_snapshot() -> NodeSnapshot {
         ],
         // The same GPU twice (e.g. two observations of one UUID): still one sample each.
         gpus: vec![gpu.clone(), gpu],
+        health: vec![ContainerHealth {
+            key: "ns/pod\"x\"/c\\1\nline2".into(),
+            namespace: "ns".into(),
+            pod: "pod\"x\"".into(),
+            container: "c\\1".into(),
+            fallback_periods: 3,
+            fallback_ms: 2500,
+            last_fallback_reason: "the daemon did not answer".into(),
+            refused_registrations: 7,
+            last_refusal: "GPU \"GPU-x\" is not a GPU of this node".into(),
+        }],
     }
 }
 
@@ -280,6 +292,13 @@ fn text_format_parses_back() {
 
     // The evil tenant's labels come back exactly.
     let key = "ns/pod\"x\"/c\\1\nline2";
+    // Its fallbacks and refusals are counted.
+    assert_eq!(types["vgpu_container_fallback_periods_total"], "counter");
+    let h = [("tenant", key), ("pod", "pod\"x\"")];
+    let hv = |name: &str| find(&samples, name, &h).map(|s| s.value);
+    assert_eq!(hv("vgpu_container_fallback_periods_total"), Some(3.0));
+    assert_eq!(hv("vgpu_container_fallback_seconds_total"), Some(2.5));
+    assert_eq!(hv("vgpu_container_registrations_refused_total"), Some(7.0));
     let l = [("tenant", key), ("gpu", GPU1)];
     let s = find(&samples, "vgpu_tenant_compute_share_ratio", &l).expect("share sample");
     assert_eq!(s.value, 0.6);

@@ -1,18 +1,19 @@
-//! A node daemon as its binary runs it (library, timer thread, socket server), for the
-//! tests whose containers register with one.
+//! A node daemon started in-process by its library's composition root
+//! ([`vgpu_daemon::run::start`], as `main` does), for the tests whose containers register
+//! with one.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::daemon::{Config, Daemon};
+use vgpu_daemon::reporting::ReportingConfig;
 
 /// A daemon serving on a socket until dropped.
 pub struct Served {
     /// The daemon (its snapshot shows the tenants).
     pub daemon: Arc<Daemon>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-    _timer: std::thread::JoinHandle<()>,
+    server: tokio::task::JoinHandle<Result<(), vgpu_daemon::run::RunError>>,
 }
 
 impl Drop for Served {
@@ -21,27 +22,34 @@ impl Drop for Served {
     }
 }
 
-/// Starts a daemon on `socket` (default share 10 %, burst, best-effort); call inside a
-/// tokio runtime.
-pub fn serve(socket: &Path) -> Served {
-    let daemon = Daemon::new(Config {
-        socket: socket.to_owned(),
-        params: vgpu_daemon::scheduler::Params::default(),
-        queue_ahead_us: 2000,
-        trusted_quota_file: None,
-        default_settings: ComputeSettings {
-            share_pct: 10,
-            policy: ComputePolicy::Burst,
-            priority: Priority::BestEffort,
+/// Starts a daemon on `socket` (default share 10 %, burst, best-effort; no NVML, no
+/// metrics, no API); call inside a tokio runtime.
+pub async fn serve(socket: &Path) -> Served {
+    let cfg = vgpu_daemon::run::Config {
+        daemon: Config {
+            socket: socket.to_owned(),
+            params: vgpu_daemon::scheduler::Params::default(),
+            queue_ahead_us: 2000,
+            trusted_quota_file: None,
+            default_settings: ComputeSettings {
+                share_pct: 10,
+                policy: ComputePolicy::Burst,
+                priority: Priority::BestEffort,
+            },
+            state_file: None,
+            gpus: Vec::new(),
         },
-        state_file: None,
-    });
-    let timer = daemon.spawn_timer().expect("timer");
-    let listener = vgpu_daemon::server::bind(socket).expect("bind the daemon socket");
-    let server = tokio::spawn(vgpu_daemon::server::serve(daemon.clone(), listener));
-    Served {
-        daemon,
-        server,
-        _timer: timer,
-    }
+        reporting: ReportingConfig {
+            nvml: None,
+            metrics_addr: None,
+            api_socket: None,
+            api_addr: None,
+        },
+    };
+    let node = vgpu_daemon::run::start(cfg)
+        .await
+        .expect("start the daemon");
+    let daemon = Arc::clone(&node.daemon);
+    let server = tokio::spawn(node.serve(std::future::pending()));
+    Served { daemon, server }
 }

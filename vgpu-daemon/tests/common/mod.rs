@@ -18,7 +18,12 @@ pub const GPU1: &str = "GPU-11111111-0000-4000-8000-000000000000";
 
 /// A daemon with nothing registered (no timer thread: nothing here needs slices).
 pub fn daemon() -> Arc<Daemon> {
-    Daemon::new(Config {
+    Daemon::new(config())
+}
+
+/// The configuration of [`daemon`]: default share 10 %, untrusted, no state file.
+pub fn config() -> Config {
+    Config {
         socket: PathBuf::from("/nonexistent/daemon.sock"),
         params: Params::default(),
         queue_ahead_us: 1000,
@@ -29,7 +34,8 @@ pub fn daemon() -> Arc<Daemon> {
             priority: Priority::BestEffort,
         },
         state_file: None,
-    })
+        gpus: Vec::new(),
+    }
 }
 
 /// A registered process; keep it alive as long as the process should stay registered.
@@ -75,4 +81,26 @@ pub fn register(
         .register(pid, PROTO_VERSION, ident, regs, tx)
         .expect("registration accepted");
     Proc { reg, rx }
+}
+
+/// The registration of `uuid` with share `share` % (burst, no memory quota).
+pub fn gpu(uuid: &str, ordinal: u32, share: u32) -> GpuRegistration {
+    GpuRegistration {
+        uuid: uuid.to_owned(),
+        ordinal,
+        settings: ComputeSettings {
+            share_pct: share,
+            policy: ComputePolicy::Burst,
+            priority: Priority::BestEffort,
+        },
+        memory_quota: None,
+    }
+}
+
+/// The container identity of tenant `key` (no pod).
+pub fn ident(key: &str) -> ContainerIdent {
+    ContainerIdent {
+        key: key.to_owned(),
+        ..ContainerIdent::default()
+    }
 }

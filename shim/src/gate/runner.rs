@@ -1,0 +1,874 @@
+//! The gate thread ([`Runner`]): registers the process with the daemon (within the
+//! handshake deadline), follows its grants and revocations, measures completed work with
+//! marker events, drains and yields slices, pings a silent daemon, and runs the local
+//! fallback (a duty cycle at the share) whenever there is no daemon to follow; it tells
+//! the daemon about its fallback periods when it registers again. See the parent module
+//! for the fast path it serves.
+
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use vgpu_core::sched_proto::{
+    BOARD_BYTES, BOARD_STRIDE, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration,
+    HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode, encode,
+};
+
+use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
+use super::{
+    CTX_LOCK, Gates, IDLE_TICKS, LOCAL_QUANTUM_NS, NONE, PING_AFTER, RECONNECT, RECONNECT_MAX,
+    TICK, UNBOUNDED, UNMEASURED_ALLOWED, UNREGISTERED, futex_wait, futex_wake, mono_ns,
+    sync_device,
+};
+use crate::config::DeviceGrant;
+use crate::state::Shim;
+
+/// Per-device state of the gate thread.
+#[derive(Debug)]
+struct Dev {
+    uuid: String,
+    /// The quota file grants this GPU (or there is no quota file): it is registered.
+    granted: bool,
+    settings: ComputeSettings,
+    /// Generation held (daemon grant, or local open).
+    holding: Option<u32>,
+    grant_at: u64,
+    launched_at_grant: u64,
+    last_launched: u64,
+    idle_ticks: u32,
+    /// Measured GPU time per launch, ns (0: unknown yet), from marker completions.
+    per_launch_ns: f64,
+    /// Last marker completion seen: (when, launch count, whether more was queued).
+    last_obs: Option<(u64, u64, bool)>,
+    /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
+    queue_ahead_ns: u64,
+    /// Fallback: closed until (mono ns).
+    closed_until: u64,
+    local_gen: u32,
+    word_index: usize,
+}
+
+pub(super) struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+pub(super) struct Runner {
+    g: &'static Gates,
+    shim: &'static Shim,
+    devs: Vec<Dev>,
+    /// Protocol GPU index (position in the `Hello`) → device ordinal.
+    registered: Vec<usize>,
+    pub(super) conn: Option<Conn>,
+    queue_ahead_ns: u64,
+    next_connect: Instant,
+    /// Wait before the next reconnection attempt.
+    retry: Duration,
+    last_usage: Instant,
+    /// The current fallback period was said on stderr.
+    warned: bool,
+    /// The daemon answers pings and takes fallback reports.
+    peer_checks: bool,
+    /// When the daemon last sent anything.
+    last_heard: Instant,
+    /// A ping sent, not answered yet: when.
+    ping_sent: Option<Instant>,
+    ping_seq: u32,
+    /// Local fallback: since when (None: registered), and what to report.
+    fallback_since: Option<Instant>,
+    fallback_periods: u32,
+    fallback_total: Duration,
+    fallback_reason: String,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").field("devs", &self.devs).finish()
+    }
+}
+
+impl Runner {
+    pub(super) fn new(g: &'static Gates, shim: &'static Shim, uuids: Vec<String>) -> Runner {
+        let devs: Vec<Dev> = uuids
+            .into_iter()
+            .enumerate()
+            .map(|(i, uuid)| {
+                let (granted, settings) = match shim.cfg.device_grant(&uuid) {
+                    DeviceGrant::Granted(st) => (true, st),
+                    DeviceGrant::NotGranted => (false, shim.cfg.compute_settings(None)),
+                };
+                g.gates[i].not_granted.store(!granted, Ordering::Relaxed);
+                Dev {
+                    uuid,
+                    granted,
+                    settings,
+                    holding: None,
+                    grant_at: 0,
+                    launched_at_grant: 0,
+                    last_launched: 0,
+                    idle_ticks: 0,
+                    per_launch_ns: 0.0,
+                    last_obs: None,
+                    queue_ahead_ns: 2_000_000,
+                    closed_until: 0,
+                    local_gen: 0,
+                    word_index: 0,
+                }
+            })
+            .collect();
+        let registered = (0..devs.len()).filter(|&i| devs[i].granted).collect();
+        let now = Instant::now();
+        Runner {
+            g,
+            shim,
+            devs,
+            registered,
+            conn: None,
+            queue_ahead_ns: 2_000_000,
+            next_connect: now,
+            retry: RECONNECT,
+            last_usage: now,
+            warned: false,
+            peer_checks: false,
+            last_heard: now,
+            ping_sent: None,
+            ping_seq: 0,
+            fallback_since: None,
+            fallback_periods: 0,
+            fallback_total: Duration::ZERO,
+            fallback_reason: String::new(),
+        }
+    }
+
+    fn ident(&self) -> ContainerIdent {
+        let dir = self.shim.cfg.container_dir.display().to_string();
+        let file = self.shim.cfg.quota.as_ref();
+        let key = match (&self.shim.cfg.tenant, file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(q)) => format!("{}/{}/{}", q.namespace, q.pod, q.container),
+            (None, None) => dir.clone(),
+        };
+        ContainerIdent {
+            key,
+            namespace: file.map(|q| q.namespace.clone()).unwrap_or_default(),
+            pod: file.map(|q| q.pod.clone()).unwrap_or_default(),
+            container: file.map(|q| q.container.clone()).unwrap_or_default(),
+            container_dir: dir,
+        }
+    }
+
+    fn log(&self, msg: impl FnOnce() -> String) {
+        crate::state::log(self.shim, msg);
+    }
+
+    /// Tries to register with the daemon; on success the gates follow its board. A
+    /// failure is said once per fallback period (a missing socket, no daemon on this
+    /// node, only in the log); the next attempt waits twice as long, up to 2 s.
+    pub(super) fn connect(&mut self) {
+        let Some(path) = self.shim.cfg.daemon_socket.clone() else {
+            self.next_connect = Instant::now() + RECONNECT_MAX;
+            return;
+        };
+        if self.registered.is_empty() {
+            // The quota file grants none of the visible GPUs: nothing to schedule.
+            self.next_connect = Instant::now() + RECONNECT_MAX;
+            return;
+        }
+        match self.try_connect(&path) {
+            Ok(conn) => {
+                self.conn = Some(conn);
+                self.retry = RECONNECT;
+                self.warned = false;
+                self.last_heard = Instant::now();
+                self.ping_sent = None;
+                self.g.lost.store(false, Ordering::SeqCst);
+                if let Some(since) = self.fallback_since.take() {
+                    self.fallback_total += since.elapsed();
+                }
+                let report = (self.fallback_periods > 0).then(|| ShimMsg::Fallback {
+                    periods: self.fallback_periods,
+                    total_ms: u64::try_from(self.fallback_total.as_millis()).unwrap_or(u64::MAX),
+                    reason: cut(&self.fallback_reason, MAX_REASON),
+                });
+                if let Some(m) = report
+                    && self.peer_checks
+                {
+                    self.send(&m);
+                    self.fallback_periods = 0;
+                    self.fallback_total = Duration::ZERO;
+                }
+                self.log(|| format!("registered with the daemon at {}", path.display()));
+            }
+            Err(e) => {
+                self.next_connect = Instant::now() + self.retry;
+                self.retry = (self.retry * 2).min(RECONNECT_MAX);
+                let reason = match e.kind() {
+                    io::ErrorKind::PermissionDenied => {
+                        format!("the daemon at {} refused this process: {e}", path.display())
+                    }
+                    _ => format!("daemon at {} unavailable ({e})", path.display()),
+                };
+                if e.kind() == io::ErrorKind::NotFound {
+                    self.log(|| reason.clone());
+                } else if !self.warned {
+                    crate::say!("vgpu: WARNING: {reason}; compute share enforced locally");
+                    self.warned = true;
+                }
+                if self.fallback_since.is_none() {
+                    self.fallback_reason = reason;
+                }
+            }
+        }
+    }
+
+    /// One registration, within [`HANDSHAKE_DEADLINE_MS`] whatever the peer does.
+    fn try_connect(&mut self, path: &std::path::Path) -> io::Result<Conn> {
+        let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_DEADLINE_MS);
+        let mut s = connect_nonblocking(path)?;
+        s.set_write_timeout(Some(Duration::from_millis(HANDSHAKE_DEADLINE_MS)))?;
+        let gpus: Vec<GpuRegistration> = self
+            .registered
+            .iter()
+            .map(|&i| GpuRegistration {
+                uuid: self.devs[i].uuid.clone(),
+                ordinal: u32::try_from(i).unwrap_or(0),
+                settings: self.devs[i].settings,
+                memory_quota: self.shim.quota(i),
+            })
+            .collect();
+        let hello = ShimMsg::Hello {
+            proto: PROTO_VERSION,
+            pid: std::process::id(),
+            ident: self.ident(),
+            gpus,
+        };
+        s.write_all(&encode(&hello))?;
+        let mut buf = Vec::new();
+        let mut fd: Option<OwnedFd> = None;
+        let msg = loop {
+            if let Some(m) = decode::<DaemonMsg>(&mut buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
+            {
+                break m;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wait_readable(s.as_raw_fd(), left)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer to the registration within {HANDSHAKE_DEADLINE_MS} ms"),
+                ));
+            }
+            let mut chunk = [0u8; 4096];
+            let (n, got) = recv_with_fd(s.as_raw_fd(), &mut chunk)?;
+            if got.is_some() {
+                fd = got;
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "daemon closed the connection",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let (settings, words, queue_ahead_us, not_granted, peer_checks) = match msg {
+            DaemonMsg::Welcome {
+                settings,
+                words,
+                queue_ahead_us,
+                host_pid,
+                not_granted,
+                peer_checks,
+                ..
+            } => {
+                if let Some(p) = host_pid {
+                    self.shim.region.set_host_pid(self.shim.slot, p);
+                }
+                (settings, words, queue_ahead_us, not_granted, peer_checks)
+            }
+            DaemonMsg::Refused { reason } => {
+                return Err(io::Error::new(io::ErrorKind::PermissionDenied, reason));
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unexpected first message {other:?}"),
+                ));
+            }
+        };
+        let fd = fd.ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
+        let n = self.registered.len();
+        if words.len() != n || settings.len() != n || not_granted.iter().any(|&i| i as usize >= n) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Welcome does not match the registered GPUs",
+            ));
+        }
+        // SAFETY: mapping a page of a descriptor we received, read-only and shared.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BOARD_BYTES,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        drop(fd);
+        // A daemon that stops reading must not hang a launcher: writes give up after 1 s
+        // (the connection is then treated as lost).
+        s.set_write_timeout(Some(Duration::from_secs(1)))?;
+        let writer = s.try_clone()?;
+        let ahead = queue_ahead_us.saturating_mul(1000);
+        self.queue_ahead_ns = ahead;
+        for d in &mut self.devs {
+            d.queue_ahead_ns = ahead;
+        }
+        for (k, (w, st)) in words.iter().zip(settings).enumerate() {
+            let i = self.registered[k];
+            let d = &mut self.devs[i];
+            if not_granted.contains(&u32::try_from(k).unwrap_or(u32::MAX)) {
+                // The daemon says the container was not granted it (this shim read
+                // an older or different file): refused here too.
+                d.granted = false;
+                self.g.gates[i].not_granted.store(true, Ordering::SeqCst);
+            }
+            self.g.gates[i]
+                .proto
+                .store(u32::try_from(k).unwrap_or(UNREGISTERED), Ordering::SeqCst);
+            let w = usize::try_from(*w).unwrap_or(usize::MAX);
+            if w >= BOARD_BYTES / BOARD_STRIDE {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("board word {w} out of range"),
+                ));
+            }
+            d.word_index = w;
+            d.settings = st;
+            d.holding = None;
+            let gate = &self.g.gates[i];
+            // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
+            // the mapping is never unmapped (see `Gate::word`).
+            let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
+            let launched = gate.launched.load(Ordering::Relaxed);
+            gate.completed.fetch_max(launched, Ordering::Relaxed);
+            gate.next_mark.store(launched + 1, Ordering::Relaxed);
+            let old = gate.word();
+            gate.word.store(p, Ordering::Release);
+            // Launchers waiting on the local word look again, at the board.
+            futex_wake(old);
+        }
+        for i in 0..self.devs.len() {
+            self.set_allowed(i);
+        }
+        self.peer_checks = peer_checks;
+        *self.g.ctl() = Some(writer);
+        // Launchers that were already waiting must be asked for.
+        for (k, &i) in self.registered.iter().enumerate() {
+            if self.g.gates[i].waiting.load(Ordering::SeqCst) > 0 {
+                let mut ctl = self.g.ctl();
+                if let Some(w) = ctl.as_mut() {
+                    let _ = w.write_all(&encode(&ShimMsg::Demand {
+                        gpu: u32::try_from(k).unwrap_or(0),
+                    }));
+                }
+            }
+        }
+        Ok(Conn { stream: s, buf })
+    }
+
+    /// The daemon is gone (or never answered): every gate follows its local word from
+    /// now on. `why` (a lost or frozen daemon) is said once per fallback period.
+    pub(super) fn enter_fallback(&mut self, why: Option<String>) {
+        *self.g.ctl() = None;
+        // Dropping the connection closes it: a daemon that comes back releases the
+        // process's slice and registers it again when it reconnects.
+        self.conn = None;
+        self.ping_sent = None;
+        if self.fallback_since.is_none() {
+            self.fallback_since = Some(Instant::now());
+            self.fallback_periods = self.fallback_periods.saturating_add(1);
+            if let Some(w) = &why {
+                self.fallback_reason = w.clone();
+            }
+        }
+        if let Some(w) = why
+            && !self.warned
+        {
+            crate::say!("vgpu: WARNING: {w}; compute share enforced locally until it answers");
+            self.warned = true;
+        }
+        self.next_connect = Instant::now() + self.retry;
+        let now = mono_ns();
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            let gate = &self.g.gates[i];
+            d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+            d.holding = Some(d.local_gen);
+            d.grant_at = now;
+            d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+            gate.yielded.store(NONE, Ordering::SeqCst);
+            gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+            let old = gate.word();
+            gate.word.store(std::ptr::null_mut(), Ordering::Release);
+            futex_wake(old);
+            futex_wake(&gate.local);
+        }
+        for i in 0..self.devs.len() {
+            self.set_allowed(i);
+        }
+    }
+
+    fn send(&mut self, msg: &ShimMsg) {
+        let mut ctl = self.g.ctl();
+        if let Some(w) = ctl.as_mut()
+            && w.write_all(&encode(msg)).is_err()
+        {
+            // The write timeout passed or the connection broke: the loop falls back.
+            *ctl = None;
+            self.g.lost.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a launcher waits on a registered GPU.
+    fn launchers_waiting(&self) -> bool {
+        self.registered
+            .iter()
+            .any(|&i| self.g.gates[i].waiting.load(Ordering::SeqCst) > 0)
+    }
+
+    /// With launches blocked, a daemon that stays silent is pinged, then given
+    /// [`PEER_DEADLINE_MS`]; the reason to fall back if it let that pass.
+    fn check_peer(&mut self) -> Option<String> {
+        let path = self
+            .shim
+            .cfg
+            .daemon_socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if self.g.lost.load(Ordering::SeqCst) {
+            return Some(format!(
+                "the daemon at {path} did not take a message within 1 s"
+            ));
+        }
+        if !self.peer_checks {
+            return None;
+        }
+        if let Some(sent) = self.ping_sent {
+            if self.last_heard >= sent {
+                self.ping_sent = None;
+            } else if sent.elapsed() >= Duration::from_millis(PEER_DEADLINE_MS) {
+                return Some(format!(
+                    "the daemon at {path} did not answer within {PEER_DEADLINE_MS} ms"
+                ));
+            }
+            return None;
+        }
+        if self.launchers_waiting() && self.last_heard.elapsed() >= PING_AFTER {
+            self.ping_seq = self.ping_seq.wrapping_add(1);
+            self.ping_sent = Some(Instant::now());
+            let seq = self.ping_seq;
+            self.send(&ShimMsg::Ping { seq });
+        }
+        None
+    }
+
+    pub(super) fn run(mut self) {
+        loop {
+            let holding = self.devs.iter().any(|d| d.holding.is_some());
+            if self.conn.is_none() {
+                if Instant::now() >= self.next_connect {
+                    self.connect();
+                    if self.conn.is_some() {
+                        continue;
+                    }
+                }
+                self.poll_markers();
+                self.fallback_tick();
+                let seq = self.g.doorbell.load(Ordering::Acquire);
+                let wait = if holding {
+                    TICK
+                } else {
+                    Duration::from_millis(20)
+                };
+                futex_wait(&self.g.doorbell, seq, wait);
+                continue;
+            }
+            let timeout = if holding {
+                TICK
+            } else {
+                Duration::from_millis(200)
+            };
+            match self.poll_daemon(timeout) {
+                Ok(msgs) => {
+                    for m in msgs {
+                        self.handle(m);
+                    }
+                }
+                Err(e) => {
+                    let path = self
+                        .shim
+                        .cfg
+                        .daemon_socket
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default();
+                    self.enter_fallback(Some(format!(
+                        "connection to the daemon at {path} lost ({e})"
+                    )));
+                    continue;
+                }
+            }
+            if let Some(why) = self.check_peer() {
+                self.enter_fallback(Some(why));
+                continue;
+            }
+            self.poll_markers();
+            self.holding_tick();
+            if self.last_usage.elapsed() >= Duration::from_secs(1) {
+                self.last_usage = Instant::now();
+                for k in 0..self.registered.len() {
+                    let memory_used = self.shim.region.used(self.registered[k]);
+                    self.send(&ShimMsg::Usage {
+                        gpu: u32::try_from(k).unwrap_or(0),
+                        memory_used,
+                    });
+                }
+            }
+        }
+    }
+
+    fn poll_daemon(&mut self, timeout: Duration) -> io::Result<Vec<DaemonMsg>> {
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no connection"))?;
+        let mut pfd = libc::pollfd {
+            fd: conn.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(0);
+        let ms = if timeout < Duration::from_millis(1) {
+            1
+        } else {
+            ms
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            };
+        }
+        let mut out = Vec::new();
+        if r > 0 {
+            let mut chunk = [0u8; 4096];
+            loop {
+                // SAFETY: a valid socket and buffer; MSG_DONTWAIT keeps the (blocking)
+                // socket's reads non-blocking without changing the shared file
+                // description that launchers write through.
+                let n = unsafe {
+                    libc::recv(
+                        conn.stream.as_raw_fd(),
+                        chunk.as_mut_ptr().cast(),
+                        chunk.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n == 0 {
+                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+                }
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => break,
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
+                }
+                conn.buf.extend_from_slice(&chunk[..n as usize]);
+                self.last_heard = Instant::now();
+            }
+            while let Some(m) = decode::<DaemonMsg>(&mut conn.buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
+            {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The device ordinal of protocol GPU index `gpu` (None: not one this process
+    /// registered; the message is ignored).
+    fn dev_of(&self, gpu: u32) -> Option<usize> {
+        self.registered.get(gpu as usize).copied()
+    }
+
+    fn handle(&mut self, m: DaemonMsg) {
+        match m {
+            DaemonMsg::Grant {
+                gpu,
+                generation,
+                queue_ahead_us,
+            } => {
+                let Some(i) = self.dev_of(gpu) else {
+                    return;
+                };
+                let base = self.queue_ahead_ns;
+                let Some(d) = self.devs.get_mut(i) else {
+                    return;
+                };
+                let ahead = queue_ahead_us.map_or(base, |q| q.saturating_mul(1000).min(base));
+                if ahead != d.queue_ahead_ns {
+                    d.queue_ahead_ns = ahead;
+                    self.set_allowed(i);
+                }
+                let Some(d) = self.devs.get_mut(i) else {
+                    return;
+                };
+                let gate = &self.g.gates[i];
+                d.holding = Some(generation);
+                d.grant_at = mono_ns();
+                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+                d.last_launched = d.launched_at_grant;
+                d.idle_ticks = 0;
+            }
+            DaemonMsg::Revoke { gpu, generation } => {
+                if let Some(i) = self.dev_of(gpu) {
+                    self.drain(i, generation, false);
+                }
+            }
+            DaemonMsg::Settings { gpu, settings } => {
+                if let Some(i) = self.dev_of(gpu) {
+                    self.devs[i].settings = settings;
+                }
+            }
+            // Any message counts as an answer (`last_heard`).
+            DaemonMsg::Pong { .. } | DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
+        }
+    }
+
+    /// How many launches may be outstanding on GPU `i`: the queue-ahead bound over the
+    /// measured GPU time per launch (2 until measured; unbounded if the bound is 0).
+    fn set_allowed(&mut self, i: usize) {
+        let gate = &self.g.gates[i];
+        let per = self.devs[i].per_launch_ns;
+        let ahead = self.devs[i].queue_ahead_ns as f64;
+        let (allowed, every) = if ahead <= 0.0 {
+            (UNBOUNDED, u64::MAX / 4)
+        } else if per <= 0.0 {
+            (UNMEASURED_ALLOWED, UNMEASURED_ALLOWED / 4)
+        } else {
+            let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
+            (a, (a / 4).max(1))
+        };
+        gate.allowed.store(allowed, Ordering::Relaxed);
+        gate.mark_every.store(every, Ordering::Relaxed);
+        let launched = gate.launched.load(Ordering::Relaxed);
+        let next = gate.next_mark.load(Ordering::Relaxed);
+        if next > launched + every {
+            gate.next_mark.store(launched + every, Ordering::Relaxed);
+        }
+        gate.publish_budget();
+    }
+
+    /// Learns which launches completed from the marker events (in order), and the GPU
+    /// time per launch while the queue stayed busy.
+    fn poll_markers(&mut self) {
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let mut advanced = false;
+            loop {
+                let front = gate.markers().pending.front().copied();
+                let Some((ctx, event, seq)) = front else {
+                    break;
+                };
+                let done = {
+                    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                    crate::hooks::event_done(event)
+                };
+                if !done {
+                    break;
+                }
+                {
+                    let mut m = gate.markers();
+                    if m.pending.front().is_some_and(|f| f.1 == event) {
+                        m.pending.pop_front();
+                        m.free.push((ctx, event));
+                    }
+                }
+                let now = mono_ns();
+                let d = &mut self.devs[i];
+                if let Some((t0, s0, busy)) = d.last_obs
+                    && busy
+                    && seq > s0
+                {
+                    let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
+                    d.per_launch_ns = if d.per_launch_ns <= 0.0 {
+                        sample
+                    } else {
+                        0.8 * d.per_launch_ns + 0.2 * sample
+                    };
+                }
+                let launched = gate.launched.load(Ordering::Relaxed);
+                d.last_obs = Some((now, seq, launched > seq));
+                gate.completed.fetch_max(seq, Ordering::Relaxed);
+                advanced = true;
+            }
+            if advanced {
+                self.set_allowed(i);
+            }
+            if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
+                let m = gate.markers();
+                crate::say!(
+                    "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
+                    gate.launched.load(Ordering::Relaxed),
+                    gate.completed.load(Ordering::Relaxed),
+                    gate.allowed.load(Ordering::Relaxed),
+                    gate.budget.load(Ordering::Relaxed),
+                    gate.next_mark.load(Ordering::Relaxed),
+                    gate.mark_every.load(Ordering::Relaxed),
+                    m.pending.len(),
+                    m.free.len(),
+                    m.created,
+                    self.devs[i].per_launch_ns
+                );
+            }
+        }
+    }
+
+    /// While holding: bound the queue, and yield a slice the process stopped using.
+    fn holding_tick(&mut self) {
+        let now = mono_ns();
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let d = &mut self.devs[i];
+            let Some(generation) = d.holding else {
+                continue;
+            };
+            let launched = gate.launched.load(Ordering::Relaxed);
+            if launched == d.last_launched
+                && gate.waiting.load(Ordering::SeqCst) == 0
+                && gate.budget_waiting.load(Ordering::SeqCst) == 0
+                && gate.inflight.load(Ordering::SeqCst) == 0
+                && gate.markers().pending.is_empty()
+            {
+                d.idle_ticks += 1;
+            } else {
+                d.idle_ticks = 0;
+                d.last_launched = launched;
+            }
+            // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
+            let ticks = IDLE_TICKS.max((2.0 * d.per_launch_ns / TICK.as_nanos() as f64) as u32);
+            let _ = now;
+            if d.idle_ticks >= ticks {
+                self.drain(i, generation, true);
+            }
+        }
+    }
+
+    /// Ends this process's part of a slice: no new launches, in-flight ones finish,
+    /// queued work completes; then reports when.
+    fn drain(&mut self, i: usize, generation: u32, idle: bool) {
+        let gate = &self.g.gates[i];
+        if idle {
+            gate.yielded.store(generation, Ordering::SeqCst);
+        }
+        let t0 = Instant::now();
+        while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
+        {
+            std::thread::yield_now();
+        }
+        sync_device(self.shim, i);
+        let end = mono_ns();
+        let d = &mut self.devs[i];
+        let launched = gate.launched.load(Ordering::Relaxed);
+        let launches = launched.saturating_sub(d.launched_at_grant);
+        gate.all_completed();
+        d.last_obs = None;
+        d.holding = None;
+        d.idle_ticks = 0;
+        let gpu = gate.proto.load(Ordering::Relaxed);
+        // `waiting` is read under the writer lock, which launchers hold while they
+        // count themselves and send a demand: no demand is lost between the two.
+        let mut ctl = self.g.ctl();
+        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
+        let msg = if idle {
+            ShimMsg::Idle {
+                gpu,
+                generation,
+                end_ns: end,
+                launches,
+            }
+        } else {
+            ShimMsg::Drained {
+                gpu,
+                generation,
+                end_ns: end,
+                launches,
+                waiting,
+            }
+        };
+        if let Some(w) = ctl.as_mut() {
+            let _ = w.write_all(&encode(&msg));
+        }
+    }
+
+    /// Fallback: a duty cycle at the share, over measured time.
+    fn fallback_tick(&mut self) {
+        let now = mono_ns();
+        for i in 0..self.devs.len() {
+            let gate = &self.g.gates[i];
+            let d = &mut self.devs[i];
+            let share = u64::from(d.settings.share_pct.clamp(1, 100));
+            match d.holding {
+                Some(_) if share >= 100 => {}
+                Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
+                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
+                    gate.local.store(closed, Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    while gate.inflight.load(Ordering::SeqCst) != 0
+                        && t0.elapsed() < Duration::from_millis(200)
+                    {
+                        std::thread::yield_now();
+                    }
+                    sync_device(self.shim, i);
+                    let end = mono_ns();
+                    let used = end.saturating_sub(d.grant_at);
+                    d.closed_until = end + used * (100 - share) / share;
+                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
+                    d.holding = None;
+                    gate.all_completed();
+                    d.last_obs = None;
+                    let until = d.closed_until.saturating_sub(end) / 1000;
+                    crate::state::log(self.shim, || {
+                        format!(
+                            "fallback: GPU {i} used {} µs, closed for {until} µs",
+                            used / 1000
+                        )
+                    });
+                }
+                None if now >= d.closed_until => {
+                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+                    d.holding = Some(d.local_gen);
+                    d.grant_at = now;
+                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+                    futex_wake(&gate.local);
+                }
+                _ => {}
+            }
+        }
+    }
+}

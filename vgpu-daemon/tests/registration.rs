@@ -1,0 +1,276 @@
+//! Registration as the daemon decides it: the quota file read by its one rule in trusted
+//! mode (UUIDs matched ignoring case and white space; a GPU the container can see but
+//! was not granted is not scheduled, never a refusal of the whole process), GPUs the
+//! node does not have refused, and bounds on what any client can make the daemon keep.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::{config, daemon, gpu, ident};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use vgpu_core::sched_proto::{ComputePolicy, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION};
+use vgpu_daemon::daemon::{Daemon, DaemonError, Registered};
+use vgpu_daemon::model::{GpuObservation, SettingsSource};
+
+const A: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000000";
+const B: &str = "GPU-bbbbbbbb-0000-4000-8000-000000000000";
+
+/// Writes a quota file listing `gpus` (UUID as written, milli-GPU, policy).
+fn quota_file(dir: &Path, gpus: &[(&str, u32, &str)]) -> PathBuf {
+    let g: Vec<String> = gpus
+        .iter()
+        .map(|(u, milli, policy)| {
+            format!(
+                r#"{{"uuid":"{u}","memory_mib":1024,"compute_milli":{milli},"slices":1,"compute_policy":"{policy}"}}"#
+            )
+        })
+        .collect();
+    let path = dir.join("vgpu.conf");
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"version":1,"namespace":"ml","pod":"nb","uid":"u","container":"main","init":false,"gpus":[{}],"device_ids":[]}}"#,
+            g.join(",")
+        ),
+    )
+    .expect("write the quota file");
+    path
+}
+
+/// A daemon in trusted mode reading `conf`: outside a container `/proc/PID/root` is
+/// `/`, so with this process's PID the in-container path is the host path.
+fn trusted(conf: &Path) -> Arc<Daemon> {
+    let mut c = config();
+    c.trusted_quota_file = Some(conf.to_owned());
+    Daemon::new(c)
+}
+
+fn register(
+    d: &Daemon,
+    key: &str,
+    gpus: Vec<GpuRegistration>,
+) -> (
+    Result<Registered, DaemonError>,
+    UnboundedReceiver<DaemonMsg>,
+) {
+    let (tx, rx) = unbounded_channel();
+    let r = d.register(std::process::id(), PROTO_VERSION, ident(key), gpus, tx);
+    (r, rx)
+}
+
+#[test]
+fn the_daemon_matches_a_gpu_as_the_quota_file_rule_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The file spells the UUID in another case, with white space around it.
+    let conf = quota_file(
+        dir.path(),
+        &[(
+            &format!("  {} ", A.to_uppercase().replace("GPU-", "gpu-")),
+            300,
+            "cap",
+        )],
+    );
+    let d = trusted(&conf);
+    let (r, _rx) = register(&d, "ml/nb/main", vec![gpu(A, 0, 100)]);
+    let r = r.expect("registered: the file lists this GPU");
+    let t = &d.snapshot().tenants[0];
+    assert_eq!(t.gpus.len(), 1);
+    assert_eq!(t.gpus[0].settings.share_pct, 30, "{t:?}");
+    assert_eq!(t.gpus[0].settings.policy, ComputePolicy::Cap);
+    assert_eq!(t.gpus[0].source, SettingsSource::QuotaFile);
+    drop(r);
+}
+
+#[test]
+fn a_gpu_the_file_does_not_list_is_not_granted_and_the_process_stays_registered() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = quota_file(dir.path(), &[(A, 300, "burst")]);
+    let d = trusted(&conf);
+    // An older shim registers every GPU it can see.
+    let (r, _rx) = register(&d, "ml/nb/main", vec![gpu(B, 0, 100), gpu(A, 1, 100)]);
+    let r = r.expect("the whole process is never refused for a GPU it was not granted");
+    let DaemonMsg::Welcome {
+        words, settings, ..
+    } = &r.welcome
+    else {
+        panic!("not a Welcome: {:?}", r.welcome);
+    };
+    assert_eq!(words.len(), 2, "one word per registered GPU");
+    assert_eq!(settings[1].share_pct, 30);
+    // The GPU it was not given is not scheduled: the tenant does not use it, and a
+    // launch blocked on it never gets a grant (its word is never held).
+    let t = &d.snapshot().tenants[0];
+    let used: Vec<&str> = t.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(used, vec![A], "{t:?}");
+    d.demand(r.conn, 0)
+        .expect("a demand on it is not a protocol error");
+    d.demand(r.conn, 1).expect("demand on the granted GPU");
+    assert_eq!(
+        r.board
+            .word(words[0] as usize)
+            .load(std::sync::atomic::Ordering::SeqCst)
+            & 1,
+        0,
+        "the GPU it was not granted is never held"
+    );
+    assert_eq!(
+        r.board
+            .word(words[1] as usize)
+            .load(std::sync::atomic::Ordering::SeqCst)
+            & 1,
+        1,
+        "the granted GPU is held (no other tenant)"
+    );
+    assert_ne!(words[0], words[1]);
+}
+
+#[test]
+fn a_process_granted_no_gpu_it_registers_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = quota_file(dir.path(), &[(A, 300, "burst")]);
+    let d = trusted(&conf);
+    let (r, _rx) = register(&d, "ml/nb/main", vec![gpu(B, 0, 100)]);
+    let e = r.expect_err("nothing to schedule").to_string();
+    assert!(e.contains(B) && e.contains("vgpu.conf"), "{e}");
+    assert!(d.snapshot().tenants.is_empty(), "a refusal keeps nothing");
+}
+
+fn observed(uuids: &[&str]) -> Vec<GpuObservation> {
+    uuids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| GpuObservation {
+            uuid: (*u).to_owned(),
+            index: u32::try_from(i).expect("few"),
+            ..GpuObservation::default()
+        })
+        .collect()
+}
+
+#[test]
+fn gpus_the_node_does_not_have_are_refused() {
+    let d = daemon();
+    d.record_observations(observed(&[A, B]));
+    let made_up = "GPU-deadbeef-0000-4000-8000-000000000000";
+    let (r, _rx) = register(&d, "t", vec![gpu(A, 0, 50), gpu(made_up, 1, 50)]);
+    let e = r.expect_err("a GPU NVML does not list").to_string();
+    assert!(e.contains(made_up), "{e}");
+    let (r, _rx) = register(&d, "t", vec![gpu(&A.to_uppercase(), 0, 50)]);
+    r.expect("a GPU of the node, in another case");
+    let snap = d.snapshot();
+    assert_eq!(snap.gpus.len(), 2, "{:?}", snap.gpus);
+}
+
+#[test]
+fn what_hellos_naming_made_up_gpus_leave_behind_is_bounded() {
+    // No NVML reading and no configured list: the daemon cannot tell real GPUs from made-up
+    // ones, so what it keeps must be bounded by what is registered now.
+    let d = daemon();
+    for round in 0..200u32 {
+        let gpus: Vec<GpuRegistration> = (0..MAX_GPUS as u32)
+            .map(|i| {
+                gpu(
+                    &format!("GPU-{round:08x}-{i:04x}-4000-8000-000000000000"),
+                    i,
+                    10,
+                )
+            })
+            .collect();
+        let (r, _rx) = register(&d, &format!("t{round}"), gpus);
+        if let Ok(r) = r {
+            d.disconnect(r.conn);
+        }
+    }
+    let snap = d.snapshot();
+    assert!(snap.tenants.is_empty());
+    assert!(
+        snap.gpus.is_empty(),
+        "{} GPUs kept after every process left",
+        snap.gpus.len()
+    );
+    // While registered, distinct GPUs are capped.
+    let mut live = Vec::new();
+    let mut refused = 0;
+    for round in 0..40u32 {
+        let gpus: Vec<GpuRegistration> = (0..MAX_GPUS as u32)
+            .map(|i| {
+                gpu(
+                    &format!("GPU-{round:08x}-{i:04x}-4000-8000-000000000001"),
+                    i,
+                    10,
+                )
+            })
+            .collect();
+        match register(&d, &format!("t{round}"), gpus) {
+            (Ok(r), rx) => live.push((r, rx)),
+            (Err(e), _) => {
+                assert!(e.to_string().contains("GPU"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "640 distinct GPUs accepted");
+    assert!(d.snapshot().gpus.len() <= 64, "{}", d.snapshot().gpus.len());
+}
+
+#[test]
+fn connections_per_tenant_are_capped_and_a_refusal_keeps_nothing() {
+    let d = daemon();
+    let mut live = Vec::new();
+    let mut refused = None;
+    for _ in 0..1100 {
+        match register(&d, "one-tenant", vec![gpu(A, 0, 10)]) {
+            (Ok(r), rx) => live.push((r, rx)),
+            (Err(e), _) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let e = refused.expect("a tenant cannot register without bound");
+    assert!(e.contains("one-tenant"), "{e}");
+    assert_eq!(d.snapshot().tenants[0].pids.len(), 1, "one PID, many conns");
+    // Identity fields longer than Kubernetes allows are refused, naming the field.
+    let mut id = ident("long");
+    id.pod = "p".repeat(300);
+    let (tx, _rx) = unbounded_channel();
+    let e = d
+        .register(
+            std::process::id(),
+            PROTO_VERSION,
+            id,
+            vec![gpu(A, 0, 10)],
+            tx,
+        )
+        .expect_err("a 300-byte pod name")
+        .to_string();
+    assert!(e.contains("pod"), "{e}");
+    assert_eq!(
+        d.snapshot().tenants.len(),
+        1,
+        "nothing kept for the refused one"
+    );
+}
+
+#[test]
+fn a_tenant_whose_last_process_leaves_is_off_every_gpu_it_used() {
+    // Two processes of one container, each on its own GPU; the first leaves, then the
+    // last: nothing of the tenant, nor of either GPU, stays behind.
+    let d = daemon();
+    let (r1, _rx1) = register(&d, "two-gpus", vec![gpu(A, 0, 10)]);
+    let (r2, _rx2) = register(&d, "two-gpus", vec![gpu(B, 0, 10)]);
+    let (r1, r2) = (r1.expect("first"), r2.expect("second"));
+    assert_eq!(d.snapshot().gpus.len(), 2);
+    d.disconnect(r1.conn);
+    assert_eq!(
+        d.snapshot().tenants[0].gpus.len(),
+        2,
+        "the tenant still has both"
+    );
+    d.disconnect(r2.conn);
+    let snap = d.snapshot();
+    assert!(snap.tenants.is_empty());
+    assert!(snap.gpus.is_empty(), "{:?}", snap.gpus);
+}
