@@ -159,7 +159,11 @@ mod tests {
         assert_eq!(cuda_visible(Some("3,4,0"), &NODE), vec![3]);
         assert_eq!(cuda_visible(Some(" 1 , 0 "), &NODE), vec![1, 0]);
         assert_eq!(cuda_visible(Some("1,,0"), &NODE), vec![1]);
-        assert_eq!(cuda_visible(Some("0,0,1"), &NODE), vec![0], "a repeat ends it");
+        assert_eq!(
+            cuda_visible(Some("0,0,1"), &NODE),
+            vec![0],
+            "a repeat ends it"
+        );
         assert_eq!(cuda_visible(Some("1x,0"), &NODE), Vec::<usize>::new());
     }
 
@@ -178,7 +182,10 @@ mod tests {
         );
         assert_eq!(cuda_visible(Some("GPU-8932f937-d,2"), &NODE), vec![0, 2]);
         assert_eq!(cuda_visible(Some("GPU-,1"), &NODE), Vec::<usize>::new());
-        assert_eq!(cuda_visible(Some("MIG-GPU-1111/0/0"), &NODE), Vec::<usize>::new());
+        assert_eq!(
+            cuda_visible(Some("MIG-GPU-1111/0/0"), &NODE),
+            Vec::<usize>::new()
+        );
         assert_eq!(cuda_visible(Some("GPU-ffff,0"), &NODE), Vec::<usize>::new());
         assert_eq!(
             cuda_visible(Some(&format!("1,{}", NODE[1])), &NODE),
@@ -198,12 +205,18 @@ mod tests {
             Vec::<usize>::new(),
             "a GPU of the node the container was not given is nothing"
         );
-        assert_eq!(container_selection(Some("2"), &granted), Vec::<usize>::new());
+        assert_eq!(
+            container_selection(Some("2"), &granted),
+            Vec::<usize>::new()
+        );
         let value = visible_value(&[granted[1], granted[0]]);
         assert_eq!(value, format!("{},{}", NODE[0], NODE[2]));
         assert_eq!(cuda_visible(Some(&value), &NODE), vec![0, 2]);
         assert_eq!(visible_value::<&str>(&[]), "");
-        assert_eq!(cuda_visible(Some(&visible_value::<&str>(&[])), &NODE), Vec::<usize>::new());
+        assert_eq!(
+            cuda_visible(Some(&visible_value::<&str>(&[])), &NODE),
+            Vec::<usize>::new()
+        );
     }
 
     #[test]
@@ -216,7 +229,10 @@ mod tests {
         assert_eq!((m.real(0), m.real(1)), (Some(3), Some(0)));
         assert_eq!((m.virt(3), m.virt(0)), (Some(0), Some(1)));
         let id = DeviceMap::identity(2);
-        assert_eq!((id.len(), id.real(1), id.virt(1), id.real(2)), (2, Some(1), Some(1), None));
+        assert_eq!(
+            (id.len(), id.real(1), id.virt(1), id.real(2)),
+            (2, Some(1), Some(1), None)
+        );
         assert!(DeviceMap::new::<&str, &str>(&[], &NODE).is_empty());
     }
 }
