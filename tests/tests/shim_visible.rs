@@ -267,3 +267,92 @@ fn the_simulated_driver_honours_cuda_visible_devices_and_nvml_ignores_it() {
         "{err}"
     );
 }
+
+/// Runs a Python snippet in `c` on `node`, or None (printing SKIPPED) when python3 lacks
+/// `module`.
+fn python(node: &SimNode, c: &Container, module: &str, code: &str) -> Option<String> {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: python3 with {module} is not installed");
+        return None;
+    }
+    let mut cmd = node.command("python3");
+    c.apply(&mut cmd);
+    let out = cmd.args(["-c", code]).output().expect("run python3");
+    let s = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python failed:\n{s}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(s)
+}
+
+#[test]
+fn nvidia_ml_py_and_cuda_python_see_only_the_granted_gpu() {
+    let node = node();
+    let ids = bare_identity(&node);
+    let c = container(&[(GPU1, 700)]);
+    let code = format!(
+        r#"
+import pynvml as n
+n.nvmlInit()
+print(f"count={{n.nvmlDeviceGetCount()}}")
+h = n.nvmlDeviceGetHandleByIndex(0)
+u = n.nvmlDeviceGetUUID(h)
+print(f"uuid0={{u.decode() if isinstance(u, bytes) else u}} index0={{n.nvmlDeviceGetIndex(h)}}")
+print(f"total={{n.nvmlDeviceGetMemoryInfo(h).total}}")
+for name, f, key in [("uuid", n.nvmlDeviceGetHandleByUUID, "{GPU0}"),
+                     ("pci", n.nvmlDeviceGetHandleByPciBusId, "{pci}"),
+                     ("serial", n.nvmlDeviceGetHandleBySerial, "{serial}"),
+                     ("index1", n.nvmlDeviceGetHandleByIndex, 1)]:
+    try:
+        f(key)
+        print(f"{{name}}=found")
+    except n.NVMLError as e:
+        print(f"{{name}}=err{{e.value}}")
+"#,
+        pci = ids[0].2,
+        serial = ids[0].3,
+    );
+    if let Some(out) = python(&node, &c, "pynvml", &code) {
+        assert_eq!(num(&out, "count"), 1, "{out}");
+        assert_eq!(get(&out, "uuid0"), GPU1, "{out}");
+        assert_eq!(num(&out, "index0"), 0, "{out}");
+        assert_eq!(num(&out, "total"), 700 * MIB, "{out}");
+        for (k, v) in [
+            ("uuid", "err6"),
+            ("pci", "err6"),
+            ("serial", "err6"),
+            ("index1", "err2"),
+        ] {
+            assert_eq!(get(&out, k), v, "{k}: {out}");
+        }
+    }
+    // cuda-python 13 resolves every entry point through cuGetProcAddress.
+    let code = format!(
+        r#"
+from cuda.bindings import driver as d
+assert d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS
+err, n = d.cuDeviceGetCount()
+print(f"count={{n}}")
+err, dev = d.cuDeviceGet(0)
+err, u = d.cuDeviceGetUuid(dev)
+print("uuid0=GPU-" + "-".join(bytes(u.bytes).hex()[a:b] for a, b in [(0, 8), (8, 12), (12, 16), (16, 20), (20, 32)]))
+err, dev = d.cuDeviceGetByPCIBusId(b"{pci}")
+print(f"pci_lookup={{int(err)}}")
+err, total = d.cuDeviceTotalMem(0)
+print(f"totalmem={{total}}")
+"#,
+        pci = ids[0].1,
+    );
+    if let Some(out) = python(&node, &c, "cuda.bindings.driver", &code) {
+        assert_eq!(num(&out, "count"), 1, "{out}");
+        assert_eq!(get(&out, "uuid0"), GPU1, "{out}");
+        assert_eq!(num(&out, "pci_lookup"), 101, "GPU 0 by PCI id: {out}");
+        assert_eq!(num(&out, "totalmem"), 700 * MIB, "{out}");
+    }
+}
