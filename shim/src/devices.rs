@@ -34,12 +34,12 @@ static DRIVER: OnceLock<Vec<String>> = OnceLock::new();
 /// NVML's indices of the container's GPUs, once NVML could say.
 static NVML_MAP: OnceLock<DeviceMap> = OnceLock::new();
 
-/// The GPUs of the quota file `quota_text`, in its order (none if it cannot be read:
-/// the configuration reports the file, and meanwhile no GPU is shown).
-fn granted_of(quota_text: &str) -> Vec<String> {
+/// The GPUs of the quota file `quota_text`, in its order (None if it cannot be read: the
+/// configuration reports the file by name and value).
+fn granted_of(quota_text: &str) -> Option<Vec<String>> {
     ContainerQuota::from_json(quota_text)
+        .ok()
         .map(|q| q.gpus.iter().map(|g| g.uuid.trim().to_owned()).collect())
-        .unwrap_or_default()
 }
 
 /// The container's GPUs that a process whose own `CUDA_VISIBLE_DEVICES` is `tenant`
@@ -62,7 +62,13 @@ pub fn driver_value(tenant: Option<&str>, granted: &[String]) -> String {
 /// runs before the first real `cuInit`). Writes the environment only when the value
 /// changes (in Kubernetes the device plugin already sets it).
 pub fn restrict_driver(quota_text: &str) {
-    let granted = granted_of(quota_text);
+    let Some(granted) = granted_of(quota_text) else {
+        // A file no reader can use fails the configuration, loudly, naming the file; until
+        // then NVML shows no GPU, and the driver is left alone so that the error is that
+        // one, not a missing device.
+        let _ = GRANTED.set(Vec::new());
+        return;
+    };
     let tenant = std::env::var_os(CUDA_VISIBLE_DEVICES).map(|v| v.to_string_lossy().into_owned());
     let chosen = selected(tenant.as_deref(), &granted);
     let value = visible_value(&chosen);
@@ -116,10 +122,13 @@ pub fn driver_view(uuids: &[String]) -> Vec<String> {
     all
 }
 
-/// The container's GPUs if the shim hides the others (a quota file), else None.
+/// The container's GPUs if the shim hides the others (a quota file), else None (also
+/// under `VGPU_ON_ERROR=unenforced` after an error: everything passes through).
 pub fn granted() -> Option<&'static [String]> {
     // The configuration (which reads the quota file) runs at the first hook.
-    let _ = crate::state::mode();
+    if let crate::state::Mode::Unenforced = crate::state::mode() {
+        return None;
+    }
     GRANTED.get().map(Vec::as_slice)
 }
 
@@ -251,6 +260,6 @@ mod tests {
         );
         assert_eq!(driver_value(Some("2"), &granted), "");
         assert_eq!(driver_value(None, &[]), "", "no GPU granted: none shown");
-        assert_eq!(granted_of("{not json"), Vec::<String>::new());
+        assert_eq!(granted_of("{not json"), None);
     }
 }

@@ -184,7 +184,9 @@ pub fn handle_by_uuid(uuid: &str) -> NvmlResult<nvmlDevice_t> {
 /// simulated boards have no other identity to derive one from).
 pub fn serial_of(st: &State, d: usize) -> String {
     let u = st.info(d).uuid;
-    let n = u.iter().fold(0u64, |acc, &b| acc.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let n = u.iter().fold(0u64, |acc, &b| {
+        acc.wrapping_mul(31).wrapping_add(u64::from(b))
+    });
     format!("{:013}", 1_650_000_000_000 + n % 100_000_000_000)
 }
 
