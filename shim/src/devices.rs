@@ -72,7 +72,9 @@ pub fn restrict_driver(quota_text: &str) {
     let tenant = std::env::var_os(CUDA_VISIBLE_DEVICES).map(|v| v.to_string_lossy().into_owned());
     let chosen = selected(tenant.as_deref(), &granted);
     let value = visible_value(&chosen);
-    if tenant.as_deref() != Some(value.as_str()) {
+    // A UUID with a NUL cannot be an environment value (nor any GPU's: the quota file
+    // check reports it); the driver is then left alone.
+    if tenant.as_deref() != Some(value.as_str()) && !value.contains('\0') {
         // SAFETY: `setenv` may race with another thread reading the environment. It runs
         // at most once or twice per process (the shim's configuration, before the real
         // driver initialises), replacing a variable is one pointer store in glibc (the
@@ -137,7 +139,7 @@ type NvmlByKey = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlR
 type NvmlIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 
 /// The UUID of an NVML handle, from the real NVML.
-pub fn handle_uuid(device: nvmlDevice_t) -> Result<String, nvmlReturn_t> {
+pub(crate) fn handle_uuid(device: nvmlDevice_t) -> Result<String, nvmlReturn_t> {
     static P: OnceLock<usize> = OnceLock::new();
     let p = *P.get_or_init(|| real::nvml().map_or(0, |l| l.sym(c"nvmlDeviceGetUUID")));
     if p == 0 {
@@ -213,7 +215,7 @@ pub fn nvml_map() -> Result<Option<&'static DeviceMap>, nvmlReturn_t> {
 
 /// Whether the container may see NVML device `device` (a GPU it was granted, or any
 /// when nothing is hidden).
-pub fn nvml_visible(device: nvmlDevice_t) -> Result<bool, nvmlReturn_t> {
+pub(crate) fn nvml_visible(device: nvmlDevice_t) -> Result<bool, nvmlReturn_t> {
     match nvml_map()? {
         None => Ok(true),
         Some(m) => Ok(m.virt(real_index(device)?).is_some()),
@@ -224,7 +226,7 @@ pub fn nvml_visible(device: nvmlDevice_t) -> Result<bool, nvmlReturn_t> {
 /// the driver's device with the same UUID; without a quota file (the driver was not
 /// asked), NVML's index, which the device plugin's `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes
 /// agree.
-pub fn cuda_ordinal(device: nvmlDevice_t) -> Option<usize> {
+pub(crate) fn cuda_ordinal(device: nvmlDevice_t) -> Option<usize> {
     match DRIVER.get() {
         Some(uuids) => {
             let u = handle_uuid(device).ok()?;
