@@ -13,3 +13,4 @@ pub mod packing;
 pub mod prom;
 pub mod resources;
 pub mod sched_proto;
+pub mod visible;

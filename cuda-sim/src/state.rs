@@ -38,7 +38,7 @@ pub const SLOT_BUCKETS: usize = 16;
 const MAGIC: [u8; 8] = *b"VGPUSIM\0";
 /// Bumped whenever the layout changes; part of the file name, so that old and new
 /// simulators never map each other's state.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 const SLOT_FREE: u32 = 0;
 const SLOT_CLAIMING: u32 = 1;
@@ -231,10 +231,19 @@ pub struct SlotDev {
 #[derive(Debug)]
 pub struct Slot {
     state: AtomicU32,
-    /// The process id.
+    /// The process's host PID (the initial PID namespace's), 0 until known: see
+    /// [`State::pid_of`].
     pub pid: AtomicU32,
     /// When the process attached, µs since the Unix epoch.
     pub start_unix_us: AtomicU64,
+    /// Inode of the process's PID namespace (`/proc/self/ns/pid`).
+    pub ns_ino: AtomicU64,
+    /// Its PID in that namespace (`getpid`).
+    pub ns_pid: AtomicU32,
+    _pad: u32,
+    /// Its start time, clock ticks after boot (`/proc/self/stat` field 22): with the
+    /// namespace and the PID it names the process for a reader in the initial namespace.
+    pub start_ticks: AtomicU64,
     /// Per-device use.
     pub devs: [SlotDev; MAX_DEVICES],
 }
@@ -600,7 +609,11 @@ impl State {
                     d.want.store(0, Ordering::Relaxed);
                     d.busy_ns.store(0, Ordering::Relaxed);
                 }
-                s.pid.store(host_pid(), Ordering::Relaxed);
+                let me = ProcIdentity::of_self();
+                s.ns_ino.store(me.ns_ino, Ordering::Relaxed);
+                s.ns_pid.store(me.ns_pid, Ordering::Relaxed);
+                s.start_ticks.store(me.start_ticks, Ordering::Relaxed);
+                s.pid.store(me.host_pid.unwrap_or(0), Ordering::Relaxed);
                 s.start_unix_us.store(unix_us(), Ordering::Relaxed);
                 s.state.store(SLOT_LIVE, Ordering::Release);
                 return Ok(i);
@@ -664,7 +677,10 @@ impl State {
     /// Frees everything slot `i` holds and marks it free. Caller owns it in REAPING.
     fn retire(&self, i: usize) {
         let s = self.slot(i);
-        let pid = s.pid.load(Ordering::Relaxed);
+        let pid = match s.pid.load(Ordering::Relaxed) {
+            0 => s.ns_pid.load(Ordering::Relaxed),
+            p => p,
+        };
         let start = s.start_unix_us.load(Ordering::Relaxed);
         let now = unix_us();
         for d in 0..self.device_count() {
@@ -704,6 +720,42 @@ impl State {
         s.state.store(SLOT_FREE, Ordering::Release);
     }
 
+    /// The host PID of the process in slot `i`, as a kernel driver reports it wherever
+    /// the caller runs. Known at attach for a process of the initial PID namespace (or
+    /// one whose `/proc` is the host's); for a process in a container with its own
+    /// `/proc`, resolved by the first reader in the initial namespace (its namespace
+    /// inode, PID there and start time found in the host's `/proc`) and kept in the
+    /// slot for every later reader. A reader that cannot resolve it gets the PID in
+    /// the process's own namespace (ADR 0014, `docs/cuda-sim.md`).
+    pub fn pid_of(&self, i: usize) -> u32 {
+        let s = self.slot(i);
+        let pid = s.pid.load(Ordering::Acquire);
+        if pid != 0 {
+            return pid;
+        }
+        let who = ProcIdentity {
+            ns_ino: s.ns_ino.load(Ordering::Relaxed),
+            ns_pid: s.ns_pid.load(Ordering::Relaxed),
+            start_ticks: s.start_ticks.load(Ordering::Relaxed),
+            host_pid: None,
+        };
+        if let Some(host) = who.resolve_in_host_proc() {
+            // A slot reused meanwhile names another process: keep nothing for it.
+            if s.pid
+                .compare_exchange(0, host, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+                && (s.ns_pid.load(Ordering::Relaxed) != who.ns_pid
+                    || s.start_ticks.load(Ordering::Relaxed) != who.start_ticks)
+            {
+                let _ = s
+                    .pid
+                    .compare_exchange(host, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+            return host;
+        }
+        who.ns_pid
+    }
+
     /// Live processes with a context or memory on device `d`.
     pub fn processes(&self, d: usize) -> Vec<ProcessOnDevice> {
         let mut out = Vec::new();
@@ -718,7 +770,7 @@ impl State {
             if contexts > 0 || used > 0 {
                 out.push(ProcessOnDevice {
                     slot: i,
-                    pid: s.pid.load(Ordering::Relaxed),
+                    pid: self.pid_of(i),
                     used,
                     contexts,
                 });
@@ -750,7 +802,7 @@ impl State {
             }
             let start = s.start_unix_us.load(Ordering::Relaxed);
             out.push(AccountingRecord {
-                pid: s.pid.load(Ordering::Relaxed),
+                pid: self.pid_of(i),
                 running: true,
                 start_unix_us: start,
                 lifetime_us: now.saturating_sub(start),
@@ -1154,24 +1206,131 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// This process's PID as a kernel driver sees it: in the outermost PID namespace that
-/// `/proc` shows (the first `NSpid` field of `/proc/self/status`; a process in a
-/// container's PID namespace with the host's `/proc` has its host PID there), else
-/// `getpid`. NVIDIA's driver reports host PIDs through NVML; so does the simulator.
-pub fn host_pid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
+/// Inode of the initial PID namespace (the kernel's `PROC_PID_INIT_INO`).
+pub const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+
+/// What names a process across PID namespaces: its namespace, its PID there and its
+/// start time; and its host PID when the process itself can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcIdentity {
+    /// Inode of its PID namespace (0: unknown).
+    pub ns_ino: u64,
+    /// PID in its own namespace.
+    pub ns_pid: u32,
+    /// Start time, clock ticks after boot (0: unknown).
+    pub start_ticks: u64,
+    /// Host PID, when known.
+    pub host_pid: Option<u32>,
+}
+
+/// The PID namespace inode of `/proc/<who>/ns/pid` (`who` = `self` or a PID).
+fn pid_ns_ino(who: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{who}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Field 22 of `/proc/<who>/stat` (start time, clock ticks after boot).
+fn start_ticks(who: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The `NSpid` fields of `/proc/<who>/status` (outermost namespace `/proc` shows first).
+fn nspids(who: &str) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{who}/status"))
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            let line = s.lines().find_map(|l| l.strip_prefix("NSpid:"))?.to_owned();
+            Some(
+                line.split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect(),
+            )
         })
-        .unwrap_or_else(std::process::id)
+        .unwrap_or_default()
+}
+
+impl ProcIdentity {
+    /// This process. Its host PID is known when it runs in the initial PID namespace
+    /// (`getpid`), or when its `/proc` is an outer namespace's (the first `NSpid` field
+    /// of several); in a container with its own `/proc` it is not.
+    pub fn of_self() -> ProcIdentity {
+        let ns_ino = pid_ns_ino("self").unwrap_or(0);
+        let ns_pid = std::process::id();
+        let host_pid = if ns_ino == INIT_PID_NS_INO {
+            Some(ns_pid)
+        } else {
+            match nspids("self").as_slice() {
+                [outer, _, ..] => Some(*outer),
+                _ => None,
+            }
+        };
+        ProcIdentity {
+            ns_ino,
+            ns_pid,
+            start_ticks: start_ticks("self").unwrap_or(0),
+            host_pid,
+        }
+    }
+
+    /// The host PID of this identity, found in `/proc` by a caller in the initial PID
+    /// namespace (None elsewhere, or if no live process matches: namespace, innermost
+    /// PID and start time).
+    pub fn resolve_in_host_proc(&self) -> Option<u32> {
+        if self.ns_ino == 0 || pid_ns_ino("self") != Some(INIT_PID_NS_INO) {
+            return None;
+        }
+        let dir = std::fs::read_dir("/proc").ok()?;
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let who = pid.to_string();
+            if pid_ns_ino(&who) != Some(self.ns_ino) {
+                continue;
+            }
+            if nspids(&who).last() == Some(&self.ns_pid)
+                && (self.start_ticks == 0 || start_ticks(&who) == Some(self.start_ticks))
+            {
+                return Some(pid);
+            }
+        }
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_names_itself_and_a_host_reader_finds_it() {
+        let me = ProcIdentity::of_self();
+        assert_eq!(me.ns_pid, std::process::id());
+        assert!(me.ns_ino != 0 && me.start_ticks > 0, "{me:?}");
+        if me.ns_ino == INIT_PID_NS_INO {
+            assert_eq!(me.host_pid, Some(std::process::id()));
+            let unknown = ProcIdentity {
+                host_pid: None,
+                ..me
+            };
+            assert_eq!(unknown.resolve_in_host_proc(), Some(std::process::id()));
+            let restarted = ProcIdentity {
+                start_ticks: me.start_ticks + 1,
+                ..unknown
+            };
+            assert_eq!(
+                restarted.resolve_in_host_proc(),
+                None,
+                "a reused PID is not it"
+            );
+        }
+    }
 
     fn open_tmp(cfg: &SimConfig) -> (tempfile::TempDir, State) {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -13,11 +13,13 @@ use std::sync::atomic::Ordering;
 
 use vgpu_cuda_abi::cuda::*;
 use vgpu_cuda_abi::nvml::{
-    NVML_ERROR_NO_PERMISSION, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
+    NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_FOUND, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
     nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 
 use crate::config::MAX_DEVICES;
+use crate::devices;
 use crate::real::{self, real};
 use crate::state::{self, Charge, Kind, Mode, Shim, array_bytes, mode, round_up, virtual_meminfo};
 use crate::table::{Id, hook_addr};
@@ -1726,22 +1728,10 @@ gated_launch_hook!(cuGraphLaunch_ptsz, GraphLaunch, hStream, (hGraphExec: CUgrap
 
 // ---- NVML --------------------------------------------------------------------------
 
-/// NVML's index of `device` (the CUDA ordinal under the device plugin's ordering).
+/// The CUDA ordinal of NVML device `device`, under which the container's accounts are
+/// kept (by UUID: [`crate::devices::cuda_ordinal`]).
 fn nvml_index(device: nvmlDevice_t) -> Option<usize> {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = *P.get_or_init(|| real::nvml().map_or(0, |l| l.sym(c"nvmlDeviceGetIndex")));
-    if p == 0 {
-        return None;
-    }
-    // SAFETY: `p` is the real nvmlDeviceGetIndex(nvmlDevice_t, unsigned int*).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t>(
-            p,
-        )
-    };
-    let mut i: c_uint = 0;
-    // SAFETY: a handle the real NVML accepted, and a valid out-pointer.
-    (unsafe { f(device, &mut i) } == NVML_SUCCESS).then_some(i as usize)
+    devices::cuda_ordinal(device)
 }
 
 type NvmlMemInfo = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
@@ -1963,6 +1953,139 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         // SAFETY: non-null out-pointer.
         unsafe { *processSamplesCount = kept as c_uint };
         r
+    })
+}
+
+// ---- NVML: the container's devices only (ADR 0014) ----------------------------------
+
+type NvmlCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
+macro_rules! nvml_count_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(deviceCount: *mut c_uint) -> nvmlReturn_t {
+            let f = real_or!($name, NvmlCount, NVML_ERROR_LIBRARY_NOT_FOUND);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { f(deviceCount) };
+            guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+                let r = call();
+                if r != NVML_SUCCESS || deviceCount.is_null() {
+                    return r;
+                }
+                match devices::nvml_map() {
+                    Ok(None) => r,
+                    Ok(Some(m)) => {
+                        // SAFETY: the real NVML just wrote the non-null out-pointer.
+                        unsafe { *deviceCount = m.len() as c_uint };
+                        r
+                    }
+                    Err(e) => e,
+                }
+            })
+        }
+    };
+}
+nvml_count_hook!(nvmlDeviceGetCount);
+nvml_count_hook!(nvmlDeviceGetCount_v2);
+
+type NvmlByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+macro_rules! nvml_by_index_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+            let f = real_or!($name, NvmlByIndex, NVML_ERROR_LIBRARY_NOT_FOUND);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { f(index, device) };
+            guard(
+                vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN,
+                call,
+                || match devices::nvml_map() {
+                    Ok(None) => call(),
+                    Ok(Some(m)) => match m
+                        .real(index as usize)
+                        .and_then(|i| c_uint::try_from(i).ok())
+                    {
+                        // SAFETY: the caller's out-pointer, NVML's index of the container's
+                        // device `index`.
+                        Some(real_index) => unsafe { f(real_index, device) },
+                        None => NVML_ERROR_INVALID_ARGUMENT,
+                    },
+                    Err(e) => e,
+                },
+            )
+        }
+    };
+}
+nvml_by_index_hook!(nvmlDeviceGetHandleByIndex);
+nvml_by_index_hook!(nvmlDeviceGetHandleByIndex_v2);
+
+type NvmlByKey = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+/// A handle looked up by UUID, PCI bus id or serial: a GPU the container was not given
+/// is not found.
+macro_rules! nvml_by_key_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            key: *const c_char,
+            device: *mut nvmlDevice_t,
+        ) -> nvmlReturn_t {
+            let f = real_or!($name, NvmlByKey, NVML_ERROR_LIBRARY_NOT_FOUND);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { f(key, device) };
+            guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+                let r = call();
+                if r != NVML_SUCCESS || device.is_null() {
+                    return r;
+                }
+                // SAFETY: the real NVML just wrote the non-null out-pointer.
+                let h = unsafe { *device };
+                match devices::nvml_visible(h) {
+                    Ok(true) => r,
+                    Ok(false) => {
+                        // SAFETY: as above.
+                        unsafe { *device = std::ptr::null_mut() };
+                        NVML_ERROR_NOT_FOUND
+                    }
+                    Err(e) => e,
+                }
+            })
+        }
+    };
+}
+nvml_by_key_hook!(nvmlDeviceGetHandleByUUID);
+nvml_by_key_hook!(nvmlDeviceGetHandleByPciBusId);
+nvml_by_key_hook!(nvmlDeviceGetHandleByPciBusId_v2);
+nvml_by_key_hook!(nvmlDeviceGetHandleBySerial);
+
+type NvmlIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    let f = real_or!(nvmlDeviceGetIndex, NvmlIndex, NVML_ERROR_LIBRARY_NOT_FOUND);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(device, index) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r != NVML_SUCCESS || index.is_null() {
+            return r;
+        }
+        match devices::nvml_map() {
+            Ok(None) => r,
+            Ok(Some(m)) => {
+                // SAFETY: the real NVML just wrote the non-null out-pointer.
+                let real_index = unsafe { *index } as usize;
+                match m.virt(real_index).and_then(|v| c_uint::try_from(v).ok()) {
+                    Some(v) => {
+                        // SAFETY: as above.
+                        unsafe { *index = v };
+                        r
+                    }
+                    None => NVML_ERROR_INVALID_ARGUMENT,
+                }
+            }
+            Err(e) => e,
+        }
     })
 }
 

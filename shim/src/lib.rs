@@ -5,6 +5,7 @@
 //!   routes: exported symbols, the `dlsym` hook and the `cuGetProcAddress` hook.
 //! - [`hooks`]: the exported functions, thin: guard, pointer checks, safe logic, result.
 //! - [`real`]: the real driver and NVML, resolved once, never through ourselves.
+//! - [`devices`]: which devices the container sees (its GPUs only, numbered from 0).
 //! - [`state`]: configuration, failure policy, this process's allocations.
 //! - [`pools`]: what is charged for each stream-ordered memory pool (its cache stays
 //!   charged until the driver releases it).
@@ -32,6 +33,7 @@ macro_rules! say {
 }
 
 pub mod config;
+pub mod devices;
 pub mod gate;
 pub mod hooks;
 pub mod pools;

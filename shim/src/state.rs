@@ -105,6 +105,8 @@ fn configure() -> Result<Config, (OnError, String)> {
             ));
         }
     };
+    // Only the container's GPUs are shown to the driver (ADR 0014), before it starts.
+    crate::devices::restrict_driver(&text);
     let uuids = crate::hooks::device_uuids().map_err(|e| {
         (
             cfg.on_error,
@@ -114,6 +116,7 @@ fn configure() -> Result<Config, (OnError, String)> {
             ),
         )
     })?;
+    let uuids = crate::devices::driver_view(&uuids);
     let notes = cfg
         .apply_quota_file(&path, &text, &uuids)
         .map_err(|e| (cfg.on_error, e))?;

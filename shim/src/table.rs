@@ -120,6 +120,15 @@ table! {
     nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
     nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
     nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
+    nvmlDeviceGetCount: Nvml "nvmlDeviceGetCount" 0 false;
+    nvmlDeviceGetCount_v2: Nvml "nvmlDeviceGetCount_v2" 0 false;
+    nvmlDeviceGetHandleByIndex: Nvml "nvmlDeviceGetHandleByIndex" 0 false;
+    nvmlDeviceGetHandleByIndex_v2: Nvml "nvmlDeviceGetHandleByIndex_v2" 0 false;
+    nvmlDeviceGetHandleByUUID: Nvml "nvmlDeviceGetHandleByUUID" 0 false;
+    nvmlDeviceGetHandleByPciBusId: Nvml "nvmlDeviceGetHandleByPciBusId" 0 false;
+    nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false;
+    nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false;
+    nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false;
 }
 
 /// The row whose exported symbol is `name`.

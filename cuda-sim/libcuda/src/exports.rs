@@ -251,7 +251,7 @@ fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
 export! {
     fn cuDeviceGetCount(count: *mut c_int) {
         let d = driver()?;
-        out!(count, d.device_count() as c_int)
+        out!(count, d.visible_count() as c_int)
     }
 
     fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) {
@@ -314,8 +314,9 @@ export! {
         let want = vgpu_cuda_sim::config::normalize_pci_bus_id(cstr(pciBusId)?).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let i = (0..d.device_count())
             .find(|&i| d.state.info(i).pci_bus_id() == want)
+            .and_then(|i| d.ordinal(i))
             .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-        out!(dev, i as CUdevice)
+        out!(dev, i)
     }
 
     fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) {
@@ -461,14 +462,14 @@ export! {
     }
 
     fn cuCtxGetDevice(device: *mut CUdevice) {
-        let (_, c) = cur()?;
-        out!(device, c.dev as CUdevice)
+        let (d, c) = cur()?;
+        out!(device, d.ordinal(c.dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?)
     }
 
     fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) {
         let d = driver()?;
         let c = if ctx.is_null() { d.current()? } else { d.ctx(from_ptr(ctx, Kind::Ctx).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?)? };
-        out!(device, c.dev as CUdevice)
+        out!(device, d.ordinal(c.dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?)
     }
 
     fn cuCtxGetFlags(flags: *mut c_uint) {
@@ -701,7 +702,7 @@ export! {
             pointer_attribute::MEMORY_TYPE => out!(data as *mut c_uint, if host { memorytype::HOST } else { memorytype::DEVICE }),
             pointer_attribute::DEVICE_POINTER | pointer_attribute::HOST_POINTER => out!(data as *mut u64, ptr),
             pointer_attribute::IS_MANAGED => out!(data as *mut c_uint, c_uint::from(kind == AllocKind::Managed)),
-            pointer_attribute::DEVICE_ORDINAL => out!(data as *mut c_int, dev as c_int),
+            pointer_attribute::DEVICE_ORDINAL => out!(data as *mut c_int, d.ordinal(dev).unwrap_or(-1)),
             pointer_attribute::RANGE_START_ADDR => out!(data as *mut u64, base),
             pointer_attribute::RANGE_SIZE => out!(data as *mut usize, size as usize),
             pointer_attribute::MAPPED => out!(data as *mut c_uint, 1),
@@ -1048,7 +1049,7 @@ export! {
         out!(prop, CUmemAllocationProp {
             type_: CU_MEM_ALLOCATION_TYPE_PINNED,
             requestedHandleTypes: 0,
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev as i32 },
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: d.ordinal(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)? },
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: [0; 8],
         })

@@ -138,6 +138,9 @@ pub struct Driver {
     pub default_pools: Vec<OnceLock<Arc<Pool>>>,
     /// Whether to print every `cuGetProcAddress` lookup (env `VGPU_SIM_TRACE`).
     pub trace: bool,
+    /// The node's devices this process sees, by CUDA ordinal (`CUDA_VISIBLE_DEVICES`,
+    /// read once at `cuInit` as the real driver does; internal indices are the node's).
+    visible: Vec<usize>,
 }
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
@@ -157,11 +160,21 @@ pub fn init() -> CuResult<&'static Driver> {
                 eprintln!("vgpu cuda-sim: cannot open the simulated node: {e}");
                 CUDA_ERROR_NO_DEVICE
             })?;
+            let n = state.device_count();
+            let uuids: Vec<String> = (0..n)
+                .map(|i| vgpu_cuda_sim::config::format_uuid(&state.info(i).uuid))
+                .collect();
+            let cvd = std::env::var_os(vgpu_core::visible::CUDA_VISIBLE_DEVICES)
+                .map(|v| v.to_string_lossy().into_owned());
+            let visible = vgpu_core::visible::cuda_visible(cvd.as_deref(), &uuids);
+            if visible.is_empty() {
+                // As the real driver: no visible device, no driver.
+                return Err(CUDA_ERROR_NO_DEVICE);
+            }
             let slot = state.claim_slot().map_err(|e| {
                 eprintln!("vgpu cuda-sim: {e}");
                 CUDA_ERROR_OPERATING_SYSTEM
             })?;
-            let n = state.device_count();
             let objects = Objects {
                 primary: (0..n).map(|_| Primary::default()).collect(),
                 ..Objects::default()
@@ -174,6 +187,7 @@ pub fn init() -> CuResult<&'static Driver> {
                 default_pools: (0..n).map(|_| OnceLock::new()).collect(),
                 trace: std::env::var_os("VGPU_SIM_TRACE")
                     .is_some_and(|v| !v.is_empty() && v != "0"),
+                visible,
             })
         })
         .as_ref()
@@ -195,17 +209,31 @@ impl Driver {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Number of devices.
+    /// Number of devices of the node (visible or not: internal indices).
     pub fn device_count(&self) -> usize {
         self.state.device_count()
     }
 
-    /// Validates a device ordinal.
+    /// Number of devices this process sees (`cuDeviceGetCount`).
+    pub fn visible_count(&self) -> usize {
+        self.visible.len()
+    }
+
+    /// The node's device of CUDA ordinal `dev` (an ordinal this process cannot see is
+    /// invalid).
     pub fn device(&self, dev: CUdevice) -> CuResult<usize> {
         usize::try_from(dev)
             .ok()
-            .filter(|&d| d < self.device_count())
+            .and_then(|d| self.visible.get(d).copied())
             .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// The CUDA ordinal of the node's device `node` (None: not visible to this process).
+    pub fn ordinal(&self, node: usize) -> Option<CUdevice> {
+        self.visible
+            .iter()
+            .position(|&v| v == node)
+            .and_then(|o| CUdevice::try_from(o).ok())
     }
 
     /// Fails if device `d` has fallen off the bus.

@@ -456,19 +456,41 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     })
 }
 
-/// `nvmlDeviceGetSerial`: the simulated boards have no serial number.
+/// `nvmlDeviceGetSerial`: 13 digits derived from the UUID.
 ///
 /// # Safety
-/// None (nothing is written).
+/// `serial` is valid for `length` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetSerial(
     device: nvmlDevice_t,
-    _serial: *mut c_char,
-    _length: c_uint,
+    serial: *mut c_char,
+    length: c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        sim::live_device(device)?;
-        Err(NVML_ERROR_NOT_SUPPORTED)
+        let dev = sim::live_device(device)?;
+        // SAFETY: valid for `length` bytes by the contract.
+        unsafe { put_str(serial, length, &dev.serial()) }
+    })
+}
+
+/// `nvmlDeviceGetHandleBySerial`.
+///
+/// # Safety
+/// `serial` is null or NUL-terminated; `device` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
+    serial: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        // SAFETY: null (rejected) or NUL-terminated.
+        let s = unsafe { get_str(serial) }?;
+        if device.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let h = sim::handle_by_serial(&s)?;
+        // SAFETY: non-null and valid for a write.
+        unsafe { put(device, h) }
     })
 }
 

@@ -180,6 +180,25 @@ pub fn handle_by_uuid(uuid: &str) -> NvmlResult<nvmlDevice_t> {
     handle_checked(&st, d)
 }
 
+/// The board serial number of device `d`: 13 digits, derived from its UUID (the
+/// simulated boards have no other identity to derive one from).
+pub fn serial_of(st: &State, d: usize) -> String {
+    let u = st.info(d).uuid;
+    let n = u.iter().fold(0u64, |acc, &b| {
+        acc.wrapping_mul(31).wrapping_add(u64::from(b))
+    });
+    format!("{:013}", 1_650_000_000_000 + n % 100_000_000_000)
+}
+
+/// `nvmlDeviceGetHandleBySerial`.
+pub fn handle_by_serial(serial: &str) -> NvmlResult<nvmlDevice_t> {
+    let st = state()?;
+    let d = (0..st.device_count())
+        .find(|&d| serial_of(&st, d) == serial.trim())
+        .ok_or(NVML_ERROR_NOT_FOUND)?;
+    handle_checked(&st, d)
+}
+
 /// `nvmlDeviceGetHandleByPciBusId`.
 pub fn handle_by_pci_bus_id(id: &str) -> NvmlResult<nvmlDevice_t> {
     let st = state()?;
@@ -277,6 +296,11 @@ impl Dev {
     /// Marketing name.
     pub fn name(&self) -> String {
         self.st.info(self.d).name().to_owned()
+    }
+
+    /// The board serial number.
+    pub fn serial(&self) -> String {
+        serial_of(&self.st, self.d)
     }
 
     /// `GPU-xxxxxxxx-...`.
