@@ -98,5 +98,9 @@ async fn ten_one_slice_pods_on_one_gpu_can_each_allocate_their_full_quota() {
     rebuilt.replace_pods(&pods);
     let (ledger, _) = rebuilt.snapshot();
     let gpu = ledger.node(0).gpus[0];
-    assert_eq!((gpu.milli, gpu.memory_mib, gpu.slices), (0, 0, 0), "{quotas:?}");
+    assert_eq!(
+        (gpu.milli, gpu.memory_mib, gpu.slices),
+        (0, 0, 0),
+        "{quotas:?}"
+    );
 }

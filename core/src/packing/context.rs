@@ -190,7 +190,9 @@ mod tests {
 
     #[test]
     fn ten_one_slice_containers_can_each_allocate_their_full_quota() {
-        let tasks: Vec<Task> = (0..10).map(|_| container(&[("vgpu.io/gpu", "1")])).collect();
+        let tasks: Vec<Task> = (0..10)
+            .map(|_| container(&[("vgpu.io/gpu", "1")]))
+            .collect();
         let reserve = ContextReserve::new(SIM_CONTEXT_MIB).unwrap();
         let quotas = place_all(reserve, SIM_H100_MIB, &tasks);
         assert_eq!(quotas.len(), 10, "all ten are placed");
@@ -235,7 +237,10 @@ mod tests {
                 models: ModelConstraint::any(),
             })
             .collect();
-        assert_eq!(place_all(ContextReserve::default(), 16_384, &tasks).len(), 10);
+        assert_eq!(
+            place_all(ContextReserve::default(), 16_384, &tasks).len(),
+            10
+        );
         assert_eq!(place_all(ContextReserve::NONE, 16_384, &tasks).len(), 12);
     }
 

@@ -105,9 +105,7 @@ pub struct HeldBody {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
     /// Larger than the limit (declared in `Content-Length` or received).
-    #[error(
-        "request body too large: {size} bytes, the limit is {limit} bytes (--max-body-mib)"
-    )]
+    #[error("request body too large: {size} bytes, the limit is {limit} bytes (--max-body-mib)")]
     TooLarge {
         /// The size declared or received so far.
         size: u64,
@@ -164,7 +162,10 @@ impl BodyBudget {
     /// A budget for `limits` (checked with [`HttpLimits::check`]).
     #[must_use]
     pub fn new(limits: HttpLimits) -> Self {
-        let total = limits.body_memory_bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS);
+        let total = limits
+            .body_memory_bytes
+            .div_ceil(UNIT)
+            .min(Semaphore::MAX_PERMITS);
         BodyBudget {
             limits,
             permits: Arc::new(Semaphore::new(total)),
@@ -303,6 +304,8 @@ pub fn describe_json_error(e: &serde_json::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
     use super::*;
 
     #[test]
@@ -312,9 +315,78 @@ mod tests {
             .expect_err("not a number");
         let text = describe_json_error(&e);
         assert!(text.len() < 400, "{} bytes", text.len());
-        assert!(text.contains("invalid type") && text.contains("line 1"), "{text}");
-        let e = serde_json::from_str::<u8>("{").expect_err("eof");
-        assert!(describe_json_error(&e).contains("EOF"), "{}", describe_json_error(&e));
+        assert!(
+            text.contains("invalid type") && text.contains("line 1"),
+            "{text}"
+        );
+        let e =
+            serde_json::from_str::<std::collections::BTreeMap<String, u32>>("{").expect_err("eof");
+        assert!(
+            describe_json_error(&e).contains("EOF"),
+            "{}",
+            describe_json_error(&e)
+        );
+    }
+
+    fn limits() -> HttpLimits {
+        HttpLimits {
+            max_body_bytes: 4096,
+            body_memory_bytes: 8192,
+            header_timeout: Duration::from_millis(100),
+            body_timeout: Duration::from_millis(200),
+        }
+    }
+
+    fn declared(n: usize) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, n.into());
+        h
+    }
+
+    #[tokio::test]
+    async fn a_full_budget_refuses_at_the_deadline() {
+        let budget = BodyBudget::new(limits());
+        let a = budget
+            .read(&declared(4096), Body::from(vec![b'x'; 4096]))
+            .await;
+        let b = budget
+            .read(&declared(4096), Body::from(vec![b'x'; 4096]))
+            .await;
+        assert_eq!(a.as_ref().map(|h| h.bytes.len()), Ok(4096));
+        assert_eq!(b.as_ref().map(|h| h.bytes.len()), Ok(4096));
+        // Both held: the third finds no room within its deadline.
+        let start = std::time::Instant::now();
+        let e = budget
+            .read(&declared(10), Body::from(vec![b'x'; 10]))
+            .await
+            .unwrap_err();
+        assert!(
+            start.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.to_string().contains("8192 bytes"), "{e}");
+        // One released: room again; an undeclared body is charged as it arrives.
+        drop(a);
+        let c = budget
+            .read(&HeaderMap::new(), Body::from(vec![b'y'; 3000]))
+            .await;
+        assert_eq!(c.map(|h| h.bytes.len()), Ok(3000));
+        // Too large, declared or not.
+        let e = budget
+            .read(&declared(5000), Body::from(vec![b'x'; 5000]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let e = budget
+            .read(&HeaderMap::new(), Body::from(vec![b'x'; 5000]))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("5000 bytes") && e.to_string().contains("4096"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -324,7 +396,10 @@ mod tests {
             body_memory_bytes: 1 << 20,
             ..HttpLimits::default()
         };
-        assert!(matches!(l.check(), Err(LimitsError::BudgetBelowBody { .. })));
+        assert!(matches!(
+            l.check(),
+            Err(LimitsError::BudgetBelowBody { .. })
+        ));
         let l = HttpLimits {
             body_timeout: Duration::ZERO,
             ..HttpLimits::default()

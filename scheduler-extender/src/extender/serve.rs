@@ -7,8 +7,8 @@ use std::time::Duration;
 use vgpu_core::packing::{ContextReserve, PolicyName};
 
 use super::binder::KubeBinder;
-use super::policy::ExtenderPolicy;
 use super::limits::{HttpLimits, LimitsError};
+use super::policy::ExtenderPolicy;
 use super::server::{Extender, router_with, serve_on};
 use super::state::{State, StateConfig};
 use super::sync::{self, SyncConfig};
@@ -170,8 +170,8 @@ pub async fn run_with_client(
         limits.header_timeout,
         shutdown,
     )
-        .await
-        .map_err(|source| ServeError::Serve { addr, source });
+    .await
+    .map_err(|source| ServeError::Serve { addr, source });
     sync_task.abort();
     result
 }

@@ -36,7 +36,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
 use vgpu_core::packing::{
-    ContextReserve, GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, ReuseSlot, Task, reuse,
+    ContextReserve, GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject,
+    ReuseSlot, Task, reuse,
 };
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, ContainerKind,
@@ -961,7 +962,10 @@ impl State {
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.clone()?;
-                Some((name, NodeEntry::new(node_spec(n, self.config.contexts), unavailable(n))))
+                Some((
+                    name,
+                    NodeEntry::new(node_spec(n, self.config.contexts), unavailable(n)),
+                ))
             })
             .collect();
         self.rebuild(&mut inner);

@@ -25,8 +25,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use vgpu_core::packing::{
-    ContextReserve, ContextReserveError, Fragmentation, Ledger, NodeSpec, Policy, PolicyName, Scale, Scheduler, Task, VgpuParams,
-    fragmentation_for, typical_tasks,
+    ContextReserve, ContextReserveError, Fragmentation, Ledger, NodeSpec, Policy, PolicyName,
+    Scale, Scheduler, Task, VgpuParams, fragmentation_for, typical_tasks,
 };
 
 pub use trace::{TraceError, read_nodes, read_tasks};
