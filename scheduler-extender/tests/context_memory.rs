@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use serde_json::json;
-use vgpu_core::packing::PolicyName;
+use vgpu_core::packing::{ContextReserve, PolicyName};
 use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment};
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
 use vgpu_scheduler_extender::extender::sync::WatchKind;
@@ -21,10 +21,54 @@ const CONTEXT_MIB: u64 = 300;
 
 #[tokio::test]
 async fn ten_one_slice_pods_on_one_gpu_can_each_allocate_their_full_quota() {
-    let state = Arc::new(State::new(
+    let (quotas, bound) = bind_ten(StateConfig::default()).await;
+    // Each container fills its quota while its process holds one context: the GPU
+    // must hold all of it at once.
+    let physical: u64 = quotas.iter().map(|q| q + CONTEXT_MIB).sum();
+    assert!(
+        physical <= GPU_MIB,
+        "quotas {quotas:?} + 10 contexts of {CONTEXT_MIB} MiB = {physical} MiB > the GPU's {GPU_MIB} MiB"
+    );
+    assert!(
+        quotas.iter().all(|&q| q == quotas[0]),
+        "equal requests, equal quotas: {quotas:?}"
+    );
+
+    // A restarted extender, rebuilt from the records, holds the same: nothing is free.
+    let rebuilt = Arc::new(State::new(
         StateConfig::default(),
         ExtenderPolicy::new(PolicyName::Vgpu),
     ));
+    let node = common::gpu_node("node-a", 1, "H100", GPU_MIB);
+    rebuilt.replace_nodes(&[serde_json::from_value(node).expect("node")]);
+    let pods: Vec<_> = bound
+        .into_iter()
+        .map(|p| serde_json::from_value(p).expect("pod"))
+        .collect();
+    rebuilt.replace_pods(&pods);
+    let (ledger, _) = rebuilt.snapshot();
+    let gpu = ledger.node(0).gpus[0];
+    assert_eq!(
+        (gpu.milli, gpu.memory_mib, gpu.slices),
+        (0, 0, 0),
+        "{quotas:?}"
+    );
+
+    // Without the reservation (the arithmetic before ADR 0012) the same ten pods get
+    // quotas that over-commit the GPU by exactly their contexts: the race of issue 11.
+    let none = StateConfig {
+        contexts: ContextReserve::NONE,
+        ..StateConfig::default()
+    };
+    let (quotas, _) = bind_ten(none).await;
+    let physical: u64 = quotas.iter().map(|q| q + CONTEXT_MIB).sum();
+    assert_eq!(physical, GPU_MIB + 10 * CONTEXT_MIB, "{quotas:?}");
+}
+
+/// Filters and binds 1-slice pods over HTTP on one 80 GiB GPU until one is refused;
+/// returns the quotas granted and the bound pods as the watch would show them.
+async fn bind_ten(config: StateConfig) -> (Vec<u64>, Vec<serde_json::Value>) {
+    let state = Arc::new(State::new(config, ExtenderPolicy::new(PolicyName::Vgpu)));
     let node = common::gpu_node("node-a", 1, "H100", GPU_MIB);
     state.replace_nodes(&[serde_json::from_value(node).expect("node")]);
     state.replace_pods(&[]);
@@ -72,35 +116,5 @@ async fn ten_one_slice_pods_on_one_gpu_can_each_allocate_their_full_quota() {
         pod["status"]["phase"] = json!("Running");
         bound.push(pod);
     }
-    // Each container fills its quota while its process holds one context: the GPU
-    // must hold all of it at once.
-    let physical: u64 = quotas.iter().map(|q| q + CONTEXT_MIB).sum();
-    assert!(
-        physical <= GPU_MIB,
-        "quotas {quotas:?} + 10 contexts of {CONTEXT_MIB} MiB = {physical} MiB > the GPU's {GPU_MIB} MiB"
-    );
-    assert!(
-        quotas.iter().all(|&q| q == quotas[0]),
-        "equal requests, equal quotas: {quotas:?}"
-    );
-
-    // A restarted extender, rebuilt from the records, holds the same: nothing is free.
-    let rebuilt = Arc::new(State::new(
-        StateConfig::default(),
-        ExtenderPolicy::new(PolicyName::Vgpu),
-    ));
-    let node = common::gpu_node("node-a", 1, "H100", GPU_MIB);
-    rebuilt.replace_nodes(&[serde_json::from_value(node).expect("node")]);
-    let pods: Vec<_> = bound
-        .into_iter()
-        .map(|p| serde_json::from_value(p).expect("pod"))
-        .collect();
-    rebuilt.replace_pods(&pods);
-    let (ledger, _) = rebuilt.snapshot();
-    let gpu = ledger.node(0).gpus[0];
-    assert_eq!(
-        (gpu.milli, gpu.memory_mib, gpu.slices),
-        (0, 0, 0),
-        "{quotas:?}"
-    );
+    (quotas, bound)
 }
