@@ -261,7 +261,7 @@ const MAX_QUOTED: usize = 32;
 
 /// A JSON parse error in words that never reproduce more than a few bytes of the input:
 /// serde's message (which quotes offending values: a string of any length) with every
-/// quoted value cut to [`MAX_QUOTED`] characters, at most [`MAX_PARSE_MESSAGE`] bytes,
+/// quoted value cut to 32 characters, at most 240 bytes,
 /// then the position.
 #[must_use]
 pub fn describe_json_error(e: &serde_json::Error) -> String {
