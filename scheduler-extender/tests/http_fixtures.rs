@@ -202,6 +202,10 @@ async fn extender_over_fixture_nodes(pods: &[Value]) -> (Served, Arc<RecordingBi
     (served, binder)
 }
 
+/// The quota memory of the fixtures' 80 GiB GPUs: ten 300 MiB contexts reserved
+/// (ADR 0012).
+const QUOTA_MEMORY: u64 = 81920 - 10 * vgpu_core::packing::context::DEFAULT_CONTEXT_MIB;
+
 fn body(rel: &str) -> Value {
     let mut b = fixture(rel);
     rewrite_resource(&mut b);
@@ -289,7 +293,7 @@ async fn recorded_session_without_node_cache() {
         assert_eq!(gpus.len(), 2);
         assert!(
             gpus.iter()
-                .all(|g| g.compute_milli == 1000 && g.memory_mib == 81920 && g.slices == 10)
+                .all(|g| g.compute_milli == 1000 && g.memory_mib == QUOTA_MEMORY && g.slices == 10)
         );
         assert_ne!(gpus[0].uuid, gpus[1].uuid);
         assert!(
@@ -646,7 +650,8 @@ async fn nodes_without_inventory_and_pods_without_gpus() {
 async fn fractional_pods_share_a_gpu_and_memory_limits_are_precise() {
     let (served, binder) = extender_over_fixture_nodes(&[]).await;
     let mut req = body("extender-nodecache-true/001-filter-request.json");
-    // A 0.4 and a 0.3 GPU pod pack onto one GPU of node a (32 + 24 GiB of its 80);
+    // A 0.4 and a 0.3 GPU pod pack onto one GPU of node a (0.4 and 0.3 of the 80 GiB
+    // less ten 300 MiB contexts, ADR 0012);
     // a 0.2 one asking 60 GiB has the compute there but not the memory, so it goes
     // to another GPU.
     let mut uuids = Vec::new();
@@ -682,8 +687,8 @@ async fn fractional_pods_share_a_gpu_and_memory_limits_are_precise() {
         let g = &a.containers[0].gpus[0];
         uuids.push(g.uuid.clone());
         match i {
-            0 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (400, 32768, 4)),
-            1 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (300, 24576, 3)),
+            0 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (400, 31568, 4)),
+            1 => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (300, 23676, 3)),
             _ => assert_eq!((g.compute_milli, g.memory_mib, g.slices), (200, 61440, 2)),
         }
     }
@@ -1024,7 +1029,7 @@ async fn init_and_app_containers_that_kubelet_reuses_devices_between_share_a_gpu
             setup.gpus[0].memory_mib,
             setup.gpus[0].slices
         ),
-        (300, 24576, 3)
+        (300, 23676, 3)
     );
     assert_eq!(
         (
@@ -1032,7 +1037,7 @@ async fn init_and_app_containers_that_kubelet_reuses_devices_between_share_a_gpu
             train.gpus[0].memory_mib,
             train.gpus[0].slices
         ),
-        (500, 40960, 5)
+        (500, 39460, 5)
     );
     // The peak is held (0.5), not the sum (0.8); the pod read back from its record
     // (the watch's view above) holds the same.

@@ -31,6 +31,11 @@ async fn serve_becomes_ready_decides_binds_and_shuts_down() {
         assume_ttl: Duration::from_secs(60),
         pending_ttl: Duration::from_secs(60),
         page_size: 100,
+        context_reserve_mib: Default::default(),
+        max_body_mib: 64,
+        body_memory_mib: 256,
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(10),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run_with_client(fake.client(), args, listener, async {

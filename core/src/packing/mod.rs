@@ -5,18 +5,22 @@
 //!   no GPU is ever over-assigned (compute, memory or slices).
 //! - [`policy`]: `random`, `bestfit`, `gpupacking`, `fgd` (as published), `spread` and
 //!   the default `vgpu`.
+//! - [`context`]: the GPU memory reserved for CUDA contexts, so that granted quotas
+//!   can be allocated (ADR 0012).
 //! - [`fgd`]: the fragmentation measure over the workload's typical tasks.
 //! - [`reuse`]: kubelet's device reuse between a pod's containers: which containers
 //!   must share GPUs, and what they hold together.
 //! - [`scheduler`]: filter/score/choose over the ledger with per-node caching and a
 //!   fixed tie-breaking node order.
 
+pub mod context;
 pub mod fgd;
 pub mod ledger;
 pub mod policy;
 pub mod reuse;
 pub mod scheduler;
 
+pub use context::{ContextReserve, ContextReserveError};
 pub use fgd::{Fragmentation, RareShapes, TypicalTask, typical_tasks, typical_tasks_with_classes};
 pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,

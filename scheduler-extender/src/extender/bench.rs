@@ -515,10 +515,14 @@ impl LoopbackClient {
         let addr = listener
             .local_addr()
             .map_err(|e| BenchError::Http(format!("local address: {e}")))?;
-        let app = super::server::router(ext, "/scheduler");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let limits = super::limits::HttpLimits::default();
+        let app = super::server::router_with(ext, "/scheduler", limits);
+        tokio::spawn(super::server::serve_on(
+            listener,
+            app,
+            limits.header_timeout,
+            std::future::pending(),
+        ));
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http();

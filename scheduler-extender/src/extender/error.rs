@@ -40,13 +40,22 @@ impl std::fmt::Display for Verb {
 #[derive(Debug, thiserror::Error)]
 pub enum ExtenderError {
     /// The request body is not the extender JSON this verb expects.
-    #[error("parse {verb} request body")]
+    #[error("parse {verb} request body: {reason}")]
     BadRequest {
         /// The verb whose body failed to parse.
         verb: Verb,
-        /// The JSON error.
+        /// What is wrong and where, never the body itself
+        /// ([`super::limits::describe_json_error`]).
+        reason: String,
+    },
+    /// The request body was refused before parsing (too large, too slow, no room).
+    #[error("{verb} request")]
+    Body {
+        /// The verb.
+        verb: Verb,
+        /// Why.
         #[source]
-        source: serde_json::Error,
+        source: super::limits::BodyError,
     },
     /// A filter/prioritize/preempt request without a `Pod`.
     #[error("{verb} request has no Pod")]
@@ -148,10 +157,15 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// message in the pod's events). Prioritize's answer (`HostPriorityList`) has
 /// no error field, so its errors are status 500 with the message as the body;
 /// kube-scheduler treats any non-200 as a failed call. A body that does not
-/// parse is 400 for prioritize and preempt for the same reason.
+/// parse is 400 for prioritize and preempt for the same reason. A body refused
+/// before parsing (too large, too slow, no room) gets its own status for every verb.
 #[must_use]
 pub fn error_response(verb: Verb, error: &ExtenderError) -> (StatusCode, Vec<u8>) {
     let message = error_chain(error);
+    if let ExtenderError::Body { source, .. } = error {
+        // Refused before any JSON was read: an HTTP error for every verb.
+        return (source.status(), message.into_bytes());
+    }
     let json = match verb {
         Verb::Filter => serde_json::to_vec(&ExtenderFilterResult {
             error: message.clone(),
@@ -195,7 +209,7 @@ mod tests {
         let source = serde_json::from_str::<u8>("x").expect_err("bad json");
         let error = ExtenderError::BadRequest {
             verb: Verb::Prioritize,
-            source,
+            reason: super::super::limits::describe_json_error(&source),
         };
         let (status, body) = error_response(Verb::Prioritize, &error);
         assert_eq!(status, StatusCode::BAD_REQUEST);

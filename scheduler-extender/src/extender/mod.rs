@@ -2,7 +2,9 @@
 //! kept in sync with the API server through kube-rs watches.
 //!
 //! - [`types`]: the extender v1 JSON (PascalCase keys, embedded Kubernetes objects).
-//! - [`server`]: the verbs as byte-level handlers and an axum router.
+//! - [`server`]: the verbs as byte-level handlers, an axum router and the HTTP server.
+//! - [`limits`]: request-body size, deadlines and memory budget; parse errors that
+//!   never echo the body.
 //! - [`state`]: nodes, pods, bind assumptions (with TTL) and the derived ledger;
 //!   read-decide-commit under one lock.
 //! - [`policy`]: the policy core as the live extender drives it.
@@ -16,6 +18,7 @@
 pub mod bench;
 pub mod binder;
 pub mod error;
+pub mod limits;
 mod names;
 pub mod policy;
 pub mod serve;

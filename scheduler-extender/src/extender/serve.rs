@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vgpu_core::packing::PolicyName;
+use vgpu_core::packing::{ContextReserve, PolicyName};
 
 use super::binder::KubeBinder;
+use super::limits::{HttpLimits, LimitsError};
 use super::policy::ExtenderPolicy;
-use super::server::{Extender, router, serve_on};
+use super::server::{Extender, router_with, serve_on};
 use super::state::{State, StateConfig};
 use super::sync::{self, SyncConfig};
 
@@ -30,6 +31,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// The HTTP limits are inconsistent.
+    #[error("HTTP limits")]
+    Limits(#[from] LimitsError),
     /// The HTTP server failed.
     #[error("serve HTTP on {addr}")]
     Serve {
@@ -84,15 +88,55 @@ pub struct ServeArgs {
     /// Page size of the initial lists of nodes and pods.
     #[arg(long, default_value_t = 500)]
     pub page_size: u32,
+    /// GPU memory reserved per CUDA context, MiB, one per slice (10 per GPU): quotas
+    /// are packed into the rest of each GPU (ADR 0012). 0 reserves nothing.
+    #[arg(long, default_value_t = ContextReserve::default(), value_parser = parse_context_mib)]
+    pub context_reserve_mib: ContextReserve,
+    /// Largest request body accepted, MiB (answered 413 above it).
+    #[arg(long, default_value_t = 64)]
+    pub max_body_mib: u64,
+    /// MiB of request bodies held at once over all requests; a request waits for
+    /// room until its body deadline (then 503).
+    #[arg(long, default_value_t = 256)]
+    pub body_memory_mib: u64,
+    /// Deadline to receive a request's headers (the connection is closed after it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// Deadline to receive a request's body after its headers (then 408).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+}
+
+/// Parses `--context-reserve-mib`, refusing a value no context takes.
+pub fn parse_context_mib(text: &str) -> Result<ContextReserve, String> {
+    let mib: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number of MiB"))?;
+    ContextReserve::new(mib).map_err(|e| e.to_string())
 }
 
 impl ServeArgs {
+    /// The HTTP limits these arguments give, checked.
+    pub fn http_limits(&self) -> Result<HttpLimits, LimitsError> {
+        let bytes = |mib: u64| usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let limits = HttpLimits {
+            max_body_bytes: bytes(self.max_body_mib),
+            body_memory_bytes: bytes(self.body_memory_mib),
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+        };
+        limits.check()?;
+        Ok(limits)
+    }
+
     /// The state configuration these arguments give.
     #[must_use]
     pub fn state_config(&self) -> StateConfig {
         StateConfig {
             assume_ttl: self.assume_ttl,
             pending_ttl: self.pending_ttl,
+            contexts: self.context_reserve_mib,
         }
     }
 }
@@ -106,6 +150,7 @@ pub async fn run_with_client(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().unwrap_or(args.listen);
+    let limits = args.http_limits()?;
     let state = Arc::new(State::new(
         args.state_config(),
         ExtenderPolicy::new(args.policy),
@@ -119,9 +164,14 @@ pub async fn run_with_client(
         },
     ));
     let extender = Extender::new(state, Arc::new(KubeBinder::new(client)));
-    let result = serve_on(listener, router(extender, &args.url_prefix), shutdown)
-        .await
-        .map_err(|source| ServeError::Serve { addr, source });
+    let result = serve_on(
+        listener,
+        router_with(extender, &args.url_prefix, limits),
+        limits.header_timeout,
+        shutdown,
+    )
+    .await
+    .map_err(|source| ServeError::Serve { addr, source });
     sync_task.abort();
     result
 }
@@ -175,6 +225,16 @@ mod tests {
         for bad in ["", "s", "5", "5 s", "-1s", "1d"] {
             let e = parse_duration(bad).expect_err(bad);
             assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn context_reservations_parse_and_bad_ones_name_the_input() {
+        assert_eq!(parse_context_mib("0"), Ok(ContextReserve::NONE));
+        assert_eq!(parse_context_mib("512").map(ContextReserve::mib), Ok(512));
+        for bad in ["", "-1", "300Mi", "100000"] {
+            let e = parse_context_mib(bad).expect_err(bad);
+            assert!(e.contains(bad.trim_start_matches('-')), "{e}");
         }
     }
 }

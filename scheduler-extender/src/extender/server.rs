@@ -7,10 +7,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State as AxumState};
+use axum::extract::{DefaultBodyLimit, Request, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::binder::{Binder, outcome_uncertain};
 use super::error::{ExtenderError, Verb, error_response};
+use super::limits::{BodyBudget, HeldBody, HttpLimits, describe_json_error};
 use super::state::{Candidates, State};
 use super::types::{
     ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
@@ -81,7 +82,10 @@ fn candidates_of<'a>(
 }
 
 fn parse<T: serde::de::DeserializeOwned>(verb: Verb, body: &[u8]) -> Result<T, ExtenderError> {
-    serde_json::from_slice(body).map_err(|source| ExtenderError::BadRequest { verb, source })
+    serde_json::from_slice(body).map_err(|e| ExtenderError::BadRequest {
+        verb,
+        reason: describe_json_error(&e),
+    })
 }
 
 impl Extender {
@@ -164,9 +168,9 @@ impl Extender {
             },
             error: String::new(),
         };
-        serde_json::to_vec(&answer).map_err(|source| ExtenderError::BadRequest {
+        serde_json::to_vec(&answer).map_err(|e| ExtenderError::BadRequest {
             verb: Verb::Filter,
-            source,
+            reason: format!("serialise the answer: {e}"),
         })
     }
 
@@ -260,9 +264,35 @@ fn to_response((status, body): Answer) -> Response {
     (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-async fn filter_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
+/// The router's state: the extender and the budget its request bodies share.
+#[derive(Debug, Clone)]
+struct Http {
+    ext: Extender,
+    budget: BodyBudget,
+}
+
+/// Reads a verb's body within the limits, or the answer that refuses it.
+async fn read_body(http: &Http, verb: Verb, req: Request) -> Result<HeldBody, Response> {
+    let (parts, body) = req.into_parts();
+    http.budget
+        .read(&parts.headers, body)
+        .await
+        .map_err(|source| {
+            let e = ExtenderError::Body { verb, source };
+            warn!(error = %super::error::error_chain(&e), "request refused");
+            to_response(error_response(verb, &e))
+        })
+}
+
+async fn filter_route(AxumState(http): AxumState<Http>, req: Request) -> Response {
+    let body = match read_body(&http, Verb::Filter, req).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    let ext = http.ext;
     // Decisions are CPU work under a lock; keep them off the I/O threads' fast path.
-    let answer = tokio::task::spawn_blocking(move || ext.filter(&body))
+    // The body (and its share of the budget) lives until the answer is built.
+    let answer = tokio::task::spawn_blocking(move || ext.filter(&body.bytes))
         .await
         .unwrap_or_else(|e| {
             (
@@ -273,8 +303,13 @@ async fn filter_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Respo
     to_response(answer)
 }
 
-async fn prioritize_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
-    let answer = tokio::task::spawn_blocking(move || ext.prioritize(&body))
+async fn prioritize_route(AxumState(http): AxumState<Http>, req: Request) -> Response {
+    let body = match read_body(&http, Verb::Prioritize, req).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    let ext = http.ext;
+    let answer = tokio::task::spawn_blocking(move || ext.prioritize(&body.bytes))
         .await
         .unwrap_or_else(|e| {
             (
@@ -285,33 +320,44 @@ async fn prioritize_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> R
     to_response(answer)
 }
 
-async fn bind_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
-    to_response(ext.bind(&body).await)
+async fn bind_route(AxumState(http): AxumState<Http>, req: Request) -> Response {
+    match read_body(&http, Verb::Bind, req).await {
+        Ok(body) => to_response(http.ext.bind(&body.bytes).await),
+        Err(refused) => refused,
+    }
 }
 
-async fn preempt_route(AxumState(ext): AxumState<Extender>, body: Bytes) -> Response {
-    to_response(ext.preempt(&body))
+async fn preempt_route(AxumState(http): AxumState<Http>, req: Request) -> Response {
+    match read_body(&http, Verb::Preempt, req).await {
+        Ok(body) => to_response(http.ext.preempt(&body.bytes)),
+        Err(refused) => refused,
+    }
 }
 
 async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn readyz(AxumState(ext): AxumState<Extender>) -> Response {
-    if ext.state.is_synced() {
+async fn readyz(AxumState(http): AxumState<Http>) -> Response {
+    if http.ext.state.is_synced() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not synced").into_response()
     }
 }
 
+/// The router with the default [`HttpLimits`] (see [`router_with`]).
+pub fn router(extender: Extender, url_prefix: &str) -> Router {
+    router_with(extender, url_prefix, HttpLimits::default())
+}
+
 /// The router: `POST {url_prefix}/{filter,prioritize,bind,preempt}`, plus
 /// `GET /healthz` (alive) and `GET /readyz` (state synced).
 ///
-/// Request bodies may be up to [`MAX_BODY_BYTES`]: with `nodeCacheCapable: false`
-/// kube-scheduler sends every candidate Node in full (several KiB each), far past
-/// axum's default 2 MiB limit at a few hundred nodes.
-pub fn router(extender: Extender, url_prefix: &str) -> Router {
+/// Request bodies are read within `limits` (size, deadline, shared memory budget):
+/// with `nodeCacheCapable: false` kube-scheduler sends every candidate Node in full
+/// (several KiB each), so the default size limit is far above axum's 2 MiB.
+pub fn router_with(extender: Extender, url_prefix: &str, limits: HttpLimits) -> Router {
     let prefix = url_prefix.trim_end_matches('/');
     Router::new()
         .route(&format!("{prefix}/filter"), post(filter_route))
@@ -320,22 +366,54 @@ pub fn router(extender: Extender, url_prefix: &str) -> Router {
         .route(&format!("{prefix}/preempt"), post(preempt_route))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(extender)
+        .layer(DefaultBodyLimit::disable())
+        .with_state(Http {
+            ext: extender,
+            budget: BodyBudget::new(limits),
+        })
 }
 
-/// Largest request body accepted: 5,000 full Node objects of ~10 KiB each fit.
-pub const MAX_BODY_BYTES: usize = 128 << 20;
-
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves `router` on `listener` until `shutdown` resolves: HTTP/1.1, keep-alive, each
+/// request's headers due within `header_timeout` (a client that stalls mid-request is
+/// disconnected); open connections are drained on shutdown.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     router: Router,
+    header_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     info!(?addr, "extender listening");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors or a connection reset before accept: keep serving.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(true)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(%peer, error = %e, "connection closed");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

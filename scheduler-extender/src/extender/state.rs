@@ -36,7 +36,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
 use vgpu_core::packing::{
-    GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject, ReuseSlot, Task, reuse,
+    ContextReserve, GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject,
+    ReuseSlot, Task, reuse,
 };
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, ContainerKind,
@@ -61,6 +62,9 @@ pub struct StateConfig {
     pub assume_ttl: Duration,
     /// How long a pod's request seen by filter is remembered for its bind.
     pub pending_ttl: Duration,
+    /// GPU memory reserved per CUDA context, one per slice: quotas are packed into
+    /// the rest of each GPU (ADR 0012).
+    pub contexts: ContextReserve,
 }
 
 impl Default for StateConfig {
@@ -68,6 +72,7 @@ impl Default for StateConfig {
         Self {
             assume_ttl: Duration::from_secs(300),
             pending_ttl: Duration::from_secs(600),
+            contexts: ContextReserve::default(),
         }
     }
 }
@@ -352,8 +357,9 @@ fn task_of(request: &PodGpuRequest, slots: &[ReuseSlot]) -> Task {
     }
 }
 
-/// A node's ledger spec from its Node object.
-fn node_spec(node: &Node) -> Result<NodeSpec, String> {
+/// A node's ledger spec from its Node object: each GPU's memory is what it keeps for
+/// quotas once `contexts` are reserved (ADR 0012).
+fn node_spec(node: &Node, contexts: ContextReserve) -> Result<NodeSpec, String> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let Some(text) = node
         .metadata
@@ -368,7 +374,7 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
     let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
     // An unhealthy GPU keeps its index (pods already on it stay accounted) but
     // its model is marked, so that `effective_task` keeps new pods off it.
-    Ok(NodeSpec {
+    let spec = NodeSpec {
         name,
         cpu_milli: 0,
         memory_mib: 0,
@@ -385,7 +391,8 @@ fn node_spec(node: &Node) -> Result<NodeSpec, String> {
                 memory_mib: g.memory_mib,
             })
             .collect(),
-    })
+    };
+    contexts.node_spec(spec).map_err(|e| e.to_string())
 }
 
 /// Why a node with an inventory takes no new pod right now, if so: kubelet reports
@@ -955,7 +962,10 @@ impl State {
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.clone()?;
-                Some((name, NodeEntry::new(node_spec(n), unavailable(n))))
+                Some((
+                    name,
+                    NodeEntry::new(node_spec(n, self.config.contexts), unavailable(n)),
+                ))
             })
             .collect();
         self.rebuild(&mut inner);
@@ -967,7 +977,7 @@ impl State {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
-        let spec = node_spec(node);
+        let spec = node_spec(node, self.config.contexts);
         let unavailable = unavailable(node);
         let mut inner = self.write();
         if let Some(entry) = inner.nodes.get_mut(&name)

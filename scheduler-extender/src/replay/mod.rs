@@ -25,8 +25,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use vgpu_core::packing::{
-    Fragmentation, Ledger, NodeSpec, Policy, PolicyName, Scale, Scheduler, Task, VgpuParams,
-    fragmentation_for, typical_tasks,
+    ContextReserve, ContextReserveError, Fragmentation, Ledger, NodeSpec, Policy, PolicyName,
+    Scale, Scheduler, Task, VgpuParams, fragmentation_for, typical_tasks,
 };
 
 pub use trace::{TraceError, read_nodes, read_tasks};
@@ -70,6 +70,11 @@ pub struct ReplayArgs {
     /// Worker threads (default: available parallelism).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// GPU memory reserved per CUDA context, MiB, one per slice (ADR 0012): each GPU
+    /// packs `memory − 10 × this` and holds at most 10 tasks. A comma-separated list
+    /// (`0,300`) replays each on the same seeds, side by side; 0 reserves nothing.
+    #[arg(long, default_value_t = ContextReserve::default().to_string())]
+    pub context_reserve_mib: String,
 }
 
 /// Why a replay could not run.
@@ -93,6 +98,71 @@ pub enum ReplayError {
     /// The node list has no GPU.
     #[error("node list {0}: no GPU in the cluster")]
     NoGpus(PathBuf),
+    /// A bad `--context-reserve-mib` value.
+    #[error("--context-reserve-mib {value:?}: {reason}")]
+    ContextReserve {
+        /// The text as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A GPU of the node list cannot hold the context reservation.
+    #[error("node list {path}")]
+    GpuTooSmall {
+        /// The node list.
+        path: PathBuf,
+        /// Which GPU, and why.
+        #[source]
+        source: ContextReserveError,
+    },
+}
+
+/// Parses `--context-reserve-mib`: `300` or a comma-separated list `0,300`.
+pub fn parse_context_reserves(text: &str) -> Result<Vec<ContextReserve>, ReplayError> {
+    let bad = |reason: String| ReplayError::ContextReserve {
+        value: text.to_owned(),
+        reason,
+    };
+    let out = text
+        .split(',')
+        .map(|part| {
+            let mib: u64 = part
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{part:?} is not a whole number of MiB")))?;
+            ContextReserve::new(mib).map_err(|e| bad(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(out)
+}
+
+impl Workload {
+    /// The workload as placed under a context reservation (ADR 0012): every GPU packs
+    /// what it keeps for quotas, every GPU task holds a slice.
+    pub fn with_contexts(
+        &self,
+        contexts: ContextReserve,
+        path: &Path,
+    ) -> Result<Workload, ReplayError> {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| contexts.node_spec(n.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| ReplayError::GpuTooSmall {
+                path: path.to_owned(),
+                source,
+            })?;
+        let tasks = self
+            .tasks
+            .iter()
+            .map(|t| Task {
+                gpus: t.gpus.iter().map(|d| contexts.demand(*d)).collect(),
+                ..t.clone()
+            })
+            .collect();
+        Ok(Workload { nodes, tasks })
+    }
 }
 
 /// Parses `42-51`, `42,43,44` or `42`.
@@ -443,6 +513,8 @@ struct Summary<'a> {
     gpus: u64,
     tasks_in_trace: usize,
     typical_tasks: usize,
+    /// The context reservations replayed, MiB (ADR 0012).
+    context_reserve_mib: Vec<u64>,
     /// One number for one policy; an object policy → number for several.
     mean_final_allocation_pct: serde_json::Value,
     results: &'a [PolicyResult],
@@ -458,51 +530,61 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     let seeds = parse_seeds(&args.seeds)?;
     let policies = parse_policies(&args.policy)?;
     let params = VgpuParams::parse(&args.vgpu).map_err(ReplayError::VgpuParams)?;
+    let reserves = parse_context_reserves(&args.context_reserve_mib)?;
     let nodes = read_nodes(&args.nodes)?;
     let tasks = read_tasks(&args.pods)?;
-    let workload = Workload { nodes, tasks };
-    if workload.capacity_milli() == 0 {
+    let trace_workload = Workload { nodes, tasks };
+    if trace_workload.capacity_milli() == 0 {
         return Err(ReplayError::NoGpus(args.nodes.clone()));
     }
-    let typical = typical_tasks(&workload.tasks, args.typical_coverage);
-    let n_typical = typical.len();
-    let frag = Fragmentation::new(typical).with_coverage(args.typical_coverage);
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(std::num::NonZeroUsize::get)
             .unwrap_or(1)
     });
     let trace = trace_name(&args.pods);
-    println!(
-        "# trace {trace}: {} nodes, {} GPUs, {} tasks ({} typical shapes), tune ratio {}, seeds {}",
-        workload.nodes.len(),
-        workload.capacity_milli() / 1000,
-        workload.tasks.len(),
-        n_typical,
-        args.tune_ratio,
-        args.seeds
-    );
     let mut results = Vec::new();
-    for &p in &policies {
-        let r = run_policy(
-            &workload,
-            p,
-            &frag,
-            params,
-            &seeds,
+    let mut n_typical = 0;
+    for &contexts in &reserves {
+        let workload = trace_workload.with_contexts(contexts, &args.nodes)?;
+        let typical = typical_tasks(&workload.tasks, args.typical_coverage);
+        n_typical = typical.len();
+        let frag = Fragmentation::new(typical).with_coverage(args.typical_coverage);
+        println!(
+            "# trace {trace}: {} nodes, {} GPUs, {} tasks ({} typical shapes), tune ratio {}, seeds {}, context reservation {} MiB",
+            workload.nodes.len(),
+            workload.capacity_milli() / 1000,
+            workload.tasks.len(),
+            n_typical,
             args.tune_ratio,
-            threads,
-            args.explain,
+            args.seeds,
+            contexts.mib()
         );
-        eprintln!(
-            "{:<11} mean {:.2} % ({} seeds, {:.1} s)",
-            r.policy,
-            r.mean_final_allocation_pct,
-            seeds.len(),
-            r.seconds
-        );
-        results.push(r);
+        for &p in &policies {
+            let mut r = run_policy(
+                &workload,
+                p,
+                &frag,
+                params,
+                &seeds,
+                args.tune_ratio,
+                threads,
+                args.explain,
+            );
+            if reserves.len() > 1 {
+                r.policy = format!("{}/ctx{}", r.policy, contexts.mib());
+            }
+            eprintln!(
+                "{:<11} mean {:.2} % ({} seeds, {:.1} s)",
+                r.policy,
+                r.mean_final_allocation_pct,
+                seeds.len(),
+                r.seconds
+            );
+            results.push(r);
+        }
     }
+    let workload = &trace_workload;
     print!("{}", curve_table(&results, args.full_curve));
     let mean = if results.len() == 1 {
         serde_json::json!(round2(results[0].mean_final_allocation_pct))
@@ -536,6 +618,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
         gpus: workload.capacity_milli() / 1000,
         tasks_in_trace: workload.tasks.len(),
         typical_tasks: n_typical,
+        context_reserve_mib: reserves.iter().map(|c| c.mib()).collect(),
         mean_final_allocation_pct: mean,
         results: &results,
         seconds: start.elapsed().as_secs_f64(),

@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, GpuInfo, INVENTORY_VERSION, NodeInventory};
 use vgpu_scheduler_extender::extender::binder::{BindPlan, Binder, BoxFuture};
+use vgpu_scheduler_extender::extender::limits::HttpLimits;
 use vgpu_scheduler_extender::extender::{Extender, ExtenderError};
 
 /// Deadline of every single HTTP exchange in tests: a missing answer fails fast.
@@ -196,15 +197,28 @@ pub struct Served {
 }
 
 impl Served {
+    /// Served as `serve` serves it, with the default HTTP limits.
     pub async fn start(extender: Extender) -> Self {
+        Self::start_with(extender, HttpLimits::default()).await
+    }
+
+    /// Served as `serve` serves it (`serve_on`: header deadline, body limits).
+    pub async fn start_with(extender: Extender, limits: HttpLimits) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
-        let app = vgpu_scheduler_extender::extender::server::router(extender.clone(), "/scheduler");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let app = vgpu_scheduler_extender::extender::server::router_with(
+            extender.clone(),
+            "/scheduler",
+            limits,
+        );
+        tokio::spawn(vgpu_scheduler_extender::extender::server::serve_on(
+            listener,
+            app,
+            limits.header_timeout,
+            std::future::pending(),
+        ));
         Served {
             addr,
             extender,

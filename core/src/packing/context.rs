@@ -1,0 +1,264 @@
+//! GPU memory reserved for CUDA contexts when placing, so that every quota granted can
+//! be allocated (ADR 0012). The one rule the extender and the trace replay both apply.
+//!
+//! A process's CUDA context takes GPU memory outside its container's quota (ADR 0008:
+//! the quota is what the application can allocate). Packing quotas into the whole of a
+//! GPU's memory therefore over-commits it by the contexts: ten 1-slice containers on an
+//! 80 GiB GPU got 8 GiB quotas each, and the last to fill its quota found only
+//! `8192 − 10 × 300` MiB.
+//!
+//! The rule: each of a GPU's [`SLICES_PER_GPU`] slices carries one context's
+//! reservation, and quotas (proportional ones and explicit `vgpu.io/gpu-memory`) are
+//! packed into the rest, `total − 10 × context`. Every container holds at least one
+//! slice of each of its GPUs, so at most 10 containers share a GPU, and as long as the
+//! processes on a GPU hold at most one context per slice of their containers, every
+//! container can allocate its whole quota at the same time.
+
+use crate::resources::{GpuDemand, SLICES_PER_GPU};
+
+use super::ledger::NodeSpec;
+
+/// Default reservation per CUDA context, MiB: the simulator's figure, and within the
+/// 100–500 MiB a context of a current driver takes (ADR 0008, ADR 0012).
+pub const DEFAULT_CONTEXT_MIB: u64 = 300;
+
+/// Largest reservation accepted, MiB: far above any context, far below a GPU; a larger
+/// number is almost always a unit mistake.
+pub const MAX_CONTEXT_MIB: u64 = 8192;
+
+/// Why a context reservation cannot be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextReserveError {
+    /// The reservation is larger than any context.
+    #[error(
+        "context reservation {mib} MiB is more than {MAX_CONTEXT_MIB} MiB (a CUDA context takes 100–500 MiB; the unit is MiB)"
+    )]
+    TooLarge {
+        /// The reservation asked for.
+        mib: u64,
+    },
+    /// A GPU is too small to hold the contexts of all its slices and any quota.
+    #[error(
+        "GPU {uuid} has {total_mib} MiB: no memory left for quotas after {SLICES_PER_GPU} CUDA contexts of {context_mib} MiB (ADR 0012)"
+    )]
+    GpuTooSmall {
+        /// The GPU.
+        uuid: String,
+        /// Its memory, MiB.
+        total_mib: u64,
+        /// The reservation per context, MiB.
+        context_mib: u64,
+    },
+}
+
+/// The memory reserved on every GPU for each of its slices' CUDA context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContextReserve {
+    mib: u64,
+}
+
+impl Default for ContextReserve {
+    fn default() -> Self {
+        ContextReserve {
+            mib: DEFAULT_CONTEXT_MIB,
+        }
+    }
+}
+
+impl std::fmt::Display for ContextReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.mib)
+    }
+}
+
+impl ContextReserve {
+    /// No reservation: quotas packed into the whole GPU (the behaviour before ADR 0012,
+    /// kept for the replay's comparison).
+    pub const NONE: ContextReserve = ContextReserve { mib: 0 };
+
+    /// A reservation of `mib` per context; refused above [`MAX_CONTEXT_MIB`].
+    pub fn new(mib: u64) -> Result<Self, ContextReserveError> {
+        if mib > MAX_CONTEXT_MIB {
+            return Err(ContextReserveError::TooLarge { mib });
+        }
+        Ok(ContextReserve { mib })
+    }
+
+    /// MiB per context.
+    pub fn mib(self) -> u64 {
+        self.mib
+    }
+
+    /// What a GPU of `total_mib` keeps for quotas: `total − 10 × context`; an error
+    /// naming the GPU when nothing would be left.
+    pub fn quota_memory_mib(self, uuid: &str, total_mib: u64) -> Result<u64, ContextReserveError> {
+        let reserved = self.mib.saturating_mul(u64::from(SLICES_PER_GPU));
+        match total_mib.checked_sub(reserved) {
+            Some(left) if left > 0 => Ok(left),
+            _ => Err(ContextReserveError::GpuTooSmall {
+                uuid: uuid.to_owned(),
+                total_mib,
+                context_mib: self.mib,
+            }),
+        }
+    }
+
+    /// A node as the ledger packs it: each GPU's memory is what it keeps for quotas.
+    pub fn node_spec(self, mut spec: NodeSpec) -> Result<NodeSpec, ContextReserveError> {
+        for g in &mut spec.gpus {
+            g.memory_mib = self.quota_memory_mib(&g.uuid, g.memory_mib)?;
+        }
+        Ok(spec)
+    }
+
+    /// A demand as placed under the reservation: it holds at least one slice on each of
+    /// its GPUs (one context's reservation), so that at most 10 demands share a GPU. A
+    /// container's demand already does (`vgpu.io/gpu` ≥ 1); the trace's tasks, which
+    /// model no slices, get one. Unchanged without a reservation.
+    pub fn demand(self, d: GpuDemand) -> GpuDemand {
+        if self.mib == 0 {
+            return d;
+        }
+        GpuDemand {
+            slices: d.slices.max(1),
+            ..d
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+    use super::*;
+    use crate::packing::{GpuSpec, Ledger, Placement, Task};
+    use crate::resources::{ModelConstraint, parse_container_request};
+    use std::collections::BTreeMap;
+
+    /// The simulated H100: 80 GiB, 300 MiB per context (cuda-sim).
+    const SIM_H100_MIB: u64 = 81_920;
+    const SIM_CONTEXT_MIB: u64 = 300;
+
+    fn one_gpu_node(total: u64) -> NodeSpec {
+        NodeSpec {
+            name: "n".into(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: vec![GpuSpec {
+                uuid: "GPU-0".into(),
+                model: "H100".into(),
+                memory_mib: total,
+            }],
+        }
+    }
+
+    fn container(requests: &[(&str, &str)]) -> Task {
+        let r: BTreeMap<String, String> = requests
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Task {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: vec![parse_container_request("c", &r).unwrap().unwrap()],
+            models: ModelConstraint::any(),
+        }
+    }
+
+    /// Places tasks one by one with the ledger's fit; returns the quotas granted.
+    fn place_all(reserve: ContextReserve, total: u64, tasks: &[Task]) -> Vec<u64> {
+        let spec = reserve.node_spec(one_gpu_node(total)).unwrap();
+        let mut ledger = Ledger::with_nodes([spec]).unwrap();
+        let mut quotas = Vec::new();
+        for (k, t) in tasks.iter().enumerate() {
+            let t = Task {
+                gpus: t.gpus.iter().map(|d| reserve.demand(*d)).collect(),
+                ..t.clone()
+            };
+            let Ok(grants) = ledger.node(0).fit(&t) else {
+                continue;
+            };
+            quotas.push(grants[0][0].memory_mib);
+            let placement = Placement {
+                node: 0,
+                containers: grants,
+            };
+            ledger.commit(&k.to_string(), &t, placement).unwrap();
+        }
+        quotas
+    }
+
+    #[test]
+    fn ten_one_slice_containers_can_each_allocate_their_full_quota() {
+        let tasks: Vec<Task> = (0..10)
+            .map(|_| container(&[("vgpu.io/gpu", "1")]))
+            .collect();
+        let reserve = ContextReserve::new(SIM_CONTEXT_MIB).unwrap();
+        let quotas = place_all(reserve, SIM_H100_MIB, &tasks);
+        assert_eq!(quotas.len(), 10, "all ten are placed");
+        // Every container fills its quota, each with its own context: the GPU holds it.
+        let physical: u64 = quotas.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
+        assert!(
+            physical <= SIM_H100_MIB,
+            "quotas {quotas:?} plus 10 contexts = {physical} MiB > {SIM_H100_MIB} MiB"
+        );
+        assert_eq!(quotas[0], (SIM_H100_MIB - 10 * SIM_CONTEXT_MIB) / 10);
+        // Without the reservation (the behaviour before ADR 0012) the same ten
+        // containers over-commit the GPU by exactly their contexts.
+        let before = place_all(ContextReserve::NONE, SIM_H100_MIB, &tasks);
+        let physical: u64 = before.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
+        assert_eq!(physical, SIM_H100_MIB + 10 * SIM_CONTEXT_MIB);
+    }
+
+    #[test]
+    fn explicit_memory_requests_leave_the_contexts_reserved() {
+        // Two containers asking 40 GiB each fitted an 80 GiB GPU exactly, leaving no
+        // room for their contexts; now the second is refused there.
+        let tasks: Vec<Task> = (0..2)
+            .map(|_| container(&[("vgpu.io/gpu", "1"), ("vgpu.io/gpu-memory", "40960")]))
+            .collect();
+        let reserve = ContextReserve::default();
+        assert_eq!(place_all(reserve, SIM_H100_MIB, &tasks), vec![40960]);
+        assert_eq!(
+            place_all(ContextReserve::NONE, SIM_H100_MIB, &tasks),
+            vec![40960, 40960]
+        );
+    }
+
+    #[test]
+    fn at_most_ten_demands_share_a_gpu_even_without_slices() {
+        // The trace's tasks model no slices; under the reservation each takes one, so
+        // an eleventh context never lands on a GPU.
+        let tasks: Vec<Task> = (0..12)
+            .map(|_| Task {
+                cpu_milli: 0,
+                memory_mib: 0,
+                gpus: vec![GpuDemand::share_milli(50)],
+                models: ModelConstraint::any(),
+            })
+            .collect();
+        assert_eq!(
+            place_all(ContextReserve::default(), 16_384, &tasks).len(),
+            10
+        );
+        assert_eq!(place_all(ContextReserve::NONE, 16_384, &tasks).len(), 12);
+    }
+
+    #[test]
+    fn whole_gpus_and_bad_reservations() {
+        let reserve = ContextReserve::default();
+        let spec = reserve.node_spec(one_gpu_node(SIM_H100_MIB)).unwrap();
+        assert_eq!(spec.gpus[0].memory_mib, SIM_H100_MIB - 3000);
+        let e = ContextReserve::new(300_000).unwrap_err();
+        assert!(e.to_string().contains("300000"), "{e}");
+        let e = reserve.node_spec(one_gpu_node(3000)).unwrap_err();
+        assert!(
+            e.to_string().contains("GPU-0") && e.to_string().contains("3000 MiB"),
+            "{e}"
+        );
+        assert_eq!(
+            ContextReserve::NONE.quota_memory_mib("g", 1024).unwrap(),
+            1024
+        );
+    }
+}
