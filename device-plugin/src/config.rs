@@ -47,8 +47,13 @@ pub struct Config {
     pub device_mode: DeviceMode,
     /// CDI kind for [`DeviceMode::Cdi`] (`nvidia.com/gpu`).
     pub cdi_kind: String,
-    /// Host directory of the GPU device nodes (`/dev`).
+    /// Directory of the GPU device nodes `nvidia<index>` (`/dev`), the same path on the
+    /// host (kubelet hands it to the runtime) and in the plugin (which checks them at
+    /// start and at `Allocate`).
     pub dev_dir: PathBuf,
+    /// With [`DeviceMode::Cdi`]: the operator says kubelet 1.28 runs with the
+    /// `DevicePluginCDIDevices` feature gate (without it, kubelet < 1.29 is refused).
+    pub kubelet_cdi_gate: bool,
     /// XIDs that do not make a GPU unhealthy.
     pub ignored_xids: BTreeSet<u64>,
     /// A GPU made unhealthy by an XID/ECC event is healthy again after this long
@@ -114,6 +119,7 @@ impl Config {
             device_mode: DeviceMode::Nodes,
             cdi_kind: "nvidia.com/gpu".to_owned(),
             dev_dir: PathBuf::from("/dev"),
+            kubelet_cdi_gate: false,
             ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             health_recovery: Some(Duration::from_secs(60)),
             health_poll: Duration::from_secs(1),
@@ -197,6 +203,12 @@ impl Config {
                     "container paths must be absolute",
                 ));
             }
+        }
+        if !self.dev_dir.is_absolute() {
+            return Err(ConfigError::Invalid {
+                name: "dev-dir",
+                reason: format!("{} is not an absolute path", self.dev_dir.display()),
+            });
         }
         if self.health_poll.is_zero() || self.kubelet_poll.is_zero() {
             return Err(invalid("health-poll/kubelet-poll", "must be > 0"));

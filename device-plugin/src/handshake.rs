@@ -16,12 +16,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::reflector::Store;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 use vgpu_core::container_quota::{ContainerQuota, GpuQuota, QUOTA_FILE, QUOTA_VERSION};
+use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ANNOTATION_PRIORITY, Assignment, AssignmentError, ContainerAssignment,
-    parse_compute_class,
+    GpuGrant, parse_compute_class,
 };
 use vgpu_core::sched_proto::{ComputePolicy, Priority};
 
@@ -29,6 +30,7 @@ use crate::config::Config;
 use crate::ids::{self, IdError};
 use crate::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use crate::kubelet::podresources::{ListPodResourcesRequest, ListPodResourcesResponse};
+use crate::visible;
 
 /// Why a container's quota could not be handed over.
 #[derive(Debug, thiserror::Error)]
@@ -359,6 +361,7 @@ pub struct Handshake {
     lister: SharedList,
     client: kube::Client,
     pods: Option<Store<Pod>>,
+    gpus: watch::Receiver<Vec<GpuInfo>>,
     alloc_lock: Arc<Mutex<()>>,
 }
 
@@ -445,14 +448,21 @@ fn init_state(pod: &Pod, name: &str) -> InitState {
 
 impl Handshake {
     /// A handshake over kubelet's PodResources socket and the API server. `pods`, when
-    /// given, is a watch of this node's pods that `GetPreferredAllocation` steers by.
-    pub fn new(cfg: Arc<Config>, client: kube::Client, pods: Option<Store<Pod>>) -> Handshake {
+    /// given, is a watch of this node's pods that `GetPreferredAllocation` steers by;
+    /// `gpus` the node's GPUs (their indices order the quota file's GPUs, `visible`).
+    pub fn new(
+        cfg: Arc<Config>,
+        client: kube::Client,
+        pods: Option<Store<Pod>>,
+        gpus: watch::Receiver<Vec<GpuInfo>>,
+    ) -> Handshake {
         let lister = SharedList::new(&cfg.pod_resources_socket, cfg.call_timeout);
         Handshake {
             cfg,
             lister,
             client,
             pods,
+            gpus,
             alloc_lock: Arc::default(),
         }
     }
@@ -768,6 +778,14 @@ impl Handshake {
                 devices: id_gpus,
             });
         }
+        // The container sees its GPUs in node-index order (`Allocate`'s
+        // CUDA_VISIBLE_DEVICES): the quota file lists them in that order.
+        let order = {
+            let node_gpus = self.gpus.borrow();
+            visible::in_device_order(grant.gpus.iter().map(|g| g.uuid.as_str()), &node_gpus)
+        };
+        let mut grants: Vec<&GpuGrant> = grant.gpus.iter().collect();
+        grants.sort_by_key(|g| order.iter().position(|u| *u == g.uuid));
         let quota = ContainerQuota {
             version: QUOTA_VERSION,
             namespace: namespace.clone(),
@@ -775,9 +793,8 @@ impl Handshake {
             uid: uid.clone(),
             container: grant.name.clone(),
             init,
-            gpus: grant
-                .gpus
-                .iter()
+            gpus: grants
+                .into_iter()
                 .map(|g| GpuQuota {
                     uuid: g.uuid.clone(),
                     memory_mib: g.memory_mib,
@@ -1009,7 +1026,7 @@ mod tests {
     fn pick_takes_the_granted_slices_of_each_gpu() {
         let g = ContainerAssignment {
             name: "c".into(),
-            gpus: vec![vgpu_core::resources::GpuGrant {
+            gpus: vec![GpuGrant {
                 uuid: "GPU-b".into(),
                 compute_milli: 200,
                 memory_mib: 100,

@@ -25,7 +25,9 @@ pub mod inventory;
 pub mod kubelet;
 pub mod metrics;
 pub mod plugin;
+pub mod preflight;
 pub mod server;
+pub mod visible;
 
 pub use config::Config;
 pub mod testkit;

@@ -12,7 +12,7 @@ use vgpu_device_plugin::config::{Config, DeviceMode};
 use vgpu_device_plugin::handshake::Handshake;
 use vgpu_device_plugin::metrics::Metrics;
 use vgpu_device_plugin::plugin::{Plugin, prepare_state_dir};
-use vgpu_device_plugin::{audit, bench, gc, health, server};
+use vgpu_device_plugin::{audit, bench, gc, health, preflight, server};
 
 #[derive(Parser, Debug)]
 #[command(about = "vgpu's kubelet device plugin: fractional GPUs for exactly the right container")]
@@ -99,9 +99,17 @@ struct RunArgs {
     /// Do not mount /etc/ld.so.preload (the image loads the shim itself).
     #[arg(long)]
     no_preload: bool,
-    /// Hand GPUs to containers as CDI devices instead of device nodes.
+    /// Hand GPUs to containers as CDI devices instead of device nodes (needs kubelet
+    /// >= 1.29 and containerd >= 1.7 with CDI enabled; checked at start).
     #[arg(long)]
     cdi: bool,
+    /// With --cdi on kubelet 1.28: kubelet runs with
+    /// --feature-gates=DevicePluginCDIDevices=true.
+    #[arg(long)]
+    kubelet_cdi_gate: bool,
+    /// Directory of the GPU device nodes nvidia<index>, on the host and in the plugin.
+    #[arg(long, default_value = "/dev")]
+    dev_dir: PathBuf,
     /// XIDs that do not make a GPU unhealthy (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "13,31,43,45,68,109")]
     ignored_xids: Vec<u64>,
@@ -160,6 +168,8 @@ impl RunArgs {
         } else {
             DeviceMode::Nodes
         };
+        c.kubelet_cdi_gate = self.kubelet_cdi_gate;
+        c.dev_dir = self.dev_dir.clone();
         c.ignored_xids = self.ignored_xids.iter().copied().collect();
         c.health_recovery =
             (self.health_recovery_s > 0).then(|| Duration::from_secs(self.health_recovery_s));
@@ -190,11 +200,43 @@ impl RunArgs {
     }
 }
 
+/// Refuses what cannot work on this node: a GPU without its device node (device-node
+/// mode), CDI devices kubelet or the runtime would drop (`--cdi`).
+async fn preflight(
+    cfg: &Config,
+    client: &kube::Client,
+    gpus: &[vgpu_core::inventory::GpuInfo],
+) -> Result<()> {
+    match cfg.device_mode {
+        DeviceMode::Nodes => preflight::device_nodes(&cfg.dev_dir, gpus)?,
+        DeviceMode::Cdi => {
+            match preflight::node_versions(client, &cfg.node_name, cfg.call_timeout).await {
+                Ok((kubelet, runtime)) => {
+                    for note in preflight::cdi_support(
+                        &cfg.node_name,
+                        &kubelet,
+                        &runtime,
+                        cfg.kubelet_cdi_gate,
+                    )? {
+                        tracing::warn!("{note}");
+                    }
+                }
+                Err(why) => tracing::warn!(
+                    reason = %why,
+                    "--cdi: cannot learn kubelet's version from the Node; CDI needs kubelet >= 1.29"
+                ),
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> Result<()> {
     let cfg = Arc::new(args.config()?);
     prepare_state_dir(&cfg).with_context(|| format!("prepare {}", cfg.state_dir.display()))?;
     let gpus = health::spawn_nvml_monitor(&cfg, args.nvml_lib.clone())?;
     let client = kube::Client::try_default().await.context("kube client")?;
+    preflight(&cfg, &client, &gpus.borrow()).await?;
     let (store, writer) = reflector::store();
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node_name));
@@ -209,7 +251,7 @@ async fn run(args: RunArgs) -> Result<()> {
         gpus.clone(),
         Duration::from_secs(5),
     ));
-    let handshake = Handshake::new(cfg.clone(), client, Some(store));
+    let handshake = Handshake::new(cfg.clone(), client, Some(store), gpus.clone());
     let metrics = Metrics::new(gpus.clone());
     if let Some(addr) = args.metrics_addr {
         let l = tokio::net::TcpListener::bind(addr)
