@@ -86,6 +86,10 @@ pub struct Config {
     /// An allocation directory younger than this is never removed (kubelet records a
     /// container's devices only after `Allocate` returns).
     pub gc_grace: Duration,
+    /// The NVML library to load; `None`: the system's `libnvidia-ml.so.1`.
+    pub nvml_lib: Option<PathBuf>,
+    /// Where to serve Prometheus metrics; `None`: nowhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// A configuration value that is not acceptable.
@@ -132,6 +136,8 @@ impl Config {
             context_allowance: 1 << 30,
             gc_interval: Some(Duration::from_secs(60)),
             gc_grace: Duration::from_secs(300),
+            nvml_lib: None,
+            metrics_addr: None,
         }
     }
 

@@ -15,7 +15,8 @@ use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::SLICES_PER_GPU;
 
 use crate::config::{Config, DeviceMode};
-use crate::handshake::{Handshake, error_chain, log_refusal};
+use crate::error::error_chain;
+use crate::handshake::{Handshake, log_refusal};
 use crate::kubelet::v1beta1::device_plugin_server::DevicePlugin;
 use crate::kubelet::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,

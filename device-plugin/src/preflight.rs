@@ -149,7 +149,7 @@ pub async fn node_versions(
     let api: kube::Api<Node> = kube::Api::all(client.clone());
     match tokio::time::timeout(timeout, api.get_opt(node)).await {
         Err(_) => Err(format!("no answer from the API server within {timeout:?}")),
-        Ok(Err(e)) => Err(crate::handshake::error_chain(&e)),
+        Ok(Err(e)) => Err(crate::error::error_chain(&e)),
         Ok(Ok(None)) => Err(format!("node {node} not found")),
         Ok(Ok(Some(n))) => n
             .status

@@ -232,7 +232,7 @@ async fn fifty_pods(interleaved: bool) {
         lists - lists_before
     );
     assert!(
-        max_conc <= vgpu_device_plugin::handshake::MAX_CONCURRENT_LISTS,
+        max_conc <= vgpu_device_plugin::podresources::MAX_CONCURRENT_LISTS,
         "the plugin's own bound on concurrent List calls (kubelet allows 10 for all clients): {max_conc}"
     );
     let mut mismatches = Vec::new();
