@@ -144,3 +144,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     server::run(cfg, plugin, shutdown).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_invalid_configuration_is_refused_by_name_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new("");
+        cfg.state_dir = dir.path().join("state");
+        let e = run(cfg, std::future::pending()).await.unwrap_err();
+        assert!(matches!(e, RunError::Config(_)), "{e:?}");
+        assert!(error_chain(&e).contains("node-name"), "{}", error_chain(&e));
+        assert!(!dir.path().join("state").exists(), "nothing was prepared");
+    }
+}
