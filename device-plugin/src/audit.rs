@@ -32,7 +32,8 @@ use tracing::{info, warn};
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 
 use crate::config::Config;
-use crate::handshake::{Handshake, error_chain};
+use crate::error::error_chain;
+use crate::handshake::Handshake;
 
 /// The event reason posted on a pod with an unenforced process.
 pub const EVENT_REASON: &str = "VgpuShimNotLoaded";

@@ -47,8 +47,13 @@ pub struct Config {
     pub device_mode: DeviceMode,
     /// CDI kind for [`DeviceMode::Cdi`] (`nvidia.com/gpu`).
     pub cdi_kind: String,
-    /// Host directory of the GPU device nodes (`/dev`).
+    /// Directory of the GPU device nodes `nvidia<index>` (`/dev`), the same path on the
+    /// host (kubelet hands it to the runtime) and in the plugin (which checks them at
+    /// start and at `Allocate`).
     pub dev_dir: PathBuf,
+    /// With [`DeviceMode::Cdi`]: the operator says kubelet 1.28 runs with the
+    /// `DevicePluginCDIDevices` feature gate (without it, kubelet < 1.29 is refused).
+    pub kubelet_cdi_gate: bool,
     /// XIDs that do not make a GPU unhealthy.
     pub ignored_xids: BTreeSet<u64>,
     /// A GPU made unhealthy by an XID/ECC event is healthy again after this long
@@ -81,6 +86,10 @@ pub struct Config {
     /// An allocation directory younger than this is never removed (kubelet records a
     /// container's devices only after `Allocate` returns).
     pub gc_grace: Duration,
+    /// The NVML library to load; `None`: the system's `libnvidia-ml.so.1`.
+    pub nvml_lib: Option<PathBuf>,
+    /// Where to serve Prometheus metrics; `None`: nowhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// A configuration value that is not acceptable.
@@ -114,6 +123,7 @@ impl Config {
             device_mode: DeviceMode::Nodes,
             cdi_kind: "nvidia.com/gpu".to_owned(),
             dev_dir: PathBuf::from("/dev"),
+            kubelet_cdi_gate: false,
             ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             health_recovery: Some(Duration::from_secs(60)),
             health_poll: Duration::from_secs(1),
@@ -126,6 +136,8 @@ impl Config {
             context_allowance: 1 << 30,
             gc_interval: Some(Duration::from_secs(60)),
             gc_grace: Duration::from_secs(300),
+            nvml_lib: None,
+            metrics_addr: None,
         }
     }
 
@@ -197,6 +209,12 @@ impl Config {
                     "container paths must be absolute",
                 ));
             }
+        }
+        if !self.dev_dir.is_absolute() {
+            return Err(ConfigError::Invalid {
+                name: "dev-dir",
+                reason: format!("{} is not an absolute path", self.dev_dir.display()),
+            });
         }
         if self.health_poll.is_zero() || self.kubelet_poll.is_zero() {
             return Err(invalid("health-poll/kubelet-poll", "must be > 0"));

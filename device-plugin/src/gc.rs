@@ -26,7 +26,9 @@ use kube::api::ListParams;
 use tracing::{info, warn};
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 
-use crate::handshake::{Handshake, HandshakeError, error_chain, listed_keys};
+use crate::error::{HandshakeError, error_chain};
+use crate::handshake::Handshake;
+use crate::podresources::listed_keys;
 
 /// What one round did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, GpuInfo, INVENTORY_VERSION, NodeInventory};
 use vgpu_core::resources::LABEL_GPU_MODEL;
 
-use crate::handshake::error_chain;
+use crate::error::error_chain;
 
 /// The merge patch that publishes `gpus` on a Node.
 pub fn node_patch(gpus: &[GpuInfo]) -> serde_json::Value {

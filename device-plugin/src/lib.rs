@@ -14,18 +14,36 @@
 //! The library is driven by `main.rs` and by the tests, which use a fake kubelet speaking
 //! the real gRPC protocol over unix sockets and a fake API server.
 
+// Module map. Kubelet-facing I/O: `server` (serve, register, re-register), `plugin` (the
+// DevicePlugin service: ListAndWatch, Allocate), `podresources` (the shared List).
+// The PreStartContainer handshake: `handshake` (the thin I/O driver and the quota file
+// writer), `identify` (pure: which container a call is for), `error` (its error and
+// gRPC mapping). `preferred` (GetPreferredAllocation), `visible` (the GPU order and the
+// visibility variables), `ids` (device IDs), `preflight` (what cannot work is refused
+// at start / Allocate). Node side: `health` (NVML), `inventory` (the Node annotation),
+// `audit` (processes without the shim), `gc` (allocation directories), `metrics`.
+// `config` (one validated struct) and `run` (the composition root main.rs calls).
+// `testkit`: fakes of kubelet and the API server, for tests and the bench.
+
 pub mod audit;
 pub mod bench;
 pub mod config;
+pub mod error;
 pub mod gc;
 pub mod handshake;
 pub mod health;
+pub mod identify;
 pub mod ids;
 pub mod inventory;
 pub mod kubelet;
 pub mod metrics;
 pub mod plugin;
+pub mod podresources;
+pub mod preferred;
+pub mod preflight;
+pub mod run;
 pub mod server;
+pub mod visible;
 
 pub use config::Config;
 pub mod testkit;

@@ -1,18 +1,12 @@
 //! `vgpu-device-plugin`: parse the configuration, set up logging, run.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
 use vgpu_device_plugin::config::{Config, DeviceMode};
-use vgpu_device_plugin::handshake::Handshake;
-use vgpu_device_plugin::metrics::Metrics;
-use vgpu_device_plugin::plugin::{Plugin, prepare_state_dir};
-use vgpu_device_plugin::{audit, bench, gc, health, server};
+use vgpu_device_plugin::{bench, health};
 
 #[derive(Parser, Debug)]
 #[command(about = "vgpu's kubelet device plugin: fractional GPUs for exactly the right container")]
@@ -99,9 +93,17 @@ struct RunArgs {
     /// Do not mount /etc/ld.so.preload (the image loads the shim itself).
     #[arg(long)]
     no_preload: bool,
-    /// Hand GPUs to containers as CDI devices instead of device nodes.
+    /// Hand GPUs to containers as CDI devices instead of device nodes (needs kubelet
+    /// >= 1.29 and containerd >= 1.7 with CDI enabled; checked at start).
     #[arg(long)]
     cdi: bool,
+    /// With --cdi on kubelet 1.28: kubelet runs with
+    /// --feature-gates=DevicePluginCDIDevices=true.
+    #[arg(long)]
+    kubelet_cdi_gate: bool,
+    /// Directory of the GPU device nodes nvidia<index>, on the host and in the plugin.
+    #[arg(long, default_value = "/dev")]
+    dev_dir: PathBuf,
     /// XIDs that do not make a GPU unhealthy (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "13,31,43,45,68,109")]
     ignored_xids: Vec<u64>,
@@ -160,6 +162,8 @@ impl RunArgs {
         } else {
             DeviceMode::Nodes
         };
+        c.kubelet_cdi_gate = self.kubelet_cdi_gate;
+        c.dev_dir = self.dev_dir.clone();
         c.ignored_xids = self.ignored_xids.iter().copied().collect();
         c.health_recovery =
             (self.health_recovery_s > 0).then(|| Duration::from_secs(self.health_recovery_s));
@@ -184,59 +188,11 @@ impl RunArgs {
         c.audit_interval = secs(self.audit_interval_s);
         c.gc_interval = secs(self.gc_interval_s);
         c.context_allowance = self.context_allowance_mib.saturating_mul(1 << 20);
+        c.nvml_lib = self.nvml_lib.clone();
+        c.metrics_addr = self.metrics_addr;
         c.gc_grace = Duration::from_secs(self.gc_grace_s);
-        c.validate()?;
         Ok(c)
     }
-}
-
-async fn run(args: RunArgs) -> Result<()> {
-    let cfg = Arc::new(args.config()?);
-    prepare_state_dir(&cfg).with_context(|| format!("prepare {}", cfg.state_dir.display()))?;
-    let gpus = health::spawn_nvml_monitor(&cfg, args.nvml_lib.clone())?;
-    let client = kube::Client::try_default().await.context("kube client")?;
-    let (store, writer) = reflector::store();
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
-    let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node_name));
-    tokio::spawn(
-        reflector(writer, watcher(pods, wc).default_backoff())
-            .applied_objects()
-            .for_each(|_| futures::future::ready(())),
-    );
-    tokio::spawn(vgpu_device_plugin::inventory::publish(
-        client.clone(),
-        cfg.node_name.clone(),
-        gpus.clone(),
-        Duration::from_secs(5),
-    ));
-    let handshake = Handshake::new(cfg.clone(), client, Some(store));
-    let metrics = Metrics::new(gpus.clone());
-    if let Some(addr) = args.metrics_addr {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("metrics address {addr}"))?;
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = vgpu_device_plugin::metrics::serve(m, l).await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
-    }
-    if let Some(every) = cfg.audit_interval {
-        let rx = audit::spawn(cfg.clone(), args.nvml_lib.clone(), every)
-            .context("start the audit thread")?;
-        tokio::spawn(audit::report(handshake.clone(), rx, metrics.audit.clone()));
-    }
-    if let Some(every) = cfg.gc_interval {
-        let m = metrics.clone();
-        tokio::spawn(gc::run(handshake.clone(), every, move |r| m.gc_round(r)));
-    }
-    let plugin = Plugin::new(cfg.clone(), gpus, handshake);
-    server::run(cfg, plugin, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await;
-    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -262,7 +218,14 @@ fn main() -> std::process::ExitCode {
         match cli.cmd {
             Some(Cmd::Bench(b)) => bench::run(b).await,
             Some(Cmd::Health(h)) => health_cmd(h).await,
-            None => run(cli.run).await,
+            None => {
+                let cfg = cli.run.config()?;
+                vgpu_device_plugin::run::run(cfg, async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await
+                .map_err(anyhow::Error::from)
+            }
         }
     });
     match r {

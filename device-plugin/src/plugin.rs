@@ -15,8 +15,8 @@ use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::SLICES_PER_GPU;
 
 use crate::config::{Config, DeviceMode};
-use crate::handshake::{Handshake, error_chain, log_refusal};
-use crate::ids;
+use crate::error::error_chain;
+use crate::handshake::{Handshake, log_refusal};
 use crate::kubelet::v1beta1::device_plugin_server::DevicePlugin;
 use crate::kubelet::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -25,6 +25,8 @@ use crate::kubelet::v1beta1::{
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::kubelet::{HEALTHY, UNHEALTHY};
+use crate::preflight::{self, PreflightError};
+use crate::{ids, visible};
 
 /// File name of the generated preload list in the state directory.
 pub const PRELOAD_FILE: &str = "ld.so.preload";
@@ -40,6 +42,10 @@ pub enum AllocateError {
     /// A device ID names a GPU this node does not have.
     #[error("device {0:?} is not on this node")]
     Unknown(String),
+    /// A GPU's device node is missing on the host: the runtime would fail the container
+    /// late and opaquely (`lstat /dev/nvidia<N>`).
+    #[error("allocate")]
+    DeviceNode(#[source] PreflightError),
     /// The allocation directory could not be made.
     #[error("prepare allocation directory {path}")]
     Dir {
@@ -57,6 +63,7 @@ impl AllocateError {
         let msg = error_chain(self);
         match self {
             AllocateError::BadId(_) | AllocateError::Unknown(_) => Status::invalid_argument(msg),
+            AllocateError::DeviceNode(_) => Status::failed_precondition(msg),
             AllocateError::Dir { .. } => Status::internal(msg),
         }
     }
@@ -143,6 +150,11 @@ impl Plugin {
             }
         }
         mine.sort_by_key(|g| g.index);
+        if self.cfg.device_mode == DeviceMode::Nodes {
+            let owned: Vec<GpuInfo> = mine.iter().map(|g| (*g).clone()).collect();
+            preflight::device_nodes(&self.cfg.dev_dir, &owned)
+                .map_err(AllocateError::DeviceNode)?;
+        }
         let key = ids::allocation_key(device_ids.iter().map(String::as_str));
         let dir = self.cfg.state_dir.join("alloc").join(&key);
         {
@@ -182,6 +194,11 @@ impl Plugin {
         }
         let mut envs = HashMap::new();
         envs.insert("VGPU_CONTAINER_DIR".to_owned(), path(cdir));
+        // The container's GPUs by UUID, in the quota file's order (`visible`).
+        let ordered = visible::in_device_order(mine.iter().map(|g| g.uuid.as_str()), &gpus);
+        for (k, v) in visible::visible_env(&ordered) {
+            envs.insert(k.to_owned(), v);
+        }
         if let Some((host_dir, file)) = self.daemon_socket_dir() {
             // The directory, not the socket file: a restarted daemon's new socket is
             // seen. Read-only is enough to connect to a unix socket.
@@ -198,7 +215,7 @@ impl Plugin {
                 let mut d: Vec<DeviceSpec> = mine
                     .iter()
                     .map(|g| {
-                        let n = self.cfg.dev_dir.join(format!("nvidia{}", g.index));
+                        let n = preflight::device_node(&self.cfg.dev_dir, g);
                         DeviceSpec {
                             container_path: format!("/dev/nvidia{}", g.index),
                             host_path: path(&n),
@@ -354,12 +371,15 @@ mod tests {
         cfg.device_mode = mode;
         std::fs::create_dir_all(&cfg.dev_dir).unwrap();
         std::fs::write(cfg.dev_dir.join("nvidiactl"), b"").unwrap();
+        for i in 0..2 {
+            std::fs::write(cfg.dev_dir.join(format!("nvidia{i}")), b"").unwrap();
+        }
         prepare_state_dir(&cfg).unwrap();
         let cfg = Arc::new(cfg);
         let uri: http::Uri = "http://127.0.0.1:9".parse().unwrap();
         let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
         let (_tx, rx) = watch::channel(crate::testkit::node::gpus(2, 1024));
-        let hs = Handshake::new(cfg.clone(), client, None);
+        let hs = Handshake::new(cfg.clone(), client, None, rx.clone());
         Plugin::new(cfg, rx, hs)
     }
 

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::handshake::error_chain;
+use crate::error::error_chain;
 use crate::kubelet::v1beta1::device_plugin_server::DevicePluginServer;
 use crate::kubelet::v1beta1::registration_client::RegistrationClient;
 use crate::kubelet::v1beta1::{DevicePluginOptions, RegisterRequest};

@@ -68,6 +68,12 @@ async fn the_binary_on_a_simulated_node() {
     let dp_dir = root.path().join("device-plugins");
     let pr_sock = root.path().join("pod-resources/kubelet.sock");
     let state = root.path().join("state");
+    // The simulated GPUs' device nodes (plain files: the plugin checks they exist).
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("dev dir");
+    for i in 0..2 {
+        std::fs::write(dev.join(format!("nvidia{i}")), b"").expect("device node");
+    }
     let api = FakeApi::start().await.expect("fake API");
     let kubeconfig = root.path().join("kubeconfig");
     std::fs::write(
@@ -94,6 +100,8 @@ async fn the_binary_on_a_simulated_node() {
         .arg(&pr_sock)
         .arg("--state-dir")
         .arg(&state)
+        .arg("--dev-dir")
+        .arg(&dev)
         .arg("--nvml-lib")
         .arg(sim_lib_dir().join("libnvidia-ml.so.1"))
         .env("KUBECONFIG", &kubeconfig)
@@ -176,4 +184,111 @@ async fn the_binary_on_a_simulated_node() {
     // Kubelet restarts: the binary re-registers.
     kubelet.restart().expect("restart");
     kubelet.wait_registered(2, T).await.expect("re-registered");
+}
+
+fn write_kubeconfig(path: &std::path::Path, api: &FakeApi) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            api.addr
+        ),
+    )
+    .expect("kubeconfig");
+}
+
+/// Runs the binary on the simulated node with `args` until it exits (at most `T`):
+/// its exit status and standard error.
+async fn run_until_exit(
+    sim: &SimNode,
+    root: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+) -> (std::process::ExitStatus, String) {
+    let mut child = sim
+        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .args(["--node-name", NODE])
+        .arg("--device-plugin-dir")
+        .arg(root.join("device-plugins"))
+        .arg("--pod-resources-socket")
+        .arg(root.join("pod-resources/kubelet.sock"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .arg("--nvml-lib")
+        .arg(sim_lib_dir().join("libnvidia-ml.so.1"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vgpu-device-plugin");
+    let end = Instant::now() + T;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the plugin did not refuse to start within {T:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut err);
+    }
+    (status, err)
+}
+
+/// Issue 11 item 6: what cannot work is refused at start, naming it: a GPU without its
+/// device node (the default mode), and `--cdi` on a kubelet that drops CDI devices
+/// (1.28 without its feature gate) or on containerd 1.6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_refuses_to_start_what_cannot_work_on_the_node() {
+    let sim = SimNode::new(
+        r#"
+        [[device]]
+        name = "NVIDIA H100 80GB HBM3"
+        memory = "8Gi"
+        "#,
+    );
+    let root = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(root.path().join("device-plugins")).expect("dir");
+    let dev = root.path().join("empty-dev");
+    std::fs::create_dir_all(&dev).expect("dev dir");
+    let api = FakeApi::start().await.expect("fake API");
+    let kubeconfig = root.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, &api);
+    let (status, err) = run_until_exit(
+        &sim,
+        root.path(),
+        &kubeconfig,
+        &["--dev-dir".as_ref(), dev.as_os_str()],
+    )
+    .await;
+    let missing = dev.join("nvidia0").display().to_string();
+    assert!(!status.success());
+    assert!(err.contains(&missing) && err.contains("--dev-dir"), "{err}");
+
+    // --cdi on the issue's cluster: kubelet v1.28.4 without the gate, containerd 1.6.
+    let node_info = |kubelet: &str, runtime: &str| {
+        serde_json::json!({"metadata": {"name": NODE}, "status": {"nodeInfo": {
+            "kubeletVersion": kubelet, "containerRuntimeVersion": runtime,
+            "architecture": "amd64", "bootID": "", "kernelVersion": "", "kubeProxyVersion": "",
+            "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""}}})
+    };
+    api.put_node(node_info("v1.28.4", "containerd://1.7.13"));
+    let (status, err) = run_until_exit(&sim, root.path(), &kubeconfig, &["--cdi".as_ref()]).await;
+    assert!(!status.success());
+    assert!(
+        err.contains("v1.28.4") && err.contains("DevicePluginCDIDevices"),
+        "{err}"
+    );
+    api.put_node(node_info("v1.29.2", "containerd://1.6.20"));
+    let (status, err) = run_until_exit(&sim, root.path(), &kubeconfig, &["--cdi".as_ref()]).await;
+    assert!(!status.success());
+    assert!(err.contains("containerd://1.6.20"), "{err}");
 }

@@ -11,7 +11,7 @@ use vgpu_core::inventory::{GpuInfo, NodeInventory};
 use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Task, reuse};
 use vgpu_core::resources::{ContainerKind, RESOURCE_GPU, parse_pod_request};
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
-use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
+use vgpu_device_plugin::testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
 
 use vgpu_device_plugin::testkit::node::{
     NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
@@ -232,7 +232,7 @@ async fn fifty_pods(interleaved: bool) {
         lists - lists_before
     );
     assert!(
-        max_conc <= vgpu_device_plugin::handshake::MAX_CONCURRENT_LISTS,
+        max_conc <= vgpu_device_plugin::podresources::MAX_CONCURRENT_LISTS,
         "the plugin's own bound on concurrent List calls (kubelet allows 10 for all clients): {max_conc}"
     );
     let mut mismatches = Vec::new();
@@ -312,6 +312,115 @@ async fn allocate_mounts_the_directory_the_shim_and_a_generated_preload() {
         .expect("prestart");
     let q = read_quota(&node, ids).expect("quota");
     assert_eq!((q.gpus[0].memory_mib, q.gpus[0].compute_milli), (4096, 200));
+}
+
+/// Issue 11 item 2 (plugin part): `Allocate` names the container's GPUs to CUDA and to the
+/// NVIDIA container toolkit, by UUID, in the order of the quota file the shim numbers
+/// its devices by (node index order, whatever the assignment's order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_sees_its_gpus_by_uuid_in_the_quota_files_order() {
+    // Node index order differs from UUID order (and from the assignment's order below).
+    let mut g = gpus(2, 81920);
+    let (u0, u1) = (g[1].uuid.clone(), g[0].uuid.clone());
+    g[0].uuid = u0.clone();
+    g[1].uuid = u1.clone();
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    let cs: Vec<PodContainer<'_>> = vec![
+        // The issue's case: granted GPU 1 only; its device 0 must be GPU 1.
+        ("one", false, grant(&u1, 4096, 200, 2)),
+        (
+            "two",
+            false,
+            [grant(&u1, 1000, 300, 3), grant(&u0, 2000, 300, 3)].concat(),
+        ),
+    ];
+    node.put_pod(pod_json("ns", "p", "u", 0, &cs))
+        .await
+        .expect("pod");
+    let mut c = node.client.clone();
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "p", &fake_containers(&cs))
+        .await
+        .expect("admit");
+    let env = |i: usize, k: &str| adm.containers[i].3.envs.get(k).cloned();
+    for k in ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"] {
+        assert_eq!(env(0, k), Some(u1.clone()), "{k} of the GPU 1 container");
+        assert_eq!(env(1, k), Some(format!("{u0},{u1}")), "{k}: index order");
+    }
+    for (i, want) in [
+        (0, vec![(u1.clone(), 4096)]),
+        (1, vec![(u0.clone(), 2000), (u1.clone(), 1000)]),
+    ] {
+        let ids = adm.containers[i].2.clone();
+        FakeKubelet::prestart(&mut node.client, &ids)
+            .await
+            .expect("prestart");
+        let q = read_quota(&node, &ids).expect("quota");
+        let got: Vec<(String, u64)> = q
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.memory_mib))
+            .collect();
+        assert_eq!(
+            got, want,
+            "the quota file lists the GPUs in CUDA_VISIBLE_DEVICES order"
+        );
+        let visible: Vec<String> = env(i, "CUDA_VISIBLE_DEVICES")
+            .expect("set")
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(visible, got.into_iter().map(|g| g.0).collect::<Vec<_>>());
+    }
+}
+
+/// Issue 11 item 6: a GPU whose device node is missing is refused at `Allocate`, naming the
+/// path, not left to fail in the runtime (`lstat /dev/nvidia0`, pod stuck creating).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_names_a_missing_device_node_instead_of_failing_in_the_runtime() {
+    let g = gpus(2, 81920);
+    let node = TestNode::start(g.clone()).await.expect("node");
+    let gone = node.cfg.dev_dir.join("nvidia1");
+    std::fs::remove_file(&gone).expect("remove the device node");
+    let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[1].uuid, 4096, 200, 2))];
+    node.put_pod(pod_json("ns", "p", "u", 0, &cs))
+        .await
+        .expect("pod");
+    let mut c = node.client.clone();
+    let e = node
+        .kubelet
+        .admit(&mut c, "ns", "p", &fake_containers(&cs))
+        .await
+        .expect_err("Allocate refused");
+    match e {
+        FakeKubeletError::Call { call, status } => {
+            assert_eq!(call, "Allocate");
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+            assert!(
+                status.message().contains(&gone.display().to_string())
+                    && status.message().contains(&g[1].uuid),
+                "{}",
+                status.message()
+            );
+        }
+        other => panic!("expected Allocate to be refused: {other}"),
+    }
+    // The other GPU's node is there: its containers are served.
+    node.kubelet.remove_pod("ns", "p");
+    let cs0: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 4096, 200, 2))];
+    node.put_pod(pod_json("ns", "q", "v", 1, &cs0))
+        .await
+        .expect("pod");
+    let adm = node
+        .kubelet
+        .admit(&mut c, "ns", "q", &fake_containers(&cs0))
+        .await
+        .expect("GPU 0 allocates");
+    assert_eq!(
+        adm.containers[0].3.devices[0].host_path,
+        node.cfg.dev_dir.join("nvidia0").display().to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -685,6 +794,7 @@ async fn allocation_directories_no_container_holds_are_removed_and_live_ones_kep
         std::sync::Arc::new(strict),
         node.api.client().expect("client"),
         None,
+        node.gpus.subscribe(),
     );
     node.kubelet.remove_pod("ns", "init");
     assert!(node.api.delete_pod("ns", "init"));

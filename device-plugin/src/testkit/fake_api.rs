@@ -67,7 +67,10 @@ impl FakeApi {
         let app = Router::new()
             .route("/api/v1/pods", get(list_or_watch))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
-            .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
+            .route(
+                "/api/v1/nodes/{name}",
+                axum::routing::patch(patch_node).get(get_node),
+            )
             .route(
                 "/api/v1/namespaces/{ns}/events",
                 axum::routing::post(create_event),
@@ -129,6 +132,14 @@ impl FakeApi {
             .pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// Puts a node (its `metadata.name` names it); later merge patches apply to it.
+    pub fn put_node(&self, mut node: Value) {
+        node["apiVersion"] = json!("v1");
+        node["kind"] = json!("Node");
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        lock(&self.inner).nodes.insert(name, node);
     }
 
     /// The node as patched so far (merge patches applied to an empty object).
@@ -234,6 +245,17 @@ async fn get_pod(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("pods \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn get_node(State(fake): State<FakeApi>, Path(name): Path<String>) -> Response {
+    match fake.node(&name) {
+        Some(node) => axum::Json(node).into_response(),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("nodes \"{name}\" not found"),
         ),
     }
 }

@@ -153,6 +153,12 @@ impl TestNode {
         cfg.kubelet_poll = Duration::from_millis(20);
         tune(&mut cfg);
         cfg.validate()?;
+        // The GPUs' device nodes, as a host with the driver has them (plain files here:
+        // the plugin only checks that they exist and names them to the runtime).
+        std::fs::create_dir_all(&cfg.dev_dir)?;
+        for g in &gpu_list {
+            std::fs::write(crate::preflight::device_node(&cfg.dev_dir, g), b"")?;
+        }
         let cfg = Arc::new(cfg);
         prepare_state_dir(&cfg)?;
         let api = FakeApi::start().await?;
@@ -173,7 +179,7 @@ impl TestNode {
             rx.clone(),
             Duration::from_millis(100),
         )));
-        let handshake = Handshake::new(cfg.clone(), client, Some(store.clone()));
+        let handshake = Handshake::new(cfg.clone(), client, Some(store.clone()), rx.clone());
         let plugin = Plugin::new(cfg.clone(), rx, handshake.clone());
         let c2 = cfg.clone();
         tasks.push(tokio::spawn(async move {
