@@ -58,6 +58,8 @@ struct Args {
     /// Also serve the gRPC API on this TCP address (host:port; unauthenticated).
     #[arg(long)]
     api_addr: Option<std::net::SocketAddr>,
+    #[arg(long, default_value_t = 10)]
+    sched_priority: u32,
 }
 
 fn main() -> Result<()> {
@@ -70,6 +72,16 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let a = Args::parse();
+    // Before any other thread exists, so that the timer and the runtime's workers
+    // inherit the class (ADR 0013).
+    let class = vgpu_daemon::realtime::SchedClass::from_priority(a.sched_priority)?;
+    if let Err(e) = vgpu_daemon::realtime::apply(class) {
+        tracing::warn!(
+            "{}: {}; slices may run late on a busy node (give the daemon CAP_SYS_NICE, or --sched-priority 0 to silence this)",
+            e,
+            std::error::Error::source(&e).map_or(String::new(), ToString::to_string)
+        );
+    }
     if !(a.quantum_ms >= 0.5 && a.quantum_ms <= 1000.0) {
         anyhow::bail!("--quantum-ms {} is out of range (0.5–1000)", a.quantum_ms);
     }
