@@ -26,7 +26,7 @@ use testrun::{Failures, Hogs, run_tests};
 /// The test targets that measure time or shares, by package: what `busy` runs.
 const TIMING_TESTS: &[(&str, &[&str])] = &[
     ("vgpu-daemon", &["scheduling", "metrics"]),
-    ("vgpu-tests", &["cuda_sim", "shim", "device_plugin_daemon"]),
+    ("vgpu-tests", &["cuda_sim", "shim"]),
 ];
 
 fn root() -> PathBuf {
@@ -172,6 +172,21 @@ fn busy_tests(f: &mut Failures) -> Result<()> {
             c.args(["--test", n]);
         }
     };
+    // The programs the tests start (daemon, cuda-probe, libvgpu.so).
+    step(
+        f,
+        "busy (build)",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "vgpu-daemon",
+            "-p",
+            "vgpu-shim",
+            "-p",
+            "vgpu-tests",
+        ]),
+    );
     for (pkg, names) in TIMING_TESTS {
         let mut build = cargo();
         targets(&mut build, pkg, names);
