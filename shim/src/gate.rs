@@ -65,6 +65,35 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const PING_AFTER: Duration = Duration::from_millis(250);
 /// Not a registered GPU (no protocol index).
 const UNREGISTERED: u32 = u32::MAX;
+/// How often a drain re-checks launches in flight (a sleep, not a yield: a real-time
+/// gate thread that yields never lets a time-sharing launcher on its CPU run).
+const INFLIGHT_POLL: Duration = Duration::from_micros(50);
+/// The gate thread's real-time priority when the process may use one (ADR 0013).
+const GATE_RT_PRIORITY: i32 = 1;
+
+/// Puts the gate thread in SCHED_FIFO at the lowest real-time priority when the process
+/// is allowed to (CAP_SYS_NICE or RLIMIT_RTPRIO, and real-time runtime in its cgroup):
+/// on a node whose CPUs are saturated it then answers revocations and feeds the
+/// queue-ahead budget at once. Otherwise it stays where it is, which is correct, only
+/// slower to hand over (the daemon charges the tenant for the delay). The thread only
+/// waits (poll, futex, sleeps), so it cannot monopolise a CPU; children reset to the
+/// default class.
+fn raise_gate_thread_priority(shim: &Shim) {
+    let param = libc::sched_param {
+        sched_priority: GATE_RT_PRIORITY,
+    };
+    // SAFETY: pid 0 is the calling thread (the gate thread); `param` is initialised and
+    // outlives the call; failure changes nothing.
+    let r = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        crate::state::log(shim, || {
+            format!("gate thread stays in the time-sharing class ({e})")
+        });
+    }
+}
 
 /// Contexts may not be destroyed while the gate thread synchronizes them: destroy
 /// hooks take this for writing, the drain for reading (held across the real
@@ -425,6 +454,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     let spawned = std::thread::Builder::new()
         .name("vgpu-gate".into())
         .spawn(move || {
+            raise_gate_thread_priority(shim);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()));
             if r.is_err() {
                 // Never leave launchers waiting on a gate nobody runs: open them all.

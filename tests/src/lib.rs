@@ -3,6 +3,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cpu_load;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -11,6 +11,7 @@
 //! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
 //! - [`api`]: the gRPC API (`vgpu.daemon.v1`), served on a unix socket and optionally TCP.
+//! - [`realtime`]: the daemon's CPU scheduling class (SCHED_FIFO on a busy node).
 //! - [`reporting`]: starts the three above next to the shims' server.
 //! - [`run`]: the composition root: a validated configuration in, the whole node served.
 //! - [`ctl`]: `vgpuctl`, the API's command-line client.
@@ -29,6 +30,7 @@ pub mod daemon;
 pub mod metrics;
 pub mod model;
 pub mod nvml;
+pub mod realtime;
 pub mod reporting;
 pub mod run;
 pub mod scheduler;

@@ -63,6 +63,9 @@ struct Args {
     /// NVML reports; registrations naming any other GPU are refused.
     #[arg(long)]
     gpu: Vec<String>,
+    /// Real-time priority of the daemon's threads (SCHED_FIFO 1–99; 0: normal class).
+    #[arg(long, default_value_t = 10)]
+    sched_priority: u32,
 }
 
 fn config(a: &Args) -> vgpu_daemon::run::Config {
@@ -110,6 +113,22 @@ fn main() -> ExitCode {
     if !(a.quantum_ms.is_finite()) {
         eprintln!("vgpu-daemon: --quantum-ms {} is not a number", a.quantum_ms);
         return ExitCode::from(2);
+    }
+    // Before any other thread exists, so that the timer and the runtime's workers
+    // inherit the class (ADR 0013).
+    let class = match vgpu_daemon::realtime::SchedClass::from_priority(a.sched_priority) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vgpu-daemon: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = vgpu_daemon::realtime::apply(class) {
+        tracing::warn!(
+            "{}: {}; slices may run late on a busy node (give the daemon CAP_SYS_NICE, or --sched-priority 0 to silence this)",
+            e,
+            std::error::Error::source(&e).map_or(String::new(), ToString::to_string)
+        );
     }
     let cfg = config(&a);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -3,7 +3,12 @@
 //! - `sim`: build the simulated driver (release) into `target/cuda-sim/` as
 //!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
 //! - `ci`: what CI checks, in order: formatting, clippy, the simulator, every test
-//!   (Rust and the third-party Python clients), docs.
+//!   (Rust and the third-party Python clients), docs, then `busy`. Every step runs
+//!   even when one before failed (`cargo test --no-fail-fast`); the run ends with the
+//!   list of every failed step and test, and fails if there is one.
+//! - `busy`: the tests that measure time or shares (real processes on the simulated
+//!   GPU), run with one CPU hog more than there are CPUs alongside: they must pass on
+//!   a saturated machine (issue 16).
 //! - `demo`: the main demo: `vgpu-daemon` on a simulated node, four tenants under the
 //!   shim with different compute shares, policies and memory quotas, their achieved
 //!   shares measured by the simulator and by the daemon; see `docs/demo.md`.
@@ -17,6 +22,15 @@ use anyhow::{Context, Result, bail};
 
 mod demo;
 mod layout;
+mod testrun;
+
+use testrun::{Failures, Hogs, run_tests};
+
+/// The test targets that measure time or shares, by package: what `busy` runs.
+const TIMING_TESTS: &[(&str, &[&str])] = &[
+    ("vgpu-daemon", &["scheduling", "metrics"]),
+    ("vgpu-tests", &["cuda_sim", "shim"]),
+];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -87,30 +101,116 @@ fn sim() -> Result<PathBuf> {
     Ok(out)
 }
 
+/// Runs a non-test step; a failure is recorded and the run goes on.
+fn step(f: &mut Failures, name: &str, cmd: &mut Command) {
+    if let Err(e) = run(cmd) {
+        f.step(name, format!("{e:#}"));
+    }
+}
+
 fn ci() -> Result<()> {
-    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
+    let mut f = Failures::default();
+    step(
+        &mut f,
+        "fmt",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    );
+    step(
+        &mut f,
         "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    sim()?;
-    run(cargo().args(["test", "--workspace", "--release"]))?;
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    );
+    if let Err(e) = sim() {
+        f.step("sim", format!("{e:#}"));
+    }
+    let mut tests = cargo();
+    tests.args(["test", "--workspace", "--release", "--no-fail-fast"]);
+    run_tests("tests", tests, &mut f)?;
     let py = root().join("tests/python");
     if py.is_dir() {
-        run(Command::new("python3")
-            .args(["-m", "pytest", "-q"])
-            .arg(&py)
-            .env("VGPU_SIM_PREBUILT", "1")
-            .current_dir(root()))?;
+        step(
+            &mut f,
+            "python clients",
+            Command::new("python3")
+                .args(["-m", "pytest", "-q"])
+                .arg(&py)
+                .env("VGPU_SIM_PREBUILT", "1")
+                .current_dir(root()),
+        );
     }
-    run(cargo()
-        .args(["doc", "--workspace", "--no-deps"])
-        .env("RUSTDOCFLAGS", "-D warnings"))?;
+    step(
+        &mut f,
+        "docs",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    );
+    busy_tests(&mut f)?;
+    finish(&f)
+}
+
+/// `busy`: the timing tests on saturated CPUs.
+fn busy() -> Result<()> {
+    let mut f = Failures::default();
+    if let Err(e) = sim() {
+        f.step("sim", format!("{e:#}"));
+    }
+    busy_tests(&mut f)?;
+    finish(&f)
+}
+
+/// Builds the timing tests, then runs them with the hogs alongside (the build is not
+/// slowed down by them).
+fn busy_tests(f: &mut Failures) -> Result<()> {
+    let targets = |c: &mut Command, pkg: &str, names: &[&str]| {
+        c.args(["test", "--release", "--no-fail-fast", "-p", pkg]);
+        for n in names {
+            c.args(["--test", n]);
+        }
+    };
+    // The programs the tests start (daemon, cuda-probe, libvgpu.so).
+    step(
+        f,
+        "busy (build)",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "vgpu-daemon",
+            "-p",
+            "vgpu-shim",
+            "-p",
+            "vgpu-tests",
+        ]),
+    );
+    for (pkg, names) in TIMING_TESTS {
+        let mut build = cargo();
+        targets(&mut build, pkg, names);
+        step(f, "busy (build)", build.arg("--no-run"));
+    }
+    let _hogs = Hogs::start()?;
+    for (pkg, names) in TIMING_TESTS {
+        let mut c = cargo();
+        targets(&mut c, pkg, names);
+        run_tests("busy", c, f)?;
+    }
     Ok(())
+}
+
+fn finish(f: &Failures) -> Result<()> {
+    if f.is_empty() {
+        eprintln!("xtask: every step passed");
+        return Ok(());
+    }
+    eprint!("{}", f.summary());
+    bail!("some steps failed (listed above)")
 }
 
 /// Builds the simulator, the daemon and `vgpuctl`, the shim, `cuda-probe` and `vgpu-smi`
@@ -147,8 +247,9 @@ fn main() -> Result<()> {
     match task.as_str() {
         "sim" => sim().map(|_| ()),
         "ci" => ci(),
+        "busy" => busy(),
         "demo" => demo(),
         "layout" => layout::layout(&root()),
-        other => bail!("unknown task {other:?}: expected `sim`, `ci`, `demo` or `layout`"),
+        other => bail!("unknown task {other:?}: expected `sim`, `ci`, `busy`, `demo` or `layout`"),
     }
 }

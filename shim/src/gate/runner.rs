@@ -18,7 +18,8 @@ use vgpu_core::sched_proto::{
 
 use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
 use super::{
-    CTX_LOCK, Gates, IDLE_TICKS, LOCAL_QUANTUM_NS, NONE, PING_AFTER, RECONNECT, RECONNECT_MAX,
+    CTX_LOCK, Gates, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, NONE, PING_AFTER, RECONNECT,
+    RECONNECT_MAX,
     TICK, UNBOUNDED, UNMEASURED_ALLOWED, UNREGISTERED, futex_wait, futex_wake, mono_ns,
     sync_device,
 };
@@ -789,7 +790,7 @@ impl Runner {
         let t0 = Instant::now();
         while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
         {
-            std::thread::yield_now();
+            std::thread::sleep(INFLIGHT_POLL);
         }
         sync_device(self.shim, i);
         let end = mono_ns();
@@ -842,7 +843,7 @@ impl Runner {
                     while gate.inflight.load(Ordering::SeqCst) != 0
                         && t0.elapsed() < Duration::from_millis(200)
                     {
-                        std::thread::yield_now();
+                        std::thread::sleep(INFLIGHT_POLL);
                     }
                     sync_device(self.shim, i);
                     let end = mono_ns();

@@ -3,14 +3,19 @@
 //! device-time counters (what its engine really ran), never what the daemon reports.
 //!
 //! Build first (`cargo xtask sim && cargo build --release`), then run
-//! `target/release/sched-bench [--window-s 10] [--only NAME,...]`. Every figure is
+//! `target/release/sched-bench [--window-s 10] [--only NAME,...]`
+//! (`SCHED_BENCH_DAEMON_LOG=debug` sets the daemons' log level, `SCHED_BENCH_KEEP=1`
+//! keeps their logs and prints where). Every figure is
 //! measured in this run, next to its baseline (the same load without vgpu, or alone).
 //!
 //! Scenarios: achieved vs configured shares for 2, 3 and 10 saturating tenants, each
 //! with short (10 µs) and long (5 ms) kernels; Jain's fairness for 10 × 10 %;
 //! convergence after a live share change; work conservation under `burst`; a `cap`
 //! tenant alone; a latency-sensitive tenant beside a saturating best-effort one;
-//! throughput lost to slicing.
+//! throughput lost to slicing. Under load (`load`, same run): shares for 3 and 10
+//! tenants and convergence after a live change, once with every CPU saturated by busy
+//! loops (one more than there are CPUs) and once with each tenant in its own CPU-limited
+//! container (a cgroup `cpu` quota of 0.5 CPU holding the tenant and a busy loop).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use vgpu_cuda_sim::config::SimConfig;
 use vgpu_cuda_sim::state::State;
+use vgpu_tests::cpu_load::{CpuHogs, CpuLimited};
 
 const SHORT_NS: u64 = 10_000;
 const LONG_NS: u64 = 5_000_000;
@@ -36,6 +42,8 @@ struct Bench {
     sim_lib: PathBuf,
     window: Duration,
     warmup: Duration,
+    /// Tenants start in their own CPU-limited group (millicpu) when set.
+    cpu_limit: std::cell::Cell<Option<u32>>,
 }
 
 struct Daemon {
@@ -56,6 +64,8 @@ struct Tenant {
     name: String,
     child: Child,
     share: u32,
+    /// The tenant's CPU-limited container, if any (removed after the tenant).
+    _cpu: Option<CpuLimited>,
 }
 
 impl Bench {
@@ -90,7 +100,10 @@ impl Bench {
             .arg(&api)
             .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
             .args(extra)
-            .env("VGPU_DAEMON_LOG", "warn")
+            .env(
+                "VGPU_DAEMON_LOG",
+                std::env::var("SCHED_BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -106,7 +119,13 @@ impl Bench {
     }
 
     fn probe(&self) -> Command {
-        let mut c = Command::new(self.bin_dir.join("cuda-probe"));
+        self.probe_in(None)
+    }
+
+    /// `cuda-probe`, started inside `group` when given.
+    fn probe_in(&self, group: Option<&CpuLimited>) -> Command {
+        let probe = self.bin_dir.join("cuda-probe");
+        let mut c = group.map_or_else(|| Command::new(&probe), |g| g.command(&probe));
         c.env("LD_LIBRARY_PATH", &self.sim_lib)
             .env("VGPU_SIM_DIR", self.sim_dir())
             .stdout(Stdio::piped())
@@ -126,7 +145,11 @@ impl Bench {
     ) -> Result<Tenant> {
         let dir = self.root.path().join("containers").join(name);
         std::fs::create_dir_all(&dir)?;
-        let mut c = self.probe();
+        let cpu = match self.cpu_limit.get() {
+            Some(m) => Some(CpuLimited::new(&format!("vgpu-bench-{name}"), m)?),
+            None => None,
+        };
+        let mut c = self.probe_in(cpu.as_ref());
         c.env("LD_PRELOAD", self.bin_dir.join("libvgpu.so"))
             .env("VGPU_CONTAINER_DIR", &dir)
             .env("VGPU_COMPUTE_SHARE", share.to_string())
@@ -141,6 +164,7 @@ impl Bench {
             name: dir.display().to_string(),
             child,
             share,
+            _cpu: cpu,
         })
     }
 
@@ -515,6 +539,49 @@ fn latency(b: &Bench, r: &mut Report, be_kernel_ns: u64) -> Result<()> {
     Ok(())
 }
 
+/// Shares for 3 and 10 tenants (both kernel sizes) and convergence after a live change;
+/// returns the worst share error, pp.
+fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
+    let mut worst: f64 = 0.0;
+    for k in [SHORT_NS, LONG_NS] {
+        worst = worst.max(shares(b, r, &[20, 30, 50], k)?.0);
+        worst = worst.max(shares(b, r, &[4, 6, 8, 8, 10, 10, 12, 12, 14, 16], k)?.0);
+    }
+    r.say(format!(
+        "  worst share error under this load: {worst:.2} pp (target ±2)"
+    ));
+    convergence(b, r)?;
+    Ok(worst)
+}
+
+/// The busy-node scenarios: CPUs saturated, then CPU-limited tenant containers.
+fn under_load(b: &Bench, r: &mut Report) -> Result<()> {
+    {
+        let hogs = CpuHogs::saturate()?;
+        r.say(format!(
+            "under load: every CPU saturated ({} busy loops at normal priority beside the tenants and the daemon):",
+            hogs.len()
+        ));
+        load_scenarios(b, r)?;
+    }
+    match CpuLimited::unavailable() {
+        Some(why) => r.say(format!(
+            "CPU-limited tenant containers: skipped ({why}); run as root on a node with the cgroup v1 cpu controller"
+        )),
+        None => {
+            r.say(
+                "CPU-limited tenant containers (each tenant in a cgroup with a 0.5 CPU quota and a busy loop of its own):"
+                    .into(),
+            );
+            b.cpu_limit.set(Some(500));
+            let res = load_scenarios(b, r);
+            b.cpu_limit.set(None);
+            res?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let mut window_s = 10u64;
     let mut only: Option<Vec<String>> = None;
@@ -532,7 +599,7 @@ fn main() -> Result<()> {
                 only = Some(v.split(',').map(str::to_owned).collect());
             }
             other => bail!(
-                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead)"
+                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load)"
             ),
         }
     }
@@ -560,7 +627,11 @@ fn main() -> Result<()> {
         sim_lib,
         window: Duration::from_secs(window_s),
         warmup: Duration::from_secs(1),
+        cpu_limit: std::cell::Cell::new(None),
     };
+    if std::env::var_os("SCHED_BENCH_KEEP").is_some() {
+        println!("sched-bench: logs kept in {}", b.root.path().display());
+    }
     let want = |n: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == n));
     let mut r = Report { lines: Vec::new() };
     r.say(format!(
@@ -602,6 +673,9 @@ fn main() -> Result<()> {
         latency(&b, &mut r, 1_000_000)?;
         latency(&b, &mut r, SHORT_NS)?;
     }
+    if want("load") {
+        under_load(&b, &mut r)?;
+    }
     if want("overhead") && want("shares") {
         r.say("throughput lost to slicing (2 tenants 30/70 vs one alone without vgpu):".into());
         for (k, u) in [(SHORT_NS, util_2.0), (LONG_NS, util_2.1)] {
@@ -614,6 +688,9 @@ fn main() -> Result<()> {
                 (1.0 - u / alone) * 100.0
             ));
         }
+    }
+    if std::env::var_os("SCHED_BENCH_KEEP").is_some() {
+        let _ = b.root.keep();
     }
     Ok(())
 }

@@ -1,0 +1,144 @@
+//! CPU load for tests and benchmarks of a busy node: hogs that saturate every CPU, and a
+//! CPU-limited "container" (a cgroup v1 `cpu` group with a CFS quota) holding a tenant
+//! process and its own busy loop. Everything started here is stopped by PID on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+/// Where the cgroup v1 `cpu` controller is mounted on this kind of node.
+pub const CPU_CGROUP_ROOT: &str = "/sys/fs/cgroup/cpu";
+
+fn hog() -> Result<Child> {
+    Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .stdin(Stdio::null())
+        .spawn()
+        .context("start a CPU hog (sh)")
+}
+
+/// `n` busy loops at normal priority.
+#[derive(Debug)]
+pub struct CpuHogs {
+    children: Vec<Child>,
+}
+
+impl CpuHogs {
+    /// One more busy loop than there are CPUs: every CPU is saturated.
+    pub fn saturate() -> Result<CpuHogs> {
+        CpuHogs::start(std::thread::available_parallelism().map_or(2, |n| n.get()) + 1)
+    }
+
+    /// `n` busy loops.
+    pub fn start(n: usize) -> Result<CpuHogs> {
+        let children = (0..n).map(|_| hog()).collect::<Result<Vec<_>>>()?;
+        Ok(CpuHogs { children })
+    }
+
+    /// How many run.
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Whether none runs.
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A cgroup v1 `cpu` group with a CFS quota (a container's CPU limit), holding the
+/// processes added to it and one busy loop of its own.
+#[derive(Debug)]
+pub struct CpuLimited {
+    path: PathBuf,
+    hog: Child,
+}
+
+impl CpuLimited {
+    /// Why a CPU-limited group cannot be made here (not root, no v1 `cpu` controller),
+    /// or None.
+    pub fn unavailable() -> Option<String> {
+        let quota = Path::new(CPU_CGROUP_ROOT).join("cpu.cfs_quota_us");
+        if !quota.exists() {
+            return Some(format!("{} does not exist", quota.display()));
+        }
+        let probe = Path::new(CPU_CGROUP_ROOT).join(format!("vgpu-probe-{}", std::process::id()));
+        match std::fs::create_dir(&probe) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir(&probe);
+                None
+            }
+            Err(e) => Some(format!("cannot create {}: {e}", probe.display())),
+        }
+    }
+
+    /// A new group `name` limited to `millicpu` (1000 = one CPU per 100 ms period),
+    /// with its busy loop already inside.
+    pub fn new(name: &str, millicpu: u32) -> Result<CpuLimited> {
+        if millicpu == 0 {
+            bail!("a CPU limit of 0 millicpu would stop the group");
+        }
+        let path = Path::new(CPU_CGROUP_ROOT).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        let write = |file: &str, v: String| {
+            std::fs::write(path.join(file), &v)
+                .with_context(|| format!("write {v} to {}", path.join(file).display()))
+        };
+        write("cpu.cfs_period_us", "100000".into())?;
+        write("cpu.cfs_quota_us", (u64::from(millicpu) * 100).to_string())?;
+        let hog = hog()?;
+        let g = CpuLimited { path, hog };
+        g.add(g.hog.id())?;
+        Ok(g)
+    }
+
+    /// A command that runs `program` inside the group from its first instruction: a
+    /// process must join before it creates real-time threads (the shim's gate thread),
+    /// which a group without real-time runtime refuses (EINVAL). Arguments added later
+    /// go to `program`.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("echo $$ > \"$0\" && exec \"$@\"")
+            .arg(self.path.join("cgroup.procs"))
+            .arg(program);
+        c
+    }
+
+    /// Moves process `pid` (all its threads) into the group (which refuses a process
+    /// with real-time threads: start those with [`CpuLimited::command`]).
+    pub fn add(&self, pid: u32) -> Result<()> {
+        let procs = self.path.join("cgroup.procs");
+        std::fs::write(&procs, pid.to_string())
+            .with_context(|| format!("move pid {pid} into {}", procs.display()))
+    }
+}
+
+impl Drop for CpuLimited {
+    fn drop(&mut self) {
+        let _ = self.hog.kill();
+        let _ = self.hog.wait();
+        // Whatever is left goes back to the root group, so that the group can go.
+        if let Ok(s) = std::fs::read_to_string(self.path.join("cgroup.procs")) {
+            for pid in s.split_whitespace() {
+                let _ = std::fs::write(Path::new(CPU_CGROUP_ROOT).join("cgroup.procs"), pid);
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
