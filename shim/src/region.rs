@@ -391,15 +391,6 @@ impl Region {
         n
     }
 
-    /// Like [`Region::reap`], at most once per `min_interval_ns` across the container.
-    pub fn reap_if_due(&self, own: Option<usize>, min_interval_ns: u64) {
-        let last = self.layout().header.last_reap_ns.load(Ordering::Relaxed);
-        let now = mono_ns();
-        if now.saturating_sub(last) >= min_interval_ns || now < last {
-            self.reap(own);
-        }
-    }
-
     fn retire(&self, i: usize) {
         let s = &self.layout().slots[i];
         for d in 0..MAX_DEVICES {
