@@ -11,5 +11,6 @@ pub mod container_quota;
 pub mod inventory;
 pub mod packing;
 pub mod prom;
+pub mod region_key;
 pub mod resources;
 pub mod sched_proto;

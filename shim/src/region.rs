@@ -1,17 +1,20 @@
-//! The container's shared accounting region: one memory-mapped file of atomics in
-//! `VGPU_CONTAINER_DIR`, mapped by every process of the container (ADR 0008, after the
-//! simulator's ADR 0002).
+//! The container's shared accounting region: atomics in a SysV shared memory segment
+//! keyed by the container directory (ADR 0015, after ADR 0008 and the simulator's ADR
+//! 0002), attached by every process of the container.
 //!
 //! - Per device: the quota and the bytes charged. A charge is one compare-and-swap that
 //!   either fits entirely under the quota or charges nothing, so racing processes can
 //!   never exceed the quota by a byte; arithmetic saturates and never wraps.
 //! - Per process: a slot with its own charges. Liveness comes from the kernel: the owner
-//!   of slot *i* holds an open-file-description lock on byte *i* of `slots.lock`, which
-//!   the kernel drops when the process dies (SIGKILL included). Whoever needs the truth
-//!   (before declaring out-of-memory, when reporting memory, at most every 10 ms) reaps
-//!   dead slots: a CAS from LIVE to REAPING makes that exactly-once.
+//!   of slot *i* holds an open-file-description read lock on byte *i* of the container
+//!   directory itself, which the kernel drops when the process dies (SIGKILL included).
+//!   Whoever needs the truth (before declaring out-of-memory, on every memory query)
+//!   reaps dead slots: a CAS from LIVE to REAPING makes that exactly-once.
 //! - No cross-process lock exists, so a process killed at any instruction cannot wedge
-//!   the others.
+//!   the others; no file a tenant can truncate, replace or delete is mapped or locked.
+//! - A segment whose header is damaged is reported and repaired (header rewritten, the
+//!   device totals rebuilt from the live slots); one of another size is removed when
+//!   nobody has it attached.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -19,12 +22,20 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::config::MAX_DEVICES;
+use crate::segment::{self, DirId};
 
 const MAGIC: u64 = 0x4d49_4853_5550_4756; // "VGPUSHIM", little-endian
-/// Layout version; part of the file name, so different layouts never map each other.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Layout version (3: SysV segment, liveness on the directory); part of the segment key,
+/// so different layouts never attach each other's region.
+pub use vgpu_core::region_key::LAYOUT_VERSION;
+/// Words of the header that hold the container directory's path (for the removal of
+/// segments whose directory is gone).
+const PATH_WORDS: usize = 32;
+/// How long an attaching process waits for the creator to initialise a segment.
+const INIT_WAIT: Duration = Duration::from_millis(200);
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 
@@ -33,13 +44,18 @@ const SLOT_CLAIMING: u32 = 1;
 const SLOT_LIVE: u32 = 2;
 const SLOT_REAPING: u32 = 3;
 
+/// Atomics all: a tenant can write the segment while others read it.
 #[repr(C)]
 struct Header {
-    magic: u64,
-    layout_version: u32,
-    _pad: u32,
-    size: u64,
-    last_reap_ns: AtomicU64,
+    /// [`MAGIC`], stored last by the creator.
+    magic: AtomicU64,
+    layout_version: AtomicU64,
+    size: AtomicU64,
+    dir_dev: AtomicU64,
+    dir_ino: AtomicU64,
+    dir_born: AtomicU64,
+    dir_path_len: AtomicU64,
+    dir_path: [AtomicU64; PATH_WORDS],
 }
 
 /// The container's account on one device.
@@ -71,53 +87,30 @@ struct Layout {
     slots: [Slot; MAX_SLOTS],
 }
 
-/// A mapped accounting region.
+/// The SysV shared memory keys the region of the container directory `dir` may have, in
+/// the order they are tried (for tools and tests that look at the region from outside).
+pub fn segment_keys(dir: &Path) -> io::Result<Vec<libc::key_t>> {
+    Ok(vgpu_core::region_key::keys(segment::dir_id(dir)?))
+}
+
+/// An attached accounting region.
 #[derive(Debug)]
 pub struct Region {
     base: *mut Layout,
-    lock_file: File,
-    path: PathBuf,
+    /// The container directory, open: its byte locks are the slots' liveness.
+    dir_file: File,
+    dir: PathBuf,
+    key: libc::key_t,
+    shmid: libc::c_int,
+    /// What was found wrong (and done) while attaching, for the caller to report.
+    notes: Vec<String>,
 }
 
-// SAFETY: the mapping is shared memory whose every mutable field is an atomic; the
-// pointer stays valid for the life of `Region` (unmapped only in Drop).
+// SAFETY: the segment is shared memory whose every field is an atomic; the pointer
+// stays valid for the life of `Region` (detached only in Drop).
 unsafe impl Send for Region {}
 // SAFETY: as above, all access through `&Layout` is to atomics or immutable fields.
 unsafe impl Sync for Region {}
-
-/// CLOCK_MONOTONIC in ns: one clock for every process of the machine (never 0).
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
-        .max(1)
-}
-
-fn map(file: &File, len: usize) -> io::Result<*mut Layout> {
-    // SAFETY: mapping `len` bytes of an open file that is at least `len` long, shared,
-    // read-write; the result is checked against MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(p.cast())
-}
 
 fn ctx_err(op: &str, path: &Path) -> impl FnOnce(io::Error) -> io::Error {
     let msg = format!("{op} {}", path.display());
@@ -138,104 +131,112 @@ fn add_saturating(a: &AtomicU64, n: u64) {
 }
 
 impl Region {
-    /// Opens (creating it if absent) the region in `dir`.
+    /// Attaches (creating it if absent) the region of the container directory `dir`.
+    /// A damaged region found on the way is repaired or replaced, and said in
+    /// [`Region::notes`].
     pub fn open(dir: &Path) -> io::Result<Region> {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(ctx_err("create container directory", dir))?;
             // Every user of the container shares one budget.
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
         }
-        let path = dir.join(format!("shim-v{LAYOUT_VERSION}.bin"));
+        let dir_file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)
+            .map_err(ctx_err("open container directory", dir))?;
+        let id = segment::dir_id(dir).map_err(ctx_err("stat container directory", dir))?;
         let len = size_of::<Layout>();
-        let file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(dir, &path, len)?,
-            Err(e) => return Err(ctx_err("open accounting region", &path)(e)),
-        };
-        let flen = file.metadata().map_err(ctx_err("stat", &path))?.len();
-        if flen != len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} has {flen} bytes, expected {len}", path.display()),
-            ));
+        let mut notes = Vec::new();
+        for probe in 0..segment::PROBES {
+            let key = segment::key(id, probe);
+            // A segment removed under us (dead garbage, or by a tenant) is tried again.
+            for _ in 0..4 {
+                let Some(seg) = segment::create_or_attach(key, len)
+                    .map_err(ctx_err("attach the accounting region of", dir))?
+                else {
+                    continue;
+                };
+                let base = seg.base.cast::<Layout>();
+                // SAFETY: `seg` is an attachment of `len` = size_of::<Layout>() bytes
+                // (created so, or its size checked), detached only by `Region::drop` or
+                // below; every field is an atomic, all-zero valid.
+                let l = unsafe { &*base };
+                let what = format!(
+                    "accounting region of {} (SysV shared memory key {key:#010x}, id {})",
+                    dir.display(),
+                    seg.id
+                );
+                let alive = |i: usize| owner_alive(&dir_file, i);
+                let verdict = if seg.created {
+                    write_header(l, id, dir);
+                    remove_dead_segments(len);
+                    Verdict::Ours
+                } else {
+                    wait_verdict(l, id)
+                };
+                match verdict {
+                    Verdict::Ours => {}
+                    Verdict::Foreign => {
+                        // SAFETY: `l` is not used after this.
+                        unsafe { segment::detach(seg.base) };
+                        break;
+                    }
+                    Verdict::Damaged(wrong) => {
+                        let attached = segment::stat(seg.id).map_or(u64::MAX, |s| s.attached);
+                        if attached <= 1 {
+                            // Nobody else uses it: replaced by a fresh one.
+                            notes.push(format!(
+                                "{what}: {wrong}; nobody uses it: replaced by a fresh region"
+                            ));
+                            let _ = segment::remove(seg.id);
+                            // SAFETY: `l` is not used after this.
+                            unsafe { segment::detach(seg.base) };
+                            continue;
+                        }
+                        // Processes use it (this container's, or a tenant's garbage
+                        // held open): repaired in place, so that they and we keep one
+                        // budget.
+                        repair(l, id, dir, alive);
+                        notes.push(format!(
+                            "{what}: {wrong}; {} other processes have it attached: header rewritten, device totals rebuilt from the live processes' slots",
+                            attached.saturating_sub(1)
+                        ));
+                    }
+                }
+                if segment::stat(seg.id).is_ok_and(|s| s.removed) {
+                    // Removed while we attached (by a process that found it damaged and
+                    // unused a moment ago): new processes will not find it; neither may we.
+                    // SAFETY: `l` is not used after this.
+                    unsafe { segment::detach(seg.base) };
+                    continue;
+                }
+                return Ok(Region {
+                    base,
+                    dir_file,
+                    dir: dir.to_owned(),
+                    key,
+                    shmid: seg.id,
+                    notes,
+                });
+            }
         }
-        let base = map(&file, len).map_err(ctx_err("map accounting region", &path))?;
-        let lock_path = dir.join("slots.lock");
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(ctx_err("open slot lock file", &lock_path))?;
-        let _ = lock_file.set_permissions(std::fs::Permissions::from_mode(0o666));
-        let r = Region {
-            base,
-            lock_file,
-            path: path.clone(),
-        };
-        let h = &r.layout().header;
-        if h.magic != MAGIC || h.layout_version != LAYOUT_VERSION || h.size != len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not a vgpu accounting region", path.display()),
-            ));
-        }
-        Ok(r)
+        Err(io::Error::other(format!(
+            "no usable accounting region for {}: the {} shared memory keys derived from it are taken by segments of others{}",
+            dir.display(),
+            segment::PROBES,
+            if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", notes.join("; "))
+            }
+        )))
     }
 
-    fn create(dir: &Path, path: &Path, len: usize) -> io::Result<File> {
-        // Build the file under a private name, then link it into place: a racing process
-        // sees either no region or a complete one.
-        let tmp = dir.join(format!(
-            ".shim-v{LAYOUT_VERSION}.{}.tmp",
-            std::process::id()
-        ));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o666)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(ctx_err("create accounting region", &tmp))?;
-        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-        file.set_len(len as u64).map_err(ctx_err("size", &tmp))?;
-        let base = map(&file, len).map_err(ctx_err("map", &tmp))?;
-        // SAFETY: `base` is a fresh zero-filled writable mapping of `len` =
-        // size_of::<Layout>() bytes that nobody else can see yet; all-zero is a valid
-        // bit pattern for every field (integers and atomics).
-        let layout = unsafe { &mut *base };
-        layout.header.magic = MAGIC;
-        layout.header.layout_version = LAYOUT_VERSION;
-        layout.header.size = len as u64;
-        // SAFETY: unmapping the mapping created above; `layout` is not used afterwards.
-        unsafe { libc::munmap(base.cast(), len) };
-        let ctmp = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: both are valid NUL-terminated paths.
-        let rc = unsafe { libc::link(ctmp.as_ptr(), cpath.as_ptr()) };
-        let err = io::Error::last_os_error();
-        let _ = std::fs::remove_file(&tmp);
-        if rc != 0 && err.kind() != io::ErrorKind::AlreadyExists {
-            return Err(ctx_err("publish accounting region", path)(err));
-        }
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(ctx_err("open accounting region", path))
+    /// What was found wrong while attaching (and what was done), for the caller to
+    /// report.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     fn layout(&self) -> &Layout {
@@ -244,9 +245,14 @@ impl Region {
         unsafe { &*self.base }
     }
 
-    /// The region's file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The region, for messages: the container directory and the segment.
+    pub fn describe(&self) -> String {
+        format!(
+            "the accounting region of {} (SysV shared memory key {:#010x}, id {})",
+            self.dir.display(),
+            self.key,
+            self.shmid
+        )
     }
 
     fn dev(&self, d: usize) -> Option<&DevAcct> {
@@ -290,45 +296,31 @@ impl Region {
     }
 
     fn ofd_lock(&self, slot: usize, cmd: libc::c_int, ty: libc::c_int) -> io::Result<libc::flock> {
-        // SAFETY: flock is plain old data; all-zero is valid.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = ty as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = libc::off_t::try_from(slot).unwrap_or(libc::off_t::MAX);
-        fl.l_len = 1;
-        // SAFETY: the fd is open for the life of `self`; `fl` is a valid flock.
-        let rc = unsafe { libc::fcntl(self.lock_file.as_raw_fd(), cmd, &mut fl) };
-        if rc == 0 {
-            Ok(fl)
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        ofd_lock(&self.dir_file, slot, cmd, ty)
     }
 
     fn owner_alive(&self, i: usize) -> bool {
-        match self.ofd_lock(i, libc::F_OFD_GETLK, libc::F_WRLCK) {
-            Ok(fl) => fl.l_type != libc::F_UNLCK as libc::c_short,
-            // When in doubt, alive: never reclaim a live process's memory.
-            Err(_) => true,
-        }
+        owner_alive(&self.dir_file, i)
     }
 
     /// Claims a slot for this process until it dies (or [`Region::release_slot`]).
     pub fn claim_slot(&self) -> io::Result<usize> {
         for attempt in 0..2 {
             for (i, s) in self.layout().slots.iter().enumerate() {
+                // A state no shim writes (a tenant's) is free once nobody holds the slot.
+                let st = s.state.load(Ordering::Acquire);
+                let from = if st > SLOT_REAPING && !self.owner_alive(i) {
+                    st
+                } else {
+                    SLOT_FREE
+                };
                 if s.state
-                    .compare_exchange(
-                        SLOT_FREE,
-                        SLOT_CLAIMING,
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
+                    .compare_exchange(from, SLOT_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
                 {
                     continue;
                 }
-                if self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_WRLCK).is_err() {
+                if self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_RDLCK).is_err() {
                     s.state.store(SLOT_FREE, Ordering::Release);
                     continue;
                 }
@@ -347,7 +339,7 @@ impl Region {
         }
         Err(io::Error::other(format!(
             "all {MAX_SLOTS} process slots of {} are taken",
-            self.path.display()
+            self.describe()
         )))
     }
 
@@ -368,10 +360,6 @@ impl Region {
     /// Reclaims the slots of dead processes (`own`, whose lock we hold, is skipped).
     /// Returns how many were reclaimed.
     pub fn reap(&self, own: Option<usize>) -> usize {
-        self.layout()
-            .header
-            .last_reap_ns
-            .store(mono_ns(), Ordering::Relaxed);
         let mut n = 0;
         for (i, s) in self.layout().slots.iter().enumerate() {
             if Some(i) == own || s.state.load(Ordering::Acquire) != SLOT_LIVE {
@@ -505,15 +493,311 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping of size_of::<Layout>() bytes; no reference
-        // into it outlives `self`.
-        unsafe { libc::munmap(self.base.cast(), size_of::<Layout>()) };
+        // SAFETY: detaching our own attachment; no reference into it outlives `self`.
+        unsafe { segment::detach(self.base.cast()) };
+    }
+}
+
+/// An open-file-description lock command on byte `slot` of `file`.
+fn ofd_lock(
+    file: &File,
+    slot: usize,
+    cmd: libc::c_int,
+    ty: libc::c_int,
+) -> io::Result<libc::flock> {
+    // SAFETY: flock is plain old data; all-zero is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = libc::off_t::try_from(slot).unwrap_or(libc::off_t::MAX);
+    fl.l_len = 1;
+    // SAFETY: `file` is open; `fl` is a valid flock.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+    if rc == 0 {
+        Ok(fl)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether another open file description holds a lock on byte `i` of the container
+/// directory `dir_file` (the owner of slot `i` holds a read lock there; a write lock is
+/// what conflicts with it).
+fn owner_alive(dir_file: &File, i: usize) -> bool {
+    match ofd_lock(dir_file, i, libc::F_OFD_GETLK, libc::F_WRLCK) {
+        Ok(fl) => fl.l_type != libc::F_UNLCK as libc::c_short,
+        // When in doubt, alive: never reclaim a live process's memory.
+        Err(_) => true,
+    }
+}
+
+fn write_header(l: &Layout, id: DirId, dir: &Path) {
+    let h = &l.header;
+    h.layout_version
+        .store(u64::from(LAYOUT_VERSION), Ordering::Relaxed);
+    h.size.store(size_of::<Layout>() as u64, Ordering::Relaxed);
+    h.dir_dev.store(id.dev, Ordering::Relaxed);
+    h.dir_ino.store(id.ino, Ordering::Relaxed);
+    h.dir_born.store(id.born, Ordering::Relaxed);
+    let bytes = dir.as_os_str().as_encoded_bytes();
+    let n = bytes.len().min(PATH_WORDS * 8);
+    h.dir_path_len.store(n as u64, Ordering::Relaxed);
+    for (w, chunk) in h.dir_path.iter().zip(bytes[..n].chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+    }
+    h.magic.store(MAGIC, Ordering::Release);
+}
+
+/// Whose the attached segment is, waiting (bounded) for its creator to initialise it.
+fn wait_verdict(l: &Layout, id: DirId) -> Verdict {
+    let start = Instant::now();
+    loop {
+        let blank = l.header.magic.load(Ordering::Acquire) == 0
+            && l.header.size.load(Ordering::Relaxed) == 0;
+        match verdict(l, id) {
+            Verdict::Damaged(_) if blank && start.elapsed() < INIT_WAIT => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            v => return v,
+        }
+    }
+}
+
+/// Makes a damaged region usable again: a fresh header; slots in no known state freed
+/// when their owner is dead, else live again (counted, and reaped at its death); each
+/// device's total rebuilt as the sum of its live slots (the counters a tenant wrote are
+/// not trusted; a charge in flight at this instant may be missed, at most one
+/// allocation per process).
+fn repair(l: &Layout, id: DirId, dir: &Path, alive: impl Fn(usize) -> bool) {
+    for (i, s) in l.slots.iter().enumerate() {
+        let st = s.state.load(Ordering::Acquire);
+        if st > SLOT_REAPING {
+            let to = if alive(i) { SLOT_LIVE } else { SLOT_FREE };
+            let _ = s
+                .state
+                .compare_exchange(st, to, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+    for d in 0..MAX_DEVICES {
+        let sum = l
+            .slots
+            .iter()
+            .filter(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE)
+            .fold(0u64, |a, s| {
+                a.saturating_add(s.used[d].load(Ordering::Acquire))
+            });
+        l.devs[d].used.store(sum, Ordering::Release);
+    }
+    write_header(l, id, dir);
+}
+
+/// Whose an attached segment of the right size is.
+enum Verdict {
+    /// This container's region.
+    Ours,
+    /// A valid region of another directory (a key collision): try the next key.
+    Foreign,
+    /// Not a valid region: what is wrong.
+    Damaged(String),
+}
+
+fn verdict(l: &Layout, id: DirId) -> Verdict {
+    let h = &l.header;
+    let magic = h.magic.load(Ordering::Acquire);
+    if magic != MAGIC {
+        return Verdict::Damaged(format!("bad magic number {magic:#018x}"));
+    }
+    let v = h.layout_version.load(Ordering::Relaxed);
+    if v != u64::from(LAYOUT_VERSION) {
+        return Verdict::Damaged(format!("layout version {v}, expected {LAYOUT_VERSION}"));
+    }
+    let size = h.size.load(Ordering::Relaxed);
+    if size != size_of::<Layout>() as u64 {
+        return Verdict::Damaged(format!(
+            "header says {size} bytes, expected {}",
+            size_of::<Layout>()
+        ));
+    }
+    let recorded = DirId {
+        dev: h.dir_dev.load(Ordering::Relaxed),
+        ino: h.dir_ino.load(Ordering::Relaxed),
+        born: h.dir_born.load(Ordering::Relaxed),
+    };
+    if recorded != id {
+        return Verdict::Foreign;
+    }
+    Verdict::Ours
+}
+
+/// The directory path a region's header records.
+fn recorded_dir(h: &Header) -> Option<PathBuf> {
+    let n = usize::try_from(h.dir_path_len.load(Ordering::Relaxed)).ok()?;
+    if n == 0 || n > PATH_WORDS * 8 {
+        return None;
+    }
+    let mut bytes: Vec<u8> = h
+        .dir_path
+        .iter()
+        .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
+        .collect();
+    bytes.truncate(n);
+    Some(PathBuf::from(std::ffi::OsString::from(
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )))
+}
+
+/// Removes the regions nobody has attached whose container directory is gone (a new
+/// directory, a new key): segments outlive their processes, and a node or a test run
+/// creates many containers.
+fn remove_dead_segments(len: usize) {
+    for id in segment::unattached_of_size(len) {
+        let Ok(base) = segment::attach_read_only(id) else {
+            continue;
+        };
+        // SAFETY: `base` is a read-only attachment of `len` = size_of::<Layout>() bytes
+        // (the size was checked); every field is an atomic, and only loaded here.
+        let l = unsafe { &*base.cast::<Layout>() };
+        let dead = l.header.magic.load(Ordering::Acquire) == MAGIC
+            && l.header.layout_version.load(Ordering::Relaxed) == u64::from(LAYOUT_VERSION)
+            && recorded_dir(&l.header).is_some_and(|p| {
+                segment::dir_id(&p).ok()
+                    != Some(DirId {
+                        dev: l.header.dir_dev.load(Ordering::Relaxed),
+                        ino: l.header.dir_ino.load(Ordering::Relaxed),
+                        born: l.header.dir_born.load(Ordering::Relaxed),
+                    })
+            });
+        // Only we have it attached (ours is the one attachment): nobody uses it.
+        let alone = segment::stat(id).is_ok_and(|s| s.attached == 1);
+        if dead && alone {
+            let _ = segment::remove(id);
+        }
+        // SAFETY: `l` is not used after this.
+        unsafe { segment::detach(base) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The region's words, as a tenant who attached it sees them.
+    fn words(r: &Region) -> &[AtomicU64] {
+        // SAFETY: the attachment is size_of::<Layout>() bytes, a multiple of 8, aligned
+        // to a page; every field is an atomic, so any word view is valid.
+        unsafe { std::slice::from_raw_parts(r.base.cast::<AtomicU64>(), size_of::<Layout>() / 8) }
+    }
+
+    #[test]
+    fn no_file_of_the_directory_is_needed_nor_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::open(dir.path()).unwrap();
+        r.init_quota(0, Some(8 << 20));
+        let s = r.claim_slot().unwrap();
+        assert!(r.try_charge(s, 0, 6 << 20, None));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // A second process of the container attaches the same accounts.
+        let r2 = Region::open(dir.path()).unwrap();
+        assert!(r2.notes().is_empty(), "{:?}", r2.notes());
+        assert_eq!(r2.used(0), 6 << 20);
+        let s2 = r2.claim_slot().unwrap();
+        assert_ne!(s, s2);
+        assert!(!r2.try_charge(s2, 0, 4 << 20, None));
+        assert!(r2.try_charge(s2, 0, 2 << 20, None));
+        // Another directory has its own.
+        let other = tempfile::tempdir().unwrap();
+        assert_eq!(Region::open(other.path()).unwrap().used(0), 0);
+    }
+
+    #[test]
+    fn a_damaged_header_is_reported_and_repaired_or_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::open(dir.path()).unwrap();
+        r.init_quota(0, Some(8 << 20));
+        let s = r.claim_slot().unwrap();
+        assert!(r.try_charge(s, 0, 6 << 20, None));
+        // The tenant zeroes the header and forges the device total.
+        for w in &words(&r)[..4] {
+            w.store(0, Ordering::Relaxed);
+        }
+        r.layout().devs[0].used.store(u64::MAX, Ordering::Relaxed);
+        // In use by `r`: repaired in place, the total rebuilt from the live slot.
+        let r2 = Region::open(dir.path()).unwrap();
+        assert_eq!(r2.notes().len(), 1, "{:?}", r2.notes());
+        let note = &r2.notes()[0];
+        assert!(note.contains(&dir.path().display().to_string()), "{note}");
+        assert!(note.contains("bad magic number"), "{note}");
+        assert_eq!(r2.used(0), 6 << 20);
+        assert_eq!(r.used(0), 6 << 20, "one budget for both");
+        drop(r2);
+        drop(r);
+        // Nobody attached: a damaged region is replaced by a fresh one.
+        let r = Region::open(dir.path()).unwrap();
+        for w in &words(&r)[..2] {
+            w.store(7, Ordering::Relaxed);
+        }
+        let keep = r.shmid;
+        drop(r);
+        let r = Region::open(dir.path()).unwrap();
+        assert_ne!(r.shmid, keep);
+        assert!(
+            r.notes()[0].contains("replaced by a fresh region"),
+            "{:?}",
+            r.notes()
+        );
+        assert_eq!(r.used(0), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever a tenant writes into the region, at any word, no operation of a
+        /// process already attached, nor of one attaching afterwards, panics or hangs;
+        /// a process that brings its own quota never charges past it.
+        #[test]
+        fn arbitrary_region_contents_crash_nothing(
+            writes in proptest::collection::vec((0usize..(size_of::<Layout>() / 8), proptest::num::u64::ANY), 0..400),
+            fill in proptest::option::of(proptest::num::u64::ANY),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let r = Region::open(dir.path()).unwrap();
+            let s = r.claim_slot().unwrap();
+            let w = words(&r);
+            if let Some(f) = fill {
+                for x in w {
+                    x.store(f, Ordering::Relaxed);
+                }
+            }
+            for (i, v) in writes {
+                w[i].store(v, Ordering::Relaxed);
+            }
+            let exercise = |r: &Region, s: usize| {
+                for d in [0, MAX_DEVICES - 1, MAX_DEVICES] {
+                    let before = r.slot_used(s, d);
+                    let _ = r.try_charge(s, d, 4096, Some(1 << 20));
+                    r.uncharge(s, d, 4096);
+                    r.count_context(s, d, true);
+                    r.count_context(s, d, false);
+                    let _ = (r.quota(d), r.used(d), r.contexts(d), before);
+                    let _ = (r.pid_used(std::process::id(), d), r.container_pid(1));
+                }
+                r.reap(Some(s));
+            };
+            exercise(&r, s);
+            let r2 = Region::open(dir.path()).unwrap();
+            let s2 = r2.claim_slot().unwrap();
+            exercise(&r2, s2);
+            // Its own quota holds whatever the region says.
+            let mut n = 0u64;
+            while r2.try_charge(s2, 1, 1 << 20, Some(4 << 20)) {
+                n += 1;
+                proptest::prop_assert!(n <= 4);
+            }
+            r2.release_slot(s2);
+            r.release_slot(s);
+        }
+    }
 
     #[test]
     fn charges_are_all_or_nothing_under_the_quota() {

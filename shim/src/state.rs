@@ -130,6 +130,11 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
             format!("cannot open the container's accounting region: {e}"),
         )
     })?;
+    // A damaged region is rare and matters (a tenant tampered with it): said whatever
+    // VGPU_LOG says, once per process.
+    for n in region.notes() {
+        crate::say!("vgpu: WARNING: {n}");
+    }
     for d in 0..MAX_DEVICES {
         // A quota of 0 (a device the quota file does not list) is this process's to
         // enforce: in the region 0 means unlimited.
