@@ -126,12 +126,12 @@ fn quota_holds_through(what: &str, tamper: impl FnOnce(&Container)) {
         64 * MIB,
         "{what}: the 64 MiB left must stay usable\n{out}"
     );
-    // The third process has exited: each holder in turn sees exactly the 64 MiB left
-    // (its own and the other's charges intact) and allocates from it.
-    for p in [a, b] {
+    // The third process has exited: the first holder sees exactly the 64 MiB left (both
+    // holders' charges intact); once it has exited too, the second sees 256 − 64 MiB.
+    for (p, free) in [(a, 64 * MIB), (b, 192 * MIB)] {
         let seen = p.finish(Duration::from_secs(20)).join("\n");
         assert!(
-            seen.contains("free=67108864 total=268435456"),
+            seen.contains(&format!("free={free} total=268435456")),
             "{what}: {seen}"
         );
         assert_eq!(seen.matches("alloc=ok").count(), 2, "{what}: {seen}");
