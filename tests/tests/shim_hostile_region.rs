@@ -161,10 +161,13 @@ fn pre_created_garbage_files_do_not_stop_the_container() {
         std::fs::set_permissions(c.dir(), std::fs::Permissions::from_mode(0o1777)).expect("chmod");
         attack(&c.dir(), how);
         // A directory and a FIFO where files are expected, too.
-        let _ = std::fs::create_dir(c.dir().join("shim-v3.bin"));
-        let _ = Command::new("mkfifo")
+        let _ = std::fs::remove_file(c.dir().join("shim-v3.bin"));
+        std::fs::create_dir(c.dir().join("shim-v3.bin")).expect("a directory");
+        let _ = std::fs::remove_file(c.dir().join("slots.lock"));
+        let fifo = Command::new("mkfifo")
             .arg(c.dir().join("slots.lock"))
             .status();
+        assert!(fifo.is_ok_and(|s| s.success()), "mkfifo");
         let out = node.probe_in(Some(&c), &["init", "alloc-until-oom", "2Mi"]);
         assert_eq!(num(&out, "allocated"), 256 * MIB, "{how:?}: {out}");
     }
