@@ -141,7 +141,7 @@ fn garbage_region_under_real_processes() {
                 x ^= x >> 7;
                 x ^= x << 17;
                 // Rounds alternate between every word and sparse words.
-                if round % 2 == 0 || x % 7 == 0 {
+                if round.is_multiple_of(2) || x.is_multiple_of(7) {
                     // SAFETY: within the segment (the region is larger than 70,000
                     // bytes).
                     unsafe { p.cast::<u64>().add(i).write_volatile(x >> (round * 8)) };

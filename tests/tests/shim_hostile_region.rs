@@ -208,6 +208,7 @@ fn quota_holds_or_refuses_through_garbage() {
         // SAFETY: attaching a segment read-write at an address the kernel picks.
         let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
         assert_ne!(p as isize, -1, "shmat");
+        // SAFETY: shmid_ds is plain old data; all-zero is valid.
         let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
         // SAFETY: a valid out-pointer for IPC_STAT.
         assert_eq!(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) }, 0);
