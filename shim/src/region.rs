@@ -56,6 +56,10 @@ struct Header {
     dir_born: AtomicU64,
     dir_path_len: AtomicU64,
     dir_path: [AtomicU64; PATH_WORDS],
+    /// Bit *i*: slot *i* may be live (set once it is, cleared before it is freed), so
+    /// that a reap, on every memory query, probes only those slots instead of loading
+    /// all 256 (a tenant who clears bits only keeps its own dead processes charged).
+    live_bits: [AtomicU64; MAX_SLOTS / 64],
 }
 
 /// The container's account on one device.
@@ -331,6 +335,7 @@ impl Region {
                 s.pid.store(std::process::id(), Ordering::Relaxed);
                 s.host_pid.store(0, Ordering::Relaxed);
                 s.state.store(SLOT_LIVE, Ordering::Release);
+                self.mark_live(i, true);
                 return Ok(i);
             }
             if attempt == 0 {
@@ -361,7 +366,19 @@ impl Region {
     /// Returns how many were reclaimed.
     pub fn reap(&self, own: Option<usize>) -> usize {
         let mut n = 0;
-        for (i, s) in self.layout().slots.iter().enumerate() {
+        let l = self.layout();
+        let candidates = l.header.live_bits.iter().enumerate().flat_map(|(w, bits)| {
+            let mut b = bits.load(Ordering::Acquire);
+            std::iter::from_fn(move || {
+                (b != 0).then(|| {
+                    let i = b.trailing_zeros() as usize;
+                    b &= b - 1;
+                    w * 64 + i
+                })
+            })
+        });
+        for i in candidates {
+            let Some(s) = l.slots.get(i) else { continue };
             if Some(i) == own || s.state.load(Ordering::Acquire) != SLOT_LIVE {
                 continue;
             }
@@ -379,6 +396,18 @@ impl Region {
         n
     }
 
+    /// Sets or clears slot `i`'s bit in the live set.
+    fn mark_live(&self, i: usize, live: bool) {
+        if let Some(w) = self.layout().header.live_bits.get(i / 64) {
+            let bit = 1u64 << (i % 64);
+            if live {
+                w.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                w.fetch_and(!bit, Ordering::AcqRel);
+            }
+        }
+    }
+
     fn retire(&self, i: usize) {
         let s = &self.layout().slots[i];
         for d in 0..MAX_DEVICES {
@@ -388,6 +417,7 @@ impl Region {
             sub_saturating(&self.layout().devs[d].contexts, ctxs);
         }
         s.pid.store(0, Ordering::Relaxed);
+        self.mark_live(i, false);
         s.state.store(SLOT_FREE, Ordering::Release);
     }
 
@@ -579,6 +609,15 @@ fn repair(l: &Layout, id: DirId, dir: &Path, alive: impl Fn(usize) -> bool) {
                 .state
                 .compare_exchange(st, to, Ordering::AcqRel, Ordering::Relaxed);
         }
+    }
+    for (w, bits) in l.header.live_bits.iter().enumerate() {
+        let mut v = 0u64;
+        for (b, s) in l.slots.iter().skip(w * 64).take(64).enumerate() {
+            if s.state.load(Ordering::Acquire) == SLOT_LIVE {
+                v |= 1 << b;
+            }
+        }
+        bits.store(v, Ordering::Release);
     }
     for d in 0..MAX_DEVICES {
         let sum = l
