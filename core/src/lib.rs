@@ -11,6 +11,7 @@ pub mod container_quota;
 pub mod inventory;
 pub mod packing;
 pub mod prom;
+pub mod region_key;
 pub mod resources;
 pub mod sched_proto;
 pub mod visible;

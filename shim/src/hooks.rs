@@ -1838,7 +1838,7 @@ unsafe fn procs(
         if r != NVML_SUCCESS || count.is_null() || infos.is_null() {
             return r;
         }
-        shim.region.reap_if_due(Some(shim.slot), 0);
+        shim.region.reap(Some(shim.slot));
         let dev = nvml_index(device);
         let base = infos.cast::<u8>();
         // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.

@@ -39,5 +39,6 @@ pub mod hooks;
 pub mod pools;
 pub mod real;
 pub mod region;
+pub mod segment;
 pub mod state;
 pub mod table;

@@ -12,9 +12,6 @@ use crate::pools::Pools;
 use crate::region::Region;
 use crate::table::Lib;
 
-/// Minimum interval between reaps triggered by memory queries.
-const REAP_INTERVAL_NS: u64 = 10_000_000;
-
 /// What kind of handle an allocation is known by (separate namespaces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -136,6 +133,11 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
             format!("cannot open the container's accounting region: {e}"),
         )
     })?;
+    // A damaged region is rare and matters (a tenant tampered with it): said whatever
+    // VGPU_LOG says, once per process.
+    for n in region.notes() {
+        crate::say!("vgpu: WARNING: {n}");
+    }
     for d in 0..MAX_DEVICES {
         // A quota of 0 (a device the quota file does not list) is this process's to
         // enforce: in the region 0 means unlimited.
@@ -406,9 +408,12 @@ impl Shim {
         }
     }
 
-    /// The container's usage of `dev`, after reaping dead processes if due.
+    /// The container's usage of `dev`, after reaping dead processes: a process never
+    /// sees the charges of one that has exited (one liveness probe per live slot; a
+    /// reap rate-limited across the container showed the next process a dead one's
+    /// memory, issue 11 item 4).
     pub fn used(&self, dev: usize) -> u64 {
-        self.region.reap_if_due(Some(self.slot), REAP_INTERVAL_NS);
+        self.region.reap(Some(self.slot));
         self.region.used(dev)
     }
 }

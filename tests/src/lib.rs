@@ -289,6 +289,23 @@ impl Probe {
     }
 }
 
+/// The SysV shared memory keys of the shim's accounting region for the container
+/// directory `dir` (ADR 0015), for tests that act as a tenant attacking it.
+pub fn region_keys(dir: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).expect("stat the container directory");
+    let born = m
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    vgpu_core::region_key::keys(vgpu_core::region_key::DirIdentity {
+        dev: m.dev(),
+        ino: m.ino(),
+        born,
+    })
+}
+
 /// The value of `key=value` in the probe's output (the last occurrence).
 pub fn field(out: &str, key: &str) -> Option<String> {
     out.split_whitespace()

@@ -214,33 +214,36 @@ async fn run(sim: &SimNode) {
     reporter.abort();
 }
 
-/// What a tenant can do to its writable accounting region without knowing its layout:
-/// zero every aligned 64-bit word equal to `value` (the quota it filled). Returns how many.
+/// What a tenant can do to its container's accounting region (shared memory it can
+/// attach) without knowing its layout: zero every aligned 64-bit word equal to `value`
+/// (the quota it filled). Returns how many.
 fn forge_region(dir: &std::path::Path, value: u64) -> usize {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let path = std::fs::read_dir(dir)
-        .expect("the container directory")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("shim-v"))
-        })
-        .expect("the shim's region file");
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .expect("open the region");
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes).expect("read the region");
     let mut n = 0;
-    for (i, w) in bytes.chunks_exact(8).enumerate() {
-        if u64::from_le_bytes(w.try_into().expect("8 bytes")) == value {
-            f.seek(SeekFrom::Start(8 * i as u64)).expect("seek");
-            f.write_all(&0u64.to_le_bytes()).expect("write");
-            n += 1;
+    for key in vgpu_tests::region_keys(dir) {
+        // SAFETY: flags 0 only looks the key up.
+        let id = unsafe { libc::shmget(key, 0, 0) };
+        if id < 0 {
+            continue;
         }
+        // SAFETY: shmid_ds is plain old data; a valid out-pointer for IPC_STAT.
+        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) }, 0);
+        // SAFETY: attaching the segment read-write where the kernel chooses.
+        let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+        assert_ne!(p as isize, -1, "shmat");
+        for i in 0..ds.shm_segsz / 8 {
+            // SAFETY: word i lies within the attached segment.
+            let w = unsafe { p.cast::<u64>().add(i) };
+            // SAFETY: as above; volatile: other processes use the words.
+            if unsafe { w.read_volatile() } == value {
+                // SAFETY: as above.
+                unsafe { w.write_volatile(0) };
+                n += 1;
+            }
+        }
+        // SAFETY: detaching what was attached above.
+        unsafe { libc::shmdt(p) };
     }
     n
 }

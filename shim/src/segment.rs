@@ -1,0 +1,190 @@
+//! The shared memory behind the container's accounting region (ADR 0015): a SysV shared
+//! memory segment found by a key derived from the container directory's identity. A
+//! segment cannot be truncated, grown or unlinked under a process that has it attached,
+//! so no tenant can make a mapper fault (a `MAP_SHARED` file could be truncated by
+//! anyone, SIGBUSing every process of the container), and it needs no space in the
+//! container directory's filesystem.
+//!
+//! This module is the one home of the segment's system calls: key derivation, create or
+//! attach, the sizes, removal of what is dead.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+pub use vgpu_core::region_key::{DirIdentity as DirId, PROBES};
+
+/// The identity of the container directory `dir`.
+pub fn dir_id(dir: &Path) -> io::Result<DirId> {
+    let m = std::fs::metadata(dir)?;
+    let born = m
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    Ok(DirId {
+        dev: m.dev(),
+        ino: m.ino(),
+        born,
+    })
+}
+
+/// The SysV key of probe `probe` for a directory (never `IPC_PRIVATE`).
+pub fn key(id: DirId, probe: u32) -> libc::key_t {
+    vgpu_core::region_key::key(id, probe)
+}
+
+/// An attached segment.
+#[derive(Debug)]
+pub struct Segment {
+    /// The segment's id.
+    pub id: libc::c_int,
+    /// Its key.
+    pub key: libc::key_t,
+    /// Where it is attached.
+    pub base: *mut u8,
+    /// Whether this process created it (and must initialise it).
+    pub created: bool,
+}
+
+/// What `shmctl(IPC_STAT)` says of a segment: its size and how many processes have it
+/// attached.
+#[derive(Debug, Clone, Copy)]
+pub struct Stat {
+    /// Bytes.
+    pub size: u64,
+    /// Attached processes.
+    pub attached: u64,
+    /// Marked for removal (`IPC_RMID`): new processes cannot find it any more.
+    pub removed: bool,
+}
+
+/// `SHM_DEST` of `<linux/shm.h>`: the segment goes when its last process detaches.
+const SHM_DEST: u32 = 0o1000;
+
+/// `shmctl(IPC_STAT)`.
+pub fn stat(id: libc::c_int) -> io::Result<Stat> {
+    // SAFETY: shmid_ds is plain old data; all-zero is valid.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer for IPC_STAT.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Stat {
+        size: ds.shm_segsz as u64,
+        attached: ds.shm_nattch as u64,
+        removed: u32::from(ds.shm_perm.mode) & SHM_DEST != 0,
+    })
+}
+
+/// Marks segment `id` for removal (it goes when the last process detaches).
+pub fn remove(id: libc::c_int) -> io::Result<()> {
+    // SAFETY: IPC_RMID takes no buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn attach(id: libc::c_int) -> io::Result<*mut u8> {
+    // SAFETY: attaching a segment read-write at an address the kernel picks; the result
+    // is checked against (void*)-1.
+    let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+    if p as isize == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+/// Detaches a segment attached at `base`.
+///
+/// # Safety
+/// `base` was returned by an attach of this module and nothing refers into it any more.
+pub unsafe fn detach(base: *mut u8) {
+    // SAFETY: per the contract.
+    unsafe { libc::shmdt(base.cast()) };
+}
+
+/// Creates the segment of `key` with `len` bytes (zero-filled), or attaches the one that
+/// exists. `Ok(None)`: a segment with that key exists but cannot be attached (not ours
+/// to use, or removed meanwhile: the caller tries again or the next key).
+pub fn create_or_attach(key: libc::key_t, len: usize) -> io::Result<Option<Segment>> {
+    // SAFETY: shmget only allocates or looks up a segment; 0o666: every user of the
+    // container shares one budget.
+    let id = unsafe { libc::shmget(key, len, libc::IPC_CREAT | libc::IPC_EXCL | 0o666) };
+    if id >= 0 {
+        let base = match attach(id) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = remove(id);
+                return Err(e);
+            }
+        };
+        return Ok(Some(Segment {
+            id,
+            key,
+            base,
+            created: true,
+        }));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EEXIST) {
+        return Err(err);
+    }
+    // SAFETY: flags 0 only looks the key up.
+    let id = unsafe { libc::shmget(key, 0, 0) };
+    if id < 0 {
+        return Ok(None);
+    }
+    match stat(id) {
+        Ok(s) if s.size == len as u64 => {}
+        // Another size: not a region of this layout (a tenant's, or garbage). Dead if
+        // nobody has it attached: removed, and the caller tries the key again.
+        Ok(s) => {
+            if s.attached == 0 {
+                let _ = remove(id);
+            }
+            return Ok(None);
+        }
+        Err(_) => return Ok(None),
+    }
+    match attach(id) {
+        Ok(base) => Ok(Some(Segment {
+            id,
+            key,
+            base,
+            created: false,
+        })),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The ids of the segments of `len` bytes that no process has attached (candidates for
+/// removal when the directory they belonged to is gone), from `/proc/sysvipc/shm`.
+pub fn unattached_of_size(len: usize) -> Vec<libc::c_int> {
+    let Ok(text) = std::fs::read_to_string("/proc/sysvipc/shm") else {
+        return Vec::new();
+    };
+    // key shmid perms size cpid lpid nattch ...
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let id = f.get(1)?.parse().ok()?;
+            let size: u64 = f.get(3)?.parse().ok()?;
+            let nattch: u64 = f.get(6)?.parse().ok()?;
+            (size == len as u64 && nattch == 0).then_some(id)
+        })
+        .collect()
+}
+
+/// Attaches segment `id` read-only, to look at it (see [`unattached_of_size`]).
+pub fn attach_read_only(id: libc::c_int) -> io::Result<*mut u8> {
+    // SAFETY: attaching read-only at an address the kernel picks; the result is checked
+    // against (void*)-1.
+    let p = unsafe { libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY) };
+    if p as isize == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
