@@ -217,7 +217,7 @@ impl Gate {
 
     /// Records a marker after launch `n` on `stream` (the calling thread's launches).
     fn mark(&self, n: u64, stream: usize, ptsz: bool) {
-        let ctx = crate::hooks::current_context();
+        let ctx = crate::driver::current_context();
         if ctx == 0 {
             return;
         }
@@ -237,7 +237,7 @@ impl Gate {
         };
         let event = match reuse {
             Some(e) => e,
-            None => match crate::hooks::create_event() {
+            None => match crate::driver::create_event() {
                 Some(e) => e,
                 None => {
                     self.markers().created -= 1;
@@ -247,7 +247,7 @@ impl Gate {
         };
         // A per-thread-default-stream launch on stream 0 used this thread's stream.
         let stream = if ptsz && stream == 0 { 2 } else { stream };
-        if crate::hooks::record_event(event, stream) {
+        if crate::driver::record_event(event, stream) {
             self.markers().pending.push_back((ctx, event, n));
         } else {
             self.markers().free.push((ctx, event));
@@ -425,7 +425,7 @@ impl Gates {
 
 /// Creates the gates and the gate thread (first launch of the process).
 fn start(shim: &'static Shim) -> Option<&'static Gates> {
-    let uuids = match crate::hooks::device_uuids() {
+    let uuids = match crate::driver::device_uuids() {
         Ok(u) => u,
         Err(e) => {
             crate::say!("vgpu: WARNING: launch gate disabled: cannot list devices: {e}");
@@ -508,7 +508,7 @@ fn sync_device(shim: &Shim, dev: usize) {
         }
     }
     for c in ctxs {
-        crate::hooks::sync_context(c);
+        crate::driver::sync_context(c);
     }
 }
 

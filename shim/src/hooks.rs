@@ -20,6 +20,7 @@ use vgpu_cuda_abi::nvml::{
 
 use crate::config::MAX_DEVICES;
 use crate::devices;
+use crate::driver::{self, current_device};
 use crate::real::{self, real};
 use crate::state::{self, Charge, Kind, Mode, Shim, array_bytes, mode, round_up, virtual_meminfo};
 use crate::table::{Id, hook_addr};
@@ -65,82 +66,13 @@ macro_rules! real_or {
     };
 }
 
-fn extra(cache: &'static OnceLock<usize>, name: &'static CStr) -> usize {
-    *cache.get_or_init(|| real::cuda().map_or(0, |l| l.sym(name)))
-}
-
-/// The current context's device (None: no current context).
-pub(crate) fn current_device() -> Option<usize> {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuCtxGetDevice");
-    if p == 0 {
-        return None;
-    }
-    // SAFETY: `p` is the real cuCtxGetDevice(CUdevice*).
-    let f =
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUdevice) -> CUresult>(p) };
-    let mut d: CUdevice = -1;
-    // SAFETY: a valid out-pointer.
-    let r = unsafe { f(&mut d) };
-    (r == CUDA_SUCCESS)
-        .then(|| usize::try_from(d).ok())
-        .flatten()
-}
-
-/// The current context (0: none).
-fn current_ctx() -> usize {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuCtxGetCurrent");
-    if p == 0 {
-        return 0;
-    }
-    // SAFETY: `p` is the real cuCtxGetCurrent(CUcontext*).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(p)
-    };
-    let mut c: CUcontext = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer.
-    if unsafe { f(&mut c) } == CUDA_SUCCESS {
-        c as usize
-    } else {
-        0
-    }
-}
-
 /// The driver's allocation granularity of `dev` (cached; 2 MiB if it cannot say).
 fn granularity(shim: &Shim, dev: usize) -> u64 {
     let g = shim.granularity(dev);
     if g != 0 {
         return g;
     }
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuMemGetAllocationGranularity");
-    let mut g = 2 << 20;
-    if p != 0 {
-        // SAFETY: `p` is the real cuMemGetAllocationGranularity(size_t*, const
-        // CUmemAllocationProp*, CUmemAllocationGranularity_flags).
-        let f = unsafe {
-            std::mem::transmute::<
-                usize,
-                unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult,
-            >(p)
-        };
-        let prop = CUmemAllocationProp {
-            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: 0,
-            location: CUmemLocation {
-                type_: CU_MEM_LOCATION_TYPE_DEVICE,
-                id: i32::try_from(dev).unwrap_or(0),
-            },
-            win32HandleMetaData: std::ptr::null_mut(),
-            allocFlags: [0; 8],
-        };
-        let mut out = 0usize;
-        // SAFETY: valid out- and in-pointers; option 0 = minimum granularity.
-        if unsafe { f(&mut out, &prop, 0) } == CUDA_SUCCESS && out > 0 {
-            g = out as u64;
-        }
-    }
+    let g = driver::granularity(dev).unwrap_or(2 << 20);
     shim.set_granularity(dev, g);
     g
 }
@@ -176,7 +108,11 @@ fn charged(
     // Device pointers die with their context; VMM handles and arrays are kept until
     // released (the simulator keeps them; on a real driver a leaked handle of a
     // destroyed context stays charged until the process exits: the safe direction).
-    let ctx = if kind == Kind::Ptr { current_ctx() } else { 0 };
+    let ctx = if kind == Kind::Ptr {
+        driver::current_context()
+    } else {
+        0
+    };
     shim.track(
         kind,
         key(),
@@ -220,27 +156,6 @@ fn reserve(shim: &Shim, dev: usize, bytes: u64) -> bool {
     shim.reserve_or(dev, bytes, || reconcile_all(shim, Some(dev)) > 0)
 }
 
-/// A `u64` attribute of `pool` from the real driver (None: the query failed).
-fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuMemPoolGetAttribute");
-    if p == 0 {
-        return None;
-    }
-    // SAFETY: `p` is the real cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute,
-    // void*).
-    let f = unsafe {
-        std::mem::transmute::<
-            usize,
-            unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult,
-        >(p)
-    };
-    let mut v = 0u64;
-    // SAFETY: the reserved/used attributes are cuuint64_t, written to a valid u64.
-    let r = unsafe { f(pool as CUmemoryPool, attr, (&raw mut v).cast()) };
-    (r == CUDA_SUCCESS).then_some(v)
-}
-
 /// Lowers the charge of `pool` to what the driver reserves for it (plus allocations in
 /// flight); returns the bytes given back. A reading raced by an allocation is retried,
 /// never used.
@@ -255,7 +170,7 @@ fn reconcile_reading(shim: &Shim, pool: u64) -> (u64, Option<u64>) {
         let Some(epoch) = shim.pools().snapshot(pool) else {
             return (0, last);
         };
-        let Some(reserved) = pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) else {
+        let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) else {
             return (0, last);
         };
         last = Some(reserved);
@@ -332,7 +247,7 @@ fn pool_alloc(
     let mut cached = 0;
     if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
         && let (_, Some(reserved)) = reconcile_reading(shim, pool)
-        && let Some(used) = pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
+        && let Some(used) = driver::pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
     {
         cached = reserved.saturating_sub(used);
     }
@@ -354,7 +269,7 @@ fn pool_alloc(
         return r;
     }
     let ptr = result();
-    if let Some(reserved) = pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
+    if let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
         let grow = shim.pools().growth(pool, reserved);
         if grow > 0 {
             if reserve(shim, dev, grow) {
@@ -381,90 +296,11 @@ fn pool_alloc(
         Charge {
             dev,
             bytes: need,
-            ctx: current_ctx(),
+            ctx: driver::current_context(),
             pool,
         },
     );
     r
-}
-
-/// The current memory pool of `dev` (`cuDeviceGetMemPool`), which `cuMemAllocAsync`
-/// allocates from.
-fn current_pool(dev: usize) -> Option<u64> {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuDeviceGetMemPool");
-    if p == 0 {
-        return None;
-    }
-    // SAFETY: `p` is the real cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>(
-            p,
-        )
-    };
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer and a device ordinal.
-    let r = unsafe { f(&mut pool, CUdevice::try_from(dev).ok()?) };
-    (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
-}
-
-/// The UUIDs (`GPU-…`) of the visible devices in CUDA ordinal order, from the real
-/// driver (initialised here with `cuInit(0)`, which is idempotent). No lock is held.
-pub fn device_uuids() -> Result<Vec<String>, String> {
-    let lib = real::cuda().map_err(str::to_owned)?;
-    let init = lib.sym(c"cuInit");
-    let count = lib.sym(c"cuDeviceGetCount");
-    let mut uuid = lib.sym(c"cuDeviceGetUuid_v2");
-    if uuid == 0 {
-        uuid = lib.sym(c"cuDeviceGetUuid");
-    }
-    if init == 0 || count == 0 || uuid == 0 {
-        return Err("the real driver lacks cuInit, cuDeviceGetCount or cuDeviceGetUuid".into());
-    }
-    // SAFETY: `init` is the real cuInit(unsigned int).
-    let init = unsafe { std::mem::transmute::<usize, CuInit>(init) };
-    // SAFETY: `count` is the real cuDeviceGetCount(int*).
-    let count = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_int) -> CUresult>(count)
-    };
-    // SAFETY: `uuid` is the real cuDeviceGetUuid(_v2)(CUuuid*, CUdevice).
-    let uuid = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult>(uuid)
-    };
-    // SAFETY: plain flags argument.
-    let r = unsafe { init(0) };
-    if r != CUDA_SUCCESS {
-        return Err(format!("cuInit returned {r}"));
-    }
-    let mut n: c_int = 0;
-    // SAFETY: a valid out-pointer.
-    let r = unsafe { count(&mut n) };
-    if r != CUDA_SUCCESS {
-        return Err(format!("cuDeviceGetCount returned {r}"));
-    }
-    let mut out = Vec::new();
-    for d in 0..n {
-        let mut u = CUuuid::default();
-        // SAFETY: a valid out-pointer and an ordinal below the device count.
-        let r = unsafe { uuid(&mut u, d) };
-        if r != CUDA_SUCCESS {
-            return Err(format!("cuDeviceGetUuid({d}) returned {r}"));
-        }
-        out.push(format_uuid(&u.bytes));
-    }
-    Ok(out)
-}
-
-/// A UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(u: &[u8; 16]) -> String {
-    let mut s = String::from("GPU-");
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
 }
 
 // ---- initialisation and entry-point resolution ------------------------------------
@@ -769,7 +605,7 @@ unsafe fn alloc_async(
             return call();
         }
         let dev = current_device();
-        match dev.and_then(current_pool) {
+        match dev.and_then(driver::current_pool) {
             Some(pool) => pool_alloc(
                 pool,
                 dev,
@@ -948,7 +784,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         };
         // What is still allocated (stream-ordered frees not yet executed included)
         // outlives the pool in the driver until freed.
-        let used = pool_attr(pool as u64, mempool_attr::USED_MEM_CURRENT);
+        let used = driver::pool_attr(pool as u64, mempool_attr::USED_MEM_CURRENT);
         let r = call();
         if r == CUDA_SUCCESS {
             let (dev, back) = shim.pools().destroyed(pool as u64, used);
@@ -1512,89 +1348,6 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 }
 
 // ---- launches (the compute gate) --------------------------------------------------
-
-/// Waits for the queued work of context `ctx` (push, synchronize, pop) on the calling
-/// thread (the gate thread): through the real driver, never the hooks.
-pub(crate) fn sync_context(ctx: usize) {
-    static PUSH: OnceLock<usize> = OnceLock::new();
-    static POP: OnceLock<usize> = OnceLock::new();
-    static SYNC: OnceLock<usize> = OnceLock::new();
-    let push = extra(&PUSH, c"cuCtxPushCurrent_v2");
-    let pop = extra(&POP, c"cuCtxPopCurrent_v2");
-    let sync = extra(&SYNC, c"cuCtxSynchronize");
-    if push == 0 || pop == 0 || sync == 0 || ctx == 0 {
-        return;
-    }
-    // SAFETY: the real cuCtxPushCurrent_v2(CUcontext), cuCtxPopCurrent_v2(CUcontext*)
-    // and cuCtxSynchronize(void).
-    let (push, pop, sync) = unsafe {
-        (
-            std::mem::transmute::<usize, unsafe extern "C" fn(CUcontext) -> CUresult>(push),
-            std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(pop),
-            std::mem::transmute::<usize, unsafe extern "C" fn() -> CUresult>(sync),
-        )
-    };
-    // SAFETY: `ctx` is a live context of this process (the caller holds the context
-    // lock that destroy hooks take); the out-pointer is valid.
-    unsafe {
-        if push(ctx as CUcontext) == CUDA_SUCCESS {
-            sync();
-            let mut popped: CUcontext = std::ptr::null_mut();
-            pop(&mut popped);
-        }
-    }
-}
-
-/// The current context (0: none), for the gate's marker events.
-pub(crate) fn current_context() -> usize {
-    current_ctx()
-}
-
-/// A new event without timing in the current context (None: the driver refused).
-pub(crate) fn create_event() -> Option<usize> {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuEventCreate");
-    if p == 0 {
-        return None;
-    }
-    // SAFETY: `p` is the real cuEventCreate(CUevent*, unsigned int).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult>(p)
-    };
-    let mut e: CUevent = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; 2 = CU_EVENT_DISABLE_TIMING.
-    let r = unsafe { f(&mut e, 2) };
-    (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
-}
-
-/// Records `event` on `stream` (after the launch just made on it).
-pub(crate) fn record_event(event: usize, stream: usize) -> bool {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuEventRecord");
-    if p == 0 {
-        return false;
-    }
-    // SAFETY: `p` is the real cuEventRecord(CUevent, CUstream).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(CUevent, CUstream) -> CUresult>(p)
-    };
-    // SAFETY: an event this shim created in the current context, and the stream the
-    // application launched on.
-    unsafe { f(event as CUevent, stream as CUstream) == CUDA_SUCCESS }
-}
-
-/// Whether `event` has completed (an error counts as completed: nothing to wait for).
-pub(crate) fn event_done(event: usize) -> bool {
-    static P: OnceLock<usize> = OnceLock::new();
-    let p = extra(&P, c"cuEventQuery");
-    if p == 0 {
-        return true;
-    }
-    // SAFETY: `p` is the real cuEventQuery(CUevent).
-    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUevent) -> CUresult>(p) };
-    // SAFETY: an event of a live context (the caller holds the context lock).
-    unsafe { f(event as CUevent) != CUDA_ERROR_NOT_READY }
-}
 
 /// Runs `launch` once the gate admits it (enforcing mode), else directly.
 fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUresult {

@@ -34,6 +34,7 @@ macro_rules! say {
 
 pub mod config;
 pub mod devices;
+pub mod driver;
 pub mod gate;
 pub mod hooks;
 pub mod pools;

@@ -104,7 +104,7 @@ fn configure() -> Result<Config, (OnError, String)> {
     };
     // Only the container's GPUs are shown to the driver (ADR 0014), before it starts.
     crate::devices::restrict_driver(&text);
-    let uuids = crate::hooks::device_uuids().map_err(|e| {
+    let uuids = crate::driver::device_uuids().map_err(|e| {
         (
             cfg.on_error,
             format!(

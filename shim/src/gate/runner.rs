@@ -697,7 +697,7 @@ impl Runner {
                 };
                 let done = {
                     let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-                    crate::hooks::event_done(event)
+                    crate::driver::event_done(event)
                 };
                 if !done {
                     break;

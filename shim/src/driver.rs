@@ -1,0 +1,265 @@
+//! Safe wrappers of the real driver's calls that the shim makes for itself, not on the
+//! application's behalf: the current device, context and memory pool, the allocation
+//! granularity, pool attributes, the devices' UUIDs, and the gate thread's events and
+//! context synchronisation. Each function is resolved by name from the real library
+//! once ([`crate::real`]), never through the hooks, and no lock is held while it runs.
+
+use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+use vgpu_cuda_abi::cuda::*;
+
+use crate::real;
+
+/// A function of the real driver, resolved by name once (0: absent).
+fn extra(cache: &'static OnceLock<usize>, name: &'static CStr) -> usize {
+    *cache.get_or_init(|| real::cuda().map_or(0, |l| l.sym(name)))
+}
+
+/// The current context's device (None: no current context).
+pub(crate) fn current_device() -> Option<usize> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuCtxGetDevice");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuCtxGetDevice(CUdevice*).
+    let f =
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUdevice) -> CUresult>(p) };
+    let mut d: CUdevice = -1;
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { f(&mut d) };
+    (r == CUDA_SUCCESS)
+        .then(|| usize::try_from(d).ok())
+        .flatten()
+}
+
+/// The current context (0: none).
+pub(crate) fn current_context() -> usize {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuCtxGetCurrent");
+    if p == 0 {
+        return 0;
+    }
+    // SAFETY: `p` is the real cuCtxGetCurrent(CUcontext*).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(p)
+    };
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    if unsafe { f(&mut c) } == CUDA_SUCCESS {
+        c as usize
+    } else {
+        0
+    }
+}
+
+/// The driver's minimum allocation granularity of `dev` (None: it cannot say).
+pub(crate) fn granularity(dev: usize) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuMemGetAllocationGranularity");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuMemGetAllocationGranularity(size_t*, const
+    // CUmemAllocationProp*, CUmemAllocationGranularity_flags).
+    let f = unsafe {
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult,
+        >(p)
+    };
+    let prop = CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: 0,
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: i32::try_from(dev).unwrap_or(0),
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: [0; 8],
+    };
+    let mut out = 0usize;
+    // SAFETY: valid out- and in-pointers; option 0 = minimum granularity.
+    let r = unsafe { f(&mut out, &prop, 0) };
+    (r == CUDA_SUCCESS && out > 0).then_some(out as u64)
+}
+
+/// A `u64` attribute of `pool` from the real driver (None: the query failed).
+pub(crate) fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuMemPoolGetAttribute");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute,
+    // void*).
+    let f = unsafe {
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult,
+        >(p)
+    };
+    let mut v = 0u64;
+    // SAFETY: the reserved/used attributes are cuuint64_t, written to a valid u64.
+    let r = unsafe { f(pool as CUmemoryPool, attr, (&raw mut v).cast()) };
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// The current memory pool of `dev` (`cuDeviceGetMemPool`), which `cuMemAllocAsync`
+/// allocates from.
+pub(crate) fn current_pool(dev: usize) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuDeviceGetMemPool");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>(
+            p,
+        )
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and a device ordinal.
+    let r = unsafe { f(&mut pool, CUdevice::try_from(dev).ok()?) };
+    (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
+}
+
+/// The UUIDs (`GPU-…`) of the visible devices in CUDA ordinal order, from the real
+/// driver (initialised here with `cuInit(0)`, which is idempotent). No lock is held.
+pub(crate) fn device_uuids() -> Result<Vec<String>, String> {
+    let lib = real::cuda().map_err(str::to_owned)?;
+    let init = lib.sym(c"cuInit");
+    let count = lib.sym(c"cuDeviceGetCount");
+    let mut uuid = lib.sym(c"cuDeviceGetUuid_v2");
+    if uuid == 0 {
+        uuid = lib.sym(c"cuDeviceGetUuid");
+    }
+    if init == 0 || count == 0 || uuid == 0 {
+        return Err("the real driver lacks cuInit, cuDeviceGetCount or cuDeviceGetUuid".into());
+    }
+    // SAFETY: `init` is the real cuInit(unsigned int).
+    let init =
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> CUresult>(init) };
+    // SAFETY: `count` is the real cuDeviceGetCount(int*).
+    let count = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_int) -> CUresult>(count)
+    };
+    // SAFETY: `uuid` is the real cuDeviceGetUuid(_v2)(CUuuid*, CUdevice).
+    let uuid = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult>(uuid)
+    };
+    // SAFETY: plain flags argument.
+    let r = unsafe { init(0) };
+    if r != CUDA_SUCCESS {
+        return Err(format!("cuInit returned {r}"));
+    }
+    let mut n: c_int = 0;
+    // SAFETY: a valid out-pointer.
+    let r = unsafe { count(&mut n) };
+    if r != CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetCount returned {r}"));
+    }
+    let mut out = Vec::new();
+    for d in 0..n {
+        let mut u = CUuuid::default();
+        // SAFETY: a valid out-pointer and an ordinal below the device count.
+        let r = unsafe { uuid(&mut u, d) };
+        if r != CUDA_SUCCESS {
+            return Err(format!("cuDeviceGetUuid({d}) returned {r}"));
+        }
+        out.push(format_uuid(&u.bytes));
+    }
+    Ok(out)
+}
+
+/// A UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+fn format_uuid(u: &[u8; 16]) -> String {
+    let mut s = String::from("GPU-");
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Waits for the queued work of context `ctx` (push, synchronize, pop) on the calling
+/// thread (the gate thread): through the real driver, never the hooks.
+pub(crate) fn sync_context(ctx: usize) {
+    static PUSH: OnceLock<usize> = OnceLock::new();
+    static POP: OnceLock<usize> = OnceLock::new();
+    static SYNC: OnceLock<usize> = OnceLock::new();
+    let push = extra(&PUSH, c"cuCtxPushCurrent_v2");
+    let pop = extra(&POP, c"cuCtxPopCurrent_v2");
+    let sync = extra(&SYNC, c"cuCtxSynchronize");
+    if push == 0 || pop == 0 || sync == 0 || ctx == 0 {
+        return;
+    }
+    // SAFETY: the real cuCtxPushCurrent_v2(CUcontext), cuCtxPopCurrent_v2(CUcontext*)
+    // and cuCtxSynchronize(void).
+    let (push, pop, sync) = unsafe {
+        (
+            std::mem::transmute::<usize, unsafe extern "C" fn(CUcontext) -> CUresult>(push),
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(pop),
+            std::mem::transmute::<usize, unsafe extern "C" fn() -> CUresult>(sync),
+        )
+    };
+    // SAFETY: `ctx` is a live context of this process (the caller holds the context
+    // lock that destroy hooks take); the out-pointer is valid.
+    unsafe {
+        if push(ctx as CUcontext) == CUDA_SUCCESS {
+            sync();
+            let mut popped: CUcontext = std::ptr::null_mut();
+            pop(&mut popped);
+        }
+    }
+}
+
+/// A new event without timing in the current context (None: the driver refused).
+pub(crate) fn create_event() -> Option<usize> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventCreate");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuEventCreate(CUevent*, unsigned int).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult>(p)
+    };
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; 2 = CU_EVENT_DISABLE_TIMING.
+    let r = unsafe { f(&mut e, 2) };
+    (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
+}
+
+/// Records `event` on `stream` (after the launch just made on it).
+pub(crate) fn record_event(event: usize, stream: usize) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventRecord");
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuEventRecord(CUevent, CUstream).
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(CUevent, CUstream) -> CUresult>(p)
+    };
+    // SAFETY: an event this shim created in the current context, and the stream the
+    // application launched on.
+    unsafe { f(event as CUevent, stream as CUstream) == CUDA_SUCCESS }
+}
+
+/// Whether `event` has completed (an error counts as completed: nothing to wait for).
+pub(crate) fn event_done(event: usize) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventQuery");
+    if p == 0 {
+        return true;
+    }
+    // SAFETY: `p` is the real cuEventQuery(CUevent).
+    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUevent) -> CUresult>(p) };
+    // SAFETY: an event of a live context (the caller holds the context lock).
+    unsafe { f(event as CUevent) != CUDA_ERROR_NOT_READY }
+}
