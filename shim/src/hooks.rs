@@ -9,7 +9,6 @@
 use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering;
 
 use vgpu_cuda_abi::cuda::*;
 use vgpu_cuda_abi::nvml::{
@@ -18,11 +17,11 @@ use vgpu_cuda_abi::nvml::{
     nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 
-use crate::config::MAX_DEVICES;
+use crate::accounting;
 use crate::devices;
 use crate::driver::{self, current_device};
 use crate::real::{self, real};
-use crate::state::{self, Charge, Kind, Mode, Shim, array_bytes, mode, round_up, virtual_meminfo};
+use crate::state::{self, Kind, Mode, array_bytes, mode, virtual_meminfo};
 use crate::table::{Id, hook_addr};
 
 thread_local! {
@@ -64,243 +63,6 @@ macro_rules! real_or {
             None => return missing(Id::$id, $code),
         }
     };
-}
-
-/// The driver's allocation granularity of `dev` (cached; 2 MiB if it cannot say).
-fn granularity(shim: &Shim, dev: usize) -> u64 {
-    let g = shim.granularity(dev);
-    if g != 0 {
-        return g;
-    }
-    let g = driver::granularity(dev).unwrap_or(2 << 20);
-    shim.set_granularity(dev, g);
-    g
-}
-
-/// Reserve, allocate, roll back on failure; record the charge on success.
-fn charged(
-    kind: Kind,
-    dev: Option<usize>,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    key: impl FnOnce() -> u64,
-) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    // No current context: the driver refuses the allocation itself. A device beyond
-    // the accounts is refused rather than allocated unaccounted.
-    let Some(dev) = dev else { return call() };
-    if dev >= MAX_DEVICES {
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    let charge = round_up(bytes, granularity(shim, dev));
-    if !reserve(shim, dev, charge) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let r = call();
-    if r != CUDA_SUCCESS {
-        shim.unreserve(dev, charge);
-        return r;
-    }
-    // Device pointers die with their context; VMM handles and arrays are kept until
-    // released (the simulator keeps them; on a real driver a leaked handle of a
-    // destroyed context stays charged until the process exits: the safe direction).
-    let ctx = if kind == Kind::Ptr {
-        driver::current_context()
-    } else {
-        0
-    };
-    shim.track(
-        kind,
-        key(),
-        Charge {
-            dev,
-            bytes: charge,
-            ctx,
-            pool: 0,
-        },
-    );
-    r
-}
-
-/// Frees, uncharging what the allocation was charged (for an allocation from a memory
-/// pool: into the pool's credit, reconciled with the driver after a synchronous free).
-/// `synchronous`: the memory is freed when the call returns (not stream-ordered).
-fn uncharged(kind: Kind, key: u64, synchronous: bool, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Mode::Enforce(shim) = mode() else {
-        return call();
-    };
-    let c = shim.untrack(kind, key);
-    let r = call();
-    match c {
-        Some(c) if r == CUDA_SUCCESS => {
-            shim.release(c, synchronous);
-            if c.pool != 0 && synchronous {
-                reconcile(shim, c.pool);
-            }
-        }
-        Some(c) => shim.retrack(kind, key, c),
-        None => {}
-    }
-    r
-}
-
-// ---- memory pools: what they keep stays charged ---------------------------------------
-
-/// Reserves `bytes` on `dev`; before refusing, gives back what this process's pools on
-/// `dev` no longer hold (the driver may have released cached memory since).
-fn reserve(shim: &Shim, dev: usize, bytes: u64) -> bool {
-    shim.reserve_or(dev, bytes, || reconcile_all(shim, Some(dev)) > 0)
-}
-
-/// Lowers the charge of `pool` to what the driver reserves for it (plus allocations in
-/// flight); returns the bytes given back. A reading raced by an allocation is retried,
-/// never used.
-fn reconcile(shim: &Shim, pool: u64) -> u64 {
-    reconcile_reading(shim, pool).0
-}
-
-/// [`reconcile`], also returning the driver's reserved figure it read last.
-fn reconcile_reading(shim: &Shim, pool: u64) -> (u64, Option<u64>) {
-    let mut last = None;
-    for _ in 0..4 {
-        let Some(epoch) = shim.pools().snapshot(pool) else {
-            return (0, last);
-        };
-        let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) else {
-            return (0, last);
-        };
-        last = Some(reserved);
-        let settled = shim.pools().settle(pool, epoch, reserved);
-        if let Some((dev, back)) = settled {
-            shim.unreserve(dev, back);
-            return (back, last);
-        }
-    }
-    (0, last)
-}
-
-/// Reconciles every pool of this process (on `dev`, or on all devices) that holds
-/// credit; returns the bytes given back.
-fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
-    if !shim.pools_used() || !shim.take_credit_mark() {
-        return 0;
-    }
-    let pools = shim.pools().with_credit(dev);
-    let back = pools.into_iter().map(|p| reconcile(shim, p)).sum();
-    if !shim.pools().with_credit(None).is_empty() {
-        shim.mark_credit();
-    }
-    back
-}
-
-/// After a synchronisation, when the driver releases what its pools keep above their
-/// thresholds (`whole_context`: every stream-ordered free has executed).
-fn synchronized(whole_context: bool) {
-    let Mode::Enforce(shim) = mode() else { return };
-    if !shim.pools_used() {
-        return;
-    }
-    if whole_context {
-        let back = shim.pools().ctx_synchronized();
-        for (dev, b) in back {
-            shim.unreserve(dev, b);
-        }
-    }
-    reconcile_all(shim, None);
-}
-
-/// A stream-ordered allocation of `bytes` from `pool` (device `dev` unless the pool's
-/// is known): served from the pool's credit when it covers it, else charged; then the
-/// driver's reserved figure is checked, and growth beyond the charge is charged too or
-/// the allocation undone (`free`).
-fn pool_alloc(
-    pool: u64,
-    dev: Option<usize>,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    result: impl FnOnce() -> CUdeviceptr,
-    free: impl FnOnce(CUdeviceptr) -> CUresult,
-) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let known = shim.pools().get(pool).map(|a| a.dev);
-    let Some(dev) = known.or(dev) else {
-        return call();
-    };
-    if dev >= MAX_DEVICES {
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    let need = round_up(bytes, granularity(shim, dev));
-    if need == 0 {
-        return call();
-    }
-    // The credit serves only what the driver really has cached now: it may have
-    // released part of it since the last reconciliation, and frees it has not executed
-    // yet are credit but no cache (the allocation would be reserved anew).
-    let mut cached = 0;
-    if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
-        && let (_, Some(reserved)) = reconcile_reading(shim, pool)
-        && let Some(used) = driver::pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
-    {
-        cached = reserved.saturating_sub(used);
-    }
-    let fresh = if shim.pools().take_credit(pool, dev, need, cached) {
-        false
-    } else {
-        if !reserve(shim, dev, need) {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        shim.pools().add_fresh(pool, dev, need);
-        true
-    };
-    let r = call();
-    let (_, back) = shim.pools().finish(pool, need, fresh, r == CUDA_SUCCESS);
-    shim.unreserve(dev, back);
-    if r != CUDA_SUCCESS {
-        // Credit taken for the allocation is credit again.
-        shim.mark_credit();
-        return r;
-    }
-    let ptr = result();
-    if let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
-        let grow = shim.pools().growth(pool, reserved);
-        if grow > 0 {
-            if reserve(shim, dev, grow) {
-                shim.pools().add_charge(pool, grow);
-                shim.mark_credit();
-            } else {
-                let fr = free(ptr);
-                let (d, back) = shim.pools().freed(pool, need, false);
-                shim.mark_credit();
-                shim.unreserve(d, back);
-                state::log(shim, || {
-                    format!(
-                        "device {dev}: pool {pool:#x} grew by {grow} bytes beyond its charge; \
-                         the allocation is undone (free: {fr}), out of memory"
-                    )
-                });
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        }
-    }
-    shim.track(
-        Kind::Ptr,
-        ptr,
-        Charge {
-            dev,
-            bytes: need,
-            ctx: driver::current_context(),
-            pool,
-        },
-    );
-    r
 }
 
 // ---- initialisation and entry-point resolution ------------------------------------
@@ -417,7 +179,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         };
         if let Some(q) = shim.quota(dev) {
             // What the pools no longer keep is not the container's any more.
-            reconcile_all(shim, Some(dev));
+            accounting::reconcile_all(shim, Some(dev));
             // SAFETY: the driver just wrote both non-null out-pointers.
             let (rf, rt) = unsafe { (*free as u64, *total as u64) };
             let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
@@ -472,7 +234,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             return call();
         }
         // SAFETY: non-null, and written by the driver on success.
-        charged(
+        accounting::charged(
             Kind::Ptr,
             current_device(),
             bytesize as u64,
@@ -501,7 +263,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             return call();
         }
         // SAFETY: non-null, and written by the driver on success.
-        charged(
+        accounting::charged(
             Kind::Ptr,
             current_device(),
             bytesize as u64,
@@ -510,9 +272,6 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         )
     })
 }
-
-/// Pitch the driver picks for rows of `width` bytes (512-byte aligned rows).
-const PITCH_ALIGN: u64 = 512;
 
 type MemAllocPitch =
     unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
@@ -535,41 +294,17 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         if dptr.is_null() || pPitch.is_null() {
             return call();
         }
-        let Mode::Enforce(shim) = mode() else {
-            return charged(Kind::Ptr, None, 0, call, || 0);
-        };
-        let Some(dev) = current_device() else {
-            return call();
-        };
-        let est = round_up(WidthInBytes as u64, PITCH_ALIGN).saturating_mul(Height as u64);
-        let mut key = 0;
-        let r = charged(Kind::Ptr, Some(dev), est, call, || {
+        accounting::pitch_charged(
+            WidthInBytes as u64,
+            Height as u64,
+            call,
             // SAFETY: written by the driver on success.
-            key = unsafe { *dptr };
-            key
-        });
-        if r != CUDA_SUCCESS {
-            return r;
-        }
-        // The driver's real pitch may differ from the estimate: charge the truth.
-        // SAFETY: written by the driver on success.
-        let actual = (unsafe { *pPitch } as u64).saturating_mul(Height as u64);
-        let g = granularity(shim, dev);
-        let (est, actual) = (round_up(est, g), round_up(actual, g));
-        if actual > est {
-            if !reserve(shim, dev, actual - est) {
-                // SAFETY: freeing the allocation just made.
-                let _ = unsafe { cuMemFree_v2(key) };
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        } else if actual < est {
-            shim.unreserve(dev, est - actual);
-        }
-        if let Some(mut c) = shim.untrack(Kind::Ptr, key) {
-            c.bytes = actual;
-            shim.retrack(Kind::Ptr, key, c);
-        }
-        r
+            || unsafe { *dptr },
+            // SAFETY: written by the driver on success.
+            || unsafe { *pPitch } as u64,
+            // SAFETY: freeing the allocation just made.
+            |key| unsafe { cuMemFree_v2(key) },
+        )
     })
 }
 
@@ -580,7 +315,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr) };
     // A re-entered free (from the pitch hook's rollback) must still uncharge.
-    let body = || uncharged(Kind::Ptr, dptr, true, call);
+    let body = || accounting::uncharged(Kind::Ptr, dptr, true, call);
     guard(CUDA_ERROR_UNKNOWN, body, body)
 }
 
@@ -606,7 +341,7 @@ unsafe fn alloc_async(
         }
         let dev = current_device();
         match dev.and_then(driver::current_pool) {
-            Some(pool) => pool_alloc(
+            Some(pool) => accounting::pool_alloc(
                 pool,
                 dev,
                 n as u64,
@@ -617,7 +352,7 @@ unsafe fn alloc_async(
                 |p| free.map_or(CUDA_ERROR_NOT_FOUND, |fr| unsafe { fr(p, s) }),
             ),
             // SAFETY: non-null, and written by the driver on success.
-            None => charged(Kind::Ptr, dev, n as u64, call, || unsafe { *dptr }),
+            None => accounting::charged(Kind::Ptr, dev, n as u64, call, || unsafe { *dptr }),
         }
     })
 }
@@ -671,7 +406,7 @@ unsafe fn alloc_pool(
         if dptr.is_null() || pool.is_null() {
             return call();
         }
-        pool_alloc(
+        accounting::pool_alloc(
             pool as u64,
             current_device(),
             n as u64,
@@ -724,7 +459,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Ptr, dptr, false, call)
+        accounting::uncharged(Kind::Ptr, dptr, false, call)
     })
 }
 #[unsafe(no_mangle)]
@@ -737,7 +472,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstrea
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Ptr, dptr, false, call)
+        accounting::uncharged(Kind::Ptr, dptr, false, call)
     })
 }
 
@@ -754,18 +489,14 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     let call = || unsafe { f(pool, poolProps) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
-        if r == CUDA_SUCCESS
-            && !pool.is_null()
-            && !poolProps.is_null()
-            && let Mode::Enforce(shim) = mode()
-        {
+        if r == CUDA_SUCCESS && !pool.is_null() && !poolProps.is_null() {
             // SAFETY: a non-null in-pointer the driver accepted, and the out-pointer it
             // wrote on success.
             let (props, handle) = unsafe { (poolProps.read_unaligned(), *pool) };
             if props.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE
                 && let Ok(dev) = usize::try_from(props.location.id)
             {
-                shim.pools().register(handle as u64, dev);
+                accounting::pool_created(handle as u64, dev);
             }
         }
         r
@@ -779,18 +510,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        let Mode::Enforce(shim) = mode() else {
-            return call();
-        };
-        // What is still allocated (stream-ordered frees not yet executed included)
-        // outlives the pool in the driver until freed.
-        let used = driver::pool_attr(pool as u64, mempool_attr::USED_MEM_CURRENT);
-        let r = call();
-        if r == CUDA_SUCCESS {
-            let (dev, back) = shim.pools().destroyed(pool as u64, used);
-            shim.unreserve(dev, back);
-        }
-        r
+        accounting::pool_destroyed(pool as u64, call)
     })
 }
 
@@ -805,7 +525,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
         if r == CUDA_SUCCESS
             && let Mode::Enforce(shim) = mode()
         {
-            reconcile(shim, pool as u64);
+            accounting::reconcile(shim, pool as u64);
         }
         r
     })
@@ -832,7 +552,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
             && attr == mempool_attr::RELEASE_THRESHOLD
             && let Mode::Enforce(shim) = mode()
         {
-            reconcile(shim, pool as u64);
+            accounting::reconcile(shim, pool as u64);
         }
         r
     })
@@ -850,7 +570,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
     let call = || unsafe { f(hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
-        synchronized(false);
+        accounting::synchronized(false);
         r
     })
 }
@@ -865,7 +585,7 @@ pub unsafe extern "C" fn cuStreamSynchronize_ptsz(hStream: CUstream) -> CUresult
     let call = || unsafe { f(hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
-        synchronized(false);
+        accounting::synchronized(false);
         r
     })
 }
@@ -882,7 +602,7 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     let call = || unsafe { f(hEvent) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
-        synchronized(false);
+        accounting::synchronized(false);
         r
     })
 }
@@ -895,7 +615,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     let call = || unsafe { f() };
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
-        synchronized(r == CUDA_SUCCESS);
+        accounting::synchronized(r == CUDA_SUCCESS);
         r
     })
 }
@@ -914,7 +634,7 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
         let r = call();
         // Only one context's work is known to be done: destroyed pools keep their
         // charges (they may belong to another context).
-        synchronized(false);
+        accounting::synchronized(false);
         r
     })
 }
@@ -948,7 +668,7 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         // Not tied to a context: VMM allocations live until released.
         // SAFETY: non-null, and written by the driver on success.
-        charged(Kind::Vmm, dev, size as u64, call, || unsafe { *handle })
+        accounting::charged(Kind::Vmm, dev, size as u64, call, || unsafe { *handle })
     })
 }
 
@@ -959,7 +679,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Vmm, handle, true, call)
+        accounting::uncharged(Kind::Vmm, handle, true, call)
     })
 }
 
@@ -983,7 +703,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: non-null, and written by the driver on success.
-        charged(
+        accounting::charged(
             Kind::Array,
             current_device(),
             bytes,
@@ -1018,7 +738,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: non-null, and written by the driver on success.
-        charged(
+        accounting::charged(
             Kind::Array,
             current_device(),
             bytes,
@@ -1035,7 +755,7 @@ pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Array, hArray as u64, true, call)
+        accounting::uncharged(Kind::Array, hArray as u64, true, call)
     })
 }
 
@@ -1071,7 +791,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
             return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: non-null, and written by the driver on success.
-        charged(
+        accounting::charged(
             Kind::Mipmap,
             current_device(),
             bytes,
@@ -1092,15 +812,11 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hMipmappedArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        uncharged(Kind::Mipmap, hMipmappedArray as u64, true, call)
+        accounting::uncharged(Kind::Mipmap, hMipmappedArray as u64, true, call)
     })
 }
 
 // ---- contexts ------------------------------------------------------------------------
-
-fn dev_index(dev: CUdevice) -> Option<usize> {
-    usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)
-}
 
 type PrimaryRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
@@ -1119,50 +835,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
         };
         let r = call();
-        if let (CUDA_SUCCESS, Some(d), false) = (r, dev_index(dev), pctx.is_null()) {
-            if shim.primary_refs[d].fetch_add(1, Ordering::AcqRel) == 0 {
-                shim.region.count_context(shim.slot, d, true);
-            }
+        if r == CUDA_SUCCESS && !pctx.is_null() {
             // SAFETY: written by the driver on success.
-            shim.primary_ctx[d].store(unsafe { *pctx } as usize, Ordering::Release);
-            crate::gate::ensure_started(shim);
+            accounting::primary_retained(shim, dev, unsafe { *pctx } as usize);
         }
         r
     })
-}
-
-/// Whether this release (or reset) of the primary context of `dev` destroys it: the
-/// last reference goes.
-fn primary_is_gone(dev: CUdevice, reset: bool) -> bool {
-    match (mode(), dev_index(dev)) {
-        (Mode::Enforce(shim), Some(d)) => {
-            reset || shim.primary_refs[d].load(Ordering::Acquire) <= 1
-        }
-        _ => false,
-    }
-}
-
-/// After a successful primary release (`reset`: all references at once).
-fn primary_released(dev: CUdevice, reset: bool) {
-    let (Mode::Enforce(shim), Some(d)) = (mode(), dev_index(dev)) else {
-        return;
-    };
-    let refs = &shim.primary_refs[d];
-    let before = if reset {
-        refs.swap(0, Ordering::AcqRel)
-    } else {
-        refs.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-            Some(v.saturating_sub(1))
-        })
-        .unwrap_or(0)
-    };
-    if before > 0 && (reset || before == 1) {
-        shim.region.count_context(shim.slot, d, false);
-        let pools = shim.drop_context_allocs(shim.primary_ctx[d].swap(0, Ordering::AcqRel));
-        for p in pools {
-            reconcile(shim, p);
-        }
-    }
 }
 
 type PrimaryRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
@@ -1178,17 +856,14 @@ unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUre
         let lock = crate::gate::CTX_LOCK
             .write()
             .unwrap_or_else(|p| p.into_inner());
-        let before = match (mode(), dev_index(dev)) {
-            (Mode::Enforce(shim), Some(d)) => shim.primary_ctx[d].load(Ordering::Acquire),
-            _ => 0,
-        };
+        let before = accounting::primary_context(dev);
         let r = call();
-        if r == CUDA_SUCCESS && before != 0 && primary_is_gone(dev, reset) {
+        if r == CUDA_SUCCESS && before != 0 && accounting::primary_is_gone(dev, reset) {
             crate::gate::forget_context(before);
         }
         drop(lock);
         if r == CUDA_SUCCESS {
-            primary_released(dev, reset);
+            accounting::primary_released(dev, reset);
         }
         r
     })
@@ -1234,25 +909,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     unsafe { primary_release(f, dev, true) }
 }
 
-/// Runs a context creation and counts the context.
-fn ctx_created(pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let r = call();
-    if let (CUDA_SUCCESS, Some(d), false) = (r, dev_index(dev), pctx.is_null()) {
-        // SAFETY: written by the driver on success.
-        let ctx = unsafe { *pctx } as usize;
-        shim.ctx_dev
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ctx, d);
-        shim.region.count_context(shim.slot, d, true);
-        crate::gate::ensure_started(shim);
-    }
-    r
+/// The context a successful creation wrote (None: no out-pointer).
+fn created(pctx: *mut CUcontext) -> Option<usize> {
+    // SAFETY: called after the driver succeeded, so a non-null `pctx` holds the context
+    // it wrote.
+    (!pctx.is_null()).then(|| unsafe { *pctx } as usize)
 }
 
 type CtxCreateV2 = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
@@ -1265,7 +926,9 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     let f = real_or!(cuCtxCreate_v2, CtxCreateV2, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        accounting::ctx_created(dev, call, || created(pctx))
+    })
 }
 
 type CtxCreateV3 =
@@ -1281,7 +944,9 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     let f = real_or!(cuCtxCreate_v3, CtxCreateV3, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, paramsArray, numParams, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        accounting::ctx_created(dev, call, || created(pctx))
+    })
 }
 
 type CtxCreateV4 = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
@@ -1295,7 +960,9 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     let f = real_or!(cuCtxCreate_v4, CtxCreateV4, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, ctxCreateParams, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || ctx_created(pctx, dev, call))
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        accounting::ctx_created(dev, call, || created(pctx))
+    })
 }
 
 type CtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
@@ -1316,20 +983,8 @@ unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
             crate::gate::forget_context(ctx as usize);
         }
         drop(lock);
-        if r == CUDA_SUCCESS
-            && let Mode::Enforce(shim) = mode()
-        {
-            let dev = shim
-                .ctx_dev
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(ctx as usize));
-            if let Some(d) = dev {
-                shim.region.count_context(shim.slot, d, false);
-            }
-            for p in shim.drop_context_allocs(ctx as usize) {
-                reconcile(shim, p);
-            }
+        if r == CUDA_SUCCESS {
+            accounting::ctx_destroyed(ctx as usize);
         }
         r
     })
