@@ -75,7 +75,12 @@ pub(crate) fn charged(
 /// Frees, uncharging what the allocation was charged (for an allocation from a memory
 /// pool: into the pool's credit, reconciled with the driver after a synchronous free).
 /// `synchronous`: the memory is freed when the call returns (not stream-ordered).
-pub(crate) fn uncharged(kind: Kind, key: u64, synchronous: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn uncharged(
+    kind: Kind,
+    key: u64,
+    synchronous: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Mode::Enforce(shim) = mode() else {
         return call();
     };

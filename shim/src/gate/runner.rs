@@ -2,8 +2,9 @@
 //! handshake deadline), follows its grants and revocations, measures completed work with
 //! marker events, drains and yields slices, pings a silent daemon, and runs the local
 //! fallback (a duty cycle at the share) whenever there is no daemon to follow; it tells
-//! the daemon about its fallback periods when it registers again. See the parent module
-//! for the fast path it serves.
+//! the daemon about its fallback periods when it registers again. Its work between
+//! messages (markers, idle yield, drain, fallback duty cycle) is `work`. See the parent
+//! module for the fast path it serves.
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -18,12 +19,13 @@ use vgpu_core::sched_proto::{
 
 use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
 use super::{
-    CTX_LOCK, Gates, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, NONE, PING_AFTER, RECONNECT,
-    RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED, UNREGISTERED, futex_wait, futex_wake,
-    mono_ns, sync_device,
+    Gates, NONE, PING_AFTER, RECONNECT, RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED,
+    UNREGISTERED, futex_wait, futex_wake, mono_ns,
 };
 use crate::config::DeviceGrant;
 use crate::state::Shim;
+
+mod work;
 
 /// Per-device state of the gate thread.
 #[derive(Debug)]
@@ -682,193 +684,5 @@ impl Runner {
             gate.next_mark.store(launched + every, Ordering::Relaxed);
         }
         gate.publish_budget();
-    }
-
-    /// Learns which launches completed from the marker events (in order), and the GPU
-    /// time per launch while the queue stayed busy.
-    fn poll_markers(&mut self) {
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let mut advanced = false;
-            loop {
-                let front = gate.markers().pending.front().copied();
-                let Some((ctx, event, seq)) = front else {
-                    break;
-                };
-                let done = {
-                    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-                    crate::driver::event_done(event)
-                };
-                if !done {
-                    break;
-                }
-                {
-                    let mut m = gate.markers();
-                    if m.pending.front().is_some_and(|f| f.1 == event) {
-                        m.pending.pop_front();
-                        m.free.push((ctx, event));
-                    }
-                }
-                let now = mono_ns();
-                let d = &mut self.devs[i];
-                if let Some((t0, s0, busy)) = d.last_obs
-                    && busy
-                    && seq > s0
-                {
-                    let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
-                    d.per_launch_ns = if d.per_launch_ns <= 0.0 {
-                        sample
-                    } else {
-                        0.8 * d.per_launch_ns + 0.2 * sample
-                    };
-                }
-                let launched = gate.launched.load(Ordering::Relaxed);
-                d.last_obs = Some((now, seq, launched > seq));
-                gate.completed.fetch_max(seq, Ordering::Relaxed);
-                advanced = true;
-            }
-            if advanced {
-                self.set_allowed(i);
-            }
-            if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
-                let m = gate.markers();
-                crate::say!(
-                    "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
-                    gate.launched.load(Ordering::Relaxed),
-                    gate.completed.load(Ordering::Relaxed),
-                    gate.allowed.load(Ordering::Relaxed),
-                    gate.budget.load(Ordering::Relaxed),
-                    gate.next_mark.load(Ordering::Relaxed),
-                    gate.mark_every.load(Ordering::Relaxed),
-                    m.pending.len(),
-                    m.free.len(),
-                    m.created,
-                    self.devs[i].per_launch_ns
-                );
-            }
-        }
-    }
-
-    /// While holding: bound the queue, and yield a slice the process stopped using.
-    fn holding_tick(&mut self) {
-        let now = mono_ns();
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let d = &mut self.devs[i];
-            let Some(generation) = d.holding else {
-                continue;
-            };
-            let launched = gate.launched.load(Ordering::Relaxed);
-            if launched == d.last_launched
-                && gate.waiting.load(Ordering::SeqCst) == 0
-                && gate.budget_waiting.load(Ordering::SeqCst) == 0
-                && gate.inflight.load(Ordering::SeqCst) == 0
-                && gate.markers().pending.is_empty()
-            {
-                d.idle_ticks += 1;
-            } else {
-                d.idle_ticks = 0;
-                d.last_launched = launched;
-            }
-            // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
-            let ticks = IDLE_TICKS.max((2.0 * d.per_launch_ns / TICK.as_nanos() as f64) as u32);
-            let _ = now;
-            if d.idle_ticks >= ticks {
-                self.drain(i, generation, true);
-            }
-        }
-    }
-
-    /// Ends this process's part of a slice: no new launches, in-flight ones finish,
-    /// queued work completes; then reports when.
-    fn drain(&mut self, i: usize, generation: u32, idle: bool) {
-        let gate = &self.g.gates[i];
-        if idle {
-            gate.yielded.store(generation, Ordering::SeqCst);
-        }
-        let t0 = Instant::now();
-        while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
-        {
-            std::thread::sleep(INFLIGHT_POLL);
-        }
-        sync_device(self.shim, i);
-        let end = mono_ns();
-        let d = &mut self.devs[i];
-        let launched = gate.launched.load(Ordering::Relaxed);
-        let launches = launched.saturating_sub(d.launched_at_grant);
-        gate.all_completed();
-        d.last_obs = None;
-        d.holding = None;
-        d.idle_ticks = 0;
-        let gpu = gate.proto.load(Ordering::Relaxed);
-        // `waiting` is read under the writer lock, which launchers hold while they
-        // count themselves and send a demand: no demand is lost between the two.
-        let mut ctl = self.g.ctl();
-        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
-        let msg = if idle {
-            ShimMsg::Idle {
-                gpu,
-                generation,
-                end_ns: end,
-                launches,
-            }
-        } else {
-            ShimMsg::Drained {
-                gpu,
-                generation,
-                end_ns: end,
-                launches,
-                waiting,
-            }
-        };
-        if let Some(w) = ctl.as_mut() {
-            let _ = w.write_all(&encode(&msg));
-        }
-    }
-
-    /// Fallback: a duty cycle at the share, over measured time.
-    fn fallback_tick(&mut self) {
-        let now = mono_ns();
-        for i in 0..self.devs.len() {
-            let gate = &self.g.gates[i];
-            let d = &mut self.devs[i];
-            let share = u64::from(d.settings.share_pct.clamp(1, 100));
-            match d.holding {
-                Some(_) if share >= 100 => {}
-                Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
-                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
-                    gate.local.store(closed, Ordering::SeqCst);
-                    let t0 = Instant::now();
-                    while gate.inflight.load(Ordering::SeqCst) != 0
-                        && t0.elapsed() < Duration::from_millis(200)
-                    {
-                        std::thread::sleep(INFLIGHT_POLL);
-                    }
-                    sync_device(self.shim, i);
-                    let end = mono_ns();
-                    let used = end.saturating_sub(d.grant_at);
-                    d.closed_until = end + used * (100 - share) / share;
-                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
-                    d.holding = None;
-                    gate.all_completed();
-                    d.last_obs = None;
-                    let until = d.closed_until.saturating_sub(end) / 1000;
-                    crate::state::log(self.shim, || {
-                        format!(
-                            "fallback: GPU {i} used {} µs, closed for {until} µs",
-                            used / 1000
-                        )
-                    });
-                }
-                None if now >= d.closed_until => {
-                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
-                    d.holding = Some(d.local_gen);
-                    d.grant_at = now;
-                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
-                    futex_wake(&gate.local);
-                }
-                _ => {}
-            }
-        }
     }
 }
