@@ -10,7 +10,7 @@ use vgpu_cuda_abi::cuda::*;
 
 use crate::config::MAX_DEVICES;
 use crate::driver;
-use crate::state::{self, Charge, Kind, Mode, Shim, mode, round_up};
+use crate::process::{self, Charge, Kind, Shim, enforced, enforcing, round_up};
 
 /// The driver's allocation granularity of `dev` (cached; 2 MiB if it cannot say).
 fn granularity(shim: &Shim, dev: usize) -> u64 {
@@ -31,45 +31,42 @@ pub(crate) fn charged(
     call: impl FnOnce() -> CUresult,
     key: impl FnOnce() -> u64,
 ) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    // No current context: the driver refuses the allocation itself. A device beyond
-    // the accounts is refused rather than allocated unaccounted.
-    let Some(dev) = dev else { return call() };
-    if dev >= MAX_DEVICES {
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    let charge = round_up(bytes, granularity(shim, dev));
-    if !reserve(shim, dev, charge) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let r = call();
-    if r != CUDA_SUCCESS {
-        shim.unreserve(dev, charge);
-        return r;
-    }
-    // Device pointers die with their context; VMM handles and arrays are kept until
-    // released (the simulator keeps them; on a real driver a leaked handle of a
-    // destroyed context stays charged until the process exits: the safe direction).
-    let ctx = if kind == Kind::Ptr {
-        driver::current_context()
-    } else {
-        0
-    };
-    shim.track(
-        kind,
-        key(),
-        Charge {
-            dev,
-            bytes: charge,
-            ctx,
-            pool: 0,
-        },
-    );
-    r
+    enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+        // No current context: the driver refuses the allocation itself. A device beyond
+        // the accounts is refused rather than allocated unaccounted.
+        let Some(dev) = dev else { return call() };
+        if dev >= MAX_DEVICES {
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        let charge = round_up(bytes, granularity(shim, dev));
+        if !reserve(shim, dev, charge) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let r = call();
+        if r != CUDA_SUCCESS {
+            shim.unreserve(dev, charge);
+            return r;
+        }
+        // Device pointers die with their context; VMM handles and arrays are kept until
+        // released (the simulator keeps them; on a real driver a leaked handle of a
+        // destroyed context stays charged until the process exits: the safe direction).
+        let ctx = if kind == Kind::Ptr {
+            driver::current_context()
+        } else {
+            0
+        };
+        shim.track(
+            kind,
+            key(),
+            Charge {
+                dev,
+                bytes: charge,
+                ctx,
+                pool: 0,
+            },
+        );
+        r
+    })
 }
 
 /// Frees, uncharging what the allocation was charged (for an allocation from a memory
@@ -81,7 +78,7 @@ pub(crate) fn uncharged(
     synchronous: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let Mode::Enforce(shim) = mode() else {
+    let Some(shim) = enforced() else {
         return call();
     };
     let c = shim.untrack(kind, key);
@@ -149,7 +146,7 @@ pub(crate) fn reconcile_all(shim: &Shim, dev: Option<usize>) -> u64 {
 /// After a synchronisation, when the driver releases what its pools keep above their
 /// thresholds (`whole_context`: every stream-ordered free has executed).
 pub(crate) fn synchronized(whole_context: bool) {
-    let Mode::Enforce(shim) = mode() else { return };
+    let Some(shim) = enforced() else { return };
     if !shim.pools_used() {
         return;
     }
@@ -174,82 +171,79 @@ pub(crate) fn pool_alloc(
     result: impl FnOnce() -> CUdeviceptr,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
 ) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let known = shim.pools().get(pool).map(|a| a.dev);
-    let Some(dev) = known.or(dev) else {
-        return call();
-    };
-    if dev >= MAX_DEVICES {
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    let need = round_up(bytes, granularity(shim, dev));
-    if need == 0 {
-        return call();
-    }
-    // The credit serves only what the driver really has cached now: it may have
-    // released part of it since the last reconciliation, and frees it has not executed
-    // yet are credit but no cache (the allocation would be reserved anew).
-    let mut cached = 0;
-    if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
-        && let (_, Some(reserved)) = reconcile_reading(shim, pool)
-        && let Some(used) = driver::pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
-    {
-        cached = reserved.saturating_sub(used);
-    }
-    let fresh = if shim.pools().take_credit(pool, dev, need, cached) {
-        false
-    } else {
-        if !reserve(shim, dev, need) {
-            return CUDA_ERROR_OUT_OF_MEMORY;
+    enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+        let known = shim.pools().get(pool).map(|a| a.dev);
+        let Some(dev) = known.or(dev) else {
+            return call();
+        };
+        if dev >= MAX_DEVICES {
+            return CUDA_ERROR_NOT_SUPPORTED;
         }
-        shim.pools().add_fresh(pool, dev, need);
-        true
-    };
-    let r = call();
-    let (_, back) = shim.pools().finish(pool, need, fresh, r == CUDA_SUCCESS);
-    shim.unreserve(dev, back);
-    if r != CUDA_SUCCESS {
-        // Credit taken for the allocation is credit again.
-        shim.mark_credit();
-        return r;
-    }
-    let ptr = result();
-    if let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
-        let grow = shim.pools().growth(pool, reserved);
-        if grow > 0 {
-            if reserve(shim, dev, grow) {
-                shim.pools().add_charge(pool, grow);
-                shim.mark_credit();
-            } else {
-                let fr = free(ptr);
-                let (d, back) = shim.pools().freed(pool, need, false);
-                shim.mark_credit();
-                shim.unreserve(d, back);
-                state::log(shim, || {
-                    format!(
-                        "device {dev}: pool {pool:#x} grew by {grow} bytes beyond its charge; \
-                         the allocation is undone (free: {fr}), out of memory"
-                    )
-                });
+        let need = round_up(bytes, granularity(shim, dev));
+        if need == 0 {
+            return call();
+        }
+        // The credit serves only what the driver really has cached now: it may have
+        // released part of it since the last reconciliation, and frees it has not executed
+        // yet are credit but no cache (the allocation would be reserved anew).
+        let mut cached = 0;
+        if shim.pools().get(pool).is_some_and(|a| a.credit() >= need)
+            && let (_, Some(reserved)) = reconcile_reading(shim, pool)
+            && let Some(used) = driver::pool_attr(pool, mempool_attr::USED_MEM_CURRENT)
+        {
+            cached = reserved.saturating_sub(used);
+        }
+        let fresh = if shim.pools().take_credit(pool, dev, need, cached) {
+            false
+        } else {
+            if !reserve(shim, dev, need) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
+            shim.pools().add_fresh(pool, dev, need);
+            true
+        };
+        let r = call();
+        let (_, back) = shim.pools().finish(pool, need, fresh, r == CUDA_SUCCESS);
+        shim.unreserve(dev, back);
+        if r != CUDA_SUCCESS {
+            // Credit taken for the allocation is credit again.
+            shim.mark_credit();
+            return r;
         }
-    }
-    shim.track(
-        Kind::Ptr,
-        ptr,
-        Charge {
-            dev,
-            bytes: need,
-            ctx: driver::current_context(),
-            pool,
-        },
-    );
-    r
+        let ptr = result();
+        if let Some(reserved) = driver::pool_attr(pool, mempool_attr::RESERVED_MEM_CURRENT) {
+            let grow = shim.pools().growth(pool, reserved);
+            if grow > 0 {
+                if reserve(shim, dev, grow) {
+                    shim.pools().add_charge(pool, grow);
+                    shim.mark_credit();
+                } else {
+                    let fr = free(ptr);
+                    let (d, back) = shim.pools().freed(pool, need, false);
+                    shim.mark_credit();
+                    shim.unreserve(d, back);
+                    process::log(shim, || {
+                        format!(
+                            "device {dev}: pool {pool:#x} grew by {grow} bytes beyond its charge; \
+                             the allocation is undone (free: {fr}), out of memory"
+                        )
+                    });
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+            }
+        }
+        shim.track(
+            Kind::Ptr,
+            ptr,
+            Charge {
+                dev,
+                bytes: need,
+                ctx: driver::current_context(),
+                pool,
+            },
+        );
+        r
+    })
 }
 
 /// Pitch the driver picks for rows of `width` bytes (512-byte aligned rows).
@@ -267,7 +261,7 @@ pub(crate) fn pitch_charged(
     pitch: impl FnOnce() -> u64,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
 ) -> CUresult {
-    let Mode::Enforce(shim) = mode() else {
+    let Some(shim) = enforced() else {
         return charged(Kind::Ptr, None, 0, call, || 0);
     };
     let Some(dev) = driver::current_device() else {
@@ -309,17 +303,15 @@ fn dev_index(dev: CUdevice) -> Option<usize> {
 /// Whether this release (or reset) of the primary context of `dev` destroys it: the
 /// last reference goes.
 pub(crate) fn primary_is_gone(dev: CUdevice, reset: bool) -> bool {
-    match (mode(), dev_index(dev)) {
-        (Mode::Enforce(shim), Some(d)) => {
-            reset || shim.primary_refs[d].load(Ordering::Acquire) <= 1
-        }
+    match (enforced(), dev_index(dev)) {
+        (Some(shim), Some(d)) => reset || shim.primary_refs[d].load(Ordering::Acquire) <= 1,
         _ => false,
     }
 }
 
 /// After a successful primary release (`reset`: all references at once).
 pub(crate) fn primary_released(dev: CUdevice, reset: bool) {
-    let (Mode::Enforce(shim), Some(d)) = (mode(), dev_index(dev)) else {
+    let (Some(shim), Some(d)) = (enforced(), dev_index(dev)) else {
         return;
     };
     let refs = &shim.primary_refs[d];
@@ -347,23 +339,20 @@ pub(crate) fn ctx_created(
     call: impl FnOnce() -> CUresult,
     created: impl FnOnce() -> Option<usize>,
 ) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return call(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let r = call();
-    if let (CUDA_SUCCESS, Some(d)) = (r, dev_index(dev))
-        && let Some(ctx) = created()
-    {
-        shim.ctx_dev
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ctx, d);
-        shim.region.count_context(shim.slot, d, true);
-        crate::gate::ensure_started(shim);
-    }
-    r
+    enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+        let r = call();
+        if let (CUDA_SUCCESS, Some(d)) = (r, dev_index(dev))
+            && let Some(ctx) = created()
+        {
+            shim.ctx_dev
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ctx, d);
+            shim.region.count_context(shim.slot, d, true);
+            crate::gate::ensure_started(shim);
+        }
+        r
+    })
 }
 
 /// After a successful retain of the primary context `ctx` of `dev`: counted at its first
@@ -379,8 +368,8 @@ pub(crate) fn primary_retained(shim: &'static Shim, dev: CUdevice, ctx: usize) {
 
 /// The primary context of `dev` as this process last retained it (0: none known).
 pub(crate) fn primary_context(dev: CUdevice) -> usize {
-    match (mode(), dev_index(dev)) {
-        (Mode::Enforce(shim), Some(d)) => shim.primary_ctx[d].load(Ordering::Acquire),
+    match (enforced(), dev_index(dev)) {
+        (Some(shim), Some(d)) => shim.primary_ctx[d].load(Ordering::Acquire),
         _ => 0,
     }
 }
@@ -388,7 +377,7 @@ pub(crate) fn primary_context(dev: CUdevice) -> usize {
 /// After a successful destruction of context `ctx`: uncounted, and its allocations
 /// uncharged.
 pub(crate) fn ctx_destroyed(ctx: usize) {
-    let Mode::Enforce(shim) = mode() else { return };
+    let Some(shim) = enforced() else { return };
     let dev = shim
         .ctx_dev
         .lock()
@@ -405,7 +394,7 @@ pub(crate) fn ctx_destroyed(ctx: usize) {
 /// Destroys `pool` (`call`); what is still allocated from it (stream-ordered frees not
 /// yet executed included) outlives the pool in the driver until freed.
 pub(crate) fn pool_destroyed(pool: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Mode::Enforce(shim) = mode() else {
+    let Some(shim) = enforced() else {
         return call();
     };
     let used = driver::pool_attr(pool, mempool_attr::USED_MEM_CURRENT);
@@ -419,7 +408,7 @@ pub(crate) fn pool_destroyed(pool: u64, call: impl FnOnce() -> CUresult) -> CUre
 
 /// Records that `pool` allocates on `dev` (a pool created with a device location).
 pub(crate) fn pool_created(pool: u64, dev: usize) {
-    if let Mode::Enforce(shim) = mode() {
+    if let Some(shim) = enforced() {
         shim.pools().register(pool, dev);
     }
 }

@@ -128,7 +128,7 @@ pub fn driver_view(uuids: &[String]) -> Vec<String> {
 /// under `VGPU_ON_ERROR=unenforced` after an error: everything passes through).
 pub fn granted() -> Option<&'static [String]> {
     // The configuration (which reads the quota file) runs at the first hook.
-    if let crate::state::Mode::Unenforced = crate::state::mode() {
+    if crate::process::mode().passes_through() {
         return None;
     }
     GRANTED.get().map(Vec::as_slice)

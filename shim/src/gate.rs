@@ -40,7 +40,7 @@ use std::time::Duration;
 use vgpu_core::sched_proto::{ShimMsg, encode};
 
 use crate::config::MAX_DEVICES;
-use crate::state::Shim;
+use crate::process::Shim;
 
 mod peer;
 mod runner;
@@ -89,7 +89,7 @@ fn raise_gate_thread_priority(shim: &Shim) {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        crate::state::log(shim, || {
+        crate::process::log(shim, || {
             format!("gate thread stays in the time-sharing class ({e})")
         });
     }

@@ -1,8 +1,9 @@
-//! The exported hooks, all together. Each is thin: it resolves the real function once,
-//! enters `guard` (no panic crosses into the application; a re-entered hook calls the
-//! real function directly), checks its raw pointers, runs the safe logic of
-//! [`crate::state`], and returns a `CUresult` / `nvmlReturn_t`. No lock is held while the
-//! real driver runs.
+//! The exported hooks, all together. Each resolves the real function once, enters
+//! `guard` (no panic crosses into the application; a re-entered hook calls the real
+//! function directly), checks and converts its raw pointers, calls the safe logic
+//! ([`crate::accounting`] for memory, [`crate::gate`] for launches, [`crate::devices`]
+//! for the devices shown), and returns a `CUresult` / `nvmlReturn_t`. No lock is held
+//! while the real driver runs.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -20,8 +21,8 @@ use vgpu_cuda_abi::nvml::{
 use crate::accounting;
 use crate::devices;
 use crate::driver::{self, current_device};
+use crate::process::{self, Kind, array_bytes, enforced, enforcing, virtual_meminfo};
 use crate::real::{self, real};
-use crate::state::{self, Kind, Mode, array_bytes, mode, virtual_meminfo};
 use crate::table::{Id, hook_addr};
 
 thread_local! {
@@ -73,9 +74,8 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     let f = real_or!(cuInit, CuInit, CUDA_ERROR_NO_DEVICE);
     // SAFETY: forwarding the caller's arguments to the real function.
     let call = || unsafe { f(flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || match mode() {
-        Mode::Fail => CUDA_ERROR_NOT_PERMITTED,
-        _ => call(),
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        enforcing(CUDA_ERROR_NOT_PERMITTED, call, |_, call| call())
     })
 }
 
@@ -94,7 +94,7 @@ unsafe fn map_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
         // SAFETY: as above.
         unsafe { *pfn = hook_addr(id) as *mut c_void };
     } else if !symbol.is_null()
-        && let Mode::Enforce(s) = mode()
+        && let Some(s) = enforced()
     {
         // SAFETY: the driver accepted `symbol` as a NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
@@ -102,7 +102,7 @@ unsafe fn map_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
             .iter()
             .any(|e| e.base.as_bytes() == name)
         {
-            state::log(s, || {
+            process::log(s, || {
                 format!(
                     "cuGetProcAddress({}) resolved to a function libvgpu does not know: passed through",
                     String::from_utf8_lossy(name)
@@ -165,31 +165,28 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(free, total) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-        };
-        let r = call();
-        if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
-            return r;
-        }
-        let Some(dev) = current_device() else {
-            return r;
-        };
-        if let Some(q) = shim.quota(dev) {
-            // What the pools no longer keep is not the container's any more.
-            accounting::reconcile_all(shim, Some(dev));
-            // SAFETY: the driver just wrote both non-null out-pointers.
-            let (rf, rt) = unsafe { (*free as u64, *total as u64) };
-            let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
-            // SAFETY: as above.
-            unsafe {
-                *free = usize::try_from(vf).unwrap_or(usize::MAX);
-                *total = usize::try_from(vt).unwrap_or(usize::MAX);
+        enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+            let r = call();
+            if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
+                return r;
             }
-        }
-        r
+            let Some(dev) = current_device() else {
+                return r;
+            };
+            if let Some(q) = shim.quota(dev) {
+                // What the pools no longer keep is not the container's any more.
+                accounting::reconcile_all(shim, Some(dev));
+                // SAFETY: the driver just wrote both non-null out-pointers.
+                let (rf, rt) = unsafe { (*free as u64, *total as u64) };
+                let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
+                // SAFETY: as above.
+                unsafe {
+                    *free = usize::try_from(vf).unwrap_or(usize::MAX);
+                    *total = usize::try_from(vt).unwrap_or(usize::MAX);
+                }
+            }
+            r
+        })
     })
 }
 
@@ -204,20 +201,17 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(bytes, dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-        };
-        let r = call();
-        if r != CUDA_SUCCESS || bytes.is_null() {
-            return r;
-        }
-        if let Some(q) = usize::try_from(dev).ok().and_then(|d| shim.quota(d)) {
-            // SAFETY: the driver just wrote the non-null out-pointer.
-            unsafe { *bytes = (*bytes).min(usize::try_from(q).unwrap_or(usize::MAX)) };
-        }
-        r
+        enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+            let r = call();
+            if r != CUDA_SUCCESS || bytes.is_null() {
+                return r;
+            }
+            if let Some(q) = usize::try_from(dev).ok().and_then(|d| shim.quota(d)) {
+                // SAFETY: the driver just wrote the non-null out-pointer.
+                unsafe { *bytes = (*bytes).min(usize::try_from(q).unwrap_or(usize::MAX)) };
+            }
+            r
+        })
     })
 }
 
@@ -523,7 +517,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
     guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS
-            && let Mode::Enforce(shim) = mode()
+            && let Some(shim) = enforced()
         {
             accounting::reconcile(shim, pool as u64);
         }
@@ -550,7 +544,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
         // A lower release threshold can release cached memory at once.
         if r == CUDA_SUCCESS
             && attr == mempool_attr::RELEASE_THRESHOLD
-            && let Mode::Enforce(shim) = mode()
+            && let Some(shim) = enforced()
         {
             accounting::reconcile(shim, pool as u64);
         }
@@ -829,17 +823,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-        };
-        let r = call();
-        if r == CUDA_SUCCESS && !pctx.is_null() {
-            // SAFETY: written by the driver on success.
-            accounting::primary_retained(shim, dev, unsafe { *pctx } as usize);
-        }
-        r
+        enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
+            let r = call();
+            if r == CUDA_SUCCESS && !pctx.is_null() {
+                // SAFETY: written by the driver on success.
+                accounting::primary_retained(shim, dev, unsafe { *pctx } as usize);
+            }
+            r
+        })
     })
 }
 
@@ -1006,19 +997,16 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 
 /// Runs `launch` once the gate admits it (enforcing mode), else directly.
 fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
-    let shim = match mode() {
-        Mode::Enforce(s) => s,
-        Mode::Unenforced => return launch(),
-        Mode::Fail => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let pass = match crate::gate::enter(shim, current_device, stream as usize, ptsz) {
-        Ok(p) => p,
-        // A GPU the container was not granted: no compute share.
-        Err(crate::gate::NotGranted) => return CUDA_ERROR_NOT_PERMITTED,
-    };
-    let r = launch();
-    drop(pass);
-    r
+    enforcing(CUDA_ERROR_NOT_PERMITTED, launch, |shim, launch| {
+        let pass = match crate::gate::enter(shim, current_device, stream as usize, ptsz) {
+            Ok(p) => p,
+            // A GPU the container was not granted: no compute share.
+            Err(crate::gate::NotGranted) => return CUDA_ERROR_NOT_PERMITTED,
+        };
+        let r = launch();
+        drop(pass);
+        r
+    })
 }
 
 type LaunchKernel = unsafe extern "C" fn(
@@ -1156,27 +1144,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(device, memory) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
-        };
-        let r = call();
-        if r != NVML_SUCCESS || memory.is_null() {
-            return r;
-        }
-        if let Some(d) = nvml_index(device)
-            && let Some(q) = shim.quota(d)
-        {
-            // SAFETY: the real NVML just filled the non-null struct.
-            let m = unsafe { &mut *memory };
-            let used = shim.used(d);
-            let (free, total) = virtual_meminfo(q, used, m.free, m.total);
-            m.total = total;
-            m.free = free;
-            m.used = used.min(total);
-        }
-        r
+        enforcing(NVML_ERROR_NO_PERMISSION, call, |shim, call| {
+            let r = call();
+            if r != NVML_SUCCESS || memory.is_null() {
+                return r;
+            }
+            if let Some(d) = nvml_index(device)
+                && let Some(q) = shim.quota(d)
+            {
+                // SAFETY: the real NVML just filled the non-null struct.
+                let m = unsafe { &mut *memory };
+                let used = shim.used(d);
+                let (free, total) = virtual_meminfo(q, used, m.free, m.total);
+                m.total = total;
+                m.free = free;
+                m.used = used.min(total);
+            }
+            r
+        })
     })
 }
 
@@ -1194,28 +1179,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(device, memory) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
-        };
-        let r = call();
-        if r != NVML_SUCCESS || memory.is_null() {
-            return r;
-        }
-        if let Some(d) = nvml_index(device)
-            && let Some(q) = shim.quota(d)
-        {
-            // SAFETY: the real NVML just filled the non-null struct.
-            let m = unsafe { &mut *memory };
-            let used = shim.used(d);
-            let (free, total) = virtual_meminfo(q, used, m.free, m.total);
-            m.total = total;
-            m.reserved = 0;
-            m.free = free;
-            m.used = used.min(total);
-        }
-        r
+        enforcing(NVML_ERROR_NO_PERMISSION, call, |shim, call| {
+            let r = call();
+            if r != NVML_SUCCESS || memory.is_null() {
+                return r;
+            }
+            if let Some(d) = nvml_index(device)
+                && let Some(q) = shim.quota(d)
+            {
+                // SAFETY: the real NVML just filled the non-null struct.
+                let m = unsafe { &mut *memory };
+                let used = shim.used(d);
+                let (free, total) = virtual_meminfo(q, used, m.free, m.total);
+                m.total = total;
+                m.reserved = 0;
+                m.free = free;
+                m.used = used.min(total);
+            }
+            r
+        })
     })
 }
 
@@ -1237,49 +1219,46 @@ unsafe fn procs(
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(device, count, infos) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
-        };
-        let r = call();
-        if r != NVML_SUCCESS || count.is_null() || infos.is_null() {
-            return r;
-        }
-        shim.region.reap(Some(shim.slot));
-        let dev = nvml_index(device);
-        let base = infos.cast::<u8>();
-        // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.
-        let n = unsafe { *count } as usize;
-        let mut kept = 0usize;
-        for i in 0..n {
-            // SAFETY: entry i lies within the `n` written entries; pid is its first
-            // (4-byte) field, read unaligned.
-            let pid = unsafe { base.add(i * stride).cast::<u32>().read_unaligned() };
-            let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
-                continue;
-            };
-            let own_pid = shim.region.container_pid(pid).unwrap_or(pid);
-            let dst = base.wrapping_add(kept * stride);
-            if kept != i {
-                // SAFETY: both entries lie within the buffer; `kept < i` so they do
-                // not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
+        enforcing(NVML_ERROR_NO_PERMISSION, call, |shim, call| {
+            let r = call();
+            if r != NVML_SUCCESS || count.is_null() || infos.is_null() {
+                return r;
             }
-            // The process as the container knows it: its PID in the container's namespace
-            // (NVML reports host PIDs) and its memory as the container counts it (what
-            // its quota covers).
-            // SAFETY: pid is the u32 at offset 0 and usedGpuMemory the u64 at offset 8
-            // of every entry version.
-            unsafe {
-                dst.cast::<u32>().write_unaligned(own_pid);
-                dst.add(8).cast::<u64>().write_unaligned(used);
+            shim.region.reap(Some(shim.slot));
+            let dev = nvml_index(device);
+            let base = infos.cast::<u8>();
+            // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.
+            let n = unsafe { *count } as usize;
+            let mut kept = 0usize;
+            for i in 0..n {
+                // SAFETY: entry i lies within the `n` written entries; pid is its first
+                // (4-byte) field, read unaligned.
+                let pid = unsafe { base.add(i * stride).cast::<u32>().read_unaligned() };
+                let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
+                    continue;
+                };
+                let own_pid = shim.region.container_pid(pid).unwrap_or(pid);
+                let dst = base.wrapping_add(kept * stride);
+                if kept != i {
+                    // SAFETY: both entries lie within the buffer; `kept < i` so they do
+                    // not overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
+                }
+                // The process as the container knows it: its PID in the container's namespace
+                // (NVML reports host PIDs) and its memory as the container counts it (what
+                // its quota covers).
+                // SAFETY: pid is the u32 at offset 0 and usedGpuMemory the u64 at offset 8
+                // of every entry version.
+                unsafe {
+                    dst.cast::<u32>().write_unaligned(own_pid);
+                    dst.add(8).cast::<u64>().write_unaligned(used);
+                }
+                kept += 1;
             }
-            kept += 1;
-        }
-        // SAFETY: non-null out-pointer.
-        unsafe { *count = kept as c_uint };
-        r
+            // SAFETY: non-null out-pointer.
+            unsafe { *count = kept as c_uint };
+            r
+        })
     })
 }
 
@@ -1336,31 +1315,28 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(device, utilization, processSamplesCount, lastSeenTimeStamp) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
-        let shim = match mode() {
-            Mode::Enforce(s) => s,
-            Mode::Unenforced => return call(),
-            Mode::Fail => return NVML_ERROR_NO_PERMISSION,
-        };
-        let r = call();
-        if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
-            return r;
-        }
-        // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
-        let n = unsafe { *processSamplesCount } as usize;
-        let mut kept = 0usize;
-        for i in 0..n {
-            // SAFETY: sample i lies within the `n` written samples.
-            let mut s = unsafe { utilization.add(i).read_unaligned() };
-            if let Some(own) = shim.region.container_pid(s.pid) {
-                s.pid = own;
-                // SAFETY: `kept <= i < n`: within the written samples.
-                unsafe { utilization.add(kept).write_unaligned(s) };
-                kept += 1;
+        enforcing(NVML_ERROR_NO_PERMISSION, call, |shim, call| {
+            let r = call();
+            if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
+                return r;
             }
-        }
-        // SAFETY: non-null out-pointer.
-        unsafe { *processSamplesCount = kept as c_uint };
-        r
+            // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
+            let n = unsafe { *processSamplesCount } as usize;
+            let mut kept = 0usize;
+            for i in 0..n {
+                // SAFETY: sample i lies within the `n` written samples.
+                let mut s = unsafe { utilization.add(i).read_unaligned() };
+                if let Some(own) = shim.region.container_pid(s.pid) {
+                    s.pid = own;
+                    // SAFETY: `kept <= i < n`: within the written samples.
+                    unsafe { utilization.add(kept).write_unaligned(s) };
+                    kept += 1;
+                }
+            }
+            // SAFETY: non-null out-pointer.
+            unsafe { *processSamplesCount = kept as c_uint };
+            r
+        })
     })
 }
 

@@ -3,14 +3,19 @@
 //!
 //! - [`table`]: the one table of intercepted entry points, which drives all three
 //!   routes: exported symbols, the `dlsym` hook and the `cuGetProcAddress` hook.
-//! - [`hooks`]: the exported functions, thin: guard, pointer checks, safe logic, result.
+//! - [`hooks`]: the exported functions: guard, pointer checks, one call into the safe
+//!   logic below, result.
+//! - [`accounting`]: what each allocation is charged, reservation and rollback, memory
+//!   pools reconciled with the driver, contexts and the allocations that die with them.
+//! - [`driver`]: safe wrappers of the real-driver calls the shim makes for itself.
 //! - [`real`]: the real driver and NVML, resolved once, never through ourselves.
 //! - [`devices`]: which devices the container sees (its GPUs only, numbered from 0).
-//! - [`state`]: configuration, failure policy, this process's allocations.
+//! - [`process`]: this process's enforcement state: configuration, failure policy (the
+//!   one "am I enforcing?" decision), its slot and allocations.
 //! - [`pools`]: what is charged for each stream-ordered memory pool (its cache stays
 //!   charged until the driver releases it).
-//! - [`region`]: the container's shared accounting (atomics in a mapped file, kernel
-//!   liveness locks, no cross-process lock).
+//! - [`region`]: the container's shared accounting (atomics in a SysV shared-memory
+//!   segment, [`segment`], ADR 0015; kernel liveness locks, no cross-process lock).
 //! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback);
 //!   its gate thread, the daemon client with deadlines, is `gate::runner`.
 //! - [`config`]: the environment, parsed and validated.
@@ -39,8 +44,8 @@ pub mod driver;
 pub mod gate;
 pub mod hooks;
 pub mod pools;
+pub mod process;
 pub mod real;
 pub mod region;
 pub mod segment;
-pub mod state;
 pub mod table;

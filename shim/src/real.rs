@@ -148,12 +148,24 @@ fn get_or_load(
     }
     cell.get_or_init(|| {
         let _ = LOADING.try_with(|l| l.set(true));
-        let r = load(lib, &crate::state::lib_name(lib));
+        let r = load(lib, &lib_name(lib));
         let _ = LOADING.try_with(|l| l.set(false));
         r
     })
     .as_ref()
     .map_err(String::as_str)
+}
+
+/// The real library name to load for `lib` (configuration, else the default).
+pub fn lib_name(lib: Lib) -> String {
+    let (var, default) = match lib {
+        Lib::Cuda => ("VGPU_REAL_LIBCUDA", "libcuda.so.1"),
+        Lib::Nvml => ("VGPU_REAL_LIBNVML", "libnvidia-ml.so.1"),
+    };
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => v,
+        _ => default.to_owned(),
+    }
 }
 
 /// The real CUDA driver (loaded on first use).

@@ -23,7 +23,7 @@ use super::{
     UNREGISTERED, futex_wait, futex_wake, mono_ns,
 };
 use crate::config::DeviceGrant;
-use crate::state::Shim;
+use crate::process::Shim;
 
 mod work;
 
@@ -162,7 +162,7 @@ impl Runner {
     }
 
     fn log(&self, msg: impl FnOnce() -> String) {
-        crate::state::log(self.shim, msg);
+        crate::process::log(self.shim, msg);
     }
 
     /// Tries to register with the daemon; on success the gates follow its board. A

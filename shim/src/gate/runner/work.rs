@@ -184,7 +184,7 @@ impl Runner {
                     gate.all_completed();
                     d.last_obs = None;
                     let until = d.closed_until.saturating_sub(end) / 1000;
-                    crate::state::log(self.shim, || {
+                    crate::process::log(self.shim, || {
                         format!(
                             "fallback: GPU {i} used {} µs, closed for {until} µs",
                             used / 1000

@@ -1,6 +1,8 @@
-//! The shim's process state and its safe logic: configuration, the container's region,
-//! this process's slot, the allocations it made (to uncharge them when freed), and the
-//! failure policy. Nothing here holds a lock across a call into the real driver.
+//! This process's enforcement state: its configuration, the container's region and this
+//! process's slot in it, the allocations it made (to uncharge them when freed), and the
+//! failure policy, with [`enforcing`] and [`enforced`], the one place that decides what
+//! a hook does when the shim cannot enforce. Nothing here holds a lock across a call
+//! into the real driver.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -10,7 +12,6 @@ use std::time::Instant;
 use crate::config::{Config, MAX_DEVICES, OnError};
 use crate::pools::Pools;
 use crate::region::Region;
-use crate::table::Lib;
 
 /// What kind of handle an allocation is known by (separate namespaces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,6 +187,38 @@ pub fn mode() -> Mode {
     }
 }
 
+/// Runs `body` with the enforcing state and the real call `call`; without one, runs
+/// `call` alone (`VGPU_ON_ERROR=unenforced` after an error) or returns `refused`
+/// (`VGPU_ON_ERROR=fail`). Initialises on first use, like [`mode`].
+pub fn enforcing<R, F: FnOnce() -> R>(
+    refused: R,
+    call: F,
+    body: impl FnOnce(&'static Shim, F) -> R,
+) -> R {
+    match mode() {
+        Mode::Enforce(shim) => body(shim, call),
+        Mode::Unenforced => call(),
+        Mode::Fail => refused,
+    }
+}
+
+/// The enforcing state (None: the shim does not enforce, and the caller lets the call
+/// through as it is).
+pub fn enforced() -> Option<&'static Shim> {
+    match mode() {
+        Mode::Enforce(shim) => Some(shim),
+        Mode::Unenforced | Mode::Fail => None,
+    }
+}
+
+impl Mode {
+    /// Whether everything passes through untouched (`VGPU_ON_ERROR=unenforced` after an
+    /// error).
+    pub fn passes_through(self) -> bool {
+        matches!(self, Mode::Unenforced)
+    }
+}
+
 fn init_mode(cfg: Result<Config, (OnError, String)>) -> &'static Result<Shim, (OnError, String)> {
     MODE.get_or_init(|| {
         let r = init(cfg);
@@ -200,18 +233,6 @@ fn init_mode(cfg: Result<Config, (OnError, String)>) -> &'static Result<Shim, (O
         }
         r
     })
-}
-
-/// The real library name to load for `lib` (configuration, else the default).
-pub fn lib_name(lib: Lib) -> String {
-    let (var, default) = match lib {
-        Lib::Cuda => ("VGPU_REAL_LIBCUDA", "libcuda.so.1"),
-        Lib::Nvml => ("VGPU_REAL_LIBNVML", "libnvidia-ml.so.1"),
-    };
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => v,
-        _ => default.to_owned(),
-    }
 }
 
 /// Rate-limited log line to stderr when `VGPU_LOG` is on (at most 20 per second).
