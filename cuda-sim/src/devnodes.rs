@@ -157,8 +157,9 @@ pub enum Opened {
 }
 
 /// Opens every device node of a node with `gpus` GPUs, as the driver's initialization
-/// does: `EPERM` or `EACCES` is a refusal; `ENXIO` and `ENODEV` (no driver behind the
-/// node) count as the device answering.
+/// does: `EPERM` (what a device cgroup answers) is a refusal; `ENXIO` and `ENODEV` (no
+/// driver behind the node) count as the device answering; any other error (a node
+/// removed meanwhile, a `nodev` mount) leaves the simulator as it was without nodes.
 pub fn open_all(state_dir: &Path, gpus: usize) -> Result<Opened, Refused> {
     let dir = node_dir(state_dir);
     match ensure(state_dir, gpus) {
@@ -175,13 +176,12 @@ pub fn open_all(state_dir: &Path, gpus: usize) -> Result<Opened, Refused> {
         match rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
             Ok(fd) => fds.push(fd),
             Err(rustix::io::Errno::NXIO | rustix::io::Errno::NODEV) => {}
-            Err(e @ (rustix::io::Errno::PERM | rustix::io::Errno::ACCESS)) => {
+            Err(e @ rustix::io::Errno::PERM) => {
                 return Err(Refused {
                     path,
                     source: e.into(),
                 });
             }
-            // Anything else (a node removed under us): not a refusal.
             Err(_) => {}
         }
     }

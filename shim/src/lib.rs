@@ -32,6 +32,7 @@ macro_rules! say {
     }};
 }
 
+pub mod admission;
 pub mod config;
 pub mod devices;
 pub mod gate;
