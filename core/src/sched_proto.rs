@@ -21,6 +21,12 @@
 //! ([`HANDSHAKE_DEADLINE_MS`], [`PEER_DEADLINE_MS`]) and runs its local fallback when one
 //! passes.
 //!
+//! Admission (additive): before its driver opens a GPU device node (`cuInit`,
+//! `nvmlInit*`), the shim sends [`ShimMsg::Admit`] alone on a short connection; the daemon
+//! lets the process (by its peer credentials) through its eBPF device gate and answers
+//! [`DaemonMsg::Admitted`]. A daemon without the message closes the connection; the shim
+//! then goes on (the gate, if any, decides).
+//!
 //! The grant itself is not a message on the fast path: the daemon writes each tenant's
 //! grant word in a shared memory page (the "board", one page per tenant, sealed so the
 //! tenant can only map it read-only). Word `i` (a `u32` at byte offset
@@ -247,6 +253,13 @@ pub enum ShimMsg {
         /// Why the last one began (at most [`MAX_REASON`] bytes).
         reason: String,
     },
+    /// Alone on its connection, before the process's driver opens a GPU device node: let
+    /// this process (the socket's peer) through the node's GPU device gate. Answered with
+    /// [`DaemonMsg::Admitted`]; the connection then closes.
+    Admit {
+        /// [`PROTO_VERSION`].
+        proto: u32,
+    },
 }
 
 /// Daemon → shim.
@@ -316,6 +329,12 @@ pub enum DaemonMsg {
     Pong {
         /// The ping's `seq`.
         seq: u32,
+    },
+    /// The answer to [`ShimMsg::Admit`].
+    Admitted {
+        /// Whether a device gate runs on this node and took the process (`false`: no gate,
+        /// nothing to do).
+        gate: bool,
     },
 }
 

@@ -1,7 +1,7 @@
 //! The simulated NVIDIA node behind `libcuda.so.1` and `libnvidia-ml.so.1`.
 //!
 //! This crate holds what both simulated libraries share: the node's configuration
-//! ([`config`]) and its state ([`state`]): device memory accounting across processes,
+//! ([`config`]), its GPU device nodes ([`devnodes`]) and its state ([`state`]): device memory accounting across processes,
 //! process liveness, the execution engine that time-slices the GPU between processes,
 //! utilization and accounting counters, and device events for fault injection. The
 //! libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin ABI layers over
@@ -13,4 +13,5 @@
 
 pub mod bench;
 pub mod config;
+pub mod devnodes;
 pub mod state;

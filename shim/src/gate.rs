@@ -42,7 +42,7 @@ use vgpu_core::sched_proto::{ShimMsg, encode};
 use crate::config::MAX_DEVICES;
 use crate::process::Shim;
 
-mod peer;
+pub(crate) mod peer;
 mod runner;
 
 use runner::Runner;

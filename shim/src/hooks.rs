@@ -75,7 +75,45 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     // SAFETY: forwarding the caller's arguments to the real function.
     let call = || unsafe { f(flags) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
+        // Through the node's device gate before the driver opens a GPU node.
+        crate::admission::admit();
         enforcing(CUDA_ERROR_NOT_PERMITTED, call, |_, call| call())
+    })
+}
+
+type NvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
+macro_rules! nvml_init_hook {
+    ($name:ident) => {
+        /// Admits the process through the node's device gate, then initialises NVML.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name() -> nvmlReturn_t {
+            let f = real_or!($name, NvmlInit, NVML_ERROR_LIBRARY_NOT_FOUND);
+            // SAFETY: forwarding to the real function (no arguments).
+            let call = || unsafe { f() };
+            guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+                crate::admission::admit();
+                call()
+            })
+        }
+    };
+}
+nvml_init_hook!(nvmlInit);
+nvml_init_hook!(nvmlInit_v2);
+
+type NvmlInitWithFlags = unsafe extern "C" fn(c_uint) -> nvmlReturn_t;
+/// Admits the process through the node's device gate, then initialises NVML.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
+    let f = real_or!(
+        nvmlInitWithFlags,
+        NvmlInitWithFlags,
+        NVML_ERROR_LIBRARY_NOT_FOUND
+    );
+    // SAFETY: forwarding the caller's argument.
+    let call = || unsafe { f(flags) };
+    guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
+        crate::admission::admit();
+        call()
     })
 }
 

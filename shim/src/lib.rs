@@ -9,6 +9,8 @@
 //!   pools reconciled with the driver, contexts and the allocations that die with them.
 //! - [`driver`]: safe wrappers of the real-driver calls the shim makes for itself.
 //! - [`real`]: the real driver and NVML, resolved once, never through ourselves.
+//! - [`admission`]: asks the daemon to admit this process through the node's eBPF device
+//!   gate before the driver opens a GPU node (`cuInit`, `nvmlInit*`).
 //! - [`devices`]: which devices the container sees (its GPUs only, numbered from 0).
 //! - [`process`]: this process's enforcement state: configuration, failure policy (the
 //!   one "am I enforcing?" decision), its slot and allocations.
@@ -38,6 +40,7 @@ macro_rules! say {
 }
 
 pub mod accounting;
+pub mod admission;
 pub mod config;
 pub mod devices;
 pub mod driver;

@@ -108,6 +108,9 @@ table! {
     cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true;
     cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false;
     cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true;
+    nvmlInit: Nvml "nvmlInit" 0 false;
+    nvmlInit_v2: Nvml "nvmlInit_v2" 0 false;
+    nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false;
     nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
     nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
     nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;

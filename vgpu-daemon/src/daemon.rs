@@ -237,6 +237,8 @@ pub struct Daemon {
     inner: Mutex<Inner>,
     /// Woken when any scheduler's deadline may have moved.
     timer: Condvar,
+    /// The eBPF device gate and exit watcher, when attached.
+    enforcement: std::sync::OnceLock<Arc<crate::enforcement::Enforcement>>,
 }
 
 /// CLOCK_MONOTONIC, ns (the clock the shims report in).
@@ -283,6 +285,7 @@ impl Daemon {
             started: Instant::now(),
             inner: Mutex::new(Inner::default()),
             timer: Condvar::new(),
+            enforcement: std::sync::OnceLock::new(),
         })
     }
 
@@ -491,6 +494,33 @@ impl Daemon {
             r.memory.insert(conn, memory_used);
         }
         Ok(())
+    }
+
+    /// Hands the daemon the attached eBPF gate (once, at start).
+    pub fn set_enforcement(&self, e: Arc<crate::enforcement::Enforcement>) {
+        let _ = self.enforcement.set(e);
+    }
+
+    /// The attached eBPF gate, if any.
+    pub fn enforcement(&self) -> Option<&Arc<crate::enforcement::Enforcement>> {
+        self.enforcement.get()
+    }
+
+    /// Process `pid` (host PID) exited, as the kernel reports it: every connection it
+    /// registered is released now, even one a child inherited and keeps open. Returns how
+    /// many were.
+    pub fn process_exited(&self, pid: u32) -> usize {
+        let conns: Vec<u64> = self
+            .lock()
+            .conns
+            .iter()
+            .filter(|(_, c)| c.pid == pid)
+            .map(|(&id, _)| id)
+            .collect();
+        for &conn in &conns {
+            self.disconnect(conn);
+        }
+        conns.len()
     }
 
     /// A connection closed: its process's charges and slice are released now.

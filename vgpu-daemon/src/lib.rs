@@ -7,6 +7,8 @@
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
 //! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
+//! - [`enforcement`]: the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): admits the
+//!   shim's processes, releases a process's slices at its exit, counts refusals per pod.
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
 //! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
@@ -27,6 +29,7 @@ pub mod api;
 pub mod board;
 pub mod ctl;
 pub mod daemon;
+pub mod enforcement;
 pub mod metrics;
 pub mod model;
 pub mod nvml;

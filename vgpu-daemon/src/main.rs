@@ -66,6 +66,29 @@ struct Args {
     /// Real-time priority of the daemon's threads (SCHED_FIFO 1–99; 0: normal class).
     #[arg(long, default_value_t = 10)]
     sched_priority: u32,
+    /// The eBPF GPU device gate: off, audit (allow, report what enforce would refuse) or
+    /// enforce (refuse GPU opens of processes not registered through the shim).
+    #[arg(long, default_value = "audit", value_parser = parse_mode)]
+    ebpf: vgpu_ebpf::Mode,
+    /// The cgroup2 directory the gate covers (default: kubepods.slice or kubepods under
+    /// the cgroup2 mount, else the whole mount).
+    #[arg(long)]
+    ebpf_cgroup_root: Option<PathBuf>,
+    /// Where the gate's maps and links are pinned so that it outlives a restart (bpffs);
+    /// `off`: not pinned (the gate detaches when the daemon exits).
+    #[arg(long, default_value = vgpu_daemon::enforcement::DEFAULT_PIN_DIR)]
+    ebpf_pin_dir: String,
+    /// Where the GPU device nodes are.
+    #[arg(long, default_value = "/dev")]
+    ebpf_dev_dir: PathBuf,
+    /// A cgroup2 directory whose processes may open GPU nodes without registering (a node
+    /// agent: the device plugin, monitoring); repeat for each.
+    #[arg(long)]
+    ebpf_trusted_cgroup: Vec<PathBuf>,
+}
+
+fn parse_mode(v: &str) -> Result<vgpu_ebpf::Mode, String> {
+    v.parse().map_err(|e: vgpu_ebpf::EbpfError| e.to_string())
 }
 
 fn config(a: &Args) -> vgpu_daemon::run::Config {
@@ -96,6 +119,13 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
             metrics_addr: reporting::optional(&a.metrics_addr),
             api_socket: reporting::optional(&a.api_socket).map(PathBuf::from),
             api_addr: a.api_addr,
+        },
+        ebpf: vgpu_daemon::enforcement::EbpfSettings {
+            mode: a.ebpf,
+            cgroup_root: a.ebpf_cgroup_root.clone(),
+            pin_dir: reporting::optional(&a.ebpf_pin_dir).map(PathBuf::from),
+            dev_dir: a.ebpf_dev_dir.clone(),
+            trusted_cgroups: a.ebpf_trusted_cgroup.clone(),
         },
     }
 }

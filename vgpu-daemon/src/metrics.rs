@@ -307,7 +307,10 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
 
 async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     // The snapshot takes the daemon's lock briefly; rendering happens outside it.
-    let text = render(&d.snapshot());
+    let mut text = render(&d.snapshot());
+    if let Some(e) = d.enforcement() {
+        text.push_str(&e.metrics());
+    }
     (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], text)
 }
 

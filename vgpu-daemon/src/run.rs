@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::daemon::{ConfigError, Daemon};
 use crate::reporting::{self, Reporting, ReportingConfig};
@@ -23,6 +23,8 @@ pub struct Config {
     pub daemon: crate::daemon::Config,
     /// NVML, `/metrics`, the gRPC API.
     pub reporting: ReportingConfig,
+    /// The eBPF GPU device gate and exit watcher (off unless asked for).
+    pub ebpf: crate::enforcement::EbpfSettings,
 }
 
 /// Longest NVML interval accepted, ms (one hour).
@@ -113,6 +115,13 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
         info!(kept, "operators' settings restored");
     }
     daemon.spawn_timer().map_err(RunError::Timer)?;
+    // Before NVML starts: the watcher's own opens come from a trusted cgroup then. Without
+    // eBPF the daemon runs on (NVML reconciliation, the plugin's audit), saying why.
+    match crate::enforcement::Enforcement::start(&cfg.ebpf, &daemon) {
+        Ok(Some(e)) => daemon.set_enforcement(e),
+        Ok(None) => info!("eBPF: off (--ebpf off)"),
+        Err(e) => warn!("eBPF: not attached, running without the GPU device gate: {e}"),
+    }
     let listener = crate::server::bind(&socket).map_err(|source| RunError::Bind {
         path: socket.clone(),
         source,

@@ -1,6 +1,7 @@
 //! The shims' unix socket. One task per connection: the first frame must be a `Hello`
 //! (within [`HELLO_TIMEOUT`]); the process's host PID comes from the socket's peer
-//! credentials, never from the message. The `Welcome` carries the tenant's board
+//! credentials, never from the message. A connection whose first frame is `Admit` lets
+//! the process through the eBPF device gate and closes. The `Welcome` carries the tenant's board
 //! descriptor (`SCM_RIGHTS`). A framing or protocol error closes that connection only;
 //! a closed connection releases the process's charges and slice at once. A `Ping` is
 //! answered by the connection's own task, at once.
@@ -82,12 +83,23 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
             return Ok(());
         }
     };
-    let Some(ShimMsg::Hello {
-        proto, ident, gpus, ..
-    }) = hello
-    else {
-        warn!(pid, "first frame is not Hello: closing");
-        return Ok(());
+    let (proto, ident, gpus) = match hello {
+        Some(ShimMsg::Hello {
+            proto, ident, gpus, ..
+        }) => (proto, ident, gpus),
+        Some(ShimMsg::Admit { .. }) => {
+            // Before the process's driver opens a GPU node: through the gate, then done.
+            let gate = daemon.enforcement().is_some_and(|e| e.admit(pid));
+            debug!(pid, gate, "admitted");
+            stream
+                .write_all(&encode(&DaemonMsg::Admitted { gate }))
+                .await?;
+            return Ok(());
+        }
+        _ => {
+            warn!(pid, "first frame is not Hello: closing");
+            return Ok(());
+        }
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<DaemonMsg>();
     let pong = tx.clone();
@@ -108,6 +120,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
     if let Err(e) = sent {
         daemon.disconnect(conn);
         return Err(e);
+    }
+    // A registered process may open GPU nodes (a shim that did not say Admit first: an
+    // older one, or one whose Admit failed), and its exit is watched.
+    if let Some(e) = daemon.enforcement() {
+        e.admit(pid);
     }
     info!(pid, conn, "shim registered");
     let (mut rd, mut wr) = stream.into_split();
@@ -136,9 +153,9 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                 buf.extend_from_slice(&chunk[..n]);
             };
             let r = match msg {
-                ShimMsg::Hello { .. } => Err(crate::daemon::DaemonError::Invalid(
-                    "Hello sent twice".into(),
-                )),
+                ShimMsg::Hello { .. } | ShimMsg::Admit { .. } => Err(
+                    crate::daemon::DaemonError::Invalid("Hello or Admit after Hello".into()),
+                ),
                 ShimMsg::Demand { gpu } => daemon.demand(conn, gpu),
                 ShimMsg::Drained {
                     gpu,

@@ -48,7 +48,9 @@ impl Drop for Daemon {
 fn start(mut cmd: Command, dir: &Path, extra: &[&str]) -> Daemon {
     let log = dir.join("daemon.log");
     let f = std::fs::File::create(&log).expect("log file");
+    // No eBPF: these tests are about the daemon's other surfaces (eBPF: tests/ebpf_*.rs).
     let child = cmd
+        .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
         .arg(dir.join("daemon.sock"))
         .arg("--api-socket")
@@ -217,6 +219,7 @@ fn bad_reporting_flags_are_refused_by_name() {
         (vec!["--nvml-interval-ms", "99999999"], "99999999"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(dir.path().join("d.sock"))
             .arg("--api-socket")
@@ -352,6 +355,7 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(dir.path().join("d.sock"))
             .arg("--api-socket")

@@ -60,6 +60,7 @@ fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
     let socket = dir.join("daemon.sock");
     let api = dir.join("api.sock");
     let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
         .arg(&socket)
         .arg("--api-socket")

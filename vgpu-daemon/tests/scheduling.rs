@@ -90,6 +90,7 @@ impl Node {
         let _ = std::fs::remove_file(socket);
         let _ = std::fs::remove_file(api);
         let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(socket)
             .arg("--api-socket")
@@ -665,6 +666,7 @@ fn operators_settings_survive_a_daemon_restart() {
     // A malformed state file stops the daemon with an error naming it.
     std::fs::write(&state, "{not json").expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .args([
             "--socket",
             "/nonexistent/x.sock",

@@ -294,7 +294,9 @@ impl Children {
         let log = std::fs::File::create(node.daemon_log())
             .with_context(|| format!("create {}", node.daemon_log().display()))?;
         let mut c = node.command("vgpu-daemon");
-        c.arg("--socket")
+        // The demo is about sharing; it leaves nothing attached or pinned behind.
+        c.args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
+            .arg("--socket")
             .arg(node.daemon_socket())
             .arg("--api-socket")
             .arg(node.api_socket())

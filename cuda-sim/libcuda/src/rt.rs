@@ -141,6 +141,9 @@ pub struct Driver {
     /// The node's devices this process sees, by CUDA ordinal (`CUDA_VISIBLE_DEVICES`,
     /// read once at `cuInit` as the real driver does; internal indices are the node's).
     visible: Vec<usize>,
+    /// The device nodes opened at `cuInit`, held for the process's life as the real
+    /// driver holds its own.
+    _nodes: Vec<std::os::fd::OwnedFd>,
 }
 
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
@@ -161,6 +164,13 @@ pub fn init() -> CuResult<&'static Driver> {
                 CUDA_ERROR_NO_DEVICE
             })?;
             let n = state.device_count();
+            // The driver opens its device nodes first; a device cgroup's refusal is an
+            // unknown error to the caller (see `vgpu_cuda_sim::devnodes`).
+            let nodes = match vgpu_cuda_sim::devnodes::open_all(state.dir(), n) {
+                Ok(vgpu_cuda_sim::devnodes::Opened::Answered(fds)) => fds,
+                Ok(vgpu_cuda_sim::devnodes::Opened::NoNodes) => Vec::new(),
+                Err(_) => return Err(CUDA_ERROR_UNKNOWN),
+            };
             let uuids: Vec<String> = (0..n)
                 .map(|i| vgpu_cuda_sim::config::format_uuid(&state.info(i).uuid))
                 .collect();
@@ -188,6 +198,7 @@ pub fn init() -> CuResult<&'static Driver> {
                 trace: std::env::var_os("VGPU_SIM_TRACE")
                     .is_some_and(|v| !v.is_empty() && v != "0"),
                 visible,
+                _nodes: nodes,
             })
         })
         .as_ref()

@@ -37,11 +37,14 @@ const EVENT_POLL: Duration = Duration::from_millis(5);
 struct Lib {
     refs: u32,
     state: Option<Arc<State>>,
+    /// The device nodes opened by the first `nvmlInit*`, closed by the last shutdown.
+    nodes: Vec<std::os::fd::OwnedFd>,
 }
 
 static LIB: Mutex<Lib> = Mutex::new(Lib {
     refs: 0,
     state: None,
+    nodes: Vec::new(),
 });
 
 fn lib() -> MutexGuard<'static, Lib> {
@@ -59,6 +62,13 @@ pub fn init() -> NvmlResult<()> {
             eprintln!("libnvidia-ml (vgpu cuda-sim): cannot open the simulated node: {e}");
             NVML_ERROR_DRIVER_NOT_LOADED
         })?;
+        // NVIDIA's NVML opens the device nodes at init; a device cgroup's refusal
+        // (EPERM) is "Unknown Error" (see `vgpu_cuda_sim::devnodes`).
+        l.nodes = match vgpu_cuda_sim::devnodes::open_all(st.dir(), st.device_count()) {
+            Ok(vgpu_cuda_sim::devnodes::Opened::Answered(fds)) => fds,
+            Ok(vgpu_cuda_sim::devnodes::Opened::NoNodes) => Vec::new(),
+            Err(_) => return Err(NVML_ERROR_UNKNOWN),
+        };
         l.state = Some(Arc::new(st));
     }
     l.refs = l.refs.saturating_add(1);
@@ -74,6 +84,7 @@ pub fn shutdown() -> NvmlResult<()> {
     l.refs -= 1;
     if l.refs == 0 {
         l.state = None;
+        l.nodes.clear();
     }
     Ok(())
 }

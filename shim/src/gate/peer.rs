@@ -1,4 +1,4 @@
-//! Socket I/O of the gate thread with the daemon, each call bounded: a connect that never
+//! Socket I/O with the daemon (the gate thread's, and the hooks' admission), each call bounded: a connect that never
 //! waits for a full backlog, a readiness wait with a timeout, a receive that takes the
 //! board's descriptor (`SCM_RIGHTS`).
 
@@ -18,7 +18,7 @@ pub(super) fn cut(s: &str, max: usize) -> String {
 
 /// Connects to the unix socket `path` without waiting: a daemon whose listen backlog is
 /// full (frozen, overwhelmed) is an error now, not a block. The stream returned blocks.
-pub(super) fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStream> {
+pub(crate) fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStream> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: a zeroed sockaddr_un is valid; the family and path are set below.
@@ -71,7 +71,7 @@ pub(super) fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStre
 }
 
 /// Waits at most `timeout` for `fd` to be readable (or closed); false: timed out.
-pub(super) fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+pub(crate) fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,

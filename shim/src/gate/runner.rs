@@ -658,7 +658,10 @@ impl Runner {
                 }
             }
             // Any message counts as an answer (`last_heard`).
-            DaemonMsg::Pong { .. } | DaemonMsg::Welcome { .. } | DaemonMsg::Refused { .. } => {}
+            DaemonMsg::Pong { .. }
+            | DaemonMsg::Welcome { .. }
+            | DaemonMsg::Refused { .. }
+            | DaemonMsg::Admitted { .. } => {}
         }
     }
 

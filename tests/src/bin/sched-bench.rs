@@ -94,6 +94,7 @@ impl Bench {
         let _ = std::fs::remove_file(&api);
         let log = std::fs::File::create(self.root.path().join(format!("{tag}.log")))?;
         let child = Command::new(self.bin_dir.join("vgpu-daemon"))
+            .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(&socket)
             .arg("--api-socket")

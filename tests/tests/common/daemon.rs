@@ -23,8 +23,16 @@ impl Drop for Served {
 }
 
 /// Starts a daemon on `socket` (default share 10 %, burst, best-effort; no NVML, no
-/// metrics, no API); call inside a tokio runtime.
+/// metrics, no API, no eBPF); call inside a tokio runtime.
 pub async fn serve(socket: &Path) -> Served {
+    serve_with_ebpf(socket, vgpu_daemon::enforcement::EbpfSettings::default()).await
+}
+
+/// [`serve`], with the eBPF gate and exit watcher as `ebpf` says.
+pub async fn serve_with_ebpf(
+    socket: &Path,
+    ebpf: vgpu_daemon::enforcement::EbpfSettings,
+) -> Served {
     let cfg = vgpu_daemon::run::Config {
         daemon: Config {
             socket: socket.to_owned(),
@@ -45,6 +53,7 @@ pub async fn serve(socket: &Path) -> Served {
             api_socket: None,
             api_addr: None,
         },
+        ebpf,
     };
     let node = vgpu_daemon::run::start(cfg)
         .await

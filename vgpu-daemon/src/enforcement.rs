@@ -1,0 +1,472 @@
+//! The daemon's side of the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): attaches
+//! them at start in the configured mode (or says in one line why it cannot and runs on
+//! without them), admits the processes that register through the shim, releases a
+//! process's slices the moment the kernel reports its exit, and counts refused and audited
+//! opens per pod for `/metrics`. Decisions: ADR 0018; design: `docs/ebpf.md`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::{info, warn};
+use vgpu_ebpf::{EbpfConfig, Enforcer, Event, EventKind, EventReader, GpuDevice, Mode};
+
+use crate::daemon::Daemon;
+
+/// The default pin directory (ADR 0018: pinned, fail-closed across restarts).
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/vgpu";
+/// Pods (or cgroups) whose opens are counted apart; beyond it they count as `other`.
+const MAX_PODS: usize = 4096;
+/// How long an event reader waits before it looks at the stop flag again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What the daemon asks of eBPF (`--ebpf*` flags).
+#[derive(Debug, Clone)]
+pub struct EbpfSettings {
+    /// `off`, `audit` or `enforce`.
+    pub mode: Mode,
+    /// The cgroup2 directory whose processes the gate judges; `None`: kubelet's pod tree
+    /// (`kubepods.slice` or `kubepods` under the cgroup2 mount), else the whole mount.
+    pub cgroup_root: Option<PathBuf>,
+    /// Where maps and links are pinned; `None`: not pinned (fail-open on exit; tests).
+    pub pin_dir: Option<PathBuf>,
+    /// Where the GPU device nodes are (`/dev`); their numbers are read from the nodes,
+    /// beside NVIDIA's majors in `/proc/devices`.
+    pub dev_dir: PathBuf,
+    /// cgroup2 directories trusted to open GPU nodes (the node's agents); the daemon's own
+    /// cgroup is always trusted.
+    pub trusted_cgroups: Vec<PathBuf>,
+}
+
+impl Default for EbpfSettings {
+    /// Off and not pinned: the library default, which touches nothing a node daemon
+    /// pinned (tests and embedders opt in; the binary's flags default to audit, pinned
+    /// under [`DEFAULT_PIN_DIR`]).
+    fn default() -> Self {
+        Self {
+            mode: Mode::Off,
+            cgroup_root: None,
+            pin_dir: None,
+            dev_dir: PathBuf::from("/dev"),
+            trusted_cgroups: Vec::new(),
+        }
+    }
+}
+
+/// Opens refused or audited, per pod or cgroup (`other` beyond [`MAX_PODS`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct PodCount {
+    refused: u64,
+    audited: u64,
+}
+
+/// The attached gate and watcher, and what they reported.
+#[derive(Debug)]
+pub struct Enforcement {
+    enforcer: Mutex<Enforcer>,
+    mode: Mode,
+    cgroup2: PathBuf,
+    per_pod: Mutex<HashMap<String, PodCount>>,
+    exits: AtomicU64,
+    exits_released: AtomicU64,
+    stop: Arc<AtomicBool>,
+    readers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Why eBPF is not running: the one line the daemon logs.
+#[derive(Debug, thiserror::Error)]
+pub enum EnforcementError {
+    /// A prerequisite or the attach failed.
+    #[error(transparent)]
+    Ebpf(#[from] vgpu_ebpf::EbpfError),
+    /// No cgroup2 mount to attach to.
+    #[error("no cgroup2 file system is mounted (/proc/self/mounts)")]
+    NoCgroup2,
+    /// A configured path could not be read.
+    #[error("{what} {}: {source}", path.display())]
+    Path {
+        /// Which setting.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Enforcement {
+    /// Attaches what `settings` asks for. `Ok(None)` for `off` (after removing what a
+    /// pinned earlier run left). On error nothing of this run stays attached, and a gate
+    /// pinned by an earlier run is removed too (ADR 0018: a gate nobody feeds would refuse
+    /// every new GPU process); the caller logs the error and runs without eBPF.
+    pub fn start(
+        settings: &EbpfSettings,
+        daemon: &Arc<Daemon>,
+    ) -> Result<Option<Arc<Enforcement>>, EnforcementError> {
+        if settings.mode == Mode::Off {
+            if let Some(pins) = &settings.pin_dir
+                && pins.exists()
+            {
+                vgpu_ebpf::remove_pins(pins)?;
+                info!(pins = %pins.display(), "eBPF off: removed the gate an earlier run pinned");
+            }
+            return Ok(None);
+        }
+        match Self::attach(settings, daemon) {
+            Ok(e) => Ok(Some(e)),
+            Err(e) => {
+                if let Some(pins) = &settings.pin_dir
+                    && pins.exists()
+                    && vgpu_ebpf::remove_pins(pins).is_ok()
+                {
+                    warn!(pins = %pins.display(), "removed the gate an earlier run pinned: nobody would register processes with it");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn attach(
+        settings: &EbpfSettings,
+        daemon: &Arc<Daemon>,
+    ) -> Result<Arc<Enforcement>, EnforcementError> {
+        vgpu_ebpf::preflight::check_capabilities()?;
+        vgpu_ebpf::preflight::check_btf()?;
+        let mounts = read("/proc/self/mounts", Path::new("/proc/self/mounts"))?;
+        let cgroup2 = vgpu_ebpf::preflight::cgroup2_mount(&mounts)
+            .map(PathBuf::from)
+            .ok_or(EnforcementError::NoCgroup2)?;
+        let cgroup_root = match &settings.cgroup_root {
+            Some(p) => p.clone(),
+            None => ["kubepods.slice", "kubepods"]
+                .iter()
+                .map(|k| cgroup2.join(k))
+                .find(|p| p.is_dir())
+                .unwrap_or_else(|| cgroup2.clone()),
+        };
+        let devices = gpu_devices(&settings.dev_dir)?;
+        let cfg = EbpfConfig {
+            mode: settings.mode,
+            cgroup_root: cgroup_root.clone(),
+            pin_dir: settings.pin_dir.clone(),
+        };
+        let mut enforcer = Enforcer::attach(&cfg, &devices)?;
+        // The daemon's own cgroup (its NVML watcher opens the nodes), then the operator's.
+        let own = own_cgroup(&cgroup2);
+        for dir in own.iter().chain(&settings.trusted_cgroups) {
+            let id = vgpu_ebpf::cgroup_id(dir)?;
+            enforcer.trust_cgroup(id)?;
+            info!(cgroup = %dir.display(), "eBPF gate: cgroup trusted");
+        }
+        let gate_events = enforcer.take_gate_events();
+        let exit_events = enforcer.take_exit_events();
+        info!(
+            "eBPF: GPU device gate attached to {} in {} mode ({} device major(s){})",
+            cgroup_root.display(),
+            mode_name(settings.mode),
+            devices.len(),
+            settings
+                .pin_dir
+                .as_ref()
+                .map_or(String::from(", not pinned"), |p| format!(
+                    ", pinned under {}",
+                    p.display()
+                )),
+        );
+        info!("eBPF: exit watcher attached (sched_process_exit)");
+        let e = Arc::new(Enforcement {
+            enforcer: Mutex::new(enforcer),
+            mode: settings.mode,
+            cgroup2,
+            per_pod: Mutex::new(HashMap::new()),
+            exits: AtomicU64::new(0),
+            exits_released: AtomicU64::new(0),
+            stop: Arc::new(AtomicBool::new(false)),
+            readers: Mutex::new(Vec::new()),
+        });
+        let mut readers = Vec::new();
+        if let Some(r) = gate_events {
+            let weak = Arc::downgrade(&e);
+            readers.push(spawn_reader(
+                "vgpu-ebpf-gate",
+                r,
+                Arc::clone(&e.stop),
+                move |ev| {
+                    if let Some(e) = weak.upgrade() {
+                        e.gate_event(&ev);
+                    }
+                },
+            )?);
+        }
+        if let Some(r) = exit_events {
+            let weak = Arc::downgrade(&e);
+            let d: Weak<Daemon> = Arc::downgrade(daemon);
+            readers.push(spawn_reader(
+                "vgpu-ebpf-exit",
+                r,
+                Arc::clone(&e.stop),
+                move |ev| {
+                    if let (Some(e), Some(d)) = (weak.upgrade(), d.upgrade()) {
+                        e.exit_event(&ev, &d);
+                    }
+                },
+            )?);
+        }
+        *lock(&e.readers) = readers;
+        Ok(e)
+    }
+
+    /// The mode the gate runs in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Lets process `pid` (host PID) open GPU nodes and watches its exit: called when it
+    /// registers through the shim. Returns whether the gate took it.
+    pub fn admit(&self, pid: u32) -> bool {
+        match lock(&self.enforcer).allow_tgid(pid) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(pid, "eBPF gate: cannot admit the process: {e}");
+                false
+            }
+        }
+    }
+
+    fn gate_event(&self, ev: &Event) {
+        let who = self.who(ev.cgroup_id);
+        let (what, refused) = match ev.kind {
+            EventKind::Refused => ("refused", true),
+            EventKind::Audited => ("would refuse (audit)", false),
+            EventKind::Exit => return,
+        };
+        let mut per_pod = lock(&self.per_pod);
+        let first = !per_pod.contains_key(&who);
+        let key = if first && per_pod.len() >= MAX_PODS {
+            "other".to_owned()
+        } else {
+            who.clone()
+        };
+        let c = per_pod.entry(key).or_default();
+        if refused {
+            c.refused += 1;
+        } else {
+            c.audited += 1;
+        }
+        drop(per_pod);
+        // Once per pod: every event is counted, the log names the pod.
+        if first {
+            let (major, minor) = ev.device.unwrap_or_default();
+            warn!(
+                pid = ev.tgid,
+                comm = %ev.comm,
+                cgroup_id = ev.cgroup_id,
+                who = %who,
+                "eBPF gate {what} an open of GPU device {major}:{minor} by a process not registered through the shim"
+            );
+        }
+    }
+
+    fn exit_event(&self, ev: &Event, daemon: &Daemon) {
+        self.exits.fetch_add(1, Ordering::Relaxed);
+        let released = daemon.process_exited(ev.tgid);
+        if released > 0 {
+            self.exits_released.fetch_add(1, Ordering::Relaxed);
+            let now = crate::daemon::mono_ns();
+            let lag_us = now.saturating_sub(ev.time.as_nanos() as u64) / 1000;
+            info!(
+                pid = ev.tgid,
+                connections = released,
+                lag_us,
+                "process exit seen by eBPF: its slices and charges released"
+            );
+        }
+    }
+
+    /// Who a cgroup id is: `pod <uid>` for a pod's cgroup, else `cgroup <path under the
+    /// mount>` (`cgroup ?` when it is gone).
+    fn who(&self, cgroup_id: u64) -> String {
+        let Some(path) = vgpu_ebpf::find_cgroup(&self.cgroup2, cgroup_id)
+            .ok()
+            .flatten()
+        else {
+            return "cgroup ?".to_owned();
+        };
+        match vgpu_ebpf::attribution::pod_of_cgroup(&path.to_string_lossy()) {
+            Some(p) => format!("pod {}", p.pod_uid),
+            None => format!(
+                "cgroup /{}",
+                path.strip_prefix(&self.cgroup2).unwrap_or(&path).display()
+            ),
+        }
+    }
+
+    /// Opens refused and audited so far for `who` (see [`Enforcement::metrics`]).
+    pub fn opens_of(&self, who: &str) -> (u64, u64) {
+        lock(&self.per_pod)
+            .get(who)
+            .map_or((0, 0), |c| (c.refused, c.audited))
+    }
+
+    /// Prometheus text of the eBPF families (appended to `/metrics`).
+    pub fn metrics(&self) -> String {
+        use vgpu_core::prom::{Family, Kind};
+        let mode = mode_name(self.mode);
+        let mut attached = Family::new(
+            "vgpu_ebpf_program_attached",
+            Kind::Gauge,
+            "1 when the eBPF program is attached (with the gate's mode).",
+        );
+        for program in ["gpu_gate", "exit_watch"] {
+            attached.sample(&[("program", program), ("mode", mode)], 1.0);
+        }
+        let mut refused = Family::new(
+            "vgpu_ebpf_refused_opens_total",
+            Kind::Counter,
+            "GPU device opens the gate refused, by pod (or cgroup outside pods).",
+        );
+        let mut audited = Family::new(
+            "vgpu_ebpf_audited_opens_total",
+            Kind::Counter,
+            "GPU device opens the gate would refuse in enforce mode (audit), by pod (or cgroup outside pods).",
+        );
+        let mut pods: Vec<_> = lock(&self.per_pod)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        for (who, c) in &pods {
+            let (pod, cgroup) = match who.split_once(' ') {
+                Some(("pod", uid)) => (uid, ""),
+                Some((_, path)) => ("", path),
+                None => ("", who.as_str()),
+            };
+            let l = [("pod_uid", pod), ("cgroup", cgroup)];
+            refused.sample(&l, c.refused as f64);
+            audited.sample(&l, c.audited as f64);
+        }
+        let mut exits = Family::new(
+            "vgpu_ebpf_exit_events_total",
+            Kind::Counter,
+            "Process exits the kernel reported (registered or GPU-opening processes).",
+        );
+        exits.sample(&[], self.exits.load(Ordering::Relaxed) as f64);
+        let mut releases = Family::new(
+            "vgpu_ebpf_exit_releases_total",
+            Kind::Counter,
+            "Exits of registered processes whose slices and charges the exit event released.",
+        );
+        releases.sample(&[], self.exits_released.load(Ordering::Relaxed) as f64);
+        let mut lost = Family::new(
+            "vgpu_ebpf_events_lost_total",
+            Kind::Counter,
+            "Events dropped because a ring buffer was full.",
+        );
+        let counters = lock(&self.enforcer).counters().ok();
+        let (lost_gate, lost_exit) = counters.map_or((0, 0), |c| (c.lost, c.exit_lost));
+        lost.sample(&[("ring", "gate")], lost_gate as f64);
+        lost.sample(&[("ring", "exit")], lost_exit as f64);
+        let mut s = String::new();
+        for f in [&attached, &refused, &audited, &exits, &releases, &lost] {
+            f.write(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Enforcement {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for r in lock(&self.readers).drain(..) {
+            let _ = r.join();
+        }
+    }
+}
+
+fn spawn_reader(
+    name: &str,
+    mut reader: EventReader,
+    stop: Arc<AtomicBool>,
+    mut on_event: impl FnMut(Event) + Send + 'static,
+) -> Result<JoinHandle<()>, EnforcementError> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match reader.next_timeout(POLL) {
+                    Ok(Some(ev)) => on_event(ev),
+                    Ok(None) => {}
+                    Err(e) => {
+                        warn!("eBPF event reader stopped: {e}");
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|source| EnforcementError::Path {
+            what: "thread",
+            path: PathBuf::from(name),
+            source,
+        })
+}
+
+/// NVIDIA's majors from `/proc/devices` and the numbers of every `nvidia*` character
+/// node in `dev_dir`.
+fn gpu_devices(dev_dir: &Path) -> Result<Vec<GpuDevice>, EnforcementError> {
+    let proc_devices = read("/proc/devices", Path::new("/proc/devices"))?;
+    let mut devices = vgpu_ebpf::config::gpu_devices_from_proc_devices(&proc_devices);
+    let entries = std::fs::read_dir(dev_dir).map_err(|source| EnforcementError::Path {
+        what: "--ebpf-dev-dir",
+        path: dev_dir.to_owned(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("nvidia") {
+            continue;
+        }
+        if let Ok(d) = GpuDevice::from_node(&entry.path()) {
+            // A whole major already covers its minors.
+            let major = GpuDevice {
+                major: d.major,
+                minor: None,
+            };
+            if !devices.contains(&major) {
+                devices.push(major);
+            }
+        }
+    }
+    Ok(devices)
+}
+
+/// The daemon's own cgroup2 directory (`0::` line of `/proc/self/cgroup`).
+fn own_cgroup(cgroup2: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = cgroup2.join(rel.trim_start_matches('/'));
+    dir.is_dir().then_some(dir)
+}
+
+fn read(what: &'static str, path: &Path) -> Result<String, EnforcementError> {
+    std::fs::read_to_string(path).map_err(|source| EnforcementError::Path {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Off => "off",
+        Mode::Audit => "audit",
+        Mode::Enforce => "enforce",
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent (counters, a map insert).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
