@@ -125,10 +125,11 @@ pub fn driver_view(uuids: &[String]) -> Vec<String> {
 }
 
 /// The container's GPUs if the shim hides the others (a quota file), else None (also
-/// under `VGPU_ON_ERROR=unenforced` after an error: everything passes through).
-pub fn granted() -> Option<&'static [String]> {
-    // The configuration (which reads the quota file) runs at the first hook.
-    if crate::process::mode().passes_through() {
+/// when `passes_through`, the shim's mode under `VGPU_ON_ERROR=unenforced` after an
+/// error: everything passes through). The caller decides the mode first: that runs the
+/// configuration, which reads the quota file.
+pub fn granted(passes_through: bool) -> Option<&'static [String]> {
+    if passes_through {
         return None;
     }
     GRANTED.get().map(Vec::as_slice)
@@ -174,11 +175,12 @@ fn real_index(device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
     }
 }
 
-/// The container's GPUs against NVML's indices (None: nothing is hidden). Built from
-/// the real NVML once it answers for every granted GPU (the application has called
-/// `nvmlInit`), then kept: NVML's indices do not change while the driver is loaded.
-pub fn nvml_map() -> Result<Option<&'static DeviceMap>, nvmlReturn_t> {
-    let Some(granted) = granted() else {
+/// The container's GPUs against NVML's indices (None: nothing is hidden, as when
+/// `passes_through`, see [`granted`]). Built from the real NVML once it answers for
+/// every granted GPU (the application has called `nvmlInit`), then kept: NVML's indices
+/// do not change while the driver is loaded.
+pub fn nvml_map(passes_through: bool) -> Result<Option<&'static DeviceMap>, nvmlReturn_t> {
+    let Some(granted) = granted(passes_through) else {
         return Ok(None);
     };
     if let Some(m) = NVML_MAP.get() {
@@ -214,9 +216,12 @@ pub fn nvml_map() -> Result<Option<&'static DeviceMap>, nvmlReturn_t> {
 }
 
 /// Whether the container may see NVML device `device` (a GPU it was granted, or any
-/// when nothing is hidden).
-pub(crate) fn nvml_visible(device: nvmlDevice_t) -> Result<bool, nvmlReturn_t> {
-    match nvml_map()? {
+/// when nothing is hidden; `passes_through` as for [`nvml_map`]).
+pub(crate) fn nvml_visible(
+    device: nvmlDevice_t,
+    passes_through: bool,
+) -> Result<bool, nvmlReturn_t> {
+    match nvml_map(passes_through)? {
         None => Ok(true),
         Some(m) => Ok(m.virt(real_index(device)?).is_some()),
     }

@@ -23,7 +23,7 @@ use crate::devices;
 use crate::driver::{self, current_device};
 use crate::process::{self, Kind, array_bytes, enforced, enforcing, virtual_meminfo};
 use crate::real::{self, real};
-use crate::table::{Id, hook_addr};
+use crate::table::Id;
 
 thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
@@ -65,6 +65,17 @@ macro_rules! real_or {
         }
     };
 }
+
+/// Builds [`hook_addr`] from the rows of the table.
+macro_rules! hook_addrs {
+    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal;)*) => {
+        /// Address of the hook of row `id` (the exported function of the row's name).
+        pub fn hook_addr(id: Id) -> usize {
+            match id { $(Id::$id => $id as *const () as usize),* }
+        }
+    };
+}
+crate::table::rows!(hook_addrs);
 
 // ---- initialisation and entry-point resolution ------------------------------------
 
@@ -1380,6 +1391,12 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 
 // ---- NVML: the container's devices only (ADR 0014) ----------------------------------
 
+/// Whether the shim lets everything through (`VGPU_ON_ERROR=unenforced` after an error),
+/// so that NVML shows every device. Runs the configuration on first use.
+fn passes_through() -> bool {
+    process::mode().passes_through()
+}
+
 type NvmlCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 macro_rules! nvml_count_hook {
     ($name:ident) => {
@@ -1393,7 +1410,7 @@ macro_rules! nvml_count_hook {
                 if r != NVML_SUCCESS || deviceCount.is_null() {
                     return r;
                 }
-                match devices::nvml_map() {
+                match devices::nvml_map(passes_through()) {
                     Ok(None) => r,
                     Ok(Some(m)) => {
                         // SAFETY: the real NVML just wrote the non-null out-pointer.
@@ -1420,7 +1437,7 @@ macro_rules! nvml_by_index_hook {
             guard(
                 vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN,
                 call,
-                || match devices::nvml_map() {
+                || match devices::nvml_map(passes_through()) {
                     Ok(None) => call(),
                     Ok(Some(m)) => match m
                         .real(index as usize)
@@ -1460,7 +1477,7 @@ macro_rules! nvml_by_key_hook {
                 }
                 // SAFETY: the real NVML just wrote the non-null out-pointer.
                 let h = unsafe { *device };
-                match devices::nvml_visible(h) {
+                match devices::nvml_visible(h, passes_through()) {
                     Ok(true) => r,
                     Ok(false) => {
                         // SAFETY: as above.
@@ -1492,7 +1509,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
         if r != NVML_SUCCESS || index.is_null() {
             return r;
         }
-        match devices::nvml_map() {
+        match devices::nvml_map(passes_through()) {
             Ok(None) => r,
             Ok(Some(m)) => {
                 // SAFETY: the real NVML just wrote the non-null out-pointer.

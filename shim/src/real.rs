@@ -6,7 +6,7 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::table::{IDS, Id, Lib, TABLE, entry, hook_addr};
+use crate::table::{IDS, Id, Lib, TABLE, entry};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
@@ -80,6 +80,29 @@ impl RealLib {
     }
 }
 
+/// The base address of the loaded object (executable or shared library) that holds
+/// `addr`, if any.
+fn object_base(addr: usize) -> Option<usize> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads the loader's tables and writes the `Dl_info` it is
+    // given, which is valid for writes.
+    let found = unsafe { libc::dladdr(addr as *const c_void, info.as_mut_ptr()) };
+    if found == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so it filled the structure (all-zero was valid anyway:
+    // it holds only pointers).
+    let info = unsafe { info.assume_init() };
+    Some(info.dli_fbase as usize)
+}
+
+/// Whether `addr` lies in this library (libvgpu) itself: a "real" library that resolves
+/// an entry point there resolves to our hook.
+fn in_this_library(addr: usize) -> bool {
+    let ours = object_base(in_this_library as *const () as usize);
+    ours.is_some() && object_base(addr) == ours
+}
+
 fn load(lib: Lib, name: &str) -> Result<RealLib, String> {
     let cname = CString::new(name).map_err(|_| format!("library name {name:?} contains NUL"))?;
     // SAFETY: dlopen with a NUL-terminated name; the library's initializers run as for
@@ -108,7 +131,7 @@ fn load(lib: Lib, name: &str) -> Result<RealLib, String> {
         };
         // SAFETY: a handle from dlopen and a NUL-terminated name.
         let p = unsafe { real_dlsym(handle, sym.as_ptr()) } as usize;
-        if p != 0 && p == hook_addr(IDS[i]) {
+        if p != 0 && in_this_library(p) {
             return Err(format!(
                 "{name} resolves to libvgpu itself (set VGPU_REAL_LIBCUDA/VGPU_REAL_LIBNVML to the real library)"
             ));

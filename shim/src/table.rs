@@ -1,11 +1,15 @@
 //! The one table of intercepted entry points. It drives all three routes: each row is an
-//! exported hook of the same name ([`crate::hooks`]), the `dlsym` hook returns that hook
-//! for the row's symbol, and the `cuGetProcAddress` hook returns it when the driver
-//! resolved a request to the row's real function (so the requested version and the
-//! per-thread-stream flag are decided exactly as the driver decides them).
+//! exported hook of the same name, the `dlsym` hook returns that hook for the row's
+//! symbol, and the `cuGetProcAddress` hook returns it when the driver resolved a request
+//! to the row's real function (so the requested version and the per-thread-stream flag
+//! are decided exactly as the driver decides them).
 //!
 //! Columns: exported symbol, library, base name as `cuGetProcAddress` knows it, the CUDA
 //! version that introduced this ABI, whether it is the per-thread-default-stream variant.
+//!
+//! The rows are written once, in the `rows!` macro; this file builds the table from them, and the
+//! hooks layer builds its map from a row to its hook from the same rows (the table knows
+//! nothing above it).
 
 /// Which real library a row belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,89 +54,93 @@ macro_rules! table {
 
         /// Every row's id, in table order.
         pub const IDS: &[Id] = &[$(Id::$id),*];
-
-        /// Address of the hook of row `id`.
-        pub fn hook_addr(id: Id) -> usize {
-            match id { $(Id::$id => crate::hooks::$id as *const () as usize),* }
-        }
     };
 }
 
-table! {
-    cuInit: Cuda "cuInit" 2000 false;
-    cuGetProcAddress: Cuda "cuGetProcAddress" 11030 false;
-    cuGetProcAddress_v2: Cuda "cuGetProcAddress" 12000 false;
-    cuMemGetInfo_v2: Cuda "cuMemGetInfo" 3020 false;
-    cuDeviceTotalMem_v2: Cuda "cuDeviceTotalMem" 3020 false;
-    cuMemAlloc_v2: Cuda "cuMemAlloc" 3020 false;
-    cuMemAllocPitch_v2: Cuda "cuMemAllocPitch" 3020 false;
-    cuMemAllocManaged: Cuda "cuMemAllocManaged" 6000 false;
-    cuMemFree_v2: Cuda "cuMemFree" 3020 false;
-    cuMemAllocAsync: Cuda "cuMemAllocAsync" 11020 false;
-    cuMemAllocAsync_ptsz: Cuda "cuMemAllocAsync" 11020 true;
-    cuMemAllocFromPoolAsync: Cuda "cuMemAllocFromPoolAsync" 11020 false;
-    cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true;
-    cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false;
-    cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true;
-    cuMemPoolCreate: Cuda "cuMemPoolCreate" 11020 false;
-    cuMemPoolDestroy: Cuda "cuMemPoolDestroy" 11020 false;
-    cuMemPoolTrimTo: Cuda "cuMemPoolTrimTo" 11020 false;
-    cuMemPoolSetAttribute: Cuda "cuMemPoolSetAttribute" 11020 false;
-    cuStreamSynchronize: Cuda "cuStreamSynchronize" 2000 false;
-    cuStreamSynchronize_ptsz: Cuda "cuStreamSynchronize" 7000 true;
-    cuEventSynchronize: Cuda "cuEventSynchronize" 2000 false;
-    cuCtxSynchronize: Cuda "cuCtxSynchronize" 2000 false;
-    cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false;
-    cuMemCreate: Cuda "cuMemCreate" 10020 false;
-    cuMemRelease: Cuda "cuMemRelease" 10020 false;
-    cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false;
-    cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false;
-    cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false;
-    cuMipmappedArrayCreate: Cuda "cuMipmappedArrayCreate" 5000 false;
-    cuMipmappedArrayDestroy: Cuda "cuMipmappedArrayDestroy" 5000 false;
-    cuDevicePrimaryCtxRetain: Cuda "cuDevicePrimaryCtxRetain" 7000 false;
-    cuDevicePrimaryCtxRelease: Cuda "cuDevicePrimaryCtxRelease" 7000 false;
-    cuDevicePrimaryCtxRelease_v2: Cuda "cuDevicePrimaryCtxRelease" 11000 false;
-    cuDevicePrimaryCtxReset: Cuda "cuDevicePrimaryCtxReset" 7000 false;
-    cuDevicePrimaryCtxReset_v2: Cuda "cuDevicePrimaryCtxReset" 11000 false;
-    cuCtxCreate_v2: Cuda "cuCtxCreate" 3020 false;
-    cuCtxCreate_v3: Cuda "cuCtxCreate" 11040 false;
-    cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false;
-    cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false;
-    cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false;
-    cuLaunchKernel: Cuda "cuLaunchKernel" 4000 false;
-    cuLaunchKernel_ptsz: Cuda "cuLaunchKernel" 7000 true;
-    cuLaunchKernelEx: Cuda "cuLaunchKernelEx" 11060 false;
-    cuLaunchKernelEx_ptsz: Cuda "cuLaunchKernelEx" 11060 true;
-    cuLaunchCooperativeKernel: Cuda "cuLaunchCooperativeKernel" 9000 false;
-    cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true;
-    cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false;
-    cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true;
-    nvmlInit: Nvml "nvmlInit" 0 false;
-    nvmlInit_v2: Nvml "nvmlInit_v2" 0 false;
-    nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false;
-    nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
-    nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
-    nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;
-    nvmlDeviceGetComputeRunningProcesses_v2: Nvml "nvmlDeviceGetComputeRunningProcesses_v2" 0 false;
-    nvmlDeviceGetComputeRunningProcesses_v3: Nvml "nvmlDeviceGetComputeRunningProcesses_v3" 0 false;
-    nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false;
-    nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false;
-    nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false;
-    nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
-    nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
-    nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
-    nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
-    nvmlDeviceGetCount: Nvml "nvmlDeviceGetCount" 0 false;
-    nvmlDeviceGetCount_v2: Nvml "nvmlDeviceGetCount_v2" 0 false;
-    nvmlDeviceGetHandleByIndex: Nvml "nvmlDeviceGetHandleByIndex" 0 false;
-    nvmlDeviceGetHandleByIndex_v2: Nvml "nvmlDeviceGetHandleByIndex_v2" 0 false;
-    nvmlDeviceGetHandleByUUID: Nvml "nvmlDeviceGetHandleByUUID" 0 false;
-    nvmlDeviceGetHandleByPciBusId: Nvml "nvmlDeviceGetHandleByPciBusId" 0 false;
-    nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false;
-    nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false;
-    nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false;
+/// Calls the macro `$then` with every row of the table, in order, as
+/// `id: Lib "base" since per_thread;`.
+macro_rules! rows {
+    ($then:ident) => {
+        $then! {
+            cuInit: Cuda "cuInit" 2000 false;
+            cuGetProcAddress: Cuda "cuGetProcAddress" 11030 false;
+            cuGetProcAddress_v2: Cuda "cuGetProcAddress" 12000 false;
+            cuMemGetInfo_v2: Cuda "cuMemGetInfo" 3020 false;
+            cuDeviceTotalMem_v2: Cuda "cuDeviceTotalMem" 3020 false;
+            cuMemAlloc_v2: Cuda "cuMemAlloc" 3020 false;
+            cuMemAllocPitch_v2: Cuda "cuMemAllocPitch" 3020 false;
+            cuMemAllocManaged: Cuda "cuMemAllocManaged" 6000 false;
+            cuMemFree_v2: Cuda "cuMemFree" 3020 false;
+            cuMemAllocAsync: Cuda "cuMemAllocAsync" 11020 false;
+            cuMemAllocAsync_ptsz: Cuda "cuMemAllocAsync" 11020 true;
+            cuMemAllocFromPoolAsync: Cuda "cuMemAllocFromPoolAsync" 11020 false;
+            cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true;
+            cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false;
+            cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true;
+            cuMemPoolCreate: Cuda "cuMemPoolCreate" 11020 false;
+            cuMemPoolDestroy: Cuda "cuMemPoolDestroy" 11020 false;
+            cuMemPoolTrimTo: Cuda "cuMemPoolTrimTo" 11020 false;
+            cuMemPoolSetAttribute: Cuda "cuMemPoolSetAttribute" 11020 false;
+            cuStreamSynchronize: Cuda "cuStreamSynchronize" 2000 false;
+            cuStreamSynchronize_ptsz: Cuda "cuStreamSynchronize" 7000 true;
+            cuEventSynchronize: Cuda "cuEventSynchronize" 2000 false;
+            cuCtxSynchronize: Cuda "cuCtxSynchronize" 2000 false;
+            cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false;
+            cuMemCreate: Cuda "cuMemCreate" 10020 false;
+            cuMemRelease: Cuda "cuMemRelease" 10020 false;
+            cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false;
+            cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false;
+            cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false;
+            cuMipmappedArrayCreate: Cuda "cuMipmappedArrayCreate" 5000 false;
+            cuMipmappedArrayDestroy: Cuda "cuMipmappedArrayDestroy" 5000 false;
+            cuDevicePrimaryCtxRetain: Cuda "cuDevicePrimaryCtxRetain" 7000 false;
+            cuDevicePrimaryCtxRelease: Cuda "cuDevicePrimaryCtxRelease" 7000 false;
+            cuDevicePrimaryCtxRelease_v2: Cuda "cuDevicePrimaryCtxRelease" 11000 false;
+            cuDevicePrimaryCtxReset: Cuda "cuDevicePrimaryCtxReset" 7000 false;
+            cuDevicePrimaryCtxReset_v2: Cuda "cuDevicePrimaryCtxReset" 11000 false;
+            cuCtxCreate_v2: Cuda "cuCtxCreate" 3020 false;
+            cuCtxCreate_v3: Cuda "cuCtxCreate" 11040 false;
+            cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false;
+            cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false;
+            cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false;
+            cuLaunchKernel: Cuda "cuLaunchKernel" 4000 false;
+            cuLaunchKernel_ptsz: Cuda "cuLaunchKernel" 7000 true;
+            cuLaunchKernelEx: Cuda "cuLaunchKernelEx" 11060 false;
+            cuLaunchKernelEx_ptsz: Cuda "cuLaunchKernelEx" 11060 true;
+            cuLaunchCooperativeKernel: Cuda "cuLaunchCooperativeKernel" 9000 false;
+            cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true;
+            cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false;
+            cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true;
+            nvmlInit: Nvml "nvmlInit" 0 false;
+            nvmlInit_v2: Nvml "nvmlInit_v2" 0 false;
+            nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false;
+            nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
+            nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
+            nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;
+            nvmlDeviceGetComputeRunningProcesses_v2: Nvml "nvmlDeviceGetComputeRunningProcesses_v2" 0 false;
+            nvmlDeviceGetComputeRunningProcesses_v3: Nvml "nvmlDeviceGetComputeRunningProcesses_v3" 0 false;
+            nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false;
+            nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false;
+            nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false;
+            nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
+            nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
+            nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
+            nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
+            nvmlDeviceGetCount: Nvml "nvmlDeviceGetCount" 0 false;
+            nvmlDeviceGetCount_v2: Nvml "nvmlDeviceGetCount_v2" 0 false;
+            nvmlDeviceGetHandleByIndex: Nvml "nvmlDeviceGetHandleByIndex" 0 false;
+            nvmlDeviceGetHandleByIndex_v2: Nvml "nvmlDeviceGetHandleByIndex_v2" 0 false;
+            nvmlDeviceGetHandleByUUID: Nvml "nvmlDeviceGetHandleByUUID" 0 false;
+            nvmlDeviceGetHandleByPciBusId: Nvml "nvmlDeviceGetHandleByPciBusId" 0 false;
+            nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false;
+            nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false;
+            nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false;
+        }
+    };
 }
+pub(crate) use rows;
+
+rows!(table);
 
 /// The row whose exported symbol is `name`.
 pub fn find(name: &[u8]) -> Option<Id> {
