@@ -10,4 +10,5 @@
 #![allow(non_camel_case_types, non_snake_case)]
 
 pub mod cuda;
+pub mod fns;
 pub mod nvml;

@@ -18,6 +18,9 @@ use std::sync::OnceLock;
 
 use vgpu_core::container_quota::{ContainerQuota, same_gpu};
 use vgpu_core::visible::{CUDA_VISIBLE_DEVICES, DeviceMap, container_selection, visible_value};
+use vgpu_cuda_abi::fns::{
+    PFN_nvmlDeviceGetHandleByUUID, PFN_nvmlDeviceGetIndex, PFN_nvmlDeviceGetUUID,
+};
 use vgpu_cuda_abi::nvml::{
     NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_FOUND, NVML_SUCCESS, nvmlDevice_t, nvmlReturn_t,
 };
@@ -135,10 +138,6 @@ pub fn granted(passes_through: bool) -> Option<&'static [String]> {
     GRANTED.get().map(Vec::as_slice)
 }
 
-type NvmlUuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
-type NvmlByKey = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
-type NvmlIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
-
 /// The UUID of an NVML handle, from the real NVML.
 pub(crate) fn handle_uuid(device: nvmlDevice_t) -> Result<String, nvmlReturn_t> {
     static P: OnceLock<usize> = OnceLock::new();
@@ -147,7 +146,7 @@ pub(crate) fn handle_uuid(device: nvmlDevice_t) -> Result<String, nvmlReturn_t> 
         return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
     }
     // SAFETY: `p` is the real nvmlDeviceGetUUID(nvmlDevice_t, char*, unsigned int).
-    let f = unsafe { std::mem::transmute::<usize, NvmlUuid>(p) };
+    let f = unsafe { std::mem::transmute::<usize, PFN_nvmlDeviceGetUUID>(p) };
     let mut buf = [0 as c_char; 96];
     // SAFETY: a handle the caller got from NVML and a buffer of the stated length.
     let r = unsafe { f(device, buf.as_mut_ptr(), buf.len() as c_uint) };
@@ -163,7 +162,7 @@ pub(crate) fn handle_uuid(device: nvmlDevice_t) -> Result<String, nvmlReturn_t> 
 /// NVML's index of a handle, from the real NVML.
 fn real_index(device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
     // SAFETY: the C signature of nvmlDeviceGetIndex.
-    let f = unsafe { real::<NvmlIndex>(Id::nvmlDeviceGetIndex) }
+    let f = unsafe { real::<PFN_nvmlDeviceGetIndex>(Id::nvmlDeviceGetIndex) }
         .ok_or(NVML_ERROR_FUNCTION_NOT_FOUND)?;
     let mut i: c_uint = 0;
     // SAFETY: a handle NVML gave and a valid out-pointer.
@@ -187,7 +186,7 @@ pub fn nvml_map(passes_through: bool) -> Result<Option<&'static DeviceMap>, nvml
         return Ok(Some(m));
     }
     // SAFETY: the C signature of nvmlDeviceGetHandleByUUID.
-    let by_uuid = unsafe { real::<NvmlByKey>(Id::nvmlDeviceGetHandleByUUID) }
+    let by_uuid = unsafe { real::<PFN_nvmlDeviceGetHandleByUUID>(Id::nvmlDeviceGetHandleByUUID) }
         .ok_or(NVML_ERROR_FUNCTION_NOT_FOUND)?;
     let mut real_uuids: Vec<(usize, String)> = Vec::new();
     for g in granted {

@@ -4,10 +4,11 @@
 //! context synchronisation. Each function is resolved by name from the real library
 //! once ([`crate::real`]), never through the hooks, and no lock is held while it runs.
 
-use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_int};
 use std::sync::OnceLock;
 
 use vgpu_cuda_abi::cuda::*;
+use vgpu_cuda_abi::fns::*;
 
 use crate::real;
 
@@ -24,8 +25,7 @@ pub(crate) fn current_device() -> Option<usize> {
         return None;
     }
     // SAFETY: `p` is the real cuCtxGetDevice(CUdevice*).
-    let f =
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUdevice) -> CUresult>(p) };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuCtxGetDevice>(p) };
     let mut d: CUdevice = -1;
     // SAFETY: a valid out-pointer.
     let r = unsafe { f(&mut d) };
@@ -42,9 +42,7 @@ pub(crate) fn current_context() -> usize {
         return 0;
     }
     // SAFETY: `p` is the real cuCtxGetCurrent(CUcontext*).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(p)
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuCtxGetCurrent>(p) };
     let mut c: CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
     if unsafe { f(&mut c) } == CUDA_SUCCESS {
@@ -63,12 +61,7 @@ pub(crate) fn granularity(dev: usize) -> Option<u64> {
     }
     // SAFETY: `p` is the real cuMemGetAllocationGranularity(size_t*, const
     // CUmemAllocationProp*, CUmemAllocationGranularity_flags).
-    let f = unsafe {
-        std::mem::transmute::<
-            usize,
-            unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult,
-        >(p)
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuMemGetAllocationGranularity>(p) };
     let prop = CUmemAllocationProp {
         type_: CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: 0,
@@ -94,12 +87,7 @@ pub(crate) fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
     }
     // SAFETY: `p` is the real cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute,
     // void*).
-    let f = unsafe {
-        std::mem::transmute::<
-            usize,
-            unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult,
-        >(p)
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuMemPoolGetAttribute>(p) };
     let mut v = 0u64;
     // SAFETY: the reserved/used attributes are cuuint64_t, written to a valid u64.
     let r = unsafe { f(pool as CUmemoryPool, attr, (&raw mut v).cast()) };
@@ -115,11 +103,7 @@ pub(crate) fn current_pool(dev: usize) -> Option<u64> {
         return None;
     }
     // SAFETY: `p` is the real cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>(
-            p,
-        )
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuDeviceGetMemPool>(p) };
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: a valid out-pointer and a device ordinal.
     let r = unsafe { f(&mut pool, CUdevice::try_from(dev).ok()?) };
@@ -140,16 +124,11 @@ pub(crate) fn device_uuids() -> Result<Vec<String>, String> {
         return Err("the real driver lacks cuInit, cuDeviceGetCount or cuDeviceGetUuid".into());
     }
     // SAFETY: `init` is the real cuInit(unsigned int).
-    let init =
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> CUresult>(init) };
+    let init = unsafe { std::mem::transmute::<usize, PFN_cuInit>(init) };
     // SAFETY: `count` is the real cuDeviceGetCount(int*).
-    let count = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_int) -> CUresult>(count)
-    };
+    let count = unsafe { std::mem::transmute::<usize, PFN_cuDeviceGetCount>(count) };
     // SAFETY: `uuid` is the real cuDeviceGetUuid(_v2)(CUuuid*, CUdevice).
-    let uuid = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult>(uuid)
-    };
+    let uuid = unsafe { std::mem::transmute::<usize, PFN_cuDeviceGetUuid>(uuid) };
     // SAFETY: plain flags argument.
     let r = unsafe { init(0) };
     if r != CUDA_SUCCESS {
@@ -202,9 +181,9 @@ pub(crate) fn sync_context(ctx: usize) {
     // and cuCtxSynchronize(void).
     let (push, pop, sync) = unsafe {
         (
-            std::mem::transmute::<usize, unsafe extern "C" fn(CUcontext) -> CUresult>(push),
-            std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUcontext) -> CUresult>(pop),
-            std::mem::transmute::<usize, unsafe extern "C" fn() -> CUresult>(sync),
+            std::mem::transmute::<usize, PFN_cuCtxPushCurrent_v2>(push),
+            std::mem::transmute::<usize, PFN_cuCtxPopCurrent_v2>(pop),
+            std::mem::transmute::<usize, PFN_cuCtxSynchronize>(sync),
         )
     };
     // SAFETY: `ctx` is a live context of this process (the caller holds the context
@@ -226,9 +205,7 @@ pub(crate) fn create_event() -> Option<usize> {
         return None;
     }
     // SAFETY: `p` is the real cuEventCreate(CUevent*, unsigned int).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult>(p)
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuEventCreate>(p) };
     let mut e: CUevent = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; 2 = CU_EVENT_DISABLE_TIMING.
     let r = unsafe { f(&mut e, 2) };
@@ -243,9 +220,7 @@ pub(crate) fn record_event(event: usize, stream: usize) -> bool {
         return false;
     }
     // SAFETY: `p` is the real cuEventRecord(CUevent, CUstream).
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(CUevent, CUstream) -> CUresult>(p)
-    };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuEventRecord>(p) };
     // SAFETY: an event this shim created in the current context, and the stream the
     // application launched on.
     unsafe { f(event as CUevent, stream as CUstream) == CUDA_SUCCESS }
@@ -259,7 +234,7 @@ pub(crate) fn event_done(event: usize) -> bool {
         return true;
     }
     // SAFETY: `p` is the real cuEventQuery(CUevent).
-    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUevent) -> CUresult>(p) };
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuEventQuery>(p) };
     // SAFETY: an event of a live context (the caller holds the context lock).
     unsafe { f(event as CUevent) != CUDA_ERROR_NOT_READY }
 }

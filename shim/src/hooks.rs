@@ -12,10 +12,12 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 use vgpu_cuda_abi::cuda::*;
+use vgpu_cuda_abi::fns;
 use vgpu_cuda_abi::nvml::{
     NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t,
+    nvmlReturn_t,
 };
 
 use crate::accounting;
@@ -66,23 +68,25 @@ macro_rules! real_or {
     };
 }
 
-/// Builds [`hook_addr`] from the rows of the table.
+/// Builds [`hook_addr`] from the rows of the table, and checks at compile time that each
+/// hook has its row's C signature (the type of `vgpu_cuda_abi::fns` that the simulated
+/// driver's exports are checked against too).
 macro_rules! hook_addrs {
-    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal;)*) => {
+    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal $pfn:ident;)*) => {
         /// Address of the hook of row `id` (the exported function of the row's name).
         pub fn hook_addr(id: Id) -> usize {
             match id { $(Id::$id => $id as *const () as usize),* }
         }
+        $(const _: fns::$pfn = $id;)*
     };
 }
 crate::table::rows!(hook_addrs);
 
 // ---- initialisation and entry-point resolution ------------------------------------
 
-type CuInit = unsafe extern "C" fn(c_uint) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    let f = real_or!(cuInit, CuInit, CUDA_ERROR_NO_DEVICE);
+    let f = real_or!(cuInit, fns::PFN_cuInit, CUDA_ERROR_NO_DEVICE);
     // SAFETY: forwarding the caller's arguments to the real function.
     let call = || unsafe { f(flags) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -92,13 +96,12 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
-type NvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
 macro_rules! nvml_init_hook {
     ($name:ident) => {
         /// Admits the process through the node's device gate, then initialises NVML.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name() -> nvmlReturn_t {
-            let f = real_or!($name, NvmlInit, NVML_ERROR_LIBRARY_NOT_FOUND);
+            let f = real_or!($name, fns::PFN_nvmlInit_v2, NVML_ERROR_LIBRARY_NOT_FOUND);
             // SAFETY: forwarding to the real function (no arguments).
             let call = || unsafe { f() };
             guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
@@ -111,13 +114,12 @@ macro_rules! nvml_init_hook {
 nvml_init_hook!(nvmlInit);
 nvml_init_hook!(nvmlInit_v2);
 
-type NvmlInitWithFlags = unsafe extern "C" fn(c_uint) -> nvmlReturn_t;
 /// Admits the process through the node's device gate, then initialises NVML.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
     let f = real_or!(
         nvmlInitWithFlags,
-        NvmlInitWithFlags,
+        fns::PFN_nvmlInitWithFlags,
         NVML_ERROR_LIBRARY_NOT_FOUND
     );
     // SAFETY: forwarding the caller's argument.
@@ -161,7 +163,6 @@ unsafe fn map_proc(symbol: *const c_char, pfn: *mut *mut c_void) {
     }
 }
 
-type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
@@ -169,7 +170,11 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cudaVersion: c_int,
     flags: u64,
 ) -> CUresult {
-    let f = real_or!(cuGetProcAddress, GetProc, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuGetProcAddress,
+        fns::PFN_cuGetProcAddress,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(symbol, pfn, cudaVersion, flags) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -182,8 +187,6 @@ pub unsafe extern "C" fn cuGetProcAddress(
     })
 }
 
-type GetProcV2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
@@ -192,7 +195,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     symbolStatus: *mut c_int,
 ) -> CUresult {
-    let f = real_or!(cuGetProcAddress_v2, GetProcV2, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuGetProcAddress_v2,
+        fns::PFN_cuGetProcAddress_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(symbol, pfn, cudaVersion, flags, symbolStatus) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -207,10 +214,13 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 
 // ---- the container's view of memory -------------------------------------------------
 
-type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let f = real_or!(cuMemGetInfo_v2, MemGetInfo, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemGetInfo_v2,
+        fns::PFN_cuMemGetInfo_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(free, total) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -239,12 +249,11 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
-type DeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDeviceTotalMem_v2,
-        DeviceTotalMem,
+        fns::PFN_cuDeviceTotalMem_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -266,10 +275,13 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 
 // ---- allocations -------------------------------------------------------------------
 
-type MemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    let f = real_or!(cuMemAlloc_v2, MemAlloc, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemAlloc_v2,
+        fns::PFN_cuMemAlloc_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, bytesize) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -287,7 +299,6 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
     })
 }
 
-type MemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
@@ -296,7 +307,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CUresult {
     let f = real_or!(
         cuMemAllocManaged,
-        MemAllocManaged,
+        fns::PFN_cuMemAllocManaged,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -316,8 +327,6 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     })
 }
 
-type MemAllocPitch =
-    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CUdeviceptr,
@@ -328,7 +337,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CUresult {
     let f = real_or!(
         cuMemAllocPitch_v2,
-        MemAllocPitch,
+        fns::PFN_cuMemAllocPitch_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -351,10 +360,13 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
-type MemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    let f = real_or!(cuMemFree_v2, MemFree, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemFree_v2,
+        fns::PFN_cuMemFree_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr) };
     // A re-entered free (from the pitch hook's rollback) must still uncharge.
@@ -362,16 +374,14 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, body, body)
 }
 
-type MemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-type MemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 /// A stream-ordered allocation from the device's current pool.
 ///
 /// # Safety
 /// `f` is the real function and `free` the real `cuMemFreeAsync` of the same
 /// per-thread-stream variant; the other arguments are the caller's, per the CUDA API.
 unsafe fn alloc_async(
-    f: MemAllocAsync,
-    free: Option<MemFreeAsync>,
+    f: fns::PFN_cuMemAllocAsync,
+    free: Option<fns::PFN_cuMemFreeAsync>,
     dptr: *mut CUdeviceptr,
     n: usize,
     s: CUstream,
@@ -405,9 +415,13 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     hStream: CUstream,
 ) -> CUresult {
-    let f = real_or!(cuMemAllocAsync, MemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemAllocAsync,
+        fns::PFN_cuMemAllocAsync,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: the C signature of cuMemFreeAsync.
-    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync) };
+    let free = unsafe { real::<fns::PFN_cuMemFreeAsync>(Id::cuMemFreeAsync) };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { alloc_async(f, free, dptr, bytesize, hStream) }
 }
@@ -419,25 +433,23 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     let f = real_or!(
         cuMemAllocAsync_ptsz,
-        MemAllocAsync,
+        fns::PFN_cuMemAllocAsync,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the C signature of cuMemFreeAsync_ptsz.
-    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
+    let free = unsafe { real::<fns::PFN_cuMemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { alloc_async(f, free, dptr, bytesize, hStream) }
 }
 
-type MemAllocPool =
-    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
 /// An allocation from a pool.
 ///
 /// # Safety
 /// `f` is the real function and `free` the real `cuMemFreeAsync` of the same
 /// per-thread-stream variant; the other arguments are the caller's, per the CUDA API.
 unsafe fn alloc_pool(
-    f: MemAllocPool,
-    free: Option<MemFreeAsync>,
+    f: fns::PFN_cuMemAllocFromPoolAsync,
+    free: Option<fns::PFN_cuMemFreeAsync>,
     dptr: *mut CUdeviceptr,
     n: usize,
     pool: CUmemoryPool,
@@ -470,11 +482,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     let f = real_or!(
         cuMemAllocFromPoolAsync,
-        MemAllocPool,
+        fns::PFN_cuMemAllocFromPoolAsync,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the C signature of cuMemFreeAsync.
-    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync) };
+    let free = unsafe { real::<fns::PFN_cuMemFreeAsync>(Id::cuMemFreeAsync) };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { alloc_pool(f, free, dptr, bytesize, pool, hStream) }
 }
@@ -487,18 +499,22 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CUresult {
     let f = real_or!(
         cuMemAllocFromPoolAsync_ptsz,
-        MemAllocPool,
+        fns::PFN_cuMemAllocFromPoolAsync,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the C signature of cuMemFreeAsync_ptsz.
-    let free = unsafe { real::<MemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
+    let free = unsafe { real::<fns::PFN_cuMemFreeAsync>(Id::cuMemFreeAsync_ptsz) };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { alloc_pool(f, free, dptr, bytesize, pool, hStream) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
-    let f = real_or!(cuMemFreeAsync, MemFreeAsync, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemFreeAsync,
+        fns::PFN_cuMemFreeAsync,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -509,7 +525,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     let f = real_or!(
         cuMemFreeAsync_ptsz,
-        MemFreeAsync,
+        fns::PFN_cuMemFreeAsync,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -521,13 +537,16 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstrea
 
 // ---- memory pools and synchronisation: where the driver releases pool memory ----------
 
-type MemPoolCreate = unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,
     poolProps: *const CUmemPoolProps,
 ) -> CUresult {
-    let f = real_or!(cuMemPoolCreate, MemPoolCreate, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemPoolCreate,
+        fns::PFN_cuMemPoolCreate,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool, poolProps) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -546,10 +565,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     })
 }
 
-type MemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    let f = real_or!(cuMemPoolDestroy, MemPoolDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemPoolDestroy,
+        fns::PFN_cuMemPoolDestroy,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -557,10 +579,13 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     })
 }
 
-type MemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
-    let f = real_or!(cuMemPoolTrimTo, MemPoolTrimTo, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemPoolTrimTo,
+        fns::PFN_cuMemPoolTrimTo,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool, minBytesToKeep) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -574,7 +599,6 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
     })
 }
 
-type MemPoolSetAttribute = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolSetAttribute(
     pool: CUmemoryPool,
@@ -583,7 +607,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 ) -> CUresult {
     let f = real_or!(
         cuMemPoolSetAttribute,
-        MemPoolSetAttribute,
+        fns::PFN_cuMemPoolSetAttribute,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -601,12 +625,11 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     })
 }
 
-type StreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
     let f = real_or!(
         cuStreamSynchronize,
-        StreamSynchronize,
+        fns::PFN_cuStreamSynchronize,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -621,7 +644,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
 pub unsafe extern "C" fn cuStreamSynchronize_ptsz(hStream: CUstream) -> CUresult {
     let f = real_or!(
         cuStreamSynchronize_ptsz,
-        StreamSynchronize,
+        fns::PFN_cuStreamSynchronize,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -633,12 +656,11 @@ pub unsafe extern "C" fn cuStreamSynchronize_ptsz(hStream: CUstream) -> CUresult
     })
 }
 
-type EventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     let f = real_or!(
         cuEventSynchronize,
-        EventSynchronize,
+        fns::PFN_cuEventSynchronize,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -650,10 +672,13 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     })
 }
 
-type CtxSynchronize = unsafe extern "C" fn() -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
-    let f = real_or!(cuCtxSynchronize, CtxSynchronize, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxSynchronize,
+        fns::PFN_cuCtxSynchronize,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: no arguments.
     let call = || unsafe { f() };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -663,12 +688,11 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     })
 }
 
-type CtxSynchronizeV2 = unsafe extern "C" fn(CUcontext) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     let f = real_or!(
         cuCtxSynchronize_v2,
-        CtxSynchronizeV2,
+        fns::PFN_cuCtxSynchronize_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -682,12 +706,6 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     })
 }
 
-type MemCreate = unsafe extern "C" fn(
-    *mut CUmemGenericAllocationHandle,
-    usize,
-    *const CUmemAllocationProp,
-    u64,
-) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemCreate(
     handle: *mut CUmemGenericAllocationHandle,
@@ -695,7 +713,11 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let f = real_or!(cuMemCreate, MemCreate, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemCreate,
+        fns::PFN_cuMemCreate,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle, size, prop, flags) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -715,10 +737,13 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
-type MemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    let f = real_or!(cuMemRelease, MemRelease, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuMemRelease,
+        fns::PFN_cuMemRelease,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -726,13 +751,16 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     })
 }
 
-type ArrayCreate = unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(
     pHandle: *mut CUarray,
     pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> CUresult {
-    let f = real_or!(cuArrayCreate_v2, ArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuArrayCreate_v2,
+        fns::PFN_cuArrayCreate_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pHandle, pAllocateArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -756,7 +784,6 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     })
 }
 
-type Array3DCreate = unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArray3DCreate_v2(
     pHandle: *mut CUarray,
@@ -764,7 +791,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 ) -> CUresult {
     let f = real_or!(
         cuArray3DCreate_v2,
-        Array3DCreate,
+        fns::PFN_cuArray3DCreate_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -791,10 +818,13 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     })
 }
 
-type ArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
-    let f = real_or!(cuArrayDestroy, ArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuArrayDestroy,
+        fns::PFN_cuArrayDestroy,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hArray) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -802,8 +832,6 @@ pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
     })
 }
 
-type MipmapCreate =
-    unsafe extern "C" fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(
     pHandle: *mut CUmipmappedArray,
@@ -812,7 +840,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 ) -> CUresult {
     let f = real_or!(
         cuMipmappedArrayCreate,
-        MipmapCreate,
+        fns::PFN_cuMipmappedArrayCreate,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -844,12 +872,11 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     })
 }
 
-type MipmapDestroy = unsafe extern "C" fn(CUmipmappedArray) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) -> CUresult {
     let f = real_or!(
         cuMipmappedArrayDestroy,
-        MipmapDestroy,
+        fns::PFN_cuMipmappedArrayDestroy,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -861,12 +888,11 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
 
 // ---- contexts ------------------------------------------------------------------------
 
-type PrimaryRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDevicePrimaryCtxRetain,
-        PrimaryRetain,
+        fns::PFN_cuDevicePrimaryCtxRetain,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: forwarding the caller's arguments.
@@ -883,12 +909,15 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     })
 }
 
-type PrimaryRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
 /// A primary-context release or reset, and its accounting.
 ///
 /// # Safety
 /// `f` is the real release or reset function.
-unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUresult {
+unsafe fn primary_release(
+    f: fns::PFN_cuDevicePrimaryCtxRelease_v2,
+    dev: CUdevice,
+    reset: bool,
+) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -912,7 +941,7 @@ unsafe fn primary_release(f: PrimaryRelease, dev: CUdevice, reset: bool) -> CUre
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDevicePrimaryCtxRelease,
-        PrimaryRelease,
+        fns::PFN_cuDevicePrimaryCtxRelease_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the caller's argument, forwarded.
@@ -922,7 +951,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDevicePrimaryCtxRelease_v2,
-        PrimaryRelease,
+        fns::PFN_cuDevicePrimaryCtxRelease_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the caller's argument, forwarded.
@@ -932,7 +961,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDevicePrimaryCtxReset,
-        PrimaryRelease,
+        fns::PFN_cuDevicePrimaryCtxRelease_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the caller's argument, forwarded.
@@ -942,7 +971,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     let f = real_or!(
         cuDevicePrimaryCtxReset_v2,
-        PrimaryRelease,
+        fns::PFN_cuDevicePrimaryCtxRelease_v2,
         CUDA_ERROR_NOT_INITIALIZED
     );
     // SAFETY: the caller's argument, forwarded.
@@ -956,14 +985,17 @@ fn created(pctx: *mut CUcontext) -> Option<usize> {
     (!pctx.is_null()).then(|| unsafe { *pctx } as usize)
 }
 
-type CtxCreateV2 = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v2(
     pctx: *mut CUcontext,
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let f = real_or!(cuCtxCreate_v2, CtxCreateV2, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxCreate_v2,
+        fns::PFN_cuCtxCreate_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, flags, dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -971,8 +1003,6 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     })
 }
 
-type CtxCreateV3 =
-    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v3(
     pctx: *mut CUcontext,
@@ -981,7 +1011,11 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let f = real_or!(cuCtxCreate_v3, CtxCreateV3, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxCreate_v3,
+        fns::PFN_cuCtxCreate_v3,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, paramsArray, numParams, flags, dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -989,7 +1023,6 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     })
 }
 
-type CtxCreateV4 = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v4(
     pctx: *mut CUcontext,
@@ -997,7 +1030,11 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let f = real_or!(cuCtxCreate_v4, CtxCreateV4, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxCreate_v4,
+        fns::PFN_cuCtxCreate_v4,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, ctxCreateParams, flags, dev) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -1005,12 +1042,11 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     })
 }
 
-type CtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
 /// A context destruction, and its accounting.
 ///
 /// # Safety
 /// `f` is the real `cuCtxDestroy` of that ABI.
-unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
+unsafe fn ctx_destroy(f: fns::PFN_cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ctx) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
@@ -1031,13 +1067,21 @@ unsafe fn ctx_destroy(f: CtxDestroy, ctx: CUcontext) -> CUresult {
 }
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
-    let f = real_or!(cuCtxDestroy, CtxDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxDestroy,
+        fns::PFN_cuCtxDestroy_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: the caller's argument, forwarded.
     unsafe { ctx_destroy(f, ctx) }
 }
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    let f = real_or!(cuCtxDestroy_v2, CtxDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    let f = real_or!(
+        cuCtxDestroy_v2,
+        fns::PFN_cuCtxDestroy_v2,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
     // SAFETY: the caller's argument, forwarded.
     unsafe { ctx_destroy(f, ctx) }
 }
@@ -1057,39 +1101,6 @@ fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUr
         r
     })
 }
-
-type LaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type LaunchKernelEx = unsafe extern "C" fn(
-    *const CUlaunchConfig,
-    CUfunction,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type LaunchCooperative = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-) -> CUresult;
-type GraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 
 /// The stream of a `cuLaunchKernelEx` configuration (null config: the default stream).
 fn ex_stream(config: *const CUlaunchConfig) -> CUstream {
@@ -1118,7 +1129,7 @@ macro_rules! gated_launch_hook {
 
 macro_rules! launch_kernel_hook {
     ($name:ident) => {
-        gated_launch_hook!($name, LaunchKernel, hStream, (
+        gated_launch_hook!($name, fns::PFN_cuLaunchKernel, hStream, (
             f: CUfunction,
             gridDimX: c_uint,
             gridDimY: c_uint,
@@ -1138,7 +1149,7 @@ launch_kernel_hook!(cuLaunchKernel_ptsz);
 
 macro_rules! launch_kernel_ex_hook {
     ($name:ident) => {
-        gated_launch_hook!($name, LaunchKernelEx, ex_stream(config), (
+        gated_launch_hook!($name, fns::PFN_cuLaunchKernelEx, ex_stream(config), (
             config: *const CUlaunchConfig,
             f: CUfunction,
             kernelParams: *mut *mut c_void,
@@ -1151,7 +1162,7 @@ launch_kernel_ex_hook!(cuLaunchKernelEx_ptsz);
 
 macro_rules! launch_cooperative_hook {
     ($name:ident) => {
-        gated_launch_hook!($name, LaunchCooperative, hStream, (
+        gated_launch_hook!($name, fns::PFN_cuLaunchCooperativeKernel, hStream, (
             f: CUfunction,
             gridDimX: c_uint,
             gridDimY: c_uint,
@@ -1168,8 +1179,8 @@ macro_rules! launch_cooperative_hook {
 launch_cooperative_hook!(cuLaunchCooperativeKernel);
 launch_cooperative_hook!(cuLaunchCooperativeKernel_ptsz);
 
-gated_launch_hook!(cuGraphLaunch, GraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
-gated_launch_hook!(cuGraphLaunch_ptsz, GraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
+gated_launch_hook!(cuGraphLaunch, fns::PFN_cuGraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
+gated_launch_hook!(cuGraphLaunch_ptsz, fns::PFN_cuGraphLaunch, hStream, (hGraphExec: CUgraphExec, hStream: CUstream));
 
 // ---- NVML --------------------------------------------------------------------------
 
@@ -1179,7 +1190,6 @@ fn nvml_index(device: nvmlDevice_t) -> Option<usize> {
     devices::cuda_ordinal(device)
 }
 
-type NvmlMemInfo = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
@@ -1187,7 +1197,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 ) -> nvmlReturn_t {
     let f = real_or!(
         nvmlDeviceGetMemoryInfo,
-        NvmlMemInfo,
+        fns::PFN_nvmlDeviceGetMemoryInfo,
         NVML_ERROR_NO_PERMISSION
     );
     // SAFETY: forwarding the caller's arguments.
@@ -1214,7 +1224,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     })
 }
 
-type NvmlMemInfoV2 = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
@@ -1222,7 +1231,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 ) -> nvmlReturn_t {
     let f = real_or!(
         nvmlDeviceGetMemoryInfo_v2,
-        NvmlMemInfoV2,
+        fns::PFN_nvmlDeviceGetMemoryInfo_v2,
         NVML_ERROR_NO_PERMISSION
     );
     // SAFETY: forwarding the caller's arguments.
@@ -1250,23 +1259,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-type NvmlProcs = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_void) -> nvmlReturn_t;
-
 /// Keeps only the container's processes in a process list of `stride`-byte entries
 /// whose first field is the pid.
 ///
 /// # Safety
-/// `f` is the real process-list function whose entries are `stride` bytes; the other
-/// arguments are the caller's, per NVML.
+/// `call` calls the real process-list function, whose entries are `stride` bytes, with
+/// the caller's arguments `device`, `count` and `infos`, per NVML.
 unsafe fn procs(
-    f: NvmlProcs,
+    call: impl Fn() -> nvmlReturn_t + Copy,
     stride: usize,
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut c_void,
 ) -> nvmlReturn_t {
-    // SAFETY: forwarding the caller's arguments.
-    let call = || unsafe { f(device, count, infos) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
         enforcing(NVML_ERROR_NO_PERMISSION, call, |shim, call| {
             let r = call();
@@ -1317,38 +1322,35 @@ const PROC_V1: usize = 16;
 const PROC_V2: usize = 24;
 
 macro_rules! proc_hooks {
-    ($($name:ident $stride:ident;)*) => {$(
+    ($($name:ident $stride:ident $info:ty, $pfn:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             device: nvmlDevice_t,
             infoCount: *mut c_uint,
-            infos: *mut c_void,
+            infos: *mut $info,
         ) -> nvmlReturn_t {
-            let f = real_or!($name, NvmlProcs, NVML_ERROR_NO_PERMISSION);
-            // SAFETY: the caller's arguments, forwarded.
-            unsafe { procs(f, $stride, device, infoCount, infos) }
+            const { assert!(size_of::<$info>() == $stride) };
+            let f = real_or!($name, fns::$pfn, NVML_ERROR_NO_PERMISSION);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { f(device, infoCount, infos) };
+            // SAFETY: `call` is the real function with the caller's arguments.
+            unsafe { procs(call, $stride, device, infoCount, infos.cast()) }
         }
     )*};
 }
 
 proc_hooks! {
-    nvmlDeviceGetComputeRunningProcesses PROC_V1;
-    nvmlDeviceGetComputeRunningProcesses_v2 PROC_V2;
-    nvmlDeviceGetComputeRunningProcesses_v3 PROC_V2;
-    nvmlDeviceGetGraphicsRunningProcesses PROC_V1;
-    nvmlDeviceGetGraphicsRunningProcesses_v2 PROC_V2;
-    nvmlDeviceGetGraphicsRunningProcesses_v3 PROC_V2;
-    nvmlDeviceGetMPSComputeRunningProcesses PROC_V1;
-    nvmlDeviceGetMPSComputeRunningProcesses_v2 PROC_V2;
-    nvmlDeviceGetMPSComputeRunningProcesses_v3 PROC_V2;
+    nvmlDeviceGetComputeRunningProcesses PROC_V1 nvmlProcessInfo_v1_t, PFN_nvmlDeviceGetComputeRunningProcesses;
+    nvmlDeviceGetComputeRunningProcesses_v2 PROC_V2 nvmlProcessInfo_v2_t, PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+    nvmlDeviceGetComputeRunningProcesses_v3 PROC_V2 nvmlProcessInfo_t, PFN_nvmlDeviceGetComputeRunningProcesses_v3;
+    nvmlDeviceGetGraphicsRunningProcesses PROC_V1 nvmlProcessInfo_v1_t, PFN_nvmlDeviceGetComputeRunningProcesses;
+    nvmlDeviceGetGraphicsRunningProcesses_v2 PROC_V2 nvmlProcessInfo_v2_t, PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3 PROC_V2 nvmlProcessInfo_t, PFN_nvmlDeviceGetComputeRunningProcesses_v3;
+    nvmlDeviceGetMPSComputeRunningProcesses PROC_V1 nvmlProcessInfo_v1_t, PFN_nvmlDeviceGetComputeRunningProcesses;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 PROC_V2 nvmlProcessInfo_v2_t, PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 PROC_V2 nvmlProcessInfo_t, PFN_nvmlDeviceGetComputeRunningProcesses_v3;
 }
 
-type NvmlProcUtil = unsafe extern "C" fn(
-    nvmlDevice_t,
-    *mut nvmlProcessUtilizationSample_t,
-    *mut c_uint,
-    u64,
-) -> nvmlReturn_t;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: nvmlDevice_t,
@@ -1358,7 +1360,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 ) -> nvmlReturn_t {
     let f = real_or!(
         nvmlDeviceGetProcessUtilization,
-        NvmlProcUtil,
+        fns::PFN_nvmlDeviceGetProcessUtilization,
         NVML_ERROR_NO_PERMISSION
     );
     // SAFETY: forwarding the caller's arguments.
@@ -1397,12 +1399,15 @@ fn passes_through() -> bool {
     process::mode().passes_through()
 }
 
-type NvmlCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 macro_rules! nvml_count_hook {
     ($name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(deviceCount: *mut c_uint) -> nvmlReturn_t {
-            let f = real_or!($name, NvmlCount, NVML_ERROR_LIBRARY_NOT_FOUND);
+            let f = real_or!(
+                $name,
+                fns::PFN_nvmlDeviceGetCount_v2,
+                NVML_ERROR_LIBRARY_NOT_FOUND
+            );
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { f(deviceCount) };
             guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
@@ -1426,12 +1431,15 @@ macro_rules! nvml_count_hook {
 nvml_count_hook!(nvmlDeviceGetCount);
 nvml_count_hook!(nvmlDeviceGetCount_v2);
 
-type NvmlByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
 macro_rules! nvml_by_index_hook {
     ($name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
-            let f = real_or!($name, NvmlByIndex, NVML_ERROR_LIBRARY_NOT_FOUND);
+            let f = real_or!(
+                $name,
+                fns::PFN_nvmlDeviceGetHandleByIndex_v2,
+                NVML_ERROR_LIBRARY_NOT_FOUND
+            );
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { f(index, device) };
             guard(
@@ -1457,7 +1465,6 @@ macro_rules! nvml_by_index_hook {
 nvml_by_index_hook!(nvmlDeviceGetHandleByIndex);
 nvml_by_index_hook!(nvmlDeviceGetHandleByIndex_v2);
 
-type NvmlByKey = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 /// A handle looked up by UUID, PCI bus id or serial: a GPU the container was not given
 /// is not found.
 macro_rules! nvml_by_key_hook {
@@ -1467,7 +1474,11 @@ macro_rules! nvml_by_key_hook {
             key: *const c_char,
             device: *mut nvmlDevice_t,
         ) -> nvmlReturn_t {
-            let f = real_or!($name, NvmlByKey, NVML_ERROR_LIBRARY_NOT_FOUND);
+            let f = real_or!(
+                $name,
+                fns::PFN_nvmlDeviceGetHandleByUUID,
+                NVML_ERROR_LIBRARY_NOT_FOUND
+            );
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { f(key, device) };
             guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {
@@ -1495,13 +1506,16 @@ nvml_by_key_hook!(nvmlDeviceGetHandleByPciBusId);
 nvml_by_key_hook!(nvmlDeviceGetHandleByPciBusId_v2);
 nvml_by_key_hook!(nvmlDeviceGetHandleBySerial);
 
-type NvmlIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
-    let f = real_or!(nvmlDeviceGetIndex, NvmlIndex, NVML_ERROR_LIBRARY_NOT_FOUND);
+    let f = real_or!(
+        nvmlDeviceGetIndex,
+        fns::PFN_nvmlDeviceGetIndex,
+        NVML_ERROR_LIBRARY_NOT_FOUND
+    );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(device, index) };
     guard(vgpu_cuda_abi::nvml::NVML_ERROR_UNKNOWN, call, || {

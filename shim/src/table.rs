@@ -5,7 +5,8 @@
 //! are decided exactly as the driver decides them).
 //!
 //! Columns: exported symbol, library, base name as `cuGetProcAddress` knows it, the CUDA
-//! version that introduced this ABI, whether it is the per-thread-default-stream variant.
+//! version that introduced this ABI, whether it is the per-thread-default-stream variant,
+//! its C signature (a type of `vgpu_cuda_abi::fns`).
 //!
 //! The rows are written once, in the `rows!` macro; this file builds the table from them, and the
 //! hooks layer builds its map from a row to its hook from the same rows (the table knows
@@ -36,7 +37,7 @@ pub struct Entry {
 }
 
 macro_rules! table {
-    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal;)*) => {
+    ($($id:ident : $lib:ident $base:literal $since:literal $pt:literal $pfn:ident;)*) => {
         /// Index of a row of [`TABLE`].
         #[allow(non_camel_case_types)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,83 +59,84 @@ macro_rules! table {
 }
 
 /// Calls the macro `$then` with every row of the table, in order, as
-/// `id: Lib "base" since per_thread;`.
+/// `id: Lib "base" since per_thread PFN;`, where `PFN` names the row's C signature in
+/// `vgpu_cuda_abi::fns` (the hooks are checked against it at compile time).
 macro_rules! rows {
     ($then:ident) => {
         $then! {
-            cuInit: Cuda "cuInit" 2000 false;
-            cuGetProcAddress: Cuda "cuGetProcAddress" 11030 false;
-            cuGetProcAddress_v2: Cuda "cuGetProcAddress" 12000 false;
-            cuMemGetInfo_v2: Cuda "cuMemGetInfo" 3020 false;
-            cuDeviceTotalMem_v2: Cuda "cuDeviceTotalMem" 3020 false;
-            cuMemAlloc_v2: Cuda "cuMemAlloc" 3020 false;
-            cuMemAllocPitch_v2: Cuda "cuMemAllocPitch" 3020 false;
-            cuMemAllocManaged: Cuda "cuMemAllocManaged" 6000 false;
-            cuMemFree_v2: Cuda "cuMemFree" 3020 false;
-            cuMemAllocAsync: Cuda "cuMemAllocAsync" 11020 false;
-            cuMemAllocAsync_ptsz: Cuda "cuMemAllocAsync" 11020 true;
-            cuMemAllocFromPoolAsync: Cuda "cuMemAllocFromPoolAsync" 11020 false;
-            cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true;
-            cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false;
-            cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true;
-            cuMemPoolCreate: Cuda "cuMemPoolCreate" 11020 false;
-            cuMemPoolDestroy: Cuda "cuMemPoolDestroy" 11020 false;
-            cuMemPoolTrimTo: Cuda "cuMemPoolTrimTo" 11020 false;
-            cuMemPoolSetAttribute: Cuda "cuMemPoolSetAttribute" 11020 false;
-            cuStreamSynchronize: Cuda "cuStreamSynchronize" 2000 false;
-            cuStreamSynchronize_ptsz: Cuda "cuStreamSynchronize" 7000 true;
-            cuEventSynchronize: Cuda "cuEventSynchronize" 2000 false;
-            cuCtxSynchronize: Cuda "cuCtxSynchronize" 2000 false;
-            cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false;
-            cuMemCreate: Cuda "cuMemCreate" 10020 false;
-            cuMemRelease: Cuda "cuMemRelease" 10020 false;
-            cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false;
-            cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false;
-            cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false;
-            cuMipmappedArrayCreate: Cuda "cuMipmappedArrayCreate" 5000 false;
-            cuMipmappedArrayDestroy: Cuda "cuMipmappedArrayDestroy" 5000 false;
-            cuDevicePrimaryCtxRetain: Cuda "cuDevicePrimaryCtxRetain" 7000 false;
-            cuDevicePrimaryCtxRelease: Cuda "cuDevicePrimaryCtxRelease" 7000 false;
-            cuDevicePrimaryCtxRelease_v2: Cuda "cuDevicePrimaryCtxRelease" 11000 false;
-            cuDevicePrimaryCtxReset: Cuda "cuDevicePrimaryCtxReset" 7000 false;
-            cuDevicePrimaryCtxReset_v2: Cuda "cuDevicePrimaryCtxReset" 11000 false;
-            cuCtxCreate_v2: Cuda "cuCtxCreate" 3020 false;
-            cuCtxCreate_v3: Cuda "cuCtxCreate" 11040 false;
-            cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false;
-            cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false;
-            cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false;
-            cuLaunchKernel: Cuda "cuLaunchKernel" 4000 false;
-            cuLaunchKernel_ptsz: Cuda "cuLaunchKernel" 7000 true;
-            cuLaunchKernelEx: Cuda "cuLaunchKernelEx" 11060 false;
-            cuLaunchKernelEx_ptsz: Cuda "cuLaunchKernelEx" 11060 true;
-            cuLaunchCooperativeKernel: Cuda "cuLaunchCooperativeKernel" 9000 false;
-            cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true;
-            cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false;
-            cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true;
-            nvmlInit: Nvml "nvmlInit" 0 false;
-            nvmlInit_v2: Nvml "nvmlInit_v2" 0 false;
-            nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false;
-            nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false;
-            nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false;
-            nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false;
-            nvmlDeviceGetComputeRunningProcesses_v2: Nvml "nvmlDeviceGetComputeRunningProcesses_v2" 0 false;
-            nvmlDeviceGetComputeRunningProcesses_v3: Nvml "nvmlDeviceGetComputeRunningProcesses_v3" 0 false;
-            nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false;
-            nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false;
-            nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false;
-            nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false;
-            nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false;
-            nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false;
-            nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false;
-            nvmlDeviceGetCount: Nvml "nvmlDeviceGetCount" 0 false;
-            nvmlDeviceGetCount_v2: Nvml "nvmlDeviceGetCount_v2" 0 false;
-            nvmlDeviceGetHandleByIndex: Nvml "nvmlDeviceGetHandleByIndex" 0 false;
-            nvmlDeviceGetHandleByIndex_v2: Nvml "nvmlDeviceGetHandleByIndex_v2" 0 false;
-            nvmlDeviceGetHandleByUUID: Nvml "nvmlDeviceGetHandleByUUID" 0 false;
-            nvmlDeviceGetHandleByPciBusId: Nvml "nvmlDeviceGetHandleByPciBusId" 0 false;
-            nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false;
-            nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false;
-            nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false;
+            cuInit: Cuda "cuInit" 2000 false PFN_cuInit;
+            cuGetProcAddress: Cuda "cuGetProcAddress" 11030 false PFN_cuGetProcAddress;
+            cuGetProcAddress_v2: Cuda "cuGetProcAddress" 12000 false PFN_cuGetProcAddress_v2;
+            cuMemGetInfo_v2: Cuda "cuMemGetInfo" 3020 false PFN_cuMemGetInfo_v2;
+            cuDeviceTotalMem_v2: Cuda "cuDeviceTotalMem" 3020 false PFN_cuDeviceTotalMem_v2;
+            cuMemAlloc_v2: Cuda "cuMemAlloc" 3020 false PFN_cuMemAlloc_v2;
+            cuMemAllocPitch_v2: Cuda "cuMemAllocPitch" 3020 false PFN_cuMemAllocPitch_v2;
+            cuMemAllocManaged: Cuda "cuMemAllocManaged" 6000 false PFN_cuMemAllocManaged;
+            cuMemFree_v2: Cuda "cuMemFree" 3020 false PFN_cuMemFree_v2;
+            cuMemAllocAsync: Cuda "cuMemAllocAsync" 11020 false PFN_cuMemAllocAsync;
+            cuMemAllocAsync_ptsz: Cuda "cuMemAllocAsync" 11020 true PFN_cuMemAllocAsync;
+            cuMemAllocFromPoolAsync: Cuda "cuMemAllocFromPoolAsync" 11020 false PFN_cuMemAllocFromPoolAsync;
+            cuMemAllocFromPoolAsync_ptsz: Cuda "cuMemAllocFromPoolAsync" 11020 true PFN_cuMemAllocFromPoolAsync;
+            cuMemFreeAsync: Cuda "cuMemFreeAsync" 11020 false PFN_cuMemFreeAsync;
+            cuMemFreeAsync_ptsz: Cuda "cuMemFreeAsync" 11020 true PFN_cuMemFreeAsync;
+            cuMemPoolCreate: Cuda "cuMemPoolCreate" 11020 false PFN_cuMemPoolCreate;
+            cuMemPoolDestroy: Cuda "cuMemPoolDestroy" 11020 false PFN_cuMemPoolDestroy;
+            cuMemPoolTrimTo: Cuda "cuMemPoolTrimTo" 11020 false PFN_cuMemPoolTrimTo;
+            cuMemPoolSetAttribute: Cuda "cuMemPoolSetAttribute" 11020 false PFN_cuMemPoolSetAttribute;
+            cuStreamSynchronize: Cuda "cuStreamSynchronize" 2000 false PFN_cuStreamSynchronize;
+            cuStreamSynchronize_ptsz: Cuda "cuStreamSynchronize" 7000 true PFN_cuStreamSynchronize;
+            cuEventSynchronize: Cuda "cuEventSynchronize" 2000 false PFN_cuEventSynchronize;
+            cuCtxSynchronize: Cuda "cuCtxSynchronize" 2000 false PFN_cuCtxSynchronize;
+            cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false PFN_cuCtxSynchronize_v2;
+            cuMemCreate: Cuda "cuMemCreate" 10020 false PFN_cuMemCreate;
+            cuMemRelease: Cuda "cuMemRelease" 10020 false PFN_cuMemRelease;
+            cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false PFN_cuArrayCreate_v2;
+            cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false PFN_cuArray3DCreate_v2;
+            cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false PFN_cuArrayDestroy;
+            cuMipmappedArrayCreate: Cuda "cuMipmappedArrayCreate" 5000 false PFN_cuMipmappedArrayCreate;
+            cuMipmappedArrayDestroy: Cuda "cuMipmappedArrayDestroy" 5000 false PFN_cuMipmappedArrayDestroy;
+            cuDevicePrimaryCtxRetain: Cuda "cuDevicePrimaryCtxRetain" 7000 false PFN_cuDevicePrimaryCtxRetain;
+            cuDevicePrimaryCtxRelease: Cuda "cuDevicePrimaryCtxRelease" 7000 false PFN_cuDevicePrimaryCtxRelease_v2;
+            cuDevicePrimaryCtxRelease_v2: Cuda "cuDevicePrimaryCtxRelease" 11000 false PFN_cuDevicePrimaryCtxRelease_v2;
+            cuDevicePrimaryCtxReset: Cuda "cuDevicePrimaryCtxReset" 7000 false PFN_cuDevicePrimaryCtxReset_v2;
+            cuDevicePrimaryCtxReset_v2: Cuda "cuDevicePrimaryCtxReset" 11000 false PFN_cuDevicePrimaryCtxReset_v2;
+            cuCtxCreate_v2: Cuda "cuCtxCreate" 3020 false PFN_cuCtxCreate_v2;
+            cuCtxCreate_v3: Cuda "cuCtxCreate" 11040 false PFN_cuCtxCreate_v3;
+            cuCtxCreate_v4: Cuda "cuCtxCreate" 12050 false PFN_cuCtxCreate_v4;
+            cuCtxDestroy: Cuda "cuCtxDestroy" 2000 false PFN_cuCtxDestroy_v2;
+            cuCtxDestroy_v2: Cuda "cuCtxDestroy" 4000 false PFN_cuCtxDestroy_v2;
+            cuLaunchKernel: Cuda "cuLaunchKernel" 4000 false PFN_cuLaunchKernel;
+            cuLaunchKernel_ptsz: Cuda "cuLaunchKernel" 7000 true PFN_cuLaunchKernel;
+            cuLaunchKernelEx: Cuda "cuLaunchKernelEx" 11060 false PFN_cuLaunchKernelEx;
+            cuLaunchKernelEx_ptsz: Cuda "cuLaunchKernelEx" 11060 true PFN_cuLaunchKernelEx;
+            cuLaunchCooperativeKernel: Cuda "cuLaunchCooperativeKernel" 9000 false PFN_cuLaunchCooperativeKernel;
+            cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true PFN_cuLaunchCooperativeKernel;
+            cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false PFN_cuGraphLaunch;
+            cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true PFN_cuGraphLaunch;
+            nvmlInit: Nvml "nvmlInit" 0 false PFN_nvmlInit_v2;
+            nvmlInit_v2: Nvml "nvmlInit_v2" 0 false PFN_nvmlInit_v2;
+            nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false PFN_nvmlInitWithFlags;
+            nvmlDeviceGetMemoryInfo: Nvml "nvmlDeviceGetMemoryInfo" 0 false PFN_nvmlDeviceGetMemoryInfo;
+            nvmlDeviceGetMemoryInfo_v2: Nvml "nvmlDeviceGetMemoryInfo_v2" 0 false PFN_nvmlDeviceGetMemoryInfo_v2;
+            nvmlDeviceGetComputeRunningProcesses: Nvml "nvmlDeviceGetComputeRunningProcesses" 0 false PFN_nvmlDeviceGetComputeRunningProcesses;
+            nvmlDeviceGetComputeRunningProcesses_v2: Nvml "nvmlDeviceGetComputeRunningProcesses_v2" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+            nvmlDeviceGetComputeRunningProcesses_v3: Nvml "nvmlDeviceGetComputeRunningProcesses_v3" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v3;
+            nvmlDeviceGetGraphicsRunningProcesses: Nvml "nvmlDeviceGetGraphicsRunningProcesses" 0 false PFN_nvmlDeviceGetComputeRunningProcesses;
+            nvmlDeviceGetGraphicsRunningProcesses_v2: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v2" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+            nvmlDeviceGetGraphicsRunningProcesses_v3: Nvml "nvmlDeviceGetGraphicsRunningProcesses_v3" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v3;
+            nvmlDeviceGetMPSComputeRunningProcesses: Nvml "nvmlDeviceGetMPSComputeRunningProcesses" 0 false PFN_nvmlDeviceGetComputeRunningProcesses;
+            nvmlDeviceGetMPSComputeRunningProcesses_v2: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v2" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v2;
+            nvmlDeviceGetMPSComputeRunningProcesses_v3: Nvml "nvmlDeviceGetMPSComputeRunningProcesses_v3" 0 false PFN_nvmlDeviceGetComputeRunningProcesses_v3;
+            nvmlDeviceGetProcessUtilization: Nvml "nvmlDeviceGetProcessUtilization" 0 false PFN_nvmlDeviceGetProcessUtilization;
+            nvmlDeviceGetCount: Nvml "nvmlDeviceGetCount" 0 false PFN_nvmlDeviceGetCount_v2;
+            nvmlDeviceGetCount_v2: Nvml "nvmlDeviceGetCount_v2" 0 false PFN_nvmlDeviceGetCount_v2;
+            nvmlDeviceGetHandleByIndex: Nvml "nvmlDeviceGetHandleByIndex" 0 false PFN_nvmlDeviceGetHandleByIndex_v2;
+            nvmlDeviceGetHandleByIndex_v2: Nvml "nvmlDeviceGetHandleByIndex_v2" 0 false PFN_nvmlDeviceGetHandleByIndex_v2;
+            nvmlDeviceGetHandleByUUID: Nvml "nvmlDeviceGetHandleByUUID" 0 false PFN_nvmlDeviceGetHandleByUUID;
+            nvmlDeviceGetHandleByPciBusId: Nvml "nvmlDeviceGetHandleByPciBusId" 0 false PFN_nvmlDeviceGetHandleByUUID;
+            nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false PFN_nvmlDeviceGetHandleByUUID;
+            nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false PFN_nvmlDeviceGetHandleByUUID;
+            nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false PFN_nvmlDeviceGetIndex;
         }
     };
 }

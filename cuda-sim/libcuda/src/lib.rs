@@ -9,6 +9,9 @@
 //! [`procaddr`]. What is not implemented either is not exported (the loader or
 //! `cuGetProcAddress` says so) or returns `CUDA_ERROR_NOT_SUPPORTED`. See
 //! `docs/cuda-sim.md`.
+//!
+//! The exports the shim intercepts or calls are checked at compile time against their one
+//! C signature in `vgpu_cuda_abi::fns` (`signatures.rs`).
 
 // A C ABI library: exported functions take raw pointers from the application and the
 // runtime maps memory with mmap. Every unsafe block carries its SAFETY argument.
@@ -24,3 +27,4 @@ pub mod mem;
 pub mod module;
 pub mod procaddr;
 pub mod rt;
+mod signatures;

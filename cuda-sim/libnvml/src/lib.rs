@@ -6,6 +6,9 @@
 //! simulator does not model returns `NVML_ERROR_NOT_SUPPORTED`; functions that are not
 //! exported at all are what NVML clients see as `NVML_ERROR_FUNCTION_NOT_FOUND`.
 //! See `docs/cuda-sim-nvml.md` for the list and for what each client needs.
+//!
+//! The exports the shim intercepts or calls are checked at compile time against their one
+//! C signature in `vgpu_cuda_abi::fns` (`signatures.rs`).
 
 // This crate is an FFI boundary: the exported functions receive raw pointers from C
 // callers and must write through them. The unsafe is confined to `ffi.rs`, each block
@@ -13,6 +16,7 @@
 #![allow(unsafe_code)]
 
 pub mod ffi;
+mod signatures;
 pub mod sim;
 
 pub use ffi::*;
