@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
-use vgpu_core::sched_proto::{ShimMsg, encode};
+use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
 
 use crate::config::MAX_DEVICES;
 use crate::state::Shim;
@@ -49,6 +49,12 @@ use runner::Runner;
 
 /// No generation yielded.
 const NONE: u32 = u32::MAX;
+/// The local word of an open gate: held, generation 0.
+const OPEN: u32 = GrantWord {
+    generation: 0,
+    held: true,
+}
+.pack();
 /// How often a blocked launcher repeats its demand (lost-message safety net).
 const DEMAND_REPEAT: Duration = Duration::from_millis(100);
 /// Gate thread tick while the process holds a slice somewhere.
@@ -160,7 +166,7 @@ impl Gate {
             refusal_said: AtomicBool::new(false),
             proto: AtomicU32::new(UNREGISTERED),
             word: AtomicPtr::new(std::ptr::null_mut()),
-            local: AtomicU32::new(1),
+            local: AtomicU32::new(OPEN),
             yielded: AtomicU32::new(NONE),
             inflight: AtomicU32::new(0),
             launched: AtomicU64::new(0),
@@ -266,7 +272,8 @@ impl Gate {
     }
 
     fn held(&self, w: u32) -> bool {
-        w & 1 == 1 && (w >> 1) != self.yielded.load(Ordering::SeqCst)
+        let w = GrantWord::unpack(w);
+        w.held && w.generation != self.yielded.load(Ordering::SeqCst)
     }
 }
 
@@ -462,7 +469,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
                 for gate in &g.gates {
                     gate.enabled.store(false, Ordering::SeqCst);
                     gate.budget.store(UNBOUNDED, Ordering::SeqCst);
-                    gate.local.store(1, Ordering::SeqCst);
+                    gate.local.store(OPEN, Ordering::SeqCst);
                     gate.word.store(std::ptr::null_mut(), Ordering::SeqCst);
                     gate.yielded.store(NONE, Ordering::SeqCst);
                     futex_wake(&gate.budget_seq);

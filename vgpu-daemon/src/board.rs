@@ -4,7 +4,7 @@
 //! the tenant's processes, which can therefore only map it read-only: a tenant cannot
 //! grant itself the GPU by writing its word.
 //!
-//! A word is `generation << 1 | held`. Writers bump the generation on every change and
+//! A word is a [`GrantWord`] (`generation << 1 | held`). Writers bump the generation on every change and
 //! wake the futex waiters (shared, not private futexes: the waiters are other
 //! processes).
 
@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE};
+use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
 
 /// One tenant's board.
 #[derive(Debug)]
@@ -91,7 +91,7 @@ impl Board {
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.
     pub fn set(&self, i: usize, generation: u32, held: bool) {
         let w = self.word(i);
-        w.store((generation << 1) | u32::from(held), Ordering::Release);
+        w.store(GrantWord { generation, held }.pack(), Ordering::Release);
         futex_wake(w);
     }
 }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration,
-    HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode, encode,
+    GrantWord, HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode,
+    encode,
 };
 
 use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
@@ -408,12 +409,19 @@ impl Runner {
         let now = mono_ns();
         for (i, d) in self.devs.iter_mut().enumerate() {
             let gate = &self.g.gates[i];
-            d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+            d.local_gen = GrantWord::next_generation(d.local_gen);
             d.holding = Some(d.local_gen);
             d.grant_at = now;
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
             gate.yielded.store(NONE, Ordering::SeqCst);
-            gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+            gate.local.store(
+                GrantWord {
+                    generation: d.local_gen,
+                    held: true,
+                }
+                .pack(),
+                Ordering::SeqCst,
+            );
             let old = gate.word();
             gate.word.store(std::ptr::null_mut(), Ordering::Release);
             futex_wake(old);
@@ -836,7 +844,11 @@ impl Runner {
             match d.holding {
                 Some(_) if share >= 100 => {}
                 Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
-                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
+                    let closed = GrantWord {
+                        generation: GrantWord::next_generation(local),
+                        held: false,
+                    }
+                    .pack();
                     gate.local.store(closed, Ordering::SeqCst);
                     let t0 = Instant::now();
                     while gate.inflight.load(Ordering::SeqCst) != 0
@@ -848,7 +860,7 @@ impl Runner {
                     let end = mono_ns();
                     let used = end.saturating_sub(d.grant_at);
                     d.closed_until = end + used * (100 - share) / share;
-                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
+                    d.local_gen = GrantWord::next_generation(local);
                     d.holding = None;
                     gate.all_completed();
                     d.last_obs = None;
@@ -861,10 +873,17 @@ impl Runner {
                     });
                 }
                 None if now >= d.closed_until => {
-                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+                    d.local_gen = GrantWord::next_generation(d.local_gen);
                     d.holding = Some(d.local_gen);
                     d.grant_at = now;
-                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+                    gate.local.store(
+                        GrantWord {
+                            generation: d.local_gen,
+                            held: true,
+                        }
+                        .pack(),
+                        Ordering::SeqCst,
+                    );
                     futex_wake(&gate.local);
                 }
                 _ => {}
