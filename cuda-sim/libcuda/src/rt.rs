@@ -162,7 +162,7 @@ pub fn init() -> CuResult<&'static Driver> {
             })?;
             let n = state.device_count();
             let uuids: Vec<String> = (0..n)
-                .map(|i| vgpu_cuda_sim::config::format_uuid(&state.info(i).uuid))
+                .map(|i| vgpu_core::gpu_uuid::format_uuid(&state.info(i).uuid))
                 .collect();
             let cvd = std::env::var_os(vgpu_core::visible::CUDA_VISIBLE_DEVICES)
                 .map(|v| v.to_string_lossy().into_owned());
