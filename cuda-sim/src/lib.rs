@@ -7,8 +7,9 @@
 //! libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin ABI layers over
 //! it. See `docs/cuda-sim.md`.
 
-// This crate maps shared memory and makes raw syscalls (mmap, fcntl locks, futex): the
-// unsafe is confined to `state.rs`, each block with its SAFETY argument.
+// This crate maps shared memory (mmap) and reads the layout through raw pointers: the
+// unsafe is confined to `state.rs`, each block with its SAFETY argument. The clock,
+// futexes, slot locks and the publish by link(2) are `vgpu-sys`'s.
 #![allow(unsafe_code)]
 
 pub mod bench;

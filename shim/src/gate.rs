@@ -38,6 +38,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
+use vgpu_sys::{futex_wait, futex_wake};
 
 use crate::config::MAX_DEVICES;
 use crate::state::Shim;
@@ -486,17 +487,6 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     Some(g)
 }
 
-/// CLOCK_MONOTONIC, ns.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 /// Waits for every context of this process on device `dev` to finish its queued work.
 fn sync_device(shim: &Shim, dev: usize) {
     let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
@@ -530,36 +520,5 @@ pub fn forget_context(ctx: usize) {
         m.free.retain(|(c, _)| *c != ctx);
         let gone = before - m.pending.len() - m.free.len();
         m.created -= gone.min(m.created);
-    }
-}
-
-fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
-    };
-    // SAFETY: `word` is a valid aligned u32 in a live mapping (process memory or a
-    // shared board); FUTEX_WAIT only reads it. Shared (not private): the waker may be
-    // another process (the daemon).
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAIT,
-            val,
-            &ts as *const libc::timespec,
-        );
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: a valid aligned u32; waking has no other preconditions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAKE,
-            i32::MAX,
-        );
     }
 }

@@ -13,6 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
+use vgpu_sys::futex_wake;
 
 /// One tenant's board.
 #[derive(Debug)]
@@ -100,20 +101,6 @@ impl Drop for Board {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping once; no reference outlives `self`.
         unsafe { libc::munmap(self.base.cast(), BOARD_BYTES) };
-    }
-}
-
-/// Wakes every waiter on `word` (shared futex).
-pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a valid aligned u32 in a live mapping; waking has no other
-    // preconditions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAKE,
-            i32::MAX,
-        );
     }
 }
 

@@ -18,8 +18,8 @@
 //!
 //! See `docs/vgpu-daemon.md`.
 
-// The board is shared memory written by this process and read by others (mmap, futex)
-// and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
+// The board is shared memory written by this process and read by others (memfd, mmap,
+// seals; its futex wakes are `vgpu-sys`'s) and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
 // unsafe block carries its SAFETY argument.
 #![allow(unsafe_code)]
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use vgpu_cuda_abi::cuda::*;
-use vgpu_cuda_sim::state::mono_ns;
+use vgpu_sys::mono_ns;
 
 use crate::rt::{CuResult, Driver, Kind, from_ptr, new_handle};
 

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use nvidia_ml::*;
 use vgpu_cuda_abi::nvml::*;
-use vgpu_cuda_sim::state::{State, event_type, mono_ns};
+use vgpu_cuda_sim::state::{State, event_type};
+use vgpu_sys::mono_ns;
 
 /// Calls exported NVML functions.
 macro_rules! nv {

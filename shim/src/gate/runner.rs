@@ -16,12 +16,12 @@ use vgpu_core::sched_proto::{
     GrantWord, HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode,
     encode,
 };
+use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
 use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
 use super::{
     CTX_LOCK, Gates, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, NONE, PING_AFTER, RECONNECT,
-    RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED, UNREGISTERED, futex_wait, futex_wake,
-    mono_ns, sync_device,
+    RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED, UNREGISTERED, sync_device,
 };
 use crate::config::DeviceGrant;
 use crate::state::Shim;
