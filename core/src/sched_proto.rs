@@ -67,6 +67,14 @@ impl GrantWord {
     /// Largest generation a word carries; generations wrap to 0 after it.
     pub const MAX_GENERATION: u32 = u32::MAX >> 1;
 
+    /// A held word of generation `generation`.
+    pub const fn held(generation: u32) -> GrantWord {
+        GrantWord {
+            generation,
+            held: true,
+        }
+    }
+
     /// The word's value (`generation << 1 | held`; a generation's bit 31 is dropped).
     pub const fn pack(self) -> u32 {
         (self.generation << 1) | self.held as u32
@@ -419,6 +427,7 @@ mod tests {
             GrantWord::unpack(u32::MAX).generation,
             GrantWord::MAX_GENERATION
         );
+        assert_eq!(GrantWord::held(5).pack(), 11);
         assert_eq!(GrantWord::next_generation(4), 5);
         assert_eq!(GrantWord::next_generation(GrantWord::MAX_GENERATION), 0);
     }

@@ -51,11 +51,7 @@ use runner::Runner;
 /// No generation yielded.
 const NONE: u32 = u32::MAX;
 /// The local word of an open gate: held, generation 0.
-const OPEN: u32 = GrantWord {
-    generation: 0,
-    held: true,
-}
-.pack();
+const OPEN: u32 = GrantWord::held(0).pack();
 /// How often a blocked launcher repeats its demand (lost-message safety net).
 const DEMAND_REPEAT: Duration = Duration::from_millis(100);
 /// Gate thread tick while the process holds a slice somewhere.

@@ -414,14 +414,8 @@ impl Runner {
             d.grant_at = now;
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
             gate.yielded.store(NONE, Ordering::SeqCst);
-            gate.local.store(
-                GrantWord {
-                    generation: d.local_gen,
-                    held: true,
-                }
-                .pack(),
-                Ordering::SeqCst,
-            );
+            gate.local
+                .store(GrantWord::held(d.local_gen).pack(), Ordering::SeqCst);
             let old = gate.word();
             gate.word.store(std::ptr::null_mut(), Ordering::Release);
             futex_wake(old);
@@ -876,14 +870,8 @@ impl Runner {
                     d.local_gen = GrantWord::next_generation(d.local_gen);
                     d.holding = Some(d.local_gen);
                     d.grant_at = now;
-                    gate.local.store(
-                        GrantWord {
-                            generation: d.local_gen,
-                            held: true,
-                        }
-                        .pack(),
-                        Ordering::SeqCst,
-                    );
+                    gate.local
+                        .store(GrantWord::held(d.local_gen).pack(), Ordering::SeqCst);
                     futex_wake(&gate.local);
                 }
                 _ => {}
