@@ -25,7 +25,7 @@ use crate::model::{
     ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource,
     SliceState, Tenant, TenantGpu,
 };
-use crate::scheduler::{Action, Params, Scheduler, TenantId};
+use crate::time_slicing::{Action, Params, Scheduler, TenantId};
 
 mod registration;
 
