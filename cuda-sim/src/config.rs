@@ -2,7 +2,7 @@
 //!
 //! Read from the TOML file named by `VGPU_SIM_CONFIG`; without it the node has one
 //! H100-like GPU. The configuration is applied when a state directory is first created;
-//! later processes attach to the state as it is (see [`crate::state`]).
+//! later processes attach to the state as it is (see [`crate::node_state`]).
 
 use serde::Deserialize;
 use vgpu_core::bytes::parse_bytes;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use vgpu_cuda_sim::config::SimConfig;
-use vgpu_cuda_sim::state::State;
+use vgpu_cuda_sim::node_state::State;
 use vgpu_tests::{Container, SimNode, probe_bin};
 
 /// These tests measure scheduling against the simulator's device time; run in parallel

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vgpu_cuda_abi::cuda::*;
-use vgpu_cuda_sim::state::{AllocError, State};
+use vgpu_cuda_sim::node_state::{AllocError, State};
 
 use crate::exec::{Event, Stream, Worker};
 use crate::mem::{Alloc, ArrayObj, Pool, VmmHandle};

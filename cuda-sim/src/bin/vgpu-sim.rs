@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use vgpu_core::bytes::Bytes;
 use vgpu_core::gpu_uuid::format_uuid;
-use vgpu_cuda_sim::state::{State, event_type};
+use vgpu_cuda_sim::node_state::{State, event_type};
 
 #[derive(Parser, Debug)]
 #[command(

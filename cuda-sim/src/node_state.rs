@@ -1,5 +1,5 @@
-//! The node's shared GPU state: one memory-mapped file that every process of the
-//! simulated node maps, as every process of a real node shares its GPUs.
+//! The simulated node's shared GPU state: one memory-mapped file that every process of
+//! the simulated node maps, as every process of a real node shares its GPUs.
 //!
 //! Layout: a [`Header`], then [`MAX_DEVICES`] × ([`DeviceInfo`], [`DeviceState`]), then
 //! [`MAX_SLOTS`] process [`Slot`]s, then a ring of [`ExitedRec`] accounting records. All
