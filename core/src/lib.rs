@@ -8,6 +8,7 @@
 
 pub mod bytes;
 pub mod container_quota;
+pub mod gpu_uuid;
 pub mod inventory;
 pub mod packing;
 pub mod prom;

@@ -31,7 +31,7 @@
 //! grant word in a shared memory page (the "board", one page per tenant, sealed so the
 //! tenant can only map it read-only). Word `i` (a `u32` at byte offset
 //! `i * BOARD_STRIDE`) belongs to the tenant's `i`-th GPU of its `Hello`; its value is
-//! `generation << 1 | held`. Launchers read it with one atomic load and wait on it with
+//! `generation << 1 | held` ([`GrantWord`], the one packer and unpacker). Launchers read it with one atomic load and wait on it with
 //! a futex when not held.
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,48 @@ pub const HANDSHAKE_DEADLINE_MS: u64 = 1000;
 pub const PEER_DEADLINE_MS: u64 = 2000;
 /// Longest `reason` of a [`ShimMsg::Fallback`], bytes (longer ones are cut).
 pub const MAX_REASON: usize = 256;
+
+/// One grant word of the board, unpacked: bit 0 is `held`, bits 1..32 the
+/// `generation` (`generation << 1 | held`). The daemon packs it, the shim's launchers
+/// unpack it; the shim's local fallback keeps a word of the same layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GrantWord {
+    /// Which grant (or revocation) this is; only its low 31 bits fit in the word.
+    pub generation: u32,
+    /// Whether the GPU is granted to the tenant now.
+    pub held: bool,
+}
+
+impl GrantWord {
+    /// Largest generation a word carries; generations wrap to 0 after it.
+    pub const MAX_GENERATION: u32 = u32::MAX >> 1;
+
+    /// A held word of generation `generation`.
+    pub const fn held(generation: u32) -> GrantWord {
+        GrantWord {
+            generation,
+            held: true,
+        }
+    }
+
+    /// The word's value (`generation << 1 | held`; a generation's bit 31 is dropped).
+    pub const fn pack(self) -> u32 {
+        (self.generation << 1) | self.held as u32
+    }
+
+    /// The grant a word's value says.
+    pub const fn unpack(word: u32) -> GrantWord {
+        GrantWord {
+            generation: word >> 1,
+            held: word & 1 == 1,
+        }
+    }
+
+    /// The generation after `generation`, wrapped to [`GrantWord::MAX_GENERATION`].
+    pub const fn next_generation(generation: u32) -> u32 {
+        generation.wrapping_add(1) & Self::MAX_GENERATION
+    }
+}
 
 /// How a tenant may use idle GPU time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -382,6 +424,42 @@ pub fn decode<T: for<'de> Deserialize<'de>>(buf: &mut Vec<u8>) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grant_word_is_generation_shifted_once_with_held_in_bit_zero() {
+        let g = |generation, held| GrantWord { generation, held }.pack();
+        assert_eq!(g(0, false), 0);
+        assert_eq!(g(0, true), 1);
+        assert_eq!(g(5, true), 11);
+        assert_eq!(g(6, false), 12);
+        assert_eq!(g(GrantWord::MAX_GENERATION, true), u32::MAX);
+        // Bit 31 of a generation does not fit: it is dropped, as a shift drops it.
+        assert_eq!(g(1 << 31 | 3, false), 6);
+        assert_eq!(
+            GrantWord::unpack(11),
+            GrantWord {
+                generation: 5,
+                held: true
+            }
+        );
+        assert_eq!(
+            GrantWord::unpack(u32::MAX).generation,
+            GrantWord::MAX_GENERATION
+        );
+        assert_eq!(GrantWord::held(5).pack(), 11);
+        assert_eq!(GrantWord::next_generation(4), 5);
+        assert_eq!(GrantWord::next_generation(GrantWord::MAX_GENERATION), 0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn grant_word_round_trips(word: u32) {
+            proptest::prop_assert_eq!(GrantWord::unpack(word).pack(), word);
+            let w = GrantWord::unpack(word);
+            proptest::prop_assert_eq!(w.generation, word >> 1);
+            proptest::prop_assert_eq!(w.held, word & 1 == 1);
+        }
+    }
 
     #[test]
     fn frames_round_trip_in_pieces() {

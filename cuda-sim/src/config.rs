@@ -2,10 +2,11 @@
 //!
 //! Read from the TOML file named by `VGPU_SIM_CONFIG`; without it the node has one
 //! H100-like GPU. The configuration is applied when a state directory is first created;
-//! later processes attach to the state as it is (see [`crate::state`]).
+//! later processes attach to the state as it is (see [`crate::node_state`]).
 
 use serde::Deserialize;
 use vgpu_core::bytes::parse_bytes;
+use vgpu_core::gpu_uuid::{format_uuid, parse_uuid};
 
 /// Most devices one simulated node can have.
 pub const MAX_DEVICES: usize = 8;
@@ -169,38 +170,6 @@ pub fn default_device(i: u32) -> DeviceConfig {
         alloc_granularity: 2 << 20,
         memory_bandwidth_gbps: 3350,
     }
-}
-
-/// Formats a UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
-
-/// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the `GPU-` prefix is optional).
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .trim()
-        .strip_prefix("GPU-")
-        .unwrap_or(s.trim())
-        .chars()
-        .filter(|&c| c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// Normalises a PCI bus id to NVML's `DDDDDDDD:BB:DD.F` form, upper case.

@@ -1,17 +1,18 @@
 //! The simulated NVIDIA node behind `libcuda.so.1` and `libnvidia-ml.so.1`.
 //!
 //! This crate holds what both simulated libraries share: the node's configuration
-//! ([`config`]), its GPU device nodes ([`devnodes`]) and its state ([`state`]): device memory accounting across processes,
-//! process liveness, the execution engine that time-slices the GPU between processes,
-//! utilization and accounting counters, and device events for fault injection. The
-//! libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin ABI layers over
-//! it. See `docs/cuda-sim.md`.
+//! ([`config`]), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`]): device memory accounting across
+//! processes, process liveness, the execution engine that time-slices the GPU between
+//! processes, utilization and accounting counters, and device events for fault
+//! injection. The libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin
+//! ABI layers over it. See `docs/cuda-sim.md`.
 
-// This crate maps shared memory and makes raw syscalls (mmap, fcntl locks, futex): the
-// unsafe is confined to `state.rs`, each block with its SAFETY argument.
+// This crate maps shared memory (mmap) and reads the layout through raw pointers: the
+// unsafe is confined to `node_state.rs`, each block with its SAFETY argument. The clock,
+// futexes, slot locks and the publish by link(2) are `vgpu-sys`'s.
 #![allow(unsafe_code)]
 
 pub mod bench;
 pub mod config;
 pub mod devnodes;
-pub mod state;
+pub mod node_state;

@@ -148,21 +148,9 @@ pub(crate) fn device_uuids() -> Result<Vec<String>, String> {
         if r != CUDA_SUCCESS {
             return Err(format!("cuDeviceGetUuid({d}) returned {r}"));
         }
-        out.push(format_uuid(&u.bytes));
+        out.push(vgpu_core::gpu_uuid::format_uuid(&u.bytes));
     }
     Ok(out)
-}
-
-/// A UUID as NVIDIA prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-fn format_uuid(u: &[u8; 16]) -> String {
-    let mut s = String::from("GPU-");
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
 }
 
 /// Waits for the queued work of context `ctx` (push, synchronize, pop) on the calling

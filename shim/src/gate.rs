@@ -37,7 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
-use vgpu_core::sched_proto::{ShimMsg, encode};
+use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
+use vgpu_sys::{futex_wait, futex_wake};
 
 use crate::config::MAX_DEVICES;
 use crate::process::Shim;
@@ -49,6 +50,8 @@ use runner::Runner;
 
 /// No generation yielded.
 const NONE: u32 = u32::MAX;
+/// The local word of an open gate: held, generation 0.
+const OPEN: u32 = GrantWord::held(0).pack();
 /// How often a blocked launcher repeats its demand (lost-message safety net).
 const DEMAND_REPEAT: Duration = Duration::from_millis(100);
 /// Gate thread tick while the process holds a slice somewhere.
@@ -160,7 +163,7 @@ impl Gate {
             refusal_said: AtomicBool::new(false),
             proto: AtomicU32::new(UNREGISTERED),
             word: AtomicPtr::new(std::ptr::null_mut()),
-            local: AtomicU32::new(1),
+            local: AtomicU32::new(OPEN),
             yielded: AtomicU32::new(NONE),
             inflight: AtomicU32::new(0),
             launched: AtomicU64::new(0),
@@ -266,7 +269,8 @@ impl Gate {
     }
 
     fn held(&self, w: u32) -> bool {
-        w & 1 == 1 && (w >> 1) != self.yielded.load(Ordering::SeqCst)
+        let w = GrantWord::unpack(w);
+        w.held && w.generation != self.yielded.load(Ordering::SeqCst)
     }
 }
 
@@ -462,7 +466,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
                 for gate in &g.gates {
                     gate.enabled.store(false, Ordering::SeqCst);
                     gate.budget.store(UNBOUNDED, Ordering::SeqCst);
-                    gate.local.store(1, Ordering::SeqCst);
+                    gate.local.store(OPEN, Ordering::SeqCst);
                     gate.word.store(std::ptr::null_mut(), Ordering::SeqCst);
                     gate.yielded.store(NONE, Ordering::SeqCst);
                     futex_wake(&gate.budget_seq);
@@ -477,17 +481,6 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
         }
     }
     Some(g)
-}
-
-/// CLOCK_MONOTONIC, ns.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// Waits for every context of this process on device `dev` to finish its queued work.
@@ -523,36 +516,5 @@ pub fn forget_context(ctx: usize) {
         m.free.retain(|(c, _)| *c != ctx);
         let gone = before - m.pending.len() - m.free.len();
         m.created -= gone.min(m.created);
-    }
-}
-
-fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
-    };
-    // SAFETY: `word` is a valid aligned u32 in a live mapping (process memory or a
-    // shared board); FUTEX_WAIT only reads it. Shared (not private): the waker may be
-    // another process (the daemon).
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAIT,
-            val,
-            &ts as *const libc::timespec,
-        );
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: a valid aligned u32; waking has no other preconditions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAKE,
-            i32::MAX,
-        );
     }
 }

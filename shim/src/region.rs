@@ -18,11 +18,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use vgpu_sys::slot_lock::{self, Hold};
 
 use crate::config::MAX_DEVICES;
 use crate::segment::{self, DirId};
@@ -171,7 +172,7 @@ impl Region {
                     dir.display(),
                     seg.id
                 );
-                let alive = |i: usize| owner_alive(&dir_file, i);
+                let alive = |i: usize| slot_lock::owner_alive(&dir_file, i);
                 let verdict = if seg.created {
                     write_header(l, id, dir);
                     remove_dead_segments(len);
@@ -299,12 +300,11 @@ impl Region {
             .map_or(0, |x| x.contexts.load(Ordering::Acquire))
     }
 
-    fn ofd_lock(&self, slot: usize, cmd: libc::c_int, ty: libc::c_int) -> io::Result<libc::flock> {
-        ofd_lock(&self.dir_file, slot, cmd, ty)
-    }
-
+    /// Whether another open file description holds a lock on byte `i` of the container
+    /// directory (the owner of slot `i` holds a read lock there). When in doubt, alive:
+    /// never reclaim a live process's memory.
     fn owner_alive(&self, i: usize) -> bool {
-        owner_alive(&self.dir_file, i)
+        slot_lock::owner_alive(&self.dir_file, i)
     }
 
     /// Claims a slot for this process until it dies (or [`Region::release_slot`]).
@@ -324,7 +324,7 @@ impl Region {
                 {
                     continue;
                 }
-                if self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_RDLCK).is_err() {
+                if slot_lock::hold(&self.dir_file, i, Hold::Read).is_err() {
                     s.state.store(SLOT_FREE, Ordering::Release);
                     continue;
                 }
@@ -358,7 +358,7 @@ impl Region {
             .is_ok()
         {
             self.retire(i);
-            let _ = self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_UNLCK);
+            let _ = slot_lock::release(&self.dir_file, i);
         }
     }
 
@@ -525,39 +525,6 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: detaching our own attachment; no reference into it outlives `self`.
         unsafe { segment::detach(self.base.cast()) };
-    }
-}
-
-/// An open-file-description lock command on byte `slot` of `file`.
-fn ofd_lock(
-    file: &File,
-    slot: usize,
-    cmd: libc::c_int,
-    ty: libc::c_int,
-) -> io::Result<libc::flock> {
-    // SAFETY: flock is plain old data; all-zero is valid.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = ty as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = libc::off_t::try_from(slot).unwrap_or(libc::off_t::MAX);
-    fl.l_len = 1;
-    // SAFETY: `file` is open; `fl` is a valid flock.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
-    if rc == 0 {
-        Ok(fl)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Whether another open file description holds a lock on byte `i` of the container
-/// directory `dir_file` (the owner of slot `i` holds a read lock there; a write lock is
-/// what conflicts with it).
-fn owner_alive(dir_file: &File, i: usize) -> bool {
-    match ofd_lock(dir_file, i, libc::F_OFD_GETLK, libc::F_WRLCK) {
-        Ok(fl) => fl.l_type != libc::F_UNLCK as libc::c_short,
-        // When in doubt, alive: never reclaim a live process's memory.
-        Err(_) => true,
     }
 }
 

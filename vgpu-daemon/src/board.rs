@@ -4,7 +4,7 @@
 //! the tenant's processes, which can therefore only map it read-only: a tenant cannot
 //! grant itself the GPU by writing its word.
 //!
-//! A word is `generation << 1 | held`. Writers bump the generation on every change and
+//! A word is a [`GrantWord`] (`generation << 1 | held`). Writers bump the generation on every change and
 //! wake the futex waiters (shared, not private futexes: the waiters are other
 //! processes).
 
@@ -12,7 +12,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE};
+use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
+use vgpu_sys::futex_wake;
 
 /// One tenant's board.
 #[derive(Debug)]
@@ -91,7 +92,7 @@ impl Board {
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.
     pub fn set(&self, i: usize, generation: u32, held: bool) {
         let w = self.word(i);
-        w.store((generation << 1) | u32::from(held), Ordering::Release);
+        w.store(GrantWord { generation, held }.pack(), Ordering::Release);
         futex_wake(w);
     }
 }
@@ -100,20 +101,6 @@ impl Drop for Board {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping once; no reference outlives `self`.
         unsafe { libc::munmap(self.base.cast(), BOARD_BYTES) };
-    }
-}
-
-/// Wakes every waiter on `word` (shared futex).
-pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a valid aligned u32 in a live mapping; waking has no other
-    // preconditions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAKE,
-            i32::MAX,
-        );
     }
 }
 

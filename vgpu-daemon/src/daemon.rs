@@ -18,13 +18,14 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 use vgpu_core::container_quota::same_gpu;
 use vgpu_core::sched_proto::{ComputeSettings, ContainerIdent, DaemonMsg, PROTO_VERSION, Priority};
+use vgpu_sys::mono_ns;
 
 use crate::board::Board;
 use crate::model::{
     ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource,
     SliceState, Tenant, TenantGpu,
 };
-use crate::scheduler::{Action, Params, Scheduler, TenantId};
+use crate::time_slicing::{Action, Params, Scheduler, TenantId};
 
 mod registration;
 
@@ -239,17 +240,6 @@ pub struct Daemon {
     timer: Condvar,
     /// The eBPF device gate and exit watcher, when attached.
     enforcement: std::sync::OnceLock<Arc<crate::enforcement::Enforcement>>,
-}
-
-/// CLOCK_MONOTONIC, ns (the clock the shims report in).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// Why a registration or an API call was refused.

@@ -276,7 +276,7 @@ impl Enforcement {
         let released = daemon.process_exited(ev.tgid);
         if released > 0 {
             self.exits_released.fetch_add(1, Ordering::Relaxed);
-            let now = crate::daemon::mono_ns();
+            let now = vgpu_sys::mono_ns();
             let lag_us = now.saturating_sub(ev.time.as_nanos() as u64) / 1000;
             info!(
                 pid = ev.tgid,

@@ -3,7 +3,7 @@
 //! the GPU time each container really used, watches the GPUs through NVML, reconciles
 //! what the shims report with what the driver reports, and exports per-pod usage.
 //!
-//! - [`scheduler`]: the per-GPU scheduling algorithm, pure (no I/O, explicit clock).
+//! - [`time_slicing`]: the per-GPU time-slice scheduler, pure (no I/O, explicit clock).
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
 //! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
@@ -20,8 +20,8 @@
 //!
 //! See `docs/vgpu-daemon.md`.
 
-// The board is shared memory written by this process and read by others (mmap, futex)
-// and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
+// The board is shared memory written by this process and read by others (memfd, mmap,
+// seals; its futex wakes are `vgpu-sys`'s) and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
 // unsafe block carries its SAFETY argument.
 #![allow(unsafe_code)]
 
@@ -36,5 +36,5 @@ pub mod nvml;
 pub mod realtime;
 pub mod reporting;
 pub mod run;
-pub mod scheduler;
 pub mod server;
+pub mod time_slicing;

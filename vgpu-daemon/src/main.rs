@@ -11,7 +11,7 @@ use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::daemon::Config;
 use vgpu_daemon::nvml::WatcherConfig;
 use vgpu_daemon::reporting::{self, ReportingConfig};
-use vgpu_daemon::scheduler::Params;
+use vgpu_daemon::time_slicing::Params;
 
 /// vgpu's node daemon: time-slices kernels between containers by share and priority,
 /// reports per-pod usage.

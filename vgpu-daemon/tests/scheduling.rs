@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use vgpu_cuda_sim::config::SimConfig;
-use vgpu_cuda_sim::state::State;
+use vgpu_cuda_sim::node_state::State;
 use vgpu_tests::{Container, SimNode, probe_bin};
 
 /// These tests measure scheduling against the simulator's device time; run in parallel
@@ -571,7 +571,7 @@ fn trusted_mode_takes_the_share_from_the_quota_file_not_the_environment() {
     let _serial = serial();
     let node = Node::new();
     let c = container(100, "burst");
-    let uuid = vgpu_cuda_sim::config::format_uuid(&node.state().info(0).uuid);
+    let uuid = vgpu_core::gpu_uuid::format_uuid(&node.state().info(0).uuid);
     std::fs::create_dir_all(c.dir()).expect("container directory");
     let conf = c.dir().join("vgpu.conf");
     std::fs::write(

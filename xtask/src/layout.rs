@@ -180,15 +180,32 @@ fn module_graph(src: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> {
     Ok(g)
 }
 
-/// Definitions of primitives and formats that should exist once: (what, needle).
-const ONCE: &[(&str, &str)] = &[
-    ("monotonic clock", "fn mono_ns("),
-    ("futex wait", "FUTEX_WAIT"),
-    ("OFD lock", "F_OFD_SETLK"),
-    ("publish by link(2)", "libc::link("),
-    ("GPU UUID formatting", "\"GPU-{"),
-    ("grant word packing", "<< 1 |"),
+/// Definitions and uses of primitives and formats that should exist once: (what, needles).
+/// A file counts when any needle occurs in its code (comment lines left out); a needle
+/// with `&&` counts when every part of it occurs in the file.
+const ONCE: &[(&str, &[&str])] = &[
+    // A clock read (not a sleep on the clock: `clock_nanosleep` is another primitive).
+    ("monotonic clock", &["fn mono_ns(", "clock_gettime("]),
+    // Waiting and waking alike: a wake-only copy is a copy too.
+    ("futex", &["SYS_futex", "FUTEX_WAIT", "FUTEX_WAKE"]),
+    ("OFD lock", &["F_OFD_SETLK", "F_OFD_GETLK"]),
+    (
+        "publish by link(2)",
+        &["libc::link(", "hard_link(", "linkat("],
+    ),
+    // `format!` with five groups, or a `push_str` / `write!` loop over the bytes.
+    ("GPU UUID formatting", &["\"GPU-{}-{}", "\"GPU-\" && :02x}"]),
+    // Packing (`generation << 1 | held`) and unpacking (`w & 1`, `w >> 1`) by hand.
+    (
+        "grant word packing",
+        &["<< 1) |", "<< 1 |", "& 1 == 1", ">> 1) !="],
+    ),
 ];
+
+/// Whether `code` holds `needle` (each `&&`-separated part of it).
+fn holds(code: &str, needle: &str) -> bool {
+    needle.split(" && ").all(|part| code.contains(part))
+}
 
 /// Prints the counts for the workspace at `root`.
 pub fn layout(root: &Path) -> Result<()> {
@@ -240,13 +257,18 @@ pub fn layout(root: &Path) -> Result<()> {
     println!("{} file(s)", big.len());
 
     println!("\n== primitives and formats defined in more than one file (non-test code)");
-    for (what, needle) in ONCE {
+    let mut copies = 0;
+    for (what, needles) in ONCE {
         let mut files = Vec::new();
         for f in rust_files(root)? {
             let shown = f.strip_prefix(root).unwrap_or(&f).display().to_string();
-            // Tests, test fakes and benches build their own fixtures; this file names
-            // the needles.
-            if shown.contains("tests")
+            // Tests (a crate's `tests/`, `*tests.rs`), test fakes and benches build their
+            // own fixtures; this file names the needles. The test-support crate's own
+            // code (`tests/src/`, e.g. `device-probe`) is production code of the tests
+            // and counts.
+            if shown.starts_with("tests/tests/")
+                || shown.contains("/tests/")
+                || shown.ends_with("tests.rs")
                 || shown.contains("testkit")
                 || shown.contains("bench")
                 || shown == "xtask/src/layout.rs"
@@ -254,18 +276,26 @@ pub fn layout(root: &Path) -> Result<()> {
                 continue;
             }
             let text = std::fs::read_to_string(&f).unwrap_or_default();
-            if non_test(&text).contains(needle) {
+            let code: String = non_test(&text)
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if needles.iter().any(|n| holds(&code, n)) {
                 files.push(shown);
             }
         }
         if files.len() > 1 {
+            copies += 1;
             println!(
-                "{what} ({needle}): {} files: {}",
+                "{what} ({}): {} files: {}",
+                needles.join(" | "),
                 files.len(),
                 files.join(", ")
             );
         }
     }
+    println!("{copies} primitive(s) or format(s) in more than one file");
     Ok(())
 }
 
@@ -283,6 +313,36 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         assert_eq!(r, want);
+    }
+
+    #[test]
+    fn needles_catch_the_copies_they_name() {
+        let found = |what: &str, code: &str| {
+            let (_, needles) = ONCE.iter().find(|(w, _)| *w == what).expect("listed");
+            needles.iter().any(|n| holds(code, n))
+        };
+        assert!(found(
+            "grant word packing",
+            "w.store((generation << 1) | u32::from(held))"
+        ));
+        assert!(found("grant word packing", "w & 1 == 1 && (w >> 1) != y"));
+        assert!(found(
+            "futex",
+            "libc::syscall(libc::SYS_futex, w, libc::FUTEX_WAKE, 1)"
+        ));
+        assert!(found(
+            "GPU UUID formatting",
+            "let mut s = String::from(\"GPU-\");\ns.push_str(&format!(\"{b:02x}\"));"
+        ));
+        assert!(!found("GPU UUID formatting", "uuid: format!(\"GPU-{i}\")"));
+        assert!(found(
+            "OFD lock",
+            "ofd_lock(f, i, libc::F_OFD_GETLK, libc::F_WRLCK)"
+        ));
+        assert!(!found(
+            "monotonic clock",
+            "libc::clock_nanosleep(libc::CLOCK_MONOTONIC)"
+        ));
     }
 
     #[test]

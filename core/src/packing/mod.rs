@@ -10,26 +10,27 @@
 //! - [`fgd`]: the fragmentation measure over the workload's typical tasks.
 //! - [`reuse`]: kubelet's device reuse between a pod's containers: which containers
 //!   must share GPUs, and what they hold together.
-//! - [`scheduler`]: filter/score/choose over the ledger with per-node caching and a
-//!   fixed tie-breaking node order.
+//! - [`node_choice`]: filter/score/choose a node over the ledger with per-node caching
+//!   and a fixed tie-breaking node order (cluster placement; the daemon's GPU time
+//!   slicing is another scheduler).
 
 pub mod context;
 pub mod fgd;
 pub mod ledger;
+pub mod node_choice;
 pub mod policy;
 pub mod reuse;
-pub mod scheduler;
 
 pub use context::{ContextReserve, ContextReserveError};
 pub use fgd::{Fragmentation, RareShapes, TypicalTask, typical_tasks, typical_tasks_with_classes};
 pub use ledger::{
     GpuFree, GpuSpec, Grant, Ledger, LedgerError, NodeSpec, NodeState, Placement, Reject, Task,
 };
+pub use node_choice::{NodeVerdict, Rank, Scheduler};
 pub use policy::{
     Eval, Policy, PolicyName, Scale, TieKey, UnknownPolicy, VgpuParams, fragmentation_for,
 };
 pub use reuse::ReuseSlot;
-pub use scheduler::{NodeVerdict, Rank, Scheduler};
 
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@
 //! default stream's implicit synchronization) holds trivially; the simulated device runs
 //! one kernel at a time, as the cost model charges each kernel the whole GPU. Kernels
 //! need the device's execution engine, which the node's processes share through the
-//! state file and hand over round-robin every time slice (see `vgpu_cuda_sim::state`).
+//! state file and hand over round-robin every time slice (see `vgpu_cuda_sim::node_state`).
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use vgpu_cuda_abi::cuda::*;
-use vgpu_cuda_sim::state::mono_ns;
+use vgpu_sys::mono_ns;
 
 use crate::rt::{CuResult, Driver, Kind, from_ptr, new_handle};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vgpu_cuda_abi::cuda::*;
-use vgpu_cuda_sim::state::{AllocError, State};
+use vgpu_cuda_sim::node_state::{AllocError, State};
 
 use crate::exec::{Event, Stream, Worker};
 use crate::mem::{Alloc, ArrayObj, Pool, VmmHandle};
@@ -172,7 +172,7 @@ pub fn init() -> CuResult<&'static Driver> {
                 Err(_) => return Err(CUDA_ERROR_UNKNOWN),
             };
             let uuids: Vec<String> = (0..n)
-                .map(|i| vgpu_cuda_sim::config::format_uuid(&state.info(i).uuid))
+                .map(|i| vgpu_core::gpu_uuid::format_uuid(&state.info(i).uuid))
                 .collect();
             let cvd = std::env::var_os(vgpu_core::visible::CUDA_VISIBLE_DEVICES)
                 .map(|v| v.to_string_lossy().into_owned());

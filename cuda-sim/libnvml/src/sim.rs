@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use vgpu_core::gpu_uuid::{format_uuid, parse_uuid};
 use vgpu_cuda_abi::nvml::*;
-use vgpu_cuda_sim::config::{MAX_DEVICES, format_uuid, normalize_pci_bus_id, parse_uuid};
-use vgpu_cuda_sim::state::{BUCKET_NS, EXITED_RING, SLOT_BUCKETS, State, event_type, unix_us};
+use vgpu_cuda_sim::config::{MAX_DEVICES, normalize_pci_bus_id};
+use vgpu_cuda_sim::node_state::{BUCKET_NS, EXITED_RING, SLOT_BUCKETS, State, event_type, unix_us};
 
 /// An NVML result: the value, or the `nvmlReturn_t` error code.
 pub type NvmlResult<T> = Result<T, nvmlReturn_t>;

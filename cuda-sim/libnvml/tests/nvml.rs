@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use nvidia_ml::*;
 use vgpu_cuda_abi::nvml::*;
-use vgpu_cuda_sim::state::{State, event_type, mono_ns};
+use vgpu_cuda_sim::node_state::{State, event_type};
+use vgpu_sys::mono_ns;
 
 /// Calls exported NVML functions.
 macro_rules! nv {
@@ -621,7 +622,7 @@ fn accounting_over_a_process_lifetime() {
         assert!(size > 0);
 
         let bytes = 2 << 30;
-        let before_us = vgpu_cuda_sim::state::unix_us();
+        let before_us = vgpu_cuda_sim::node_state::unix_us();
         let mut p = GpuProcess::start(bytes, true);
         let pid = p.pid();
         std::thread::sleep(Duration::from_millis(800));
@@ -643,7 +644,7 @@ fn accounting_over_a_process_lifetime() {
         );
 
         p.kill9();
-        let after_us = vgpu_cuda_sim::state::unix_us();
+        let after_us = vgpu_cuda_sim::node_state::unix_us();
         assert_eq!(
             nv!(nvmlDeviceGetAccountingStats(h, pid, &mut stats)),
             NVML_SUCCESS

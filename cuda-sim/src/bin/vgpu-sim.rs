@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use vgpu_core::bytes::Bytes;
-use vgpu_cuda_sim::config::format_uuid;
-use vgpu_cuda_sim::state::{State, event_type};
+use vgpu_core::gpu_uuid::format_uuid;
+use vgpu_cuda_sim::node_state::{State, event_type};
 
 #[derive(Parser, Debug)]
 #[command(

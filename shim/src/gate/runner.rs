@@ -14,13 +14,15 @@ use std::time::{Duration, Instant};
 
 use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration,
-    HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode, encode,
+    GrantWord, HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode,
+    encode,
 };
+use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
 use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
 use super::{
     Gates, NONE, PING_AFTER, RECONNECT, RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED,
-    UNREGISTERED, futex_wait, futex_wake, mono_ns,
+    UNREGISTERED,
 };
 use crate::config::DeviceGrant;
 use crate::process::Shim;
@@ -410,12 +412,13 @@ impl Runner {
         let now = mono_ns();
         for (i, d) in self.devs.iter_mut().enumerate() {
             let gate = &self.g.gates[i];
-            d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+            d.local_gen = GrantWord::next_generation(d.local_gen);
             d.holding = Some(d.local_gen);
             d.grant_at = now;
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
             gate.yielded.store(NONE, Ordering::SeqCst);
-            gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+            gate.local
+                .store(GrantWord::held(d.local_gen).pack(), Ordering::SeqCst);
             let old = gate.word();
             gate.word.store(std::ptr::null_mut(), Ordering::Release);
             futex_wake(old);

@@ -25,6 +25,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 
 use anyhow::{Context, Result, bail};
 use libloading::Library;
+use vgpu_core::gpu_uuid::format_uuid;
 
 struct Cuda {
     lib: Library,
@@ -74,18 +75,6 @@ fn text(buf: &[c_char]) -> String {
         .into_owned()
 }
 
-fn uuid_text(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..].concat()
-    )
-}
-
 fn cuda(c: &Cuda) -> Result<()> {
     type Init = unsafe extern "C" fn(c_uint) -> c_uint;
     type Count = unsafe extern "C" fn(*mut c_int) -> c_uint;
@@ -126,7 +115,7 @@ fn cuda(c: &Cuda) -> Result<()> {
             }
             println!(
                 "cuda_uuid_{i}={} cuda_pci_{i}={}",
-                uuid_text(&u),
+                format_uuid(&u),
                 text(&pci)
             );
         }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use vgpu_cuda_sim::config::SimConfig;
-use vgpu_cuda_sim::state::State;
+use vgpu_cuda_sim::node_state::State;
 use vgpu_tests::cpu_load::{CpuHogs, CpuLimited};
 
 const SHORT_NS: u64 = 10_000;

@@ -36,7 +36,7 @@ pub async fn serve_with_ebpf(
     let cfg = vgpu_daemon::run::Config {
         daemon: Config {
             socket: socket.to_owned(),
-            params: vgpu_daemon::scheduler::Params::default(),
+            params: vgpu_daemon::time_slicing::Params::default(),
             queue_ahead_us: 2000,
             trusted_quota_file: None,
             default_settings: ComputeSettings {

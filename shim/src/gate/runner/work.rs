@@ -7,11 +7,10 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use vgpu_core::sched_proto::{ShimMsg, encode};
+use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
+use vgpu_sys::{futex_wake, mono_ns};
 
-use super::super::{
-    CTX_LOCK, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, TICK, futex_wake, mono_ns, sync_device,
-};
+use super::super::{CTX_LOCK, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, TICK, sync_device};
 use super::Runner;
 
 impl Runner {
@@ -167,7 +166,11 @@ impl Runner {
             match d.holding {
                 Some(_) if share >= 100 => {}
                 Some(local) if now >= d.grant_at + LOCAL_QUANTUM_NS => {
-                    let closed = (local.wrapping_add(1) & 0x7fff_ffff) << 1;
+                    let closed = GrantWord {
+                        generation: GrantWord::next_generation(local),
+                        held: false,
+                    }
+                    .pack();
                     gate.local.store(closed, Ordering::SeqCst);
                     let t0 = Instant::now();
                     while gate.inflight.load(Ordering::SeqCst) != 0
@@ -179,7 +182,7 @@ impl Runner {
                     let end = mono_ns();
                     let used = end.saturating_sub(d.grant_at);
                     d.closed_until = end + used * (100 - share) / share;
-                    d.local_gen = local.wrapping_add(1) & 0x7fff_ffff;
+                    d.local_gen = GrantWord::next_generation(local);
                     d.holding = None;
                     gate.all_completed();
                     d.last_obs = None;
@@ -192,10 +195,11 @@ impl Runner {
                     });
                 }
                 None if now >= d.closed_until => {
-                    d.local_gen = d.local_gen.wrapping_add(1) & 0x7fff_ffff;
+                    d.local_gen = GrantWord::next_generation(d.local_gen);
                     d.holding = Some(d.local_gen);
                     d.grant_at = now;
-                    gate.local.store((d.local_gen << 1) | 1, Ordering::SeqCst);
+                    gate.local
+                        .store(GrantWord::held(d.local_gen).pack(), Ordering::SeqCst);
                     futex_wake(&gate.local);
                 }
                 _ => {}

@@ -1,4 +1,5 @@
-//! Filter, score and choose over a ledger, with per-node caching of verdicts.
+//! Choosing a node for a task (cluster placement): filter, score and choose over a
+//! ledger, with per-node caching of verdicts.
 //!
 //! A node's verdict for a task depends only on the node's state (its generation) and the
 //! task, so it is cached per (node, task shape) and recomputed only after the node

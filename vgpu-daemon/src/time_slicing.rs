@@ -1,6 +1,7 @@
-//! One GPU's scheduler: who may launch kernels, and for how long. Pure: every input
-//! carries the time (`now`, CLOCK_MONOTONIC ns), every decision is returned as
-//! [`Action`]s, so the algorithm is unit-tested without threads or clocks.
+//! GPU time slicing: one GPU's scheduler, who may launch kernels and for how long.
+//! Pure: every input carries the time (`now`, CLOCK_MONOTONIC ns), every decision is
+//! returned as [`Action`]s, so the algorithm is unit-tested without threads or clocks.
+//! (Not the cluster's placement of pods on nodes: that is `vgpu_core::packing`.)
 //!
 //! The GPU runs one tenant at a time (time-slicing, as the hardware does between
 //! contexts). A tenant *holds* the GPU under a numbered grant; when the grant is

@@ -1,5 +1,5 @@
-//! The node's shared GPU state: one memory-mapped file that every process of the
-//! simulated node maps, as every process of a real node shares its GPUs.
+//! The simulated node's shared GPU state: one memory-mapped file that every process of
+//! the simulated node maps, as every process of a real node shares its GPUs.
 //!
 //! Layout: a [`Header`], then [`MAX_DEVICES`] × ([`DeviceInfo`], [`DeviceState`]), then
 //! [`MAX_SLOTS`] process [`Slot`]s, then a ring of [`ExitedRec`] accounting records. All
@@ -11,7 +11,6 @@
 //! *i* of `slots.lock` for its slot *i*. The kernel drops it when the process dies,
 //! SIGKILL included; `F_OFD_GETLK` from any other process then reports the byte free.
 
-use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -19,6 +18,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+
+use vgpu_sys::publish::publish_by_link;
+use vgpu_sys::slot_lock::{self, Hold};
+use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
 use crate::config::{DeviceConfig, MAX_DEVICES, SimConfig};
 
@@ -346,17 +349,6 @@ pub struct DeviceEvent {
     pub unix_us: u64,
 }
 
-/// Monotonic clock in ns (system-wide, so comparable across processes).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Wall clock in µs since the Unix epoch.
 pub fn unix_us() -> u64 {
     std::time::SystemTime::now()
@@ -486,14 +478,7 @@ impl State {
         init_layout(layout, config, len);
         // SAFETY: unmapping the mapping created just above.
         unsafe { libc::munmap(base.cast(), len) };
-        let (ctmp, cpath) = (cpath(&tmp), cpath(path));
-        // SAFETY: both are valid NUL-terminated paths.
-        let rc = unsafe { libc::link(ctmp.as_ptr(), cpath.as_ptr()) };
-        let err = io::Error::last_os_error();
-        let _ = std::fs::remove_file(&tmp);
-        if rc != 0 && err.kind() != io::ErrorKind::AlreadyExists {
-            return Err(io_err("publish state file", path)(err));
-        }
+        publish_by_link(&tmp, path).map_err(io_err("publish state file", path))?;
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -555,30 +540,10 @@ impl State {
 
     // ---- process slots -------------------------------------------------------------
 
-    fn ofd_lock(&self, slot: usize, cmd: libc::c_int, ty: libc::c_int) -> io::Result<libc::flock> {
-        // SAFETY: flock is plain old data; all-zero is valid.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = ty as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = libc::off_t::try_from(slot).expect("slot indices are below MAX_SLOTS");
-        fl.l_len = 1;
-        fl.l_pid = 0;
-        // SAFETY: the fd is open for the lifetime of `self`; `fl` is a valid flock.
-        let rc = unsafe { libc::fcntl(self.lock_file.as_raw_fd(), cmd, &mut fl) };
-        if rc == 0 {
-            Ok(fl)
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
     /// Whether the process owning slot `i` still holds its liveness lock.
     fn slot_owner_alive(&self, i: usize) -> bool {
-        match self.ofd_lock(i, libc::F_OFD_GETLK, libc::F_WRLCK) {
-            Ok(fl) => fl.l_type != libc::F_UNLCK as libc::c_short,
-            // If we cannot tell, assume alive: never reclaim a live process's memory.
-            Err(_) => true,
-        }
+        // If we cannot tell, alive: never reclaim a live process's memory.
+        slot_lock::owner_alive(&self.lock_file, i)
     }
 
     /// Claims a slot for this process. The slot stays claimed until the process dies
@@ -598,7 +563,7 @@ impl State {
                 {
                     continue;
                 }
-                if self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_WRLCK).is_err() {
+                if slot_lock::hold(&self.lock_file, i, Hold::Write).is_err() {
                     s.state.store(SLOT_FREE, Ordering::Release);
                     continue;
                 }
@@ -633,7 +598,7 @@ impl State {
             .is_ok()
         {
             self.retire(i);
-            let _ = self.ofd_lock(i, libc::F_OFD_SETLK, libc::F_UNLCK);
+            let _ = slot_lock::release(&self.lock_file, i);
         }
     }
 
@@ -1152,11 +1117,6 @@ fn map(file: &File, len: usize) -> io::Result<*mut Layout> {
     }
 }
 
-fn cpath(p: &Path) -> CString {
-    use std::os::unix::ffi::OsStrExt;
-    CString::new(p.as_os_str().as_bytes()).expect("paths built here contain no NUL")
-}
-
 fn sub_saturating(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
         Some(x.saturating_sub(v))
@@ -1167,31 +1127,6 @@ fn sub_saturating_u32(a: &AtomicU32, v: u32) {
     let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
         Some(x.saturating_sub(v))
     });
-}
-
-/// Waits while `*word == val`, at most `timeout`. Returns false on timeout.
-fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) -> bool {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` points into a shared mapping that outlives the call; FUTEX_WAIT
-    // (not PRIVATE) is the cross-process form; `ts` is a valid relative timeout.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            val,
-            &ts as *const libc::timespec,
-        )
-    };
-    !(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT))
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: as in `futex_wait`; waking has no memory-safety preconditions.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
 /// Renders an error with its chain of causes, for messages on stderr.
