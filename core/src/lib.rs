@@ -10,6 +10,7 @@ pub mod bytes;
 pub mod container_quota;
 pub mod inventory;
 pub mod packing;
+pub mod proc_maps;
 pub mod prom;
 pub mod region_key;
 pub mod resources;
