@@ -11,6 +11,7 @@ pub mod container_quota;
 pub mod gpu_uuid;
 pub mod inventory;
 pub mod packing;
+pub mod proc_maps;
 pub mod prom;
 pub mod region_key;
 pub mod resources;

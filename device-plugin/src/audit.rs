@@ -102,15 +102,7 @@ pub struct Audit {
 /// when its maps cannot be read (it exited, or no permission).
 pub fn shim_loaded(proc_root: &Path, pid: u32, names: &[&str]) -> Option<bool> {
     let maps = std::fs::read_to_string(proc_root.join(pid.to_string()).join("maps")).ok()?;
-    Some(maps.lines().any(|l| {
-        // `addr perms offset dev inode   path`; the path may end in " (deleted)".
-        let Some(path) = l.split_whitespace().nth(5) else {
-            return false;
-        };
-        Path::new(path)
-            .file_name()
-            .is_some_and(|f| names.iter().any(|n| f == *n))
-    }))
+    Some(vgpu_core::proc_maps::maps_file_named(&maps, names))
 }
 
 /// The pod UID in a `/proc/<pid>/cgroup` text: kubelet's cgroup names carry

@@ -245,6 +245,13 @@ impl Probe {
         self.child.id()
     }
 
+    /// The next line it prints, waiting at most `timeout`.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(timeout).ok()?;
+        self.seen.push(line.clone());
+        Some(line)
+    }
+
     /// Sends SIGKILL and reaps the process.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

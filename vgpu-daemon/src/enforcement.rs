@@ -20,6 +20,10 @@ use crate::daemon::Daemon;
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/vgpu";
 /// Pods (or cgroups) whose opens are counted apart; beyond it they count as `other`.
 const MAX_PODS: usize = 4096;
+/// The shim's file name, looked for in an admitted process's memory map.
+const SHIM_FILE: &str = "libvgpu.so";
+/// How often the containers of the daemon's pod are looked for (a restarted plugin).
+const POD_RESCAN: Duration = Duration::from_secs(10);
 /// How long an event reader waits before it looks at the stop flag again.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -162,6 +166,13 @@ impl Enforcement {
             enforcer.trust_cgroup(id)?;
             info!(cgroup = %dir.display(), "eBPF gate: cgroup trusted");
         }
+        // In a pod, the pod's other containers (the device plugin's NVML health checks)
+        // are the node's agents too; they are trusted now and whenever they restart.
+        let pod_dir = own
+            .as_deref()
+            .and_then(Path::parent)
+            .filter(|p| vgpu_ebpf::attribution::pod_of_cgroup(&p.to_string_lossy()).is_some())
+            .map(Path::to_path_buf);
         let gate_events = enforcer.take_gate_events();
         let exit_events = enforcer.take_exit_events();
         info!(
@@ -216,6 +227,32 @@ impl Enforcement {
                 },
             )?);
         }
+        if let Some(pod) = pod_dir {
+            let weak = Arc::downgrade(&e);
+            let stop = Arc::clone(&e.stop);
+            let trust = std::thread::Builder::new()
+                .name("vgpu-ebpf-pod".into())
+                .spawn(move || {
+                    let mut known = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(e) = weak.upgrade() else { return };
+                        e.trust_containers_of(&pod, &mut known);
+                        drop(e);
+                        for _ in 0..(POD_RESCAN.as_millis() / POLL.as_millis()) {
+                            if stop.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            std::thread::sleep(POLL);
+                        }
+                    }
+                })
+                .map_err(|source| EnforcementError::Path {
+                    what: "thread",
+                    path: PathBuf::from("vgpu-ebpf-pod"),
+                    source,
+                })?;
+            readers.push(trust);
+        }
         *lock(&e.readers) = readers;
         Ok(e)
     }
@@ -226,13 +263,48 @@ impl Enforcement {
     }
 
     /// Lets process `pid` (host PID) open GPU nodes and watches its exit: called when it
-    /// registers through the shim. Returns whether the gate took it.
+    /// asks through the shim (`Admit`, `Hello`). A process whose memory map shows no
+    /// `libvgpu.so` is not admitted (it speaks the protocol without the shim); one whose map
+    /// cannot be read (gone, or the daemon lacks the permission) is. Returns whether the
+    /// gate took it.
     pub fn admit(&self, pid: u32) -> bool {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"));
+        if let Ok(m) = &maps
+            && !vgpu_core::proc_maps::maps_file_named(m, &[SHIM_FILE])
+        {
+            warn!(
+                pid,
+                "eBPF gate: not admitting a process without {SHIM_FILE} mapped"
+            );
+            return false;
+        }
         match lock(&self.enforcer).allow_tgid(pid) {
             Ok(()) => true,
             Err(e) => {
                 warn!(pid, "eBPF gate: cannot admit the process: {e}");
                 false
+            }
+        }
+    }
+
+    /// Trusts every container cgroup of the daemon's pod not trusted yet (`known`).
+    fn trust_containers_of(&self, pod: &Path, known: &mut Vec<u64>) {
+        let Ok(entries) = std::fs::read_dir(pod) else {
+            return;
+        };
+        for dir in entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+            let Ok(id) = vgpu_ebpf::cgroup_id(&dir) else {
+                continue;
+            };
+            if known.contains(&id) {
+                continue;
+            }
+            match lock(&self.enforcer).trust_cgroup(id) {
+                Ok(()) => {
+                    info!(cgroup = %dir.display(), "eBPF gate: a container of the daemon's pod trusted");
+                    known.push(id);
+                }
+                Err(e) => warn!(cgroup = %dir.display(), "eBPF gate: cannot trust: {e}"),
             }
         }
     }

@@ -216,6 +216,7 @@ fn finish(f: &Failures) -> Result<()> {
 /// Builds the simulator, the daemon and `vgpuctl`, the shim, `cuda-probe` and `vgpu-smi`
 /// (release), then runs the demo.
 fn demo() -> Result<()> {
+    ebpf_toolchain()?;
     let libs = sim()?;
     run(cargo().args([
         "build",
@@ -240,6 +241,43 @@ fn demo() -> Result<()> {
         "vgpu-smi",
     ]))?;
     demo::demo(&libs, &target_dir().join("release"))
+}
+
+/// The daemon links `ebpf/`, whose build compiles C for the bpf target: on a fresh Debian
+/// machine the demo installs clang and the libbpf headers itself (as root), so that it
+/// stays one command; elsewhere it says what to install.
+fn ebpf_toolchain() -> Result<()> {
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let have_clang = Command::new(&clang)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if have_clang && Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
+        return Ok(());
+    }
+    // Root: the effective uid in /proc/self/status.
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            == Some("0")
+    });
+    if !root || !Path::new("/usr/bin/apt-get").exists() {
+        bail!(
+            "building the node daemon needs clang and the libbpf headers (ebpf/): install them with `apt-get install clang libbpf-dev`"
+        );
+    }
+    eprintln!("xtask: installing clang and libbpf-dev (the node daemon's eBPF programs are C)");
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get").args([
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+        "clang",
+        "libbpf-dev",
+    ]))
 }
 
 fn main() -> Result<()> {

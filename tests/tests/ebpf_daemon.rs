@@ -1,0 +1,374 @@
+//! The node daemon with its eBPF GPU device gate and exit watcher, on the real kernel, with
+//! real processes on cuda-sim (whose `cuInit`/`nvmlInit` open the node's device nodes, made
+//! with mknod under its state directory). The gate covers a cgroup2 child made for each
+//! test; the processes under test are moved into it; this test process stays outside.
+//! Needs root, BTF, cgroup2 and tracefs: prints SKIPPED without them, fails instead when
+//! `VGPU_REQUIRE_EBPF=1` (CI). Nothing is pinned; everything detaches when the daemon is
+//! dropped.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step is the failure
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_daemon::enforcement::EbpfSettings;
+use vgpu_ebpf::Mode;
+use vgpu_tests::{Container, Probe, SimNode, probe_bin, shim_lib};
+
+mod common;
+
+const NODE: &str =
+    "[[device]]\nuuid = \"GPU-eb0f0000-0000-4000-8000-00000000ca7e\"\nmemory = \"8Gi\"\n";
+
+/// The cgroup2 mount when this machine can run the test; SKIPPED (or a panic under
+/// `VGPU_REQUIRE_EBPF=1`) otherwise.
+fn ebpf_ready(test: &str, sim: &SimNode) -> Option<PathBuf> {
+    let why = (|| {
+        vgpu_ebpf::preflight::check_capabilities().map_err(|e| e.to_string())?;
+        vgpu_ebpf::preflight::check_btf().map_err(|e| e.to_string())?;
+        vgpu_ebpf::preflight::check_tracefs().map_err(|e| e.to_string())?;
+        let mounts = std::fs::read_to_string("/proc/self/mounts").map_err(|e| e.to_string())?;
+        let root = vgpu_ebpf::preflight::cgroup2_mount(&mounts)
+            .ok_or("no cgroup2 mount in /proc/self/mounts")?;
+        // The simulator's device nodes (made by its first cuInit otherwise).
+        match vgpu_cuda_sim::devnodes::ensure(&sim.state_dir(), 1) {
+            Ok(true) => Ok(PathBuf::from(root)),
+            Ok(false) => Err("mknod is not permitted: the simulator has no device nodes".into()),
+            Err(e) => Err(format!("cannot make the simulator's device nodes: {e}")),
+        }
+    })();
+    match why {
+        Ok(root) => Some(root),
+        Err(reason) if std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1") => {
+            panic!("{test}: VGPU_REQUIRE_EBPF=1 but eBPF cannot run here: {reason}")
+        }
+        Err(reason) => {
+            // Not captured by libtest: a skip must be seen.
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+            None
+        }
+    }
+}
+
+/// A cgroup2 child directory, removed when dropped (its processes gone by then).
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn new(root: &Path, test: &str) -> Cgroup {
+        let dir = root.join(format!("vgpu-test-{test}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        Cgroup(dir)
+    }
+
+    /// `program` started inside this cgroup (a shell moves itself in, then execs it).
+    fn command(&self, sim: &SimNode, program: &Path) -> Command {
+        let mut c = sim.command("sh");
+        c.arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
+            .arg(&self.0)
+            .arg("--")
+            .arg(program);
+        c
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn settings(mode: Mode, cgroup: &Cgroup, sim: &SimNode) -> EbpfSettings {
+    EbpfSettings {
+        mode,
+        cgroup_root: Some(cgroup.0.clone()),
+        pin_dir: None,
+        dev_dir: vgpu_cuda_sim::devnodes::node_dir(&sim.state_dir()),
+        trusted_cgroups: Vec::new(),
+    }
+}
+
+/// Runs `cmd` to its end; its stdout and stderr together.
+fn run(mut cmd: Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the process in the cgroup");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforce_lets_the_shims_processes_through_and_refuses_the_others() {
+    let sim = SimNode::new(NODE);
+    let Some(root) = ebpf_ready("enforce_lets_the_shims_processes_through", &sim) else {
+        return;
+    };
+    let cg = Cgroup::new(&root, "enforce");
+    let host = tempfile::tempdir().unwrap();
+    let socket = host.path().join("daemon.sock");
+    let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Enforce, &cg, &sim)).await;
+    let gate = served
+        .daemon
+        .enforcement()
+        .expect("the gate attached")
+        .clone();
+    let who = format!("cgroup /{}", cg.0.strip_prefix(&root).unwrap().display());
+
+    // Under the shim: CUDA and NVML work (the shim asked the daemon before the driver
+    // opened its nodes).
+    let container = Container::new("1Gi").with("VGPU_DAEMON_SOCKET", &socket.to_string_lossy());
+    let mut cmd = cg.command(&sim, &probe_bin());
+    container.apply(&mut cmd);
+    cmd.args(["init", "alloc", "64Mi", "nvml"]);
+    let out = run(cmd);
+    assert!(out.contains("alloc=ok"), "CUDA under the shim: {out}");
+    assert!(out.contains("nvml_total="), "NVML under the shim: {out}");
+    assert_eq!(gate.opens_of(&who), (0, 0), "nothing refused: {out}");
+
+    // Without the shim: cuInit and nvmlInit fail with the codes NVIDIA's libraries give
+    // for a refused node (999), each refusal counted once for the cgroup.
+    let mut cmd = cg.command(&sim, &probe_bin());
+    cmd.arg("init");
+    let out = run(cmd);
+    assert!(out.contains("999"), "cuInit without the shim: {out}");
+    let mut cmd = cg.command(&sim, &probe_bin());
+    cmd.arg("nvml");
+    let out = run(cmd);
+    assert!(
+        out.contains("nvmlInit_v2 failed with 999"),
+        "nvmlInit without the shim: {out}"
+    );
+    // A client that opens the device node itself (as a raw-ioctl client does).
+    let node = vgpu_cuda_sim::devnodes::node_dir(&sim.state_dir()).join("nvidia0");
+    let mut cmd = cg.command(&sim, Path::new("/bin/sh"));
+    cmd.arg("-c").arg(r#"exec 3<>"$0""#).arg(&node);
+    let out = run(cmd);
+    assert!(
+        out.contains("not permitted"),
+        "a raw open of {}: {out}",
+        node.display()
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while gate.opens_of(&who).0 < 3 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        gate.opens_of(&who),
+        (3, 0),
+        "one refusal each, named by the cgroup"
+    );
+    let metrics = gate.metrics();
+    assert!(
+        metrics.contains(&format!(
+            "vgpu_ebpf_refused_opens_total{{pod_uid=\"\",cgroup=\"{}\"}} 3",
+            who.trim_start_matches("cgroup ")
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("vgpu_ebpf_program_attached{program=\"gpu_gate\",mode=\"enforce\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_allows_every_open_and_counts_what_enforce_would_refuse() {
+    let sim = SimNode::new(NODE);
+    let Some(root) = ebpf_ready("audit_allows_every_open", &sim) else {
+        return;
+    };
+    let cg = Cgroup::new(&root, "audit");
+    let host = tempfile::tempdir().unwrap();
+    let socket = host.path().join("daemon.sock");
+    let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Audit, &cg, &sim)).await;
+    let gate = served
+        .daemon
+        .enforcement()
+        .expect("the gate attached")
+        .clone();
+    let who = format!("cgroup /{}", cg.0.strip_prefix(&root).unwrap().display());
+    let mut cmd = cg.command(&sim, &probe_bin());
+    cmd.args(["init", "alloc", "64Mi", "nvml"]);
+    let out = run(cmd);
+    assert!(
+        out.contains("alloc=ok") && out.contains("nvml_total="),
+        "audit allows: {out}"
+    );
+    // Every node cuInit opens, then every node nvmlInit opens, each reported once.
+    let expected = 2 * vgpu_cuda_sim::devnodes::nodes(1, 0).len() as u64;
+    let end = Instant::now() + Duration::from_secs(5);
+    while gate.opens_of(&who).1 < expected && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        gate.opens_of(&who),
+        (0, expected),
+        "the would-be refusals of cuInit and nvmlInit are reported"
+    );
+}
+
+/// Python with cuda-python and nvidia-ml-py (installed by `.ci/run`), or why not.
+fn python_clients() -> Result<(), String> {
+    let ok = Command::new("python3")
+        .args(["-c", "import cuda.bindings.driver, pynvml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(())
+    } else {
+        Err("python3 with cuda-python and nvidia-ml-py is not installed".into())
+    }
+}
+
+/// A tenant that initialises CUDA, registers (first context), then forks a child that
+/// inherits its daemon socket and, in `nvml_in_child` mode, initialises NVML itself.
+const FORKING_TENANT: &str = r#"
+import os, sys, time
+from cuda.bindings import driver as cu
+def ck(r):
+    if r[0] != cu.CUresult.CUDA_SUCCESS:
+        print(f"error {r[0]}", flush=True); sys.exit(1)
+    return r[1] if len(r) == 2 else r[1:]
+ck(cu.cuInit(0) + (None,))
+dev = ck(cu.cuDeviceGet(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(dev))
+ck(cu.cuCtxSetCurrent(ctx) + (None,))
+ck(cu.cuMemAlloc(64 << 20))
+child = os.fork()
+if child == 0:
+    if sys.argv[1] == "nvml_in_child":
+        import pynvml
+        try:
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            print(f"child nvml=ok count={n}", flush=True)
+        except pynvml.NVMLError as e:
+            print(f"child nvml=err {e}", flush=True)
+    time.sleep(120)
+    os._exit(0)
+print(f"ready parent={os.getpid()} child={child}", flush=True)
+time.sleep(120)
+"#;
+
+fn field_u32(line: &str, key: &str) -> u32 {
+    vgpu_tests::field(line, key).unwrap().parse().unwrap()
+}
+
+/// Waits (bounded) until the daemon holds a process `pid` or, with `gone`, no longer does.
+async fn wait_registered(daemon: &vgpu_daemon::daemon::Daemon, pid: u32, gone: bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = daemon
+            .snapshot()
+            .tenants
+            .iter()
+            .any(|t| t.pids.contains(&pid));
+        if held != gone {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_child_registers_as_itself_and_a_killed_tenant_is_released_at_once() {
+    let sim = SimNode::new(NODE);
+    let Some(root) = ebpf_ready("a_forked_child_registers_as_itself", &sim) else {
+        return;
+    };
+    if let Err(why) = python_clients() {
+        if std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1") {
+            panic!("VGPU_REQUIRE_EBPF=1 but {why}");
+        }
+        let _ = writeln!(std::io::stderr(), "SKIPPED a_forked_child: {why}");
+        return;
+    }
+    let host = tempfile::tempdir().unwrap();
+    let tenant = |cg: &Cgroup, socket: &Path, mode: &str| {
+        let container = Container::new("1Gi").with("VGPU_DAEMON_SOCKET", &socket.to_string_lossy());
+        let mut cmd = cg.command(&sim, Path::new("python3"));
+        container.apply(&mut cmd);
+        cmd.env("LD_PRELOAD", shim_lib())
+            .args(["-c", FORKING_TENANT, mode]);
+        Probe::start(cmd, &[], Duration::from_secs(60))
+    };
+
+    // Without eBPF the daemon learns of the parent's death only from its socket, which
+    // the child still holds: the tenant stays registered.
+    let cg_off = Cgroup::new(&root, "fork-off");
+    let socket_off = host.path().join("off.sock");
+    let served = common::daemon::serve(&socket_off).await;
+    let t = tenant(&cg_off, &socket_off, "sleep");
+    let ready = t.seen.last().unwrap().clone();
+    let (parent, child) = (field_u32(&ready, "parent"), field_u32(&ready, "child"));
+    assert!(wait_registered(&served.daemon, parent, false).await);
+    sigkill(parent);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        served
+            .daemon
+            .snapshot()
+            .tenants
+            .iter()
+            .any(|t| t.pids.contains(&parent)),
+        "without eBPF the killed tenant stays while its child holds the socket (the case the exit watcher exists for)"
+    );
+    sigkill(child);
+    t.kill9();
+    drop(served);
+
+    // With the gate (enforce): the child initialises NVML as itself (admitted by its own
+    // PID), and the parent's SIGKILL releases its slices at once.
+    let cg = Cgroup::new(&root, "fork-enforce");
+    let socket = host.path().join("daemon.sock");
+    let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Enforce, &cg, &sim)).await;
+    let mut t = tenant(&cg, &socket, "nvml_in_child");
+    let ready = t.seen.last().unwrap().clone();
+    let (parent, child) = (field_u32(&ready, "parent"), field_u32(&ready, "child"));
+    assert!(wait_registered(&served.daemon, parent, false).await);
+    let line = t
+        .next_line(Duration::from_secs(30))
+        .expect("the child's NVML line");
+    assert!(
+        line.starts_with("child nvml=ok count=1"),
+        "a forked child doing NVML under enforce: {line}"
+    );
+    let killed = Instant::now();
+    sigkill(parent);
+    assert!(
+        wait_registered(&served.daemon, parent, true).await,
+        "the killed tenant is released although its child holds the socket"
+    );
+    let released = killed.elapsed();
+    println!(
+        "FIGURE exit release: a SIGKILLed tenant whose child holds its socket released {:.2} ms after kill(2)",
+        released.as_secs_f64() * 1e3
+    );
+    assert!(released < Duration::from_secs(2), "{released:?}");
+    sigkill(child);
+    t.kill9();
+}
+
+#[allow(unsafe_code)]
+fn sigkill(pid: u32) {
+    let pid = libc::pid_t::try_from(pid).unwrap();
+    // SAFETY: kill(2) with a PID this test started and SIGKILL; no memory is involved.
+    let r = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(r, 0, "kill -9 {pid}");
+}
