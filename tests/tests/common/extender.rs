@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment, RESOURCE_GPU};
-use vgpu_device_plugin::testkit::node::{NODE, TestNode};
+use vgpu_testkit::node::{NODE, TestNode};
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
 use vgpu_scheduler_extender::extender::state::{Candidates, State, StateConfig};
 use vgpu_scheduler_extender::extender::sync::WatchKind;

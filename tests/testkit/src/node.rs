@@ -13,13 +13,13 @@ use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::{
     ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant, RESOURCE_GPU,
 };
+use vgpu_device_plugin::config::Config;
+use vgpu_device_plugin::handshake::Handshake;
+use vgpu_device_plugin::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
+use vgpu_device_plugin::run::{Deps, prepare, start};
 
-use super::fake_api::FakeApi;
-use super::fake_kubelet::{FakeContainer, FakeKubelet};
-use crate::config::Config;
-use crate::handshake::Handshake;
-use crate::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::run::{Deps, prepare, start};
+use crate::fake_api::FakeApi;
+use crate::fake_kubelet::{FakeContainer, FakeKubelet};
 
 /// The node's name in every test.
 pub const NODE: &str = "node-a";
@@ -158,7 +158,7 @@ impl TestNode {
         // the plugin only checks that they exist and names them to the runtime).
         std::fs::create_dir_all(&cfg.dev_dir)?;
         for g in &gpu_list {
-            std::fs::write(crate::preflight::device_node(&cfg.dev_dir, g), b"")?;
+            std::fs::write(vgpu_device_plugin::preflight::device_node(&cfg.dev_dir, g), b"")?;
         }
         let api = FakeApi::start().await?;
         let mut kubelet =
