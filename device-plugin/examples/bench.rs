@@ -16,9 +16,7 @@ use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, gpus, pod_json
 
 /// Benchmark options.
 #[derive(Parser, Debug, Clone)]
-#[command(
-    about = "Measure Allocate and PreStartContainer latency on an in-process fake node"
-)]
+#[command(about = "Measure Allocate and PreStartContainer latency on an in-process fake node")]
 struct BenchArgs {
     /// Pods to start.
     #[arg(long, default_value_t = 200)]

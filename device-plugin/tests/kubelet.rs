@@ -13,9 +13,7 @@ use vgpu_core::resources::{ContainerKind, RESOURCE_GPU, parse_pod_request};
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
 use vgpu_testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
 
-use vgpu_testkit::node::{
-    NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
-};
+use vgpu_testkit::node::{NODE, PodContainer, TestNode, fake_containers, gpus, pod_json};
 
 const T: Duration = Duration::from_secs(10);
 

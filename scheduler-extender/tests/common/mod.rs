@@ -2,8 +2,6 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
-pub mod fake_api;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -1,28 +1,68 @@
-//! A scripted fake Kubernetes API server for pods: `GET` one pod, list and watch all
-//! (newline-delimited watch events with resource versions). Requests are counted.
+//! A scripted fake Kubernetes API server speaking real HTTP JSON, for the device plugin's
+//! and the extender's tests alike.
+//!
+//! It serves what their kube-rs sides use: list and watch of Nodes and Pods
+//! (newline-delimited watch events with resource versions), `GET` of one pod or node,
+//! merge patches of a pod or a node, the `pods/binding` subresource and event creation.
+//! Every request is recorded; tests wait for calls with a deadline
+//! ([`FakeApi::wait_for_calls`]), so a call that never comes fails the test fast instead
+//! of hanging it. Failures and delays can be scripted.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
+
+/// One recorded request.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// HTTP method.
+    pub method: String,
+    /// Path without the query (`?watch` appended for a watch).
+    pub path: String,
+    /// Request body as JSON (`Null` when empty).
+    pub body: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Node,
+    Pod,
+}
+
+#[derive(Debug, Clone)]
+struct WatchEvent {
+    rv: u64,
+    kind: Kind,
+    kind_event: &'static str,
+    object: Value,
+}
 
 #[derive(Debug, Default)]
 struct Inner {
     rv: u64,
-    pods: BTreeMap<(String, String), Value>,
     nodes: BTreeMap<String, Value>,
-    log: Vec<(u64, &'static str, Value)>,
+    pods: BTreeMap<(String, String), Value>,
+    log: Vec<WatchEvent>,
+    calls: Vec<Call>,
     events: Vec<Value>,
+    /// Status codes to answer the next binding POSTs with, instead of binding.
+    binding_failures: Vec<u16>,
+    /// Status codes to answer the next pod PATCHes with, instead of patching.
+    patch_failures: Vec<u16>,
+    /// Delay before answering a binding POST.
+    binding_delay: Duration,
+    /// Binding POSTs to answer 201 without binding (a write the watch never shows).
+    lost_bindings: usize,
 }
 
 /// Handle to a running fake API server.
@@ -30,7 +70,6 @@ struct Inner {
 pub struct FakeApi {
     inner: Arc<Mutex<Inner>>,
     changed: broadcast::Sender<()>,
-    gets: Arc<AtomicU64>,
     /// Where it listens.
     pub addr: SocketAddr,
 }
@@ -39,17 +78,6 @@ fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     inner
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn status(code: StatusCode, reason: &str, message: String) -> Response {
-    (
-        code,
-        axum::Json(json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
-        })),
-    )
-        .into_response()
 }
 
 impl FakeApi {
@@ -61,20 +89,21 @@ impl FakeApi {
         let fake = FakeApi {
             inner: Arc::default(),
             changed,
-            gets: Arc::default(),
             addr,
         };
         let app = Router::new()
-            .route("/api/v1/pods", get(list_or_watch))
-            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route("/api/v1/nodes", get(list_or_watch_nodes))
+            .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+            .route("/api/v1/pods", get(list_or_watch_pods))
             .route(
-                "/api/v1/nodes/{name}",
-                axum::routing::patch(patch_node).get(get_node),
+                "/api/v1/namespaces/{ns}/pods/{name}",
+                get(get_pod).patch(patch_pod),
             )
             .route(
-                "/api/v1/namespaces/{ns}/events",
-                axum::routing::post(create_event),
+                "/api/v1/namespaces/{ns}/pods/{name}/binding",
+                post(create_binding),
             )
+            .route("/api/v1/namespaces/{ns}/events", post(create_event))
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -93,6 +122,48 @@ impl FakeApi {
         kube::Client::try_from(config)
     }
 
+    fn record(&self, method: &str, path: String, body: Value) {
+        lock(&self.inner).calls.push(Call {
+            method: method.to_owned(),
+            path,
+            body,
+        });
+    }
+
+    fn emit(&self, inner: &mut Inner, kind: Kind, kind_event: &'static str, object: Value) {
+        inner.log.push(WatchEvent {
+            rv: inner.rv,
+            kind,
+            kind_event,
+            object,
+        });
+        let _ = self.changed.send(());
+    }
+
+    /// Adds or replaces a node, named by its `metadata.name` (a watch event follows);
+    /// later merge patches apply to it.
+    pub fn put_node(&self, mut node: Value) {
+        let mut inner = lock(&self.inner);
+        inner.rv += 1;
+        let rv = inner.rv;
+        node["apiVersion"] = json!("v1");
+        node["kind"] = json!("Node");
+        node["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let event = if inner.nodes.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        inner.nodes.insert(name, node.clone());
+        self.emit(&mut inner, Kind::Node, event, node);
+    }
+
+    /// The stored node (as put, with the merge patches applied since).
+    pub fn node(&self, name: &str) -> Option<Value> {
+        lock(&self.inner).nodes.get(name).cloned()
+    }
+
     /// Adds or replaces a pod (a watch event follows).
     pub fn put_pod(&self, mut pod: Value) {
         let mut inner = lock(&self.inner);
@@ -102,31 +173,28 @@ impl FakeApi {
         pod["kind"] = json!("Pod");
         pod["metadata"]["resourceVersion"] = json!(rv.to_string());
         let key = pod_key(&pod);
-        let ev = if inner.pods.contains_key(&key) {
+        let event = if inner.pods.contains_key(&key) {
             "MODIFIED"
         } else {
             "ADDED"
         };
         inner.pods.insert(key, pod.clone());
-        inner.log.push((rv, ev, pod));
-        let _ = self.changed.send(());
+        self.emit(&mut inner, Kind::Pod, event, pod);
     }
 
-    /// Deletes a pod (a watch event follows); whether it existed.
+    /// Deletes a pod (a watch event follows). Returns whether it existed.
     pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
         let mut inner = lock(&self.inner);
         let Some(mut pod) = inner.pods.remove(&(namespace.to_owned(), name.to_owned())) else {
             return false;
         };
         inner.rv += 1;
-        let rv = inner.rv;
-        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
-        inner.log.push((rv, "DELETED", pod));
-        let _ = self.changed.send(());
+        pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        self.emit(&mut inner, Kind::Pod, "DELETED", pod);
         true
     }
 
-    /// The stored pod.
+    /// The current stored pod.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         lock(&self.inner)
             .pods
@@ -134,17 +202,16 @@ impl FakeApi {
             .cloned()
     }
 
-    /// Puts a node (its `metadata.name` names it); later merge patches apply to it.
-    pub fn put_node(&self, mut node: Value) {
-        node["apiVersion"] = json!("v1");
-        node["kind"] = json!("Node");
-        let name = node["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        lock(&self.inner).nodes.insert(name, node);
+    /// All stored pods.
+    pub fn pods(&self) -> Vec<Value> {
+        lock(&self.inner).pods.values().cloned().collect()
     }
 
-    /// The node as patched so far (merge patches applied to an empty object).
-    pub fn node(&self, name: &str) -> Option<Value> {
-        lock(&self.inner).nodes.get(name).cloned()
+    /// Sets a pod's phase (a watch event follows).
+    pub fn set_pod_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let mut pod = self.pod(namespace, name).expect("pod exists");
+        pod["status"]["phase"] = json!(phase);
+        self.put_pod(pod);
     }
 
     /// The events created so far.
@@ -154,19 +221,86 @@ impl FakeApi {
 
     /// How many single-pod GETs were served.
     pub fn gets(&self) -> u64 {
-        self.gets.load(Ordering::Relaxed)
+        let n = lock(&self.inner)
+            .calls
+            .iter()
+            .filter(|c| c.method == "GET" && c.path.contains("/namespaces/"))
+            .count();
+        n as u64
     }
 
-    fn list(&self) -> Value {
+    /// Every request so far.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.inner).calls.clone()
+    }
+
+    /// Requests so far with this method whose path ends with `suffix`.
+    pub fn calls_matching(&self, method: &str, suffix: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.path.ends_with(suffix))
+            .collect()
+    }
+
+    /// Answers the next binding POSTs with these status codes.
+    pub fn fail_next_bindings(&self, codes: &[u16]) {
+        lock(&self.inner).binding_failures.extend_from_slice(codes);
+    }
+
+    /// Answers the next pod PATCHes with these status codes.
+    pub fn fail_next_patches(&self, codes: &[u16]) {
+        lock(&self.inner).patch_failures.extend_from_slice(codes);
+    }
+
+    /// Answers the next `n` binding POSTs 201 Created without binding the pod.
+    pub fn lose_next_bindings(&self, n: usize) {
+        lock(&self.inner).lost_bindings += n;
+    }
+
+    /// Delays every binding POST by this much.
+    pub fn set_binding_delay(&self, delay: Duration) {
+        lock(&self.inner).binding_delay = delay;
+    }
+
+    /// Waits until `pred` holds over the recorded calls, or panics after `deadline`.
+    pub async fn wait_for_calls(
+        &self,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&[Call]) -> bool,
+    ) {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            if pred(&lock(&self.inner).calls) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "fake API server: timed out after {deadline:?} waiting for {what}; calls: {:#?}",
+                self.calls()
+                    .iter()
+                    .map(|c| format!("{} {}", c.method, c.path))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn list(&self, kind: Kind) -> Value {
         let inner = lock(&self.inner);
+        let (items, list_kind): (Vec<Value>, &str) = match kind {
+            Kind::Node => (inner.nodes.values().cloned().collect(), "NodeList"),
+            Kind::Pod => (inner.pods.values().cloned().collect(), "PodList"),
+        };
         json!({
-            "apiVersion": "v1", "kind": "PodList",
+            "apiVersion": "v1",
+            "kind": list_kind,
             "metadata": {"resourceVersion": inner.rv.to_string()},
-            "items": inner.pods.values().cloned().collect::<Vec<_>>(),
+            "items": items,
         })
     }
 
-    fn watch(&self, from_rv: u64, timeout: Duration) -> Response {
+    fn watch(&self, kind: Kind, from_rv: u64, timeout: Duration) -> Response {
         let mut changes = self.changed.subscribe();
         let inner = self.inner.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
@@ -177,8 +311,11 @@ impl FakeApi {
                 let lines: Vec<(u64, String)> = lock(&inner)
                     .log
                     .iter()
-                    .filter(|(rv, _, _)| *rv > sent)
-                    .map(|(rv, ev, obj)| (*rv, format!("{}\n", json!({"type": ev, "object": obj}))))
+                    .filter(|e| e.kind == kind && e.rv > sent)
+                    .map(|e| {
+                        let line = json!({"type": e.kind_event, "object": e.object});
+                        (e.rv, format!("{line}\n"))
+                    })
                     .collect();
                 for (rv, line) in lines {
                     sent = rv;
@@ -188,7 +325,7 @@ impl FakeApi {
                 }
                 match tokio::time::timeout_at(deadline, changes.recv()).await {
                     Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return,
-                    Ok(_) => {}
+                    Ok(Ok(())) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
                 }
             }
         });
@@ -215,48 +352,99 @@ fn pod_key(pod: &Value) -> (String, String) {
     )
 }
 
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    (
+        code,
+        axum::Json(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+        })),
+    )
+        .into_response()
+}
+
+fn not_found(what: &str, name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{what} \"{name}\" not found"),
+    )
+}
+
+fn scripted(code: u16) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    status(code, "Scripted", format!("scripted failure {code}"))
+}
+
+fn created() -> Response {
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
+    )
+        .into_response()
+}
+
 async fn list_or_watch(
-    State(fake): State<FakeApi>,
-    Query(q): Query<BTreeMap<String, String>>,
+    fake: FakeApi,
+    kind: Kind,
+    path: &str,
+    q: BTreeMap<String, String>,
 ) -> Response {
-    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        let from = q
+    let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    fake.record(
+        "GET",
+        format!("{path}{}", if watching { "?watch" } else { "" }),
+        Value::Null,
+    );
+    if watching {
+        let from: u64 = q
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let secs = q
+        let secs: u64 = q
             .get("timeoutSeconds")
             .and_then(|v| v.parse().ok())
             .unwrap_or(300);
-        fake.watch(from, Duration::from_secs(secs))
+        fake.watch(kind, from, Duration::from_secs(secs))
     } else {
-        axum::Json(fake.list()).into_response()
+        axum::Json(fake.list(kind)).into_response()
     }
+}
+
+async fn list_or_watch_nodes(
+    State(fake): State<FakeApi>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(fake, Kind::Node, "/api/v1/nodes", q).await
+}
+
+async fn list_or_watch_pods(
+    State(fake): State<FakeApi>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(fake, Kind::Pod, "/api/v1/pods", q).await
 }
 
 async fn get_pod(
     State(fake): State<FakeApi>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    fake.gets.fetch_add(1, Ordering::Relaxed);
+    fake.record(
+        "GET",
+        format!("/api/v1/namespaces/{ns}/pods/{name}"),
+        Value::Null,
+    );
     match fake.pod(&ns, &name) {
         Some(pod) => axum::Json(pod).into_response(),
-        None => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("pods \"{name}\" not found"),
-        ),
+        None => not_found("pods", &name),
     }
 }
 
 async fn get_node(State(fake): State<FakeApi>, Path(name): Path<String>) -> Response {
+    fake.record("GET", format!("/api/v1/nodes/{name}"), Value::Null);
     match fake.node(&name) {
         Some(node) => axum::Json(node).into_response(),
-        None => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("nodes \"{name}\" not found"),
-        ),
+        None => not_found("nodes", &name),
     }
 }
 
@@ -276,11 +464,167 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// A merge patch body, or the answer that refuses it.
+fn merge_patch(headers: &HeaderMap, body: &Bytes) -> Result<Value, Response> {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type != "application/merge-patch+json" {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the fake supports merge patches only, got {content_type}"),
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into()))
+}
+
+async fn patch_node(
+    State(fake): State<FakeApi>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record("PATCH", format!("/api/v1/nodes/{name}"), value);
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let mut inner = lock(&fake.inner);
+    inner.rv += 1;
+    let rv = inner.rv;
+    let node = inner
+        .nodes
+        .entry(name.clone())
+        .or_insert_with(|| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}));
+    if !node.is_object() {
+        *node = json!({});
+    }
+    merge(node, &patch);
+    node["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let node = node.clone();
+    fake.emit(&mut inner, Kind::Node, "MODIFIED", node.clone());
+    axum::Json(node).into_response()
+}
+
+async fn patch_pod(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record(
+        "PATCH",
+        format!("/api/v1/namespaces/{ns}/pods/{name}"),
+        value,
+    );
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let mut inner = lock(&fake.inner);
+    if !inner.patch_failures.is_empty() {
+        return scripted(inner.patch_failures.remove(0));
+    }
+    let key = (ns, name.clone());
+    let Some(mut pod) = inner.pods.get(&key).cloned() else {
+        return not_found("pods", &name);
+    };
+    if let Some(uid) = patch["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Precondition failed: UID in precondition: {uid}"),
+        );
+    }
+    if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
+        && pod["metadata"]["resourceVersion"].as_str() != Some(rv)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version".into(),
+        );
+    }
+    merge(&mut pod, &patch);
+    inner.rv += 1;
+    pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.pods.insert(key, pod.clone());
+    fake.emit(&mut inner, Kind::Pod, "MODIFIED", pod.clone());
+    axum::Json(pod).into_response()
+}
+
+async fn create_binding(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let binding: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record(
+        "POST",
+        format!("/api/v1/namespaces/{ns}/pods/{name}/binding"),
+        binding.clone(),
+    );
+    let delay = lock(&fake.inner).binding_delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut inner = lock(&fake.inner);
+    if !inner.binding_failures.is_empty() {
+        return scripted(inner.binding_failures.remove(0));
+    }
+    if inner.lost_bindings > 0 {
+        inner.lost_bindings -= 1;
+        return created();
+    }
+    let key = (ns, name.clone());
+    let Some(mut pod) = inner.pods.get(&key).cloned() else {
+        return not_found("pods", &name);
+    };
+    if let Some(uid) = binding["metadata"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("pod uid mismatch: {uid}"),
+        );
+    }
+    if let Some(node) = pod["spec"]["nodeName"].as_str() {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("pod {name} is already assigned to node \"{node}\""),
+        );
+    }
+    let Some(target) = binding["target"]["name"].as_str() else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "binding has no target".into(),
+        );
+    };
+    pod["spec"]["nodeName"] = json!(target);
+    inner.rv += 1;
+    pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.pods.insert(key, pod.clone());
+    fake.emit(&mut inner, Kind::Pod, "MODIFIED", pod);
+    created()
+}
+
 async fn create_event(
     State(fake): State<FakeApi>,
     Path(ns): Path<String>,
     body: Bytes,
 ) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record("POST", format!("/api/v1/namespaces/{ns}/events"), value);
     let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
     };
@@ -300,27 +644,4 @@ async fn create_event(
     ev["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
     inner.events.push(ev.clone());
     (StatusCode::CREATED, axum::Json(ev)).into_response()
-}
-
-async fn patch_node(
-    State(fake): State<FakeApi>,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Response {
-    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
-        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
-    };
-    let mut inner = lock(&fake.inner);
-    let node = inner
-        .nodes
-        .entry(name.clone())
-        .or_insert_with(|| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}));
-    if !node.is_object() {
-        *node = json!({});
-    }
-    merge(node, &patch);
-    if let Value::Object(o) = node {
-        o.entry("metadata").or_insert_with(|| json!({}));
-    }
-    axum::Json(node.clone()).into_response()
 }

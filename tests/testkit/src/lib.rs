@@ -2,8 +2,9 @@
 //! (a dev-dependency: no production binary links them). Every wait has a deadline, so a
 //! call that never comes fails fast instead of hanging.
 //!
-//! - [`fake_api`]: a scripted fake Kubernetes API server for the device plugin (pods:
-//!   get, list, watch; nodes: get, merge patch; events).
+//! - [`fake_api`]: one scripted fake Kubernetes API server (nodes and pods: get, list,
+//!   watch, merge patch; bindings; events), shared by the device plugin's and the
+//!   extender's tests, with scripted failures and a record of every request.
 //! - `fake_kubelet` (feature `plugin`): a fake kubelet speaking the real gRPC protocols
 //!   over unix sockets (Registration server, DevicePlugin client, PodResources server,
 //!   with kubelet's admission order and device reuse).

@@ -158,7 +158,10 @@ impl TestNode {
         // the plugin only checks that they exist and names them to the runtime).
         std::fs::create_dir_all(&cfg.dev_dir)?;
         for g in &gpu_list {
-            std::fs::write(vgpu_device_plugin::preflight::device_node(&cfg.dev_dir, g), b"")?;
+            std::fs::write(
+                vgpu_device_plugin::preflight::device_node(&cfg.dev_dir, g),
+                b"",
+            )?;
         }
         let api = FakeApi::start().await?;
         let mut kubelet =
