@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use vgpu_core::packing::PolicyName;
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
-use vgpu_scheduler_extender::extender::serve::{ServeArgs, run_with_client};
+use vgpu_scheduler_extender::extender::run::{ServeArgs, run_with_client};
 
 use common::{gpu_node, gpu_pod};
 use vgpu_testkit::fake_api::FakeApi;

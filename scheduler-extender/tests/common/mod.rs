@@ -206,12 +206,12 @@ impl Served {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
-        let app = vgpu_scheduler_extender::extender::server::router_with(
+        let app = vgpu_scheduler_extender::extender::http::router_with(
             extender.clone(),
             "/scheduler",
             limits,
         );
-        tokio::spawn(vgpu_scheduler_extender::extender::server::serve_on(
+        tokio::spawn(vgpu_scheduler_extender::extender::http::serve_on(
             listener,
             app,
             limits.header_timeout,

@@ -9,7 +9,7 @@ use vgpu_core::packing::{ContextReserve, PolicyName};
 use super::binder::KubeBinder;
 use super::limits::{HttpLimits, LimitsError};
 use super::policy::ExtenderPolicy;
-use super::server::{Extender, router_with, serve_on};
+use super::http::{Extender, router_with, serve_on};
 use super::state::{State, StateConfig};
 use super::sync::{self, SyncConfig};
 
