@@ -29,9 +29,9 @@ use vgpu_core::packing::PolicyName;
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
 
 use super::binder::NoopBinder;
-use super::policy::ExtenderPolicy;
+use super::cluster::{State, StateConfig};
 use super::http::Extender;
-use super::state::{State, StateConfig};
+use super::policy::ExtenderPolicy;
 use super::sync::WatchKind;
 use super::types::{ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult, HostPriorityList};
 
