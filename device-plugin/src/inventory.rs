@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn patch_carries_a_valid_record_and_a_model_label() {
-        let g = crate::testkit::node::gpus(2, 81920);
+        let g = vgpu_testkit::node::gpus(2, 81920);
         let p = node_patch(&g);
         let text = p["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
             .as_str()

@@ -23,10 +23,10 @@
 // at start / Allocate). Node side: `health` (NVML), `inventory` (the Node annotation),
 // `audit` (processes without the shim), `gc` (allocation directories), `metrics`.
 // `config` (one validated struct) and `run` (the composition root main.rs calls).
-// `testkit`: fakes of kubelet and the API server, for tests and the bench.
+// The fakes of kubelet and the API server live in `vgpu-testkit` (tests/testkit), a
+// dev-dependency; the benchmark is `examples/bench.rs`.
 
 pub mod audit;
-pub mod bench;
 pub mod config;
 pub mod error;
 pub mod gc;
@@ -46,4 +46,3 @@ pub mod server;
 pub mod visible;
 
 pub use config::Config;
-pub mod testkit;

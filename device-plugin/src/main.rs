@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vgpu_device_plugin::config::{Config, DeviceMode};
-use vgpu_device_plugin::{bench, health};
+use vgpu_device_plugin::health;
 
 #[derive(Parser, Debug)]
 #[command(about = "vgpu's kubelet device plugin: fractional GPUs for exactly the right container")]
@@ -19,8 +19,6 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Measure Allocate and PreStartContainer latency on an in-process fake node.
-    Bench(bench::BenchArgs),
     /// Print the node's GPU inventory (JSON, one line) now and on every health change.
     Health(HealthArgs),
 }
@@ -216,7 +214,6 @@ fn main() -> std::process::ExitCode {
     };
     let r = rt.block_on(async {
         match cli.cmd {
-            Some(Cmd::Bench(b)) => bench::run(b).await,
             Some(Cmd::Health(h)) => health_cmd(h).await,
             None => {
                 let cfg = cli.run.config()?;

@@ -378,7 +378,7 @@ mod tests {
         let cfg = Arc::new(cfg);
         let uri: http::Uri = "http://127.0.0.1:9".parse().unwrap();
         let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
-        let (_tx, rx) = watch::channel(crate::testkit::node::gpus(2, 1024));
+        let (_tx, rx) = watch::channel(vgpu_testkit::node::gpus(2, 1024));
         let hs = Handshake::new(cfg.clone(), client, None, rx.clone());
         Plugin::new(cfg, rx, hs)
     }
@@ -394,7 +394,7 @@ mod tests {
         cfg.daemon_socket = Some(cfg.host_state_dir.join("daemon/daemon.sock"));
         cfg.validate().unwrap();
         p.cfg = Arc::new(cfg);
-        let g = crate::testkit::node::gpus(2, 1024);
+        let g = vgpu_testkit::node::gpus(2, 1024);
         let r = p.allocate_one(&[ids::device_id(&g[0].uuid, 1)]).unwrap();
         let m = r
             .mounts
@@ -417,7 +417,7 @@ mod tests {
     #[tokio::test]
     async fn cdi_mode_names_cdi_devices_and_nodes_mode_device_nodes() {
         let root = tempfile::tempdir().unwrap();
-        let g = crate::testkit::node::gpus(2, 1024);
+        let g = vgpu_testkit::node::gpus(2, 1024);
         let ids = vec![ids::device_id(&g[1].uuid, 4), ids::device_id(&g[1].uuid, 5)];
         let r = plugin(DeviceMode::Cdi, root.path())
             .allocate_one(&ids)

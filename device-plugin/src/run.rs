@@ -2,6 +2,11 @@
 //! handshake, the audit, the clean-up, the metrics and the kubelet server from one
 //! validated [`Config`], until `shutdown` completes. `main.rs` only parses, logs, calls
 //! it and maps its error to an exit code.
+//!
+//! What the plugin must not make for itself in a test — the API server client and the
+//! GPU source — comes in as [`Deps`]: [`run`] makes the real ones (the in-cluster or
+//! `KUBECONFIG` client, the NVML monitor) and calls [`run_with`]; the fake node of
+//! `vgpu-testkit` passes its fakes to [`start`], the same wiring.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +15,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{error, warn};
 use vgpu_core::inventory::GpuInfo;
 
@@ -93,32 +100,94 @@ pub async fn check_node(
     }
 }
 
-/// Runs the plugin with `cfg` (validated here) until `shutdown` completes.
-pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+/// What [`run`] makes for itself and a test passes in.
+#[derive(Clone)]
+pub struct Deps {
+    /// The API server client (pods, the Node, events).
+    pub client: kube::Client,
+    /// The node's GPUs, sent again on every health change (the NVML monitor's channel).
+    pub gpus: watch::Receiver<Vec<GpuInfo>>,
+    /// How often a failed write of the Node's inventory is retried.
+    pub inventory_retry: Duration,
+}
+
+impl std::fmt::Debug for Deps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deps")
+            .field("gpus", &*self.gpus.borrow())
+            .field("inventory_retry", &self.inventory_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validates `cfg` and prepares its state directory: the first step of [`run`], before
+/// anything else starts.
+pub fn prepare(cfg: Config) -> Result<Arc<Config>, RunError> {
     cfg.validate()?;
     let cfg = Arc::new(cfg);
     prepare_state_dir(&cfg).map_err(|source| RunError::StateDir {
         path: cfg.state_dir.clone(),
         source,
     })?;
-    let gpus = health::spawn_nvml_monitor(&cfg, cfg.nvml_lib.clone())?;
-    let client = kube::Client::try_default().await.map_err(RunError::Kube)?;
+    Ok(cfg)
+}
+
+/// The plugin wired and its background tasks started, not yet served to kubelet.
+/// Dropping it stops the tasks it started.
+#[derive(Debug)]
+pub struct Started {
+    cfg: Arc<Config>,
+    handshake: Handshake,
+    plugin: Plugin,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Started {
+    /// The handshake (its pod watch, its `List` calls, its allocation directories).
+    pub fn handshake(&self) -> &Handshake {
+        &self.handshake
+    }
+
+    /// Serves the plugin to kubelet (register, re-register on a kubelet restart) until
+    /// `shutdown` completes; then stops the background tasks.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        server::run(self.cfg.clone(), self.plugin.clone(), shutdown).await;
+    }
+}
+
+/// Wires the plugin over `deps` with `cfg` (as [`prepare`] returns it): refuses what
+/// cannot work on this node ([`check_node`]), then starts the pod watch, the inventory,
+/// the metrics server, the audit and the clean-up as `cfg` asks.
+pub async fn start(cfg: Arc<Config>, deps: Deps) -> Result<Started, RunError> {
+    let Deps {
+        client,
+        gpus,
+        inventory_retry,
+    } = deps;
     let initial = gpus.borrow().clone();
     check_node(&cfg, &client, &initial).await?;
     let (store, writer) = reflector::store();
     let pods: kube::Api<Pod> = kube::Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node_name));
-    tokio::spawn(
+    let mut tasks = vec![tokio::spawn(
         reflector(writer, watcher(pods, wc).default_backoff())
             .applied_objects()
             .for_each(|_| futures::future::ready(())),
-    );
-    tokio::spawn(inventory::publish(
+    )];
+    tasks.push(tokio::spawn(inventory::publish(
         client.clone(),
         cfg.node_name.clone(),
         gpus.clone(),
-        Duration::from_secs(5),
-    ));
+        inventory_retry,
+    )));
     let handshake = Handshake::new(cfg.clone(), client, Some(store), gpus.clone());
     let metrics = Metrics::new(gpus.clone());
     if let Some(addr) = cfg.metrics_addr {
@@ -126,23 +195,57 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             .await
             .map_err(|source| RunError::Metrics { addr, source })?;
         let m = metrics.clone();
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             if let Err(e) = crate::metrics::serve(m, l).await {
                 error!(error = %error_chain(&e), "metrics server stopped");
             }
-        });
+        }));
     }
     if let Some(every) = cfg.audit_interval {
         let rx = audit::spawn(cfg.clone(), cfg.nvml_lib.clone(), every).map_err(RunError::Audit)?;
-        tokio::spawn(audit::report(handshake.clone(), rx, metrics.audit.clone()));
+        tasks.push(tokio::spawn(audit::report(
+            handshake.clone(),
+            rx,
+            metrics.audit.clone(),
+        )));
     }
     if let Some(every) = cfg.gc_interval {
         let m = metrics.clone();
-        tokio::spawn(gc::run(handshake.clone(), every, move |r| m.gc_round(r)));
+        tasks.push(tokio::spawn(gc::run(handshake.clone(), every, move |r| {
+            m.gc_round(r)
+        })));
     }
-    let plugin = Plugin::new(cfg.clone(), gpus, handshake);
-    server::run(cfg, plugin, shutdown).await;
+    let plugin = Plugin::new(cfg.clone(), gpus, handshake.clone());
+    Ok(Started {
+        cfg,
+        handshake,
+        plugin,
+        tasks,
+    })
+}
+
+/// [`start`], then serves until `shutdown` completes.
+pub async fn run_with(
+    cfg: Arc<Config>,
+    deps: Deps,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    start(cfg, deps).await?.serve(shutdown).await;
     Ok(())
+}
+
+/// Runs the plugin with `cfg` (validated here) until `shutdown` completes, over the
+/// node's NVML and the in-cluster (or `KUBECONFIG`) API server client.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let cfg = prepare(cfg)?;
+    let gpus = health::spawn_nvml_monitor(&cfg, cfg.nvml_lib.clone())?;
+    let client = kube::Client::try_default().await.map_err(RunError::Kube)?;
+    let deps = Deps {
+        client,
+        gpus,
+        inventory_retry: Duration::from_secs(5),
+    };
+    run_with(cfg, deps, shutdown).await
 }
 
 #[cfg(test)]

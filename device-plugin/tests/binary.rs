@@ -12,9 +12,9 @@ use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::NodeInventory;
 use vgpu_device_plugin::ids::allocation_key;
 use vgpu_device_plugin::kubelet::UNHEALTHY;
-use vgpu_device_plugin::testkit::fake_api::FakeApi;
-use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
-use vgpu_device_plugin::testkit::node::{NODE, PodContainer, fake_containers, pod_json};
+use vgpu_testkit::fake_api::FakeApi;
+use vgpu_testkit::fake_kubelet::FakeKubelet;
+use vgpu_testkit::node::{NODE, PodContainer, fake_containers, pod_json};
 use vgpu_tests::{SimNode, sim_lib_dir};
 
 const T: Duration = Duration::from_secs(20);

@@ -11,11 +11,9 @@ use vgpu_core::inventory::{GpuInfo, NodeInventory};
 use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Task, reuse};
 use vgpu_core::resources::{ContainerKind, RESOURCE_GPU, parse_pod_request};
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
-use vgpu_device_plugin::testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
+use vgpu_testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
 
-use vgpu_device_plugin::testkit::node::{
-    NODE, PodContainer, TestNode, fake_containers, gpus, pod_json,
-};
+use vgpu_testkit::node::{NODE, PodContainer, TestNode, fake_containers, gpus, pod_json};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -1020,7 +1018,7 @@ async fn an_app_container_the_size_of_an_init_container_whose_status_lags_gets_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_with_gpu_slices_gets_its_own_quota_beside_init_and_app_containers() {
-    use vgpu_device_plugin::testkit::fake_kubelet::FakeContainer;
+    use vgpu_testkit::fake_kubelet::FakeContainer;
     let g = gpus(1, 81920);
     let mut node = TestNode::start(g.clone()).await.expect("node");
     let mut c = node.client.clone();

@@ -16,7 +16,7 @@ enum Command {
     /// Replay a trace through a placement policy (the packing benchmark).
     Replay(replay::ReplayArgs),
     /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
-    Serve(extender::serve::ServeArgs),
+    Serve(extender::run::ServeArgs),
     /// Measure the extender's filter/prioritize/bind latency at scale (in memory).
     BenchExtender(extender::bench::BenchArgs),
 }
@@ -28,10 +28,10 @@ fn init_tracing() {
     tracing_subscriber::fmt().with_env_filter(filter).init();
 }
 
-fn serve(args: extender::serve::ServeArgs) -> anyhow::Result<()> {
+fn serve(args: extender::run::ServeArgs) -> anyhow::Result<()> {
     init_tracing();
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(extender::serve::run(args))?;
+    runtime.block_on(extender::run::run(args))?;
     Ok(())
 }
 

@@ -8,14 +8,14 @@ use std::time::Duration;
 use serde_json::json;
 use vgpu_core::packing::PolicyName;
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
-use vgpu_scheduler_extender::extender::serve::{ServeArgs, run_with_client};
+use vgpu_scheduler_extender::extender::run::{ServeArgs, run_with_client};
 
-use common::fake_api::FakeApi;
 use common::{gpu_node, gpu_pod};
+use vgpu_testkit::fake_api::FakeApi;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_becomes_ready_decides_binds_and_shuts_down() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 2, "A100", 81920));
     let pod = gpu_pod("p1", "uid-p1", json!({"vgpu.io/gpu": "5"}));
     fake.put_pod(pod.clone());
@@ -38,9 +38,14 @@ async fn serve_becomes_ready_decides_binds_and_shuts_down() {
         body_timeout: Duration::from_secs(10),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with_client(fake.client(), args, listener, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(run_with_client(
+        fake.client().expect("client"),
+        args,
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let served = common::ServedClient::new(addr);
     // Ready once both lists are in.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -18,8 +18,8 @@ use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
 use vgpu_scheduler_extender::extender::sync::{self, SyncConfig};
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
 
-use common::fake_api::FakeApi;
 use common::{Served, gpu_node, gpu_pod};
+use vgpu_testkit::fake_api::FakeApi;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -31,7 +31,7 @@ struct Instance {
 
 impl Instance {
     async fn start(fake: &FakeApi, config: StateConfig) -> Self {
-        let client = fake.client();
+        let client = fake.client().expect("client");
         let state = Arc::new(State::new(config, ExtenderPolicy::new(PolicyName::Vgpu)));
         let sync = tokio::spawn(sync::run(
             client.clone(),
@@ -114,7 +114,7 @@ fn slices(n: u32) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bind_writes_the_assignment_once_then_the_binding_and_the_watch_confirms() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 2, "A100", 81920));
     fake.put_node(gpu_node("node-b", 2, "A100", 81920));
     let inst = Instance::start(&fake, StateConfig::default()).await;
@@ -176,7 +176,7 @@ async fn bind_writes_the_assignment_once_then_the_binding_and_the_watch_confirms
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_and_failed_pods_release_their_gpus() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 1, "A100", 81920));
     let inst = Instance::start(&fake, StateConfig::default()).await;
     for (name, uid) in [("p1", "uid-1"), ("p2", "uid-2")] {
@@ -215,7 +215,7 @@ async fn deleted_and_failed_pods_release_their_gpus() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assumption_the_watch_never_confirms_expires_after_its_ttl() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 1, "A100", 81920));
     let ttl = Duration::from_millis(400);
     let inst = Instance::start(
@@ -258,7 +258,7 @@ async fn an_assumption_the_watch_never_confirms_expires_after_its_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_binds_release_at_once_unless_the_outcome_is_uncertain() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 1, "A100", 81920));
     let inst = Instance::start(
         &fake,
@@ -323,7 +323,7 @@ async fn failed_binds_release_at_once_unless_the_outcome_is_uncertain() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_extender_rebuilds_the_same_ledger_from_the_api() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     for n in ["node-a", "node-b", "node-c"] {
         fake.put_node(gpu_node(n, 4, "A100", 81920));
     }
@@ -386,7 +386,7 @@ async fn a_restarted_extender_rebuilds_the_same_ledger_from_the_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_binds_never_double_assign_a_gpu() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 2, "A100", 81920));
     // Binds overlap in flight at the API server.
     fake.set_binding_delay(Duration::from_millis(20));
@@ -458,7 +458,7 @@ async fn concurrent_binds_never_double_assign_a_gpu() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_plugin_is_unregistered_takes_no_pods_but_keeps_its_ledger() {
-    let fake = FakeApi::start().await;
+    let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 1, "A100", 81920));
     let inst = Instance::start(&fake, StateConfig::default()).await;
     let p1 = gpu_pod("p1", "uid-1", slices(4));

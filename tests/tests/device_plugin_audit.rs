@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use vgpu_core::inventory::GpuInfo;
 use vgpu_device_plugin::audit::{self, EVENT_REASON};
 use vgpu_device_plugin::metrics::Metrics;
-use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
-use vgpu_device_plugin::testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
+use vgpu_testkit::fake_kubelet::FakeKubelet;
+use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib, sim_lib_dir};
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-0000000a0d17";

@@ -15,8 +15,8 @@ use serde_json::json;
 use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::{ANNOTATION_COMPUTE_POLICY, ANNOTATION_PRIORITY};
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
-use vgpu_device_plugin::testkit::fake_kubelet::FakeKubelet;
-use vgpu_device_plugin::testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
+use vgpu_testkit::fake_kubelet::FakeKubelet;
+use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib};
 
 mod common;

@@ -16,8 +16,8 @@ use serde_json::json;
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::RESOURCE_GPU;
-use vgpu_device_plugin::testkit::fake_kubelet::{FakeContainer, FakeKubelet};
-use vgpu_device_plugin::testkit::node::TestNode;
+use vgpu_testkit::fake_kubelet::{FakeContainer, FakeKubelet};
+use vgpu_testkit::node::TestNode;
 use vgpu_tests::{SimNode, field, num, probe_bin, shim_lib};
 
 mod common;

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::RESOURCE_GPU;
-use vgpu_device_plugin::testkit::fake_kubelet::{FakeContainer, FakeKubelet};
-use vgpu_device_plugin::testkit::node::TestNode;
+use vgpu_testkit::fake_kubelet::{FakeContainer, FakeKubelet};
+use vgpu_testkit::node::TestNode;
 
 mod common;
 use common::extender::{decide, extender_for};

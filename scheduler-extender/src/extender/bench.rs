@@ -29,9 +29,9 @@ use vgpu_core::packing::PolicyName;
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
 
 use super::binder::NoopBinder;
+use super::cluster::{State, StateConfig};
+use super::http::Extender;
 use super::policy::ExtenderPolicy;
-use super::server::Extender;
-use super::state::{State, StateConfig};
 use super::sync::WatchKind;
 use super::types::{ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult, HostPriorityList};
 
@@ -516,8 +516,8 @@ impl LoopbackClient {
             .local_addr()
             .map_err(|e| BenchError::Http(format!("local address: {e}")))?;
         let limits = super::limits::HttpLimits::default();
-        let app = super::server::router_with(ext, "/scheduler", limits);
-        tokio::spawn(super::server::serve_on(
+        let app = super::http::router_with(ext, "/scheduler", limits);
+        tokio::spawn(super::http::serve_on(
             listener,
             app,
             limits.header_timeout,

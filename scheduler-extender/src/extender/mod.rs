@@ -2,31 +2,32 @@
 //! kept in sync with the API server through kube-rs watches.
 //!
 //! - [`types`]: the extender v1 JSON (PascalCase keys, embedded Kubernetes objects).
-//! - [`server`]: the verbs as byte-level handlers, an axum router and the HTTP server.
+//! - [`http`]: the verbs as byte-level handlers, an axum router and the HTTP server.
 //! - [`limits`]: request-body size, deadlines and memory budget; parse errors that
 //!   never echo the body.
-//! - [`state`]: nodes, pods, bind assumptions (with TTL) and the derived ledger;
-//!   read-decide-commit under one lock.
+//! - [`cluster`]: the extender's view of the cluster: nodes, pods, bind assumptions
+//!   (with TTL) and the derived ledger; read-decide-commit under one lock.
 //! - [`policy`]: the policy core as the live extender drives it.
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
-//! - [`sync`]: Node and Pod watches feeding [`state::State`].
-//! - [`serve`]: configuration and the `serve` entry point.
+//! - [`sync`]: Node and Pod watches feeding [`cluster::State`].
+//! - [`run`]: the `serve` subcommand's configuration and its entry point (the
+//!   composition root: client, watches, binder, HTTP server).
 //! - [`bench`](mod@bench): the latency benchmark (`bench-extender`).
 //!
 //! Design and its reasons: `docs/adr/0007-extender-state-and-bind.md`.
 
 pub mod bench;
 pub mod binder;
+pub mod cluster;
 pub mod error;
+pub mod http;
 pub mod limits;
 mod names;
 pub mod policy;
-pub mod serve;
-pub mod server;
-pub mod state;
+pub mod run;
 pub mod sync;
 pub mod types;
 
+pub use cluster::{State, StateConfig};
 pub use error::{ExtenderError, Verb};
-pub use server::Extender;
-pub use state::{State, StateConfig};
+pub use http::Extender;

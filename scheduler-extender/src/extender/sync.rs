@@ -19,7 +19,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
-use super::state::State;
+use super::cluster::State;
 
 /// Which object kind a watch carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,6 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
-pub mod fake_api;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -208,12 +206,12 @@ impl Served {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
-        let app = vgpu_scheduler_extender::extender::server::router_with(
+        let app = vgpu_scheduler_extender::extender::http::router_with(
             extender.clone(),
             "/scheduler",
             limits,
         );
-        tokio::spawn(vgpu_scheduler_extender::extender::server::serve_on(
+        tokio::spawn(vgpu_scheduler_extender::extender::http::serve_on(
             listener,
             app,
             limits.header_timeout,

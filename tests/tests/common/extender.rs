@@ -7,11 +7,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment, RESOURCE_GPU};
-use vgpu_device_plugin::testkit::node::{NODE, TestNode};
+use vgpu_scheduler_extender::extender::cluster::{Candidates, State, StateConfig};
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::state::{Candidates, State, StateConfig};
 use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::types::ExtenderBindingArgs;
+use vgpu_testkit::node::{NODE, TestNode};
 
 /// The extender's state with this node as its watch would see it, once the plugin has
 /// published the node's GPU inventory.

@@ -7,10 +7,10 @@ use std::time::Duration;
 use vgpu_core::packing::{ContextReserve, PolicyName};
 
 use super::binder::KubeBinder;
+use super::cluster::{State, StateConfig};
+use super::http::{Extender, router_with, serve_on};
 use super::limits::{HttpLimits, LimitsError};
 use super::policy::ExtenderPolicy;
-use super::server::{Extender, router_with, serve_on};
-use super::state::{State, StateConfig};
 use super::sync::{self, SyncConfig};
 
 /// Why `serve` could not run.

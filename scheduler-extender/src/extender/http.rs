@@ -17,9 +17,9 @@ use axum::routing::{get, post};
 use tracing::{debug, info, warn};
 
 use super::binder::{Binder, outcome_uncertain};
+use super::cluster::{Candidates, State};
 use super::error::{ExtenderError, Verb, error_response};
 use super::limits::{BodyBudget, HeldBody, HttpLimits, describe_json_error};
-use super::state::{Candidates, State};
 use super::types::{
     ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
     ExtenderFilterAnswer, ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeListRef,

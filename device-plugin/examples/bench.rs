@@ -1,37 +1,43 @@
-//! `vgpu-device-plugin bench`: `Allocate` and `PreStartContainer` latency under load, on
-//! an in-process node (fake kubelet over real unix-socket gRPC, fake API server over
-//! HTTP). Pods are admitted one at a time as kubelet does, then every container's
+//! The device plugin's benchmark: `Allocate` and `PreStartContainer` latency under load,
+//! on an in-process node (`vgpu-testkit`: fake kubelet over real unix-socket gRPC, fake
+//! API server over HTTP). An example, so that only a dev-dependency brings the fakes
+//! and the production binary has none:
+//! `cargo run --release -p vgpu-device-plugin --example bench -- --pods 200`.
+//! Pods are admitted one at a time as kubelet does, then every container's
 //! `PreStartContainer` is sent at once, `--concurrency` at a time (kubelet's pod workers
 //! run in parallel; 12 concurrent calls were seen on a real kubelet).
 
 use std::time::{Duration, Instant};
 
-use crate::testkit::fake_kubelet::FakeKubelet;
-use crate::testkit::node::{PodContainer, TestNode, fake_containers, gpus, pod_json};
+use clap::Parser;
+use vgpu_device_plugin::{audit, gc, metrics};
+use vgpu_testkit::fake_kubelet::FakeKubelet;
+use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, gpus, pod_json};
 
 /// Benchmark options.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Measure Allocate and PreStartContainer latency on an in-process fake node")]
+struct BenchArgs {
     /// Pods to start.
     #[arg(long, default_value_t = 200)]
-    pub pods: u32,
+    pods: u32,
     /// GPUs on the node (each takes 10 slices).
     #[arg(long, default_value_t = 8)]
-    pub gpus: u32,
+    gpus: u32,
     /// Concurrent PreStartContainer calls.
     #[arg(long, default_value_t = 12)]
-    pub concurrency: usize,
+    concurrency: usize,
     /// Extra latency of each PodResources List, ms (a real kubelet: 2.3 median, 68 worst).
     #[arg(long, default_value_t = 2.3)]
-    pub list_delay_ms: f64,
+    list_delay_ms: f64,
     /// Seconds of steady state (everything registered and idle) to measure CPU and memory.
     #[arg(long, default_value_t = 5)]
-    pub idle_s: u64,
+    idle_s: u64,
     /// NVML library for the audit of GPU processes during the steady state (e.g.
     /// cuda-sim's `libnvidia-ml.so.1`; none: no audit). The audit and the allocation
     /// clean-up then run every second, ten and sixty times as often as by default.
     #[arg(long)]
-    pub nvml_lib: Option<std::path::PathBuf>,
+    nvml_lib: Option<std::path::PathBuf>,
 }
 
 /// CPU time of this process so far (user + system), from `/proc/self/stat` (USER_HZ 100).
@@ -64,8 +70,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    run(BenchArgs::parse()).await
+}
+
 /// Runs the benchmark and prints its figures.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let node = TestNode::start(gpus(args.gpus, 81920)).await?;
     node.kubelet
         .set_list_delay(Duration::from_secs_f64(args.list_delay_ms / 1e3));
@@ -169,15 +180,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut upkeep = Vec::new();
     if let Some(lib) = &args.nvml_lib {
         let every = Duration::from_secs(1);
-        let metrics = crate::metrics::Metrics::new(node.gpus.subscribe());
-        let rx = crate::audit::spawn(node.cfg.clone(), Some(lib.clone()), every)?;
-        upkeep.push(tokio::spawn(crate::audit::report(
+        let metrics = metrics::Metrics::new(node.gpus.subscribe());
+        let rx = audit::spawn(node.cfg.clone(), Some(lib.clone()), every)?;
+        upkeep.push(tokio::spawn(audit::report(
             node.handshake.clone(),
             rx,
             metrics.audit.clone(),
         )));
         let m = metrics.clone();
-        upkeep.push(tokio::spawn(crate::gc::run(
+        upkeep.push(tokio::spawn(gc::run(
             node.handshake.clone(),
             every,
             move |r| m.gc_round(r),

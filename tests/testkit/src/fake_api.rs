@@ -1,12 +1,12 @@
-//! A scripted fake Kubernetes API server speaking real HTTP JSON.
+//! A scripted fake Kubernetes API server speaking real HTTP JSON, for the device plugin's
+//! and the extender's tests alike.
 //!
-//! It serves exactly what the extender's kube-rs side uses: list and watch of
-//! Nodes and Pods (newline-delimited watch events, resource versions), merge
-//! patches of a pod, and the `pods/binding` subresource. Every request is
-//! recorded; tests wait for calls with a deadline, so a call that never comes
-//! fails the test fast instead of hanging it. Failures can be scripted.
-
-#![allow(dead_code)] // each test binary uses a different part of the fake
+//! It serves what their kube-rs sides use: list and watch of Nodes and Pods
+//! (newline-delimited watch events with resource versions), `GET` of one pod or node,
+//! merge patches of a pod or a node, the `pods/binding` subresource and event creation.
+//! Every request is recorded; tests wait for calls with a deadline
+//! ([`FakeApi::wait_for_calls`]), so a call that never comes fails the test fast instead
+//! of hanging it. Failures and delays can be scripted.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,7 +27,7 @@ use tokio::sync::broadcast;
 pub struct Call {
     /// HTTP method.
     pub method: String,
-    /// Path without the query.
+    /// Path without the query (`?watch` appended for a watch).
     pub path: String,
     /// Request body as JSON (`Null` when empty).
     pub body: Value,
@@ -54,6 +54,7 @@ struct Inner {
     pods: BTreeMap<(String, String), Value>,
     log: Vec<WatchEvent>,
     calls: Vec<Call>,
+    events: Vec<Value>,
     /// Status codes to answer the next binding POSTs with, instead of binding.
     binding_failures: Vec<u16>,
     /// Status codes to answer the next pod PATCHes with, instead of patching.
@@ -81,19 +82,18 @@ fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 
 impl FakeApi {
     /// Starts a fake on an ephemeral loopback port.
-    pub async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("local addr");
-        let (changed, _) = broadcast::channel(1024);
+    pub async fn start() -> std::io::Result<FakeApi> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (changed, _) = broadcast::channel(4096);
         let fake = FakeApi {
-            inner: Arc::new(Mutex::new(Inner::default())),
+            inner: Arc::default(),
             changed,
             addr,
         };
         let app = Router::new()
             .route("/api/v1/nodes", get(list_or_watch_nodes))
+            .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
             .route("/api/v1/pods", get(list_or_watch_pods))
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
@@ -103,25 +103,28 @@ impl FakeApi {
                 "/api/v1/namespaces/{ns}/pods/{name}/binding",
                 post(create_binding),
             )
+            .route("/api/v1/namespaces/{ns}/events", post(create_event))
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        fake
+        Ok(fake)
     }
 
     /// A kube client pointed at this fake.
-    pub fn client(&self) -> kube::Client {
-        let url: hyper::Uri = format!("http://{}", self.addr).parse().expect("valid uri");
+    pub fn client(&self) -> Result<kube::Client, kube::Error> {
+        let url: http::Uri = format!("http://{}", self.addr)
+            .parse()
+            .expect("a socket address makes a valid URI");
         let mut config = kube::Config::new(url);
         config.read_timeout = Some(Duration::from_secs(30));
         config.connect_timeout = Some(Duration::from_secs(2));
-        kube::Client::try_from(config).expect("kube client for the fake")
+        kube::Client::try_from(config)
     }
 
     fn record(&self, method: &str, path: String, body: Value) {
         lock(&self.inner).calls.push(Call {
-            method: method.to_string(),
+            method: method.to_owned(),
             path,
             body,
         });
@@ -137,7 +140,8 @@ impl FakeApi {
         let _ = self.changed.send(());
     }
 
-    /// Adds or replaces a node (a watch event follows).
+    /// Adds or replaces a node, named by its `metadata.name` (a watch event follows);
+    /// later merge patches apply to it.
     pub fn put_node(&self, mut node: Value) {
         let mut inner = lock(&self.inner);
         inner.rv += 1;
@@ -145,10 +149,7 @@ impl FakeApi {
         node["apiVersion"] = json!("v1");
         node["kind"] = json!("Node");
         node["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let name = node["metadata"]["name"]
-            .as_str()
-            .expect("node name")
-            .to_string();
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_owned();
         let event = if inner.nodes.contains_key(&name) {
             "MODIFIED"
         } else {
@@ -156,6 +157,11 @@ impl FakeApi {
         };
         inner.nodes.insert(name, node.clone());
         self.emit(&mut inner, Kind::Node, event, node);
+    }
+
+    /// The stored node (as put, with the merge patches applied since).
+    pub fn node(&self, name: &str) -> Option<Value> {
+        lock(&self.inner).nodes.get(name).cloned()
     }
 
     /// Adds or replaces a pod (a watch event follows).
@@ -179,10 +185,7 @@ impl FakeApi {
     /// Deletes a pod (a watch event follows). Returns whether it existed.
     pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
         let mut inner = lock(&self.inner);
-        let Some(mut pod) = inner
-            .pods
-            .remove(&(namespace.to_string(), name.to_string()))
-        else {
+        let Some(mut pod) = inner.pods.remove(&(namespace.to_owned(), name.to_owned())) else {
             return false;
         };
         inner.rv += 1;
@@ -195,13 +198,35 @@ impl FakeApi {
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         lock(&self.inner)
             .pods
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
     }
 
     /// All stored pods.
     pub fn pods(&self) -> Vec<Value> {
         lock(&self.inner).pods.values().cloned().collect()
+    }
+
+    /// Sets a pod's phase (a watch event follows).
+    pub fn set_pod_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let mut pod = self.pod(namespace, name).expect("pod exists");
+        pod["status"]["phase"] = json!(phase);
+        self.put_pod(pod);
+    }
+
+    /// The events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        lock(&self.inner).events.clone()
+    }
+
+    /// How many single-pod GETs were served.
+    pub fn gets(&self) -> u64 {
+        let n = lock(&self.inner)
+            .calls
+            .iter()
+            .filter(|c| c.method == "GET" && c.path.contains("/namespaces/"))
+            .count();
+        n as u64
     }
 
     /// Every request so far.
@@ -230,13 +255,6 @@ impl FakeApi {
     /// Answers the next `n` binding POSTs 201 Created without binding the pod.
     pub fn lose_next_bindings(&self, n: usize) {
         lock(&self.inner).lost_bindings += n;
-    }
-
-    /// Sets a pod's phase (a watch event follows).
-    pub fn set_pod_phase(&self, namespace: &str, name: &str, phase: &str) {
-        let mut pod = self.pod(namespace, name).expect("pod exists");
-        pod["status"]["phase"] = json!(phase);
-        self.put_pod(pod);
     }
 
     /// Delays every binding POST by this much.
@@ -285,7 +303,8 @@ impl FakeApi {
     fn watch(&self, kind: Kind, from_rv: u64, timeout: Duration) -> Response {
         let mut changes = self.changed.subscribe();
         let inner = self.inner.clone();
-        let stream = async_stream(move |tx| async move {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+        tokio::spawn(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             let mut sent = from_rv;
             loop {
@@ -305,31 +324,22 @@ impl FakeApi {
                     }
                 }
                 match tokio::time::timeout_at(deadline, changes.recv()).await {
-                    Err(_) => return,
+                    Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return,
                     Ok(Ok(())) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
-                    Ok(Err(broadcast::error::RecvError::Closed)) => return,
                 }
             }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
         });
         Response::builder()
             .status(StatusCode::OK)
             .header("content-type", "application/json")
             .body(Body::from_stream(stream))
-            .expect("valid response")
+            .unwrap_or_else(|_| {
+                status(StatusCode::INTERNAL_SERVER_ERROR, "Internal", "body".into())
+            })
     }
-}
-
-/// A stream fed by a spawned task through a channel.
-fn async_stream<F, Fut>(f: F) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>>
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(f(tx));
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
 }
 
 fn pod_key(pod: &Value) -> (String, String) {
@@ -337,11 +347,8 @@ fn pod_key(pod: &Value) -> (String, String) {
         pod["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")
-            .to_string(),
-        pod["metadata"]["name"]
-            .as_str()
-            .expect("pod name")
-            .to_string(),
+            .to_owned(),
+        pod["metadata"]["name"].as_str().unwrap_or("").to_owned(),
     )
 }
 
@@ -352,6 +359,27 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response {
             "kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
         })),
+    )
+        .into_response()
+}
+
+fn not_found(what: &str, name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{what} \"{name}\" not found"),
+    )
+}
+
+fn scripted(code: u16) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    status(code, "Scripted", format!("scripted failure {code}"))
+}
+
+fn created() -> Response {
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
     )
         .into_response()
 }
@@ -408,11 +436,15 @@ async fn get_pod(
     );
     match fake.pod(&ns, &name) {
         Some(pod) => axum::Json(pod).into_response(),
-        None => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("pods \"{name}\" not found"),
-        ),
+        None => not_found("pods", &name),
+    }
+}
+
+async fn get_node(State(fake): State<FakeApi>, Path(name): Path<String>) -> Response {
+    fake.record("GET", format!("/api/v1/nodes/{name}"), Value::Null);
+    match fake.node(&name) {
+        Some(node) => axum::Json(node).into_response(),
+        None => not_found("nodes", &name),
     }
 }
 
@@ -432,40 +464,75 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// A merge patch body, or the answer that refuses it.
+fn merge_patch(headers: &HeaderMap, body: &Bytes) -> Result<Value, Response> {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type != "application/merge-patch+json" {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the fake supports merge patches only, got {content_type}"),
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into()))
+}
+
+async fn patch_node(
+    State(fake): State<FakeApi>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record("PATCH", format!("/api/v1/nodes/{name}"), value);
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let mut inner = lock(&fake.inner);
+    inner.rv += 1;
+    let rv = inner.rv;
+    let node = inner
+        .nodes
+        .entry(name.clone())
+        .or_insert_with(|| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}));
+    if !node.is_object() {
+        *node = json!({});
+    }
+    merge(node, &patch);
+    node["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let node = node.clone();
+    fake.emit(&mut inner, Kind::Node, "MODIFIED", node.clone());
+    axum::Json(node).into_response()
+}
+
 async fn patch_pod(
     State(fake): State<FakeApi>,
     Path((ns, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
-    fake.record("PATCH", path, patch.clone());
-    let content_type = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    if content_type != "application/merge-patch+json" {
-        return status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            format!("the fake supports merge patches only, got {content_type}"),
-        );
-    }
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record(
+        "PATCH",
+        format!("/api/v1/namespaces/{ns}/pods/{name}"),
+        value,
+    );
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
     let mut inner = lock(&fake.inner);
     if !inner.patch_failures.is_empty() {
-        let code = inner.patch_failures.remove(0);
-        let code = StatusCode::from_u16(code).expect("valid code");
-        return status(code, "Scripted", format!("scripted failure {code}"));
+        return scripted(inner.patch_failures.remove(0));
     }
-    let key = (ns.clone(), name.clone());
+    let key = (ns, name.clone());
     let Some(mut pod) = inner.pods.get(&key).cloned() else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("pods \"{name}\" not found"),
-        );
+        return not_found("pods", &name);
     };
     if let Some(uid) = patch["metadata"]["uid"].as_str()
         && pod["metadata"]["uid"].as_str() != Some(uid)
@@ -510,25 +577,15 @@ async fn create_binding(
     }
     let mut inner = lock(&fake.inner);
     if !inner.binding_failures.is_empty() {
-        let code = inner.binding_failures.remove(0);
-        let code = StatusCode::from_u16(code).expect("valid code");
-        return status(code, "Scripted", format!("scripted failure {code}"));
+        return scripted(inner.binding_failures.remove(0));
     }
     if inner.lost_bindings > 0 {
         inner.lost_bindings -= 1;
-        return (
-            StatusCode::CREATED,
-            axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
-        )
-            .into_response();
+        return created();
     }
-    let key = (ns.clone(), name.clone());
+    let key = (ns, name.clone());
     let Some(mut pod) = inner.pods.get(&key).cloned() else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("pods \"{name}\" not found"),
-        );
+        return not_found("pods", &name);
     };
     if let Some(uid) = binding["metadata"]["uid"].as_str()
         && pod["metadata"]["uid"].as_str() != Some(uid)
@@ -558,9 +615,33 @@ async fn create_binding(
     pod["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
     inner.pods.insert(key, pod.clone());
     fake.emit(&mut inner, Kind::Pod, "MODIFIED", pod);
-    (
-        StatusCode::CREATED,
-        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
-    )
-        .into_response()
+    created()
+}
+
+async fn create_event(
+    State(fake): State<FakeApi>,
+    Path(ns): Path<String>,
+    body: Bytes,
+) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record("POST", format!("/api/v1/namespaces/{ns}/events"), value);
+    let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    if ev["involvedObject"]["namespace"].as_str() != Some(ns.as_str()) {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("involvedObject.namespace does not match the namespace {ns:?}"),
+        );
+    }
+    let mut inner = lock(&fake.inner);
+    inner.rv += 1;
+    let n = inner.events.len();
+    if let Some(g) = ev["metadata"]["generateName"].as_str() {
+        ev["metadata"]["name"] = json!(format!("{g}{n}"));
+    }
+    ev["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.events.push(ev.clone());
+    (StatusCode::CREATED, axum::Json(ev)).into_response()
 }

@@ -1,11 +1,10 @@
 //! A whole simulated node for tests and the benchmark: a fake API server, a fake kubelet,
-//! and the plugin served and registered, over a GPU list the test controls.
+//! and the plugin wired by its own composition root (`run::start`, as `run` wires it)
+//! over the fake's client and a GPU list the test controls, served and registered.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -14,13 +13,13 @@ use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::{
     ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant, RESOURCE_GPU,
 };
+use vgpu_device_plugin::config::Config;
+use vgpu_device_plugin::handshake::Handshake;
+use vgpu_device_plugin::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
+use vgpu_device_plugin::run::{Deps, prepare, start};
 
-use super::fake_api::FakeApi;
-use super::fake_kubelet::{FakeContainer, FakeKubelet};
-use crate::config::Config;
-use crate::handshake::Handshake;
-use crate::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::plugin::{Plugin, prepare_state_dir};
+use crate::fake_api::FakeApi;
+use crate::fake_kubelet::{FakeContainer, FakeKubelet};
 
 /// The node's name in every test.
 pub const NODE: &str = "node-a";
@@ -137,7 +136,7 @@ impl TestNode {
     }
 
     /// [`TestNode::start`], with the plugin's configuration adjusted by `tune` (paths are
-    /// set already; it is validated after).
+    /// set already, the audit and the clean-up off; it is validated after).
     pub async fn start_with(
         gpu_list: Vec<GpuInfo>,
         tune: impl FnOnce(&mut Config),
@@ -151,40 +150,31 @@ impl TestNode {
         cfg.dev_dir = root.path().join("dev");
         cfg.call_timeout = Duration::from_secs(5);
         cfg.kubelet_poll = Duration::from_millis(20);
+        cfg.audit_interval = None;
+        cfg.gc_interval = None;
         tune(&mut cfg);
-        cfg.validate()?;
+        let cfg = prepare(cfg)?;
         // The GPUs' device nodes, as a host with the driver has them (plain files here:
         // the plugin only checks that they exist and names them to the runtime).
         std::fs::create_dir_all(&cfg.dev_dir)?;
         for g in &gpu_list {
-            std::fs::write(crate::preflight::device_node(&cfg.dev_dir, g), b"")?;
+            std::fs::write(
+                vgpu_device_plugin::preflight::device_node(&cfg.dev_dir, g),
+                b"",
+            )?;
         }
-        let cfg = Arc::new(cfg);
-        prepare_state_dir(&cfg)?;
         let api = FakeApi::start().await?;
         let mut kubelet =
             FakeKubelet::start(&cfg.device_plugin_dir, &cfg.pod_resources_socket).await?;
-        let client = api.client()?;
-        let (store, writer) = reflector::store();
-        let pods_api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
-        let wc = watcher::Config::default().fields(&format!("spec.nodeName={NODE}"));
-        let refl = reflector(writer, watcher(pods_api, wc))
-            .applied_objects()
-            .for_each(|_| futures::future::ready(()));
-        let mut tasks = vec![tokio::spawn(refl)];
         let (tx, rx) = watch::channel(gpu_list);
-        tasks.push(tokio::spawn(crate::inventory::publish(
-            client.clone(),
-            NODE.to_owned(),
-            rx.clone(),
-            Duration::from_millis(100),
-        )));
-        let handshake = Handshake::new(cfg.clone(), client, Some(store.clone()), rx.clone());
-        let plugin = Plugin::new(cfg.clone(), rx, handshake.clone());
-        let c2 = cfg.clone();
-        tasks.push(tokio::spawn(async move {
-            crate::server::run(c2, plugin, std::future::pending()).await;
-        }));
+        let deps = Deps {
+            client: api.client()?,
+            gpus: rx,
+            inventory_retry: Duration::from_millis(100),
+        };
+        let plugin = start(cfg.clone(), deps).await?;
+        let handshake = plugin.handshake().clone();
+        let tasks = vec![tokio::spawn(plugin.serve(std::future::pending()))];
         let (_, reg) = kubelet.wait_registered(1, Duration::from_secs(10)).await?;
         let dp = kubelet.connect(&reg.endpoint).await?;
         kubelet
@@ -192,6 +182,9 @@ impl TestNode {
                 !d.is_empty()
             })
             .await?;
+        let store = handshake
+            .pods()
+            .ok_or_else(|| anyhow::anyhow!("the plugin has no pod watch"))?;
         tokio::time::timeout(Duration::from_secs(10), store.wait_until_ready()).await??;
         Ok(TestNode {
             root,

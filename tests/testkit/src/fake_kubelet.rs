@@ -24,21 +24,21 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::kubelet::podresources::pod_resources_lister_server::{
+use vgpu_device_plugin::kubelet::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use crate::kubelet::podresources::{
+use vgpu_device_plugin::kubelet::podresources::{
     ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,
 };
-use crate::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::kubelet::v1beta1::registration_server::{Registration, RegistrationServer};
-use crate::kubelet::v1beta1::{
+use vgpu_device_plugin::kubelet::v1beta1::device_plugin_client::DevicePluginClient;
+use vgpu_device_plugin::kubelet::v1beta1::registration_server::{Registration, RegistrationServer};
+use vgpu_device_plugin::kubelet::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
     ContainerPreferredAllocationRequest, Device, Empty, PreStartContainerRequest,
     PreferredAllocationRequest, RegisterRequest,
 };
-use crate::kubelet::{HEALTHY, KUBELET_SOCKET, unix_channel_connected};
+use vgpu_device_plugin::kubelet::{HEALTHY, KUBELET_SOCKET, unix_channel_connected};
 
 /// The limit kubelet puts on concurrent PodResources calls.
 pub const PODRESOURCES_MAX_CONCURRENT: usize = 10;
@@ -70,7 +70,7 @@ struct Reg {
 impl Registration for Reg {
     async fn register(&self, req: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        if r.version != crate::kubelet::API_VERSION {
+        if r.version != vgpu_device_plugin::kubelet::API_VERSION {
             return Err(Status::invalid_argument(format!(
                 "unsupported version {}",
                 r.version

@@ -1,5 +1,5 @@
-//! The extender's live state: nodes' GPUs, pods' assignments, bind assumptions,
-//! and the [`Ledger`] derived from them.
+//! The extender's view of the cluster (its live state): nodes' GPUs, pods'
+//! assignments, bind assumptions, and the [`Ledger`] derived from them.
 //!
 //! Sources of truth, in order:
 //! 1. **Pods from the API server** (watch). A pod counts when it is not terminal
