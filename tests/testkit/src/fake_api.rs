@@ -465,20 +465,25 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// A merge patch body, or the answer that refuses it.
-fn merge_patch(headers: &HeaderMap, body: &Bytes) -> Result<Value, Response> {
+fn merge_patch(headers: &HeaderMap, body: &Bytes) -> Result<Value, Box<Response>> {
     let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if content_type != "application/merge-patch+json" {
-        return Err(status(
+        return Err(Box::new(status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
             format!("the fake supports merge patches only, got {content_type}"),
-        ));
+        )));
     }
-    serde_json::from_slice(body)
-        .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into()))
+    serde_json::from_slice(body).map_err(|_| {
+        Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "not JSON".into(),
+        ))
+    })
 }
 
 async fn patch_node(
@@ -491,7 +496,7 @@ async fn patch_node(
     fake.record("PATCH", format!("/api/v1/nodes/{name}"), value);
     let patch = match merge_patch(&headers, &body) {
         Ok(p) => p,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let mut inner = lock(&fake.inner);
     inner.rv += 1;
@@ -524,7 +529,7 @@ async fn patch_pod(
     );
     let patch = match merge_patch(&headers, &body) {
         Ok(p) => p,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let mut inner = lock(&fake.inner);
     if !inner.patch_failures.is_empty() {
