@@ -118,11 +118,7 @@ async fn enforce_lets_the_shims_processes_through_and_refuses_the_others() {
     let host = tempfile::tempdir().unwrap();
     let socket = host.path().join("daemon.sock");
     let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Enforce, &cg, &sim)).await;
-    let gate = served
-        .daemon
-        .enforcement()
-        .expect("the gate attached")
-        .clone();
+    let gate = served.enforcement.clone().expect("the gate attached");
     let who = format!("cgroup /{}", cg.0.strip_prefix(&root).unwrap().display());
 
     // Under the shim: CUDA and NVML work (the shim asked the daemon before the driver
@@ -192,11 +188,7 @@ async fn audit_allows_every_open_and_counts_what_enforce_would_refuse() {
     let host = tempfile::tempdir().unwrap();
     let socket = host.path().join("daemon.sock");
     let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Audit, &cg, &sim)).await;
-    let gate = served
-        .daemon
-        .enforcement()
-        .expect("the gate attached")
-        .clone();
+    let gate = served.enforcement.clone().expect("the gate attached");
     let who = format!("cgroup /{}", cg.0.strip_prefix(&root).unwrap().display());
     let mut cmd = cg.command(&sim, &probe_bin());
     cmd.args(["init", "alloc", "64Mi", "nvml"]);

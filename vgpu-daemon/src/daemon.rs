@@ -239,7 +239,7 @@ pub struct Daemon {
     /// Woken when any scheduler's deadline may have moved.
     timer: Condvar,
     /// The eBPF device gate and exit watcher, when attached.
-    enforcement: std::sync::OnceLock<Arc<crate::enforcement::Enforcement>>,
+    gate: std::sync::OnceLock<Arc<dyn DeviceGate>>,
 }
 
 /// Why a registration or an API call was refused.
@@ -254,6 +254,16 @@ pub enum DaemonError {
     /// No such tenant.
     #[error("no tenant {0:?}")]
     NoTenant(String),
+}
+
+/// The node's GPU device gate as the daemon uses it: the eBPF gate
+/// ([`crate::enforcement::Enforcement`]) implements it, and calls back into the daemon
+/// ([`Daemon::process_exited`]) when a process exits.
+pub trait DeviceGate: Send + Sync + std::fmt::Debug {
+    /// Lets process `pid` (host PID) open GPU device nodes; whether the gate took it.
+    fn admit(&self, pid: u32) -> bool;
+    /// The gate's Prometheus families, for `/metrics`.
+    fn metrics(&self) -> String;
 }
 
 /// What a registration returns to the server.
@@ -275,7 +285,7 @@ impl Daemon {
             started: Instant::now(),
             inner: Mutex::new(Inner::default()),
             timer: Condvar::new(),
-            enforcement: std::sync::OnceLock::new(),
+            gate: std::sync::OnceLock::new(),
         })
     }
 
@@ -486,14 +496,14 @@ impl Daemon {
         Ok(())
     }
 
-    /// Hands the daemon the attached eBPF gate (once, at start).
-    pub fn set_enforcement(&self, e: Arc<crate::enforcement::Enforcement>) {
-        let _ = self.enforcement.set(e);
+    /// Hands the daemon the node's device gate (once, at start).
+    pub fn set_device_gate(&self, g: Arc<dyn DeviceGate>) {
+        let _ = self.gate.set(g);
     }
 
-    /// The attached eBPF gate, if any.
-    pub fn enforcement(&self) -> Option<&Arc<crate::enforcement::Enforcement>> {
-        self.enforcement.get()
+    /// The node's device gate, if one is attached.
+    pub fn device_gate(&self) -> Option<&Arc<dyn DeviceGate>> {
+        self.gate.get()
     }
 
     /// Process `pid` (host PID) exited, as the kernel reports it: every connection it

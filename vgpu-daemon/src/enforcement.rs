@@ -450,6 +450,16 @@ impl Enforcement {
     }
 }
 
+impl crate::daemon::DeviceGate for Enforcement {
+    fn admit(&self, pid: u32) -> bool {
+        Enforcement::admit(self, pid)
+    }
+
+    fn metrics(&self) -> String {
+        Enforcement::metrics(self)
+    }
+}
+
 impl Drop for Enforcement {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

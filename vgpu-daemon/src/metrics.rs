@@ -308,8 +308,8 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
 async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     // The snapshot takes the daemon's lock briefly; rendering happens outside it.
     let mut text = render(&d.snapshot());
-    if let Some(e) = d.enforcement() {
-        text.push_str(&e.metrics());
+    if let Some(g) = d.device_gate() {
+        text.push_str(&g.metrics());
     }
     (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], text)
 }

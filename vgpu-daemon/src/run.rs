@@ -100,6 +100,8 @@ pub struct Node {
     pub daemon: Arc<Daemon>,
     /// The reporting surfaces (bound addresses).
     pub reporting: Reporting,
+    /// The eBPF device gate, when attached (also the daemon's [`Daemon::device_gate`]).
+    pub enforcement: Option<Arc<crate::enforcement::Enforcement>>,
     listener: UnixListener,
     socket: PathBuf,
 }
@@ -117,11 +119,20 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
     daemon.spawn_timer().map_err(RunError::Timer)?;
     // Before NVML starts: the watcher's own opens come from a trusted cgroup then. Without
     // eBPF the daemon runs on (NVML reconciliation, the plugin's audit), saying why.
-    match crate::enforcement::Enforcement::start(&cfg.ebpf, &daemon) {
-        Ok(Some(e)) => daemon.set_enforcement(e),
-        Ok(None) => info!("eBPF: off (--ebpf off)"),
-        Err(e) => warn!("eBPF: not attached, running without the GPU device gate: {e}"),
-    }
+    let enforcement = match crate::enforcement::Enforcement::start(&cfg.ebpf, &daemon) {
+        Ok(Some(e)) => {
+            daemon.set_device_gate(Arc::clone(&e) as Arc<dyn crate::daemon::DeviceGate>);
+            Some(e)
+        }
+        Ok(None) => {
+            info!("eBPF: off (--ebpf off)");
+            None
+        }
+        Err(e) => {
+            warn!("eBPF: not attached, running without the GPU device gate: {e}");
+            None
+        }
+    };
     let listener = crate::server::bind(&socket).map_err(|source| RunError::Bind {
         path: socket.clone(),
         source,
@@ -133,6 +144,7 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
     Ok(Node {
         daemon,
         reporting,
+        enforcement,
         listener,
         socket,
     })
@@ -144,6 +156,7 @@ impl Node {
         let Node {
             daemon,
             reporting,
+            enforcement,
             listener,
             socket,
         } = self;
@@ -158,6 +171,7 @@ impl Node {
             }
         };
         drop(reporting);
+        drop(enforcement);
         r
     }
 }

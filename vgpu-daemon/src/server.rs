@@ -89,7 +89,7 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         }) => (proto, ident, gpus),
         Some(ShimMsg::Admit { .. }) => {
             // Before the process's driver opens a GPU node: through the gate, then done.
-            let gate = daemon.enforcement().is_some_and(|e| e.admit(pid));
+            let gate = daemon.device_gate().is_some_and(|g| g.admit(pid));
             debug!(pid, gate, "admitted");
             stream
                 .write_all(&encode(&DaemonMsg::Admitted { gate }))
@@ -123,8 +123,8 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
     }
     // A registered process may open GPU nodes (a shim that did not say Admit first: an
     // older one, or one whose Admit failed), and its exit is watched.
-    if let Some(e) = daemon.enforcement() {
-        e.admit(pid);
+    if let Some(g) = daemon.device_gate() {
+        g.admit(pid);
     }
     info!(pid, conn, "shim registered");
     let (mut rd, mut wr) = stream.into_split();

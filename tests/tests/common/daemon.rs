@@ -13,6 +13,8 @@ use vgpu_daemon::reporting::ReportingConfig;
 pub struct Served {
     /// The daemon (its snapshot shows the tenants).
     pub daemon: Arc<Daemon>,
+    /// The eBPF device gate, when one was asked for and attached.
+    pub enforcement: Option<Arc<vgpu_daemon::enforcement::Enforcement>>,
     server: tokio::task::JoinHandle<Result<(), vgpu_daemon::run::RunError>>,
 }
 
@@ -59,6 +61,11 @@ pub async fn serve_with_ebpf(
         .await
         .expect("start the daemon");
     let daemon = Arc::clone(&node.daemon);
+    let enforcement = node.enforcement.clone();
     let server = tokio::spawn(node.serve(std::future::pending()));
-    Served { daemon, server }
+    Served {
+        daemon,
+        enforcement,
+        server,
+    }
 }
