@@ -138,8 +138,8 @@ impl Enforcement {
         settings: &EbpfSettings,
         daemon: &Arc<Daemon>,
     ) -> Result<Arc<Enforcement>, EnforcementError> {
-        vgpu_ebpf::preflight::check_capabilities()?;
-        vgpu_ebpf::preflight::check_btf()?;
+        // Capabilities, BTF, tracefs and bpffs are checked by `Enforcer::attach`, which
+        // names what is missing.
         let mounts = read("/proc/self/mounts", Path::new("/proc/self/mounts"))?;
         let cgroup2 = vgpu_ebpf::preflight::cgroup2_mount(&mounts)
             .map(PathBuf::from)
