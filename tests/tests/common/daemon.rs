@@ -35,7 +35,12 @@ pub async fn serve_with_ebpf(
     socket: &Path,
     ebpf: vgpu_daemon::enforcement::EbpfSettings,
 ) -> Served {
-    let cfg = vgpu_daemon::run::Config {
+    serve_with(socket, |c| c.ebpf = ebpf).await
+}
+
+/// [`serve`], with its configuration changed by `tune` first (e.g. an NVML watcher).
+pub async fn serve_with(socket: &Path, tune: impl FnOnce(&mut vgpu_daemon::run::Config)) -> Served {
+    let mut cfg = vgpu_daemon::run::Config {
         daemon: Config {
             socket: socket.to_owned(),
             params: vgpu_daemon::time_slicing::Params::default(),
@@ -55,8 +60,9 @@ pub async fn serve_with_ebpf(
             api_socket: None,
             api_addr: None,
         },
-        ebpf,
+        ebpf: vgpu_daemon::enforcement::EbpfSettings::default(),
     };
+    tune(&mut cfg);
     let node = vgpu_daemon::run::start(cfg)
         .await
         .expect("start the daemon");
