@@ -369,10 +369,52 @@ fn enforce_survives_a_daemon_sigkill_and_the_restarted_daemon_adopts_the_pinned_
         out.contains("nvml_total="),
         "a process registered before the SIGKILL keeps working after the restart: {out}"
     );
+    // `vgpuctl events --follow` prints a new refusal as it happens, and ends when the
+    // daemon goes away.
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        .arg("--api-socket")
+        .arg(&api)
+        .args(["events", "--follow", "--recent", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
     assert!(raw_open(&cg, &sim).contains("not permitted"));
+    let line = lines
+        .recv_timeout(Duration::from_secs(10))
+        .expect("vgpuctl events --follow prints the refusal");
+    assert!(
+        line.contains("REFUSED") && line.contains("(sh) of cgroup /"),
+        "{line}"
+    );
+    println!("FIGURE vgpuctl events --follow: {line}");
 
     // Off: nothing stays attached or pinned.
     daemon.kill9();
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = follower.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > end {
+            let _ = follower.kill();
+            panic!("vgpuctl events --follow did not end with the daemon");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "the follower says the stream ended");
     vgpu_ebpf::remove_pins(&bpffs.pins()).unwrap();
     assert_eq!(bpffs.pinned(), vec![bpffs.pins().display().to_string()]);
     let out = raw_open(&cg, &sim);
