@@ -72,6 +72,10 @@ pub struct Config {
     pub daemon_socket: Option<PathBuf>,
     /// Where the daemon socket's directory appears in containers.
     pub daemon_container_dir: PathBuf,
+    /// The node daemon's gRPC API socket (root only, never mounted into containers): the
+    /// plugin follows its eBPF gate events there and posts a `VgpuGpuOpenRefused` event
+    /// on the pod of each refused process. `None`: not followed.
+    pub daemon_api_socket: Option<PathBuf>,
     /// Namespaces whose pods may ask for the latency-sensitive priority class
     /// (`vgpu.io/priority`); `None`: every namespace.
     pub latency_sensitive_namespaces: Option<BTreeSet<String>>,
@@ -131,6 +135,7 @@ impl Config {
             call_timeout: Duration::from_secs(5),
             daemon_socket: Some(PathBuf::from("/var/lib/vgpu/daemon/daemon.sock")),
             daemon_container_dir: PathBuf::from("/run/vgpu-daemon"),
+            daemon_api_socket: Some(PathBuf::from("/var/lib/vgpu/daemon-api/api.sock")),
             latency_sensitive_namespaces: None,
             audit_interval: Some(Duration::from_secs(10)),
             context_allowance: 1 << 30,

@@ -21,7 +21,8 @@
 // gRPC mapping). `preferred` (GetPreferredAllocation), `visible` (the GPU order and the
 // visibility variables), `ids` (device IDs), `preflight` (what cannot work is refused
 // at start / Allocate). Node side: `health` (NVML), `inventory` (the Node annotation),
-// `audit` (processes without the shim), `gc` (allocation directories), `metrics`.
+// `audit` (processes without the shim), `gate_events` (the daemon's eBPF refusals as pod
+// events), `gc` (allocation directories), `metrics`.
 // `config` (one validated struct) and `run` (the composition root main.rs calls).
 // The fakes of kubelet and the API server live in `vgpu-testkit` (tests/testkit), a
 // dev-dependency; the benchmark is `examples/bench.rs`.
@@ -29,6 +30,7 @@
 pub mod audit;
 pub mod config;
 pub mod error;
+pub mod gate_events;
 pub mod gc;
 pub mod handshake;
 pub mod health;

@@ -118,6 +118,11 @@ struct RunArgs {
     /// Where the daemon socket's directory appears in containers.
     #[arg(long, default_value = "/run/vgpu-daemon")]
     daemon_container_dir: PathBuf,
+    /// The node daemon's gRPC API socket, whose eBPF gate events the plugin follows to
+    /// post a VgpuGpuOpenRefused event on each refused process's pod ("" or "off": not
+    /// followed). Never mounted into containers.
+    #[arg(long, default_value = "/var/lib/vgpu/daemon-api/api.sock")]
+    daemon_api_socket: String,
     /// Namespaces whose pods may ask for vgpu.io/priority: latency-sensitive
     /// (comma-separated; "*": every namespace).
     #[arg(long, value_delimiter = ',', default_value = "*")]
@@ -170,6 +175,10 @@ impl RunArgs {
             p => Some(PathBuf::from(p)),
         };
         c.daemon_container_dir = self.daemon_container_dir.clone();
+        c.daemon_api_socket = match self.daemon_api_socket.trim() {
+            "" | "off" => None,
+            p => Some(PathBuf::from(p)),
+        };
         c.latency_sensitive_namespaces =
             if self.latency_sensitive_namespaces.iter().any(|n| n == "*") {
                 None

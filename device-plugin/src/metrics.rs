@@ -34,6 +34,8 @@ pub struct Metrics {
     gpus: watch::Receiver<Vec<GpuInfo>>,
     /// Filled by the audit reporter.
     pub audit: Arc<Mutex<AuditState>>,
+    /// Filled by the follower of the daemon's eBPF gate events.
+    pub gate: Arc<Mutex<crate::gate_events::GateWatchState>>,
     gc: Arc<Mutex<GcState>>,
 }
 
@@ -47,6 +49,7 @@ impl Metrics {
         Metrics {
             gpus,
             audit: Arc::default(),
+            gate: Arc::default(),
             gc: Arc::default(),
         }
     }
@@ -147,6 +150,19 @@ impl Metrics {
             audits.sample(&[], a.audits as f64);
             events.sample(&[], a.events as f64);
         }
+        let gate = lock(&self.gate).clone();
+        let mut following = Family::new(
+            "vgpu_plugin_gate_events_connected",
+            Kind::Gauge,
+            "1 while the plugin follows the node daemon's eBPF gate events.",
+        );
+        following.sample(&[], if gate.connected { 1.0 } else { 0.0 });
+        let mut refused = Family::new(
+            "vgpu_plugin_gate_refused_events_total",
+            Kind::Counter,
+            "VgpuGpuOpenRefused events posted on pods (one per pod and refused process).",
+        );
+        refused.sample(&[], gate.posted as f64);
         let g = *lock(&self.gc);
         let mut rounds = Family::new(
             "vgpu_plugin_alloc_gc_rounds_total",
@@ -176,6 +192,8 @@ impl Metrics {
             &checked,
             &audits,
             &events,
+            &following,
+            &refused,
             &rounds,
             &removed,
             &kept,

@@ -1,5 +1,5 @@
 //! The composition root: [`run`] wires NVML health, the pod watch, the inventory, the
-//! handshake, the audit, the clean-up, the metrics and the kubelet server from one
+//! handshake, the audit, the daemon's eBPF gate events, the clean-up, the metrics and the kubelet server from one
 //! validated [`Config`], until `shutdown` completes. `main.rs` only parses, logs, calls
 //! it and maps its error to an exit code.
 //!
@@ -207,6 +207,13 @@ pub async fn start(cfg: Arc<Config>, deps: Deps) -> Result<Started, RunError> {
             handshake.clone(),
             rx,
             metrics.audit.clone(),
+        )));
+    }
+    if let Some(socket) = &cfg.daemon_api_socket {
+        tasks.push(tokio::spawn(crate::gate_events::follow(
+            handshake.clone(),
+            socket.clone(),
+            metrics.gate.clone(),
         )));
     }
     if let Some(every) = cfg.gc_interval {

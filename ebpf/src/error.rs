@@ -19,18 +19,12 @@ pub enum EbpfError {
     MissingCapabilities {
         /// Names of the missing capabilities.
         missing: String,
-        /// The effective capability mask read from /proc/self/status.
+        /// The effective capability mask (the `caps` crate's reading, as in `CapEff`).
         effective: u64,
     },
     /// The capability set could not be read.
-    #[error("cannot read the capabilities of this process from {path}")]
-    Capabilities {
-        /// The status file read.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the effective capabilities of this process")]
+    Capabilities(#[source] caps::errors::CapsError),
     /// The kernel exposes no BTF, which CO-RE relocation of the exit program needs.
     #[error("kernel has no BTF at {0} (CONFIG_DEBUG_INFO_BTF=y is needed)")]
     NoBtf(PathBuf),

@@ -6,19 +6,11 @@ use std::path::Path;
 use crate::error::EbpfError;
 
 /// CAP_SYS_ADMIN's bit.
-const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYS_ADMIN: u32 = caps::Capability::CAP_SYS_ADMIN as u32;
 /// CAP_PERFMON's bit (tracepoints).
-const CAP_PERFMON: u32 = 38;
+const CAP_PERFMON: u32 = caps::Capability::CAP_PERFMON as u32;
 /// CAP_BPF's bit (loading programs, creating maps).
-const CAP_BPF: u32 = 39;
-
-/// The `CapEff:` mask of a `/proc/<pid>/status` text.
-pub fn effective_capabilities(status: &str) -> Option<u64> {
-    status.lines().find_map(|line| {
-        let mask = line.strip_prefix("CapEff:")?.trim();
-        u64::from_str_radix(mask, 16).ok()
-    })
-}
+const CAP_BPF: u32 = caps::Capability::CAP_BPF as u32;
 
 /// The capabilities missing from `effective` for loading and attaching the programs:
 /// CAP_SYS_ADMIN alone suffices, else CAP_BPF and CAP_PERFMON are both needed.
@@ -40,14 +32,10 @@ pub fn missing_capabilities(effective: u64) -> Vec<&'static str> {
     missing
 }
 
-/// Checks this process's capabilities.
+/// Checks this process's effective capabilities (read with the `caps` crate, `capget(2)`).
 pub fn check_capabilities() -> Result<(), EbpfError> {
-    let path = Path::new("/proc/self/status");
-    let status = std::fs::read_to_string(path).map_err(|source| EbpfError::Capabilities {
-        path: path.to_owned(),
-        source,
-    })?;
-    let effective = effective_capabilities(&status).unwrap_or(0);
+    let set = caps::read(None, caps::CapSet::Effective).map_err(EbpfError::Capabilities)?;
+    let effective = set.iter().fold(0u64, |mask, cap| mask | cap.bitmask());
     let missing = missing_capabilities(effective);
     if missing.is_empty() {
         Ok(())
@@ -121,9 +109,7 @@ mod tests {
 
     #[test]
     fn capabilities_parse_and_name_what_is_missing() {
-        let status = "Name:\tx\nCapPrm:\t0\nCapEff:\t000001fffeffffff\n";
-        let effective = effective_capabilities(status).unwrap();
-        assert!(missing_capabilities(effective).is_empty());
+        assert!(missing_capabilities(0x0000_01ff_feff_ffff).is_empty());
         assert_eq!(
             missing_capabilities(0),
             vec!["CAP_SYS_ADMIN or", "CAP_BPF", "CAP_PERFMON"]
@@ -134,7 +120,20 @@ mod tests {
             vec!["CAP_SYS_ADMIN or", "CAP_PERFMON"]
         );
         assert!(missing_capabilities(bpf_only | 1 << CAP_PERFMON).is_empty());
-        assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
+        assert_eq!((CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF), (21, 38, 39));
+    }
+
+    #[test]
+    fn the_caps_crate_reads_the_same_effective_set_as_proc_status() {
+        let set = caps::read(None, caps::CapSet::Effective).unwrap();
+        let mask = set.iter().fold(0u64, |m, c| m | c.bitmask());
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let proc_mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .unwrap();
+        assert_eq!(mask, proc_mask);
     }
 
     #[test]

@@ -64,25 +64,43 @@ impl Cgroup {
 
     /// `program` started inside this cgroup (a shell moves itself in, then execs it).
     fn command(&self, sim: &SimNode, program: &Path) -> Command {
-        let mut c = sim.command("sh");
-        c.arg("-c")
-            .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
-            .arg(&self.0)
-            .arg("--")
-            .arg(program);
-        c
+        command_in(&self.0, sim, program)
     }
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
+        remove_cgroup_tree(&self.0);
+    }
+}
+
+/// Removes a cgroup2 directory and the ones below it, deepest first (each once its
+/// processes are gone).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `program` started inside cgroup2 directory `dir`.
+fn command_in(dir: &Path, sim: &SimNode, program: &Path) -> Command {
+    let mut c = sim.command("sh");
+    c.arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
+        .arg(dir)
+        .arg("--")
+        .arg(program);
+    c
 }
 
 fn settings(mode: Mode, cgroup: &Cgroup, sim: &SimNode) -> EbpfSettings {
@@ -176,6 +194,32 @@ async fn enforce_lets_the_shims_processes_through_and_refuses_the_others() {
         metrics.contains("vgpu_ebpf_program_attached{program=\"gpu_gate\",mode=\"enforce\"} 1"),
         "{metrics}"
     );
+
+    // The same three refusals on the API's event stream, as `vgpuctl events` shows them
+    // (counted above, so published already).
+    let out = vgpuctl_events(&socket).await;
+    let cgroup = who.trim_start_matches("cgroup ");
+    let refused: Vec<&str> = out.lines().filter(|l| l.contains("REFUSED")).collect();
+    assert_eq!(refused.len(), 3, "{out}");
+    for line in &refused {
+        assert!(line.contains(&format!("of cgroup {cgroup}")), "{line}");
+        assert!(line.contains("open of GPU device 195:"), "{line}");
+    }
+    assert!(refused[2].contains("(sh)"), "the raw open's comm: {out}");
+}
+
+/// `vgpuctl events` (the events the daemon serving `socket` kept) as it prints them.
+async fn vgpuctl_events(socket: &Path) -> String {
+    let cli = vgpu_daemon::ctl::Cli {
+        api_socket: common::daemon::api_socket(socket),
+        api_addr: None,
+        json: false,
+        command: vgpu_daemon::ctl::Command::Events {
+            follow: false,
+            recent: None,
+        },
+    };
+    vgpu_daemon::ctl::run(&cli).await.expect("vgpuctl events")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,4 +407,140 @@ fn sigkill(pid: u32) {
     // SAFETY: kill(2) with a PID this test started and SIGKILL; no memory is involved.
     let r = unsafe { libc::kill(pid, libc::SIGKILL) };
     assert_eq!(r, 0, "kill -9 {pid}");
+}
+
+/// A pod's cgroup and container, as kubelet and containerd lay them out (cgroupfs driver),
+/// under the gate's test cgroup.
+const POD_UID: &str = "7e57ab1e-0000-4000-8000-00000000e13f";
+const CONTAINER_ID: &str = "c0ffee00d15ea5e0000000000000000000000000000000000000000000000013";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_open_in_a_pod_is_posted_on_the_pod_once_per_process_across_a_daemon_restart() {
+    let sim = SimNode::new(NODE);
+    let Some(root) = ebpf_ready("a_refused_open_in_a_pod_is_posted_on_the_pod", &sim) else {
+        return;
+    };
+    let cg = Cgroup::new(&root, "plugin");
+    let container =
+        cg.0.join(format!("kubepods/burstable/pod{POD_UID}/{CONTAINER_ID}"));
+    std::fs::create_dir_all(&container).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let socket = host.path().join("daemon.sock");
+    let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Enforce, &cg, &sim)).await;
+
+    // The device plugin, following the daemon's API socket, with the pod in its watch.
+    let api_socket = common::daemon::api_socket(&socket);
+    let node = vgpu_testkit::node::TestNode::start_with(vgpu_testkit::node::gpus(1, 8192), |c| {
+        c.daemon_api_socket = Some(api_socket.clone());
+    })
+    .await
+    .expect("the plugin's node");
+    let mut pod =
+        vgpu_testkit::node::pod_json("ml", "escaper", POD_UID, 0, &[("main", false, vec![])]);
+    pod["status"]["containerStatuses"] = serde_json::json!([{
+        "name": "main", "containerID": format!("containerd://{CONTAINER_ID}"),
+        "image": "x", "imageID": "x", "ready": true, "restartCount": 0,
+    }]);
+    node.put_pod(pod).await.unwrap();
+    let subscribed = |served: &common::daemon::Served| {
+        served
+            .enforcement
+            .as_ref()
+            .is_some_and(|e| e.events().subscribers() > 0)
+    };
+    wait_until("the plugin follows the daemon's events", || {
+        subscribed(&served)
+    })
+    .await;
+
+    // A process of the pod's container opens the GPU node five times, refused each time.
+    let node_path = vgpu_cuda_sim::devnodes::node_dir(&sim.state_dir()).join("nvidia0");
+    let refused_five_times = || {
+        let mut cmd = command_in(&container, &sim, Path::new("/bin/sh"));
+        cmd.arg("-c")
+            .arg(r#"for i in 1 2 3 4 5; do true 3<>"$0"; done; echo done"#)
+            .arg(&node_path);
+        let out = run(cmd);
+        assert_eq!(out.matches("not permitted").count(), 5, "{out}");
+    };
+    let posted = |n: usize| {
+        let events: Vec<serde_json::Value> = node
+            .api
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == vgpu_device_plugin::gate_events::EVENT_REFUSED)
+            .collect();
+        (events.len() >= n).then_some(events)
+    };
+    refused_five_times();
+    let events = wait_for("the plugin's first event", || posted(1)).await;
+    let e = &events[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["kind"], "Pod");
+    assert_eq!(e["involvedObject"]["namespace"], "ml");
+    assert_eq!(e["involvedObject"]["name"], "escaper");
+    assert_eq!(e["involvedObject"]["uid"], POD_UID);
+    assert_eq!(e["involvedObject"]["fieldPath"], "spec.containers{main}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("(sh) of container \"main\" was refused access to GPU device 195:"),
+        "{message}"
+    );
+
+    // vgpuctl names the pod by its UID and the container by its id (the daemon has no
+    // registered process of the pod to learn its names from).
+    let mut out = String::new();
+    for _ in 0..100 {
+        out = vgpuctl_events(&socket).await;
+        if out.matches("REFUSED").count() >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("REFUSED")).collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert!(
+        lines[0].contains(&format!(
+            "of pod uid {POD_UID} container id {}",
+            &CONTAINER_ID[..12]
+        )),
+        "{out}"
+    );
+
+    // A second process: a second event; never one per refused open.
+    refused_five_times();
+    wait_for("the plugin's second event", || posted(2)).await;
+
+    // The daemon restarts: the plugin reconnects, nothing is posted twice, and the next
+    // refused process is posted.
+    drop(served);
+    let served = common::daemon::serve_with_ebpf(&socket, settings(Mode::Enforce, &cg, &sim)).await;
+    wait_until("the plugin follows the restarted daemon", || {
+        subscribed(&served)
+    })
+    .await;
+    refused_five_times();
+    let events = wait_for("the plugin's third event", || posted(3)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        posted(1).unwrap().len(),
+        3,
+        "one event per process: {events:#?}"
+    );
+}
+
+async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    wait_for(what, || ok().then_some(())).await;
+}
+
+/// Polls `f` (at most 10 s) until it gives a value.
+async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

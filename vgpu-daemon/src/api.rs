@@ -2,7 +2,10 @@
 //! GPUs with their usage, and live changes of a tenant's settings. Served on a unix socket
 //! (mode 0600: whoever may connect may change shares) and optionally on TCP.
 //!
-//! Reads are one [`Daemon::snapshot`] each; `SetSettings` is [`Daemon::set_settings`].
+//! Reads are one [`Daemon::snapshot`] each; `SetSettings` is [`Daemon::set_settings`];
+//! `WatchEnforcementEvents` is one subscription to the gate's
+//! [`EventHub`](crate::gate_events::EventHub) (a bounded queue: a slow client loses
+//! events, counted, and never slows the daemon).
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,6 +20,7 @@ use tonic::{Request, Response, Status};
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
 use crate::daemon::{Daemon, DaemonError};
+use crate::gate_events::{Delivered, GateEventKind};
 use crate::model::{self, SettingsChange, SettingsSource, SliceState};
 
 /// The generated messages, client and server of `vgpu.daemon.v1`.
@@ -216,6 +220,41 @@ pub fn change_from_pb(r: &pb::SetSettingsRequest) -> Result<SettingsChange, Stri
     Ok(change)
 }
 
+/// A gate event, as one subscriber receives it, on the wire.
+pub fn event_to_pb(d: &Delivered) -> pb::EnforcementEvent {
+    let e = &d.event;
+    let kind = match e.kind {
+        GateEventKind::Refused => pb::EnforcementEventKind::Refused,
+        GateEventKind::Audited => pb::EnforcementEventKind::Audited,
+        GateEventKind::Exit => pb::EnforcementEventKind::Exit,
+    };
+    let (device_major, device_minor) = e.device.unwrap_or_default();
+    pb::EnforcementEvent {
+        seq: e.seq,
+        kind: kind as i32,
+        tgid: e.tgid,
+        pid: e.pid,
+        comm: e.comm.clone(),
+        cgroup_id: e.cgroup_id,
+        cgroup: e.who.cgroup.clone(),
+        device_major,
+        device_minor,
+        time_unix_ms: e.time_unix_ms,
+        monotonic_ns: e.monotonic_ns,
+        pod_uid: e.who.pod_uid.clone(),
+        container_id: e.who.container_id.clone(),
+        namespace: e.who.namespace.clone(),
+        pod: e.who.pod.clone(),
+        container: e.who.container.clone(),
+        lost_before: d.lost_before,
+    }
+}
+
+/// The stream of `WatchEnforcementEvents`.
+pub type EventStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::EnforcementEvent, Status>> + Send + 'static>,
+>;
+
 fn status_of(e: DaemonError) -> Status {
     match e {
         DaemonError::NoTenant(_) => Status::not_found(e.to_string()),
@@ -227,6 +266,26 @@ fn status_of(e: DaemonError) -> Status {
 
 #[tonic::async_trait]
 impl pb::daemon_server::Daemon for Api {
+    type WatchEnforcementEventsStream = EventStream;
+
+    async fn watch_enforcement_events(
+        &self,
+        r: Request<pb::WatchEnforcementEventsRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let r = r.into_inner();
+        let Some(gate) = self.daemon.device_gate() else {
+            return Err(Status::failed_precondition(
+                self.daemon.no_device_gate().to_owned(),
+            ));
+        };
+        let rx = gate.events().subscribe(r.recent as usize, r.follow);
+        let stream =
+            tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |d| {
+                Ok(event_to_pb(&d))
+            });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn list_tenants(
         &self,
         _: Request<pb::ListTenantsRequest>,

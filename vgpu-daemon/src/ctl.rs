@@ -7,6 +7,7 @@
 //! vgpuctl [...] gpus
 //! vgpuctl [...] set TENANT [--gpu UUID] [--share N] [--policy burst|cap]
 //!                          [--priority best-effort|latency-sensitive]
+//! vgpuctl [...] events [--follow] [--recent N]
 //! ```
 
 use std::collections::HashMap;
@@ -21,6 +22,8 @@ use vgpu_core::bytes::Bytes;
 use vgpu_core::sched_proto::{ComputePolicy, Priority};
 
 use crate::api::{DaemonClient, pb};
+
+pub mod events;
 
 /// Lists the daemon's tenants and GPUs with their usage; changes a tenant's compute
 /// settings live.
@@ -70,6 +73,18 @@ pub enum Command {
         #[arg(long)]
         priority: Option<Priority>,
     },
+    /// The eBPF GPU device gate's events: refused (and, in audit mode, would-be refused)
+    /// opens of GPU devices and exits of watched processes, one line each, naming the
+    /// pod. The latest ones the daemon kept, then, with --follow, each new one.
+    Events {
+        /// Keep printing new events as they come.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// How many of the latest events to print first (the daemon keeps 1,024);
+        /// default: all of them, or 10 with --follow.
+        #[arg(long)]
+        recent: Option<u32>,
+    },
 }
 
 async fn connect(cli: &Cli) -> Result<DaemonClient<Channel>> {
@@ -92,6 +107,19 @@ async fn connect(cli: &Cli) -> Result<DaemonClient<Channel>> {
         })
 }
 
+/// Runs a command, writing what it prints to `out` as it comes (`events --follow` prints
+/// until the daemon goes away).
+pub async fn run_to(cli: &Cli, out: &mut (dyn std::io::Write + Send)) -> Result<()> {
+    if let Command::Events { follow, recent } = &cli.command {
+        let mut c = connect(cli).await?;
+        let recent = recent.unwrap_or(if *follow { 10 } else { u32::MAX });
+        return events::write_events(&mut c, *follow, recent, cli.json, out).await;
+    }
+    let text = run(cli).await?;
+    out.write_all(text.as_bytes()).context("write to stdout")?;
+    Ok(())
+}
+
 fn status_err(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{} ({:?})", s.message(), s.code())
 }
@@ -100,6 +128,12 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 pub async fn run(cli: &Cli) -> Result<String> {
     let mut c = connect(cli).await?;
     match &cli.command {
+        Command::Events { follow, recent } => {
+            let mut out = Vec::new();
+            let recent = recent.unwrap_or(if *follow { 10 } else { u32::MAX });
+            events::write_events(&mut c, *follow, recent, cli.json, &mut out).await?;
+            Ok(String::from_utf8_lossy(&out).into_owned())
+        }
         Command::Tenants => {
             let t = c
                 .list_tenants(pb::ListTenantsRequest {})

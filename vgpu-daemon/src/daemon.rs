@@ -240,6 +240,8 @@ pub struct Daemon {
     timer: Condvar,
     /// The eBPF device gate and exit watcher, when attached.
     gate: std::sync::OnceLock<Arc<dyn DeviceGate>>,
+    /// Why there is no gate (`--ebpf off`, or why eBPF cannot run), when there is none.
+    no_gate: std::sync::OnceLock<String>,
 }
 
 /// Why a registration or an API call was refused.
@@ -264,6 +266,8 @@ pub trait DeviceGate: Send + Sync + std::fmt::Debug {
     fn admit(&self, pid: u32) -> bool;
     /// The gate's Prometheus families, for `/metrics`.
     fn metrics(&self) -> String;
+    /// The gate's events, attributed (the gRPC API's event stream).
+    fn events(&self) -> &crate::gate_events::EventHub;
 }
 
 /// What a registration returns to the server.
@@ -286,6 +290,7 @@ impl Daemon {
             inner: Mutex::new(Inner::default()),
             timer: Condvar::new(),
             gate: std::sync::OnceLock::new(),
+            no_gate: std::sync::OnceLock::new(),
         })
     }
 
@@ -504,6 +509,18 @@ impl Daemon {
     /// The node's device gate, if one is attached.
     pub fn device_gate(&self) -> Option<&Arc<dyn DeviceGate>> {
         self.gate.get()
+    }
+
+    /// Records why the node runs without a device gate (once, at start).
+    pub fn set_no_device_gate(&self, why: String) {
+        let _ = self.no_gate.set(why);
+    }
+
+    /// Why the node runs without a device gate, as recorded at start.
+    pub fn no_device_gate(&self) -> &str {
+        self.no_gate
+            .get()
+            .map_or("the GPU device gate was not started", String::as_str)
     }
 
     /// Process `pid` (host PID) exited, as the kernel reports it: every connection it

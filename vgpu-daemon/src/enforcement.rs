@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 use vgpu_ebpf::{EbpfConfig, Enforcer, Event, EventKind, EventReader, GpuDevice, Mode};
 
 use crate::daemon::Daemon;
+use crate::gate_events::{Attribution, EventHub, GateEvent, GateEventKind};
 
 /// The default pin directory (ADR 0018: pinned, fail-closed across restarts).
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/vgpu";
@@ -26,6 +27,10 @@ const SHIM_FILE: &str = "libvgpu.so";
 const POD_RESCAN: Duration = Duration::from_secs(10);
 /// How long an event reader waits before it looks at the stop flag again.
 const POLL: Duration = Duration::from_millis(100);
+/// cgroups whose attribution is remembered; beyond, the memory starts again.
+const MAX_ATTRIBUTIONS: usize = 4096;
+/// How often a pod's names are looked for again among the tenants while unknown.
+const NAMES_RETRY: Duration = Duration::from_secs(5);
 
 /// What the daemon asks of eBPF (`--ebpf*` flags).
 #[derive(Debug, Clone)]
@@ -78,6 +83,10 @@ pub struct Enforcement {
     exits_released: AtomicU64,
     stop: Arc<AtomicBool>,
     readers: Mutex<Vec<JoinHandle<()>>>,
+    /// The events, for the gRPC stream.
+    hub: EventHub,
+    /// cgroup id → who, and when the names were last looked for.
+    attributions: Mutex<HashMap<u64, (Attribution, Instant)>>,
 }
 
 /// Why eBPF is not running: the one line the daemon logs.
@@ -198,17 +207,20 @@ impl Enforcement {
             exits_released: AtomicU64::new(0),
             stop: Arc::new(AtomicBool::new(false)),
             readers: Mutex::new(Vec::new()),
+            hub: EventHub::new(),
+            attributions: Mutex::new(HashMap::new()),
         });
         let mut readers = Vec::new();
         if let Some(r) = gate_events {
             let weak = Arc::downgrade(&e);
+            let d: Weak<Daemon> = Arc::downgrade(daemon);
             readers.push(spawn_reader(
                 "vgpu-ebpf-gate",
                 r,
                 Arc::clone(&e.stop),
                 move |ev| {
-                    if let Some(e) = weak.upgrade() {
-                        e.gate_event(&ev);
+                    if let (Some(e), Some(d)) = (weak.upgrade(), d.upgrade()) {
+                        e.gate_event(&ev, &d);
                     }
                 },
             )?);
@@ -309,13 +321,16 @@ impl Enforcement {
         }
     }
 
-    fn gate_event(&self, ev: &Event) {
-        let who = self.who(ev.cgroup_id);
-        let (what, refused) = match ev.kind {
-            EventKind::Refused => ("refused", true),
-            EventKind::Audited => ("would refuse (audit)", false),
+    fn gate_event(&self, ev: &Event, daemon: &Daemon) {
+        let (what, kind) = match ev.kind {
+            EventKind::Refused => ("refused", GateEventKind::Refused),
+            EventKind::Audited => ("would refuse (audit)", GateEventKind::Audited),
             EventKind::Exit => return,
         };
+        let attribution = self.attribution(ev.cgroup_id, daemon);
+        let who = attribution.metrics_key();
+        // On the stream first: whoever saw the count saw the event published.
+        self.hub.publish(attributed(ev, kind, attribution));
         let mut per_pod = lock(&self.per_pod);
         let first = !per_pod.contains_key(&who);
         let key = if first && per_pod.len() >= MAX_PODS {
@@ -324,7 +339,7 @@ impl Enforcement {
             who.clone()
         };
         let c = per_pod.entry(key).or_default();
-        if refused {
+        if kind == GateEventKind::Refused {
             c.refused += 1;
         } else {
             c.audited += 1;
@@ -357,24 +372,47 @@ impl Enforcement {
                 "process exit seen by eBPF: its slices and charges released"
             );
         }
+        let attribution = self.attribution(ev.cgroup_id, daemon);
+        self.hub
+            .publish(attributed(ev, GateEventKind::Exit, attribution));
     }
 
-    /// Who a cgroup id is: `pod <uid>` for a pod's cgroup, else `cgroup <path under the
-    /// mount>` (`cgroup ?` when it is gone).
-    fn who(&self, cgroup_id: u64) -> String {
-        let Some(path) = vgpu_ebpf::find_cgroup(&self.cgroup2, cgroup_id)
+    /// Who the processes of cgroup `cgroup_id` are: its path and pod (remembered per
+    /// cgroup: ids are not reused), and the pod's names when a registered process of the
+    /// same pod gave them (looked for again every [`NAMES_RETRY`] while unknown).
+    fn attribution(&self, cgroup_id: u64, daemon: &Daemon) -> Attribution {
+        let now = Instant::now();
+        if let Some((a, checked)) = lock(&self.attributions).get(&cgroup_id)
+            && (a.pod_uid.is_empty()
+                || !a.pod.is_empty()
+                || now.duration_since(*checked) < NAMES_RETRY)
+        {
+            return a.clone();
+        }
+        let mut a = Attribution::default();
+        if let Some(path) = vgpu_ebpf::find_cgroup(&self.cgroup2, cgroup_id)
             .ok()
             .flatten()
-        else {
-            return "cgroup ?".to_owned();
-        };
-        match vgpu_ebpf::attribution::pod_of_cgroup(&path.to_string_lossy()) {
-            Some(p) => format!("pod {}", p.pod_uid),
-            None => format!(
-                "cgroup /{}",
-                path.strip_prefix(&self.cgroup2).unwrap_or(&path).display()
-            ),
+        {
+            let rel = path.strip_prefix(&self.cgroup2).unwrap_or(&path);
+            a.cgroup = format!("/{}", rel.display());
+            if let Some(p) = vgpu_ebpf::attribution::pod_of_cgroup(&a.cgroup) {
+                a.pod_uid = p.pod_uid;
+                a.container_id = p.container_id.unwrap_or_default();
+                names_from_tenants(&mut a, daemon);
+            }
         }
+        let mut cache = lock(&self.attributions);
+        if cache.len() >= MAX_ATTRIBUTIONS {
+            cache.clear();
+        }
+        cache.insert(cgroup_id, (a.clone(), now));
+        a
+    }
+
+    /// The gate's events (the gRPC stream subscribes here).
+    pub fn events(&self) -> &EventHub {
+        &self.hub
     }
 
     /// Opens refused and audited so far for `who` (see [`Enforcement::metrics`]).
@@ -442,8 +480,22 @@ impl Enforcement {
         let (lost_gate, lost_exit) = counters.map_or((0, 0), |c| (c.lost, c.exit_lost));
         lost.sample(&[("ring", "gate")], lost_gate as f64);
         lost.sample(&[("ring", "exit")], lost_exit as f64);
+        let mut stream_lost = Family::new(
+            "vgpu_ebpf_stream_events_dropped_total",
+            Kind::Counter,
+            "Events the gRPC event stream dropped for subscribers that read too slowly (once per subscriber).",
+        );
+        stream_lost.sample(&[], self.hub.dropped() as f64);
         let mut s = String::new();
-        for f in [&attached, &refused, &audited, &exits, &releases, &lost] {
+        for f in [
+            &attached,
+            &refused,
+            &audited,
+            &exits,
+            &releases,
+            &lost,
+            &stream_lost,
+        ] {
             f.write(&mut s);
         }
         s
@@ -457,6 +509,10 @@ impl crate::daemon::DeviceGate for Enforcement {
 
     fn metrics(&self) -> String {
         Enforcement::metrics(self)
+    }
+
+    fn events(&self) -> &EventHub {
+        &self.hub
     }
 }
 
@@ -494,6 +550,58 @@ fn spawn_reader(
             path: PathBuf::from(name),
             source,
         })
+}
+
+/// `ev` as the daemon hands it on.
+fn attributed(ev: &Event, kind: GateEventKind, who: Attribution) -> GateEvent {
+    let monotonic_ns = u64::try_from(ev.time.as_nanos()).unwrap_or(u64::MAX);
+    // The kernel's time is CLOCK_MONOTONIC; the wall clock is now less the age.
+    let age_ns = vgpu_sys::mono_ns().saturating_sub(monotonic_ns);
+    let unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    GateEvent {
+        seq: 0,
+        kind,
+        tgid: ev.tgid,
+        pid: ev.pid,
+        comm: ev.comm.clone(),
+        cgroup_id: ev.cgroup_id,
+        device: ev.device,
+        time_unix_ms: unix_ns.saturating_sub(age_ns) / 1_000_000,
+        monotonic_ns,
+        who,
+    }
+}
+
+/// Fills the names of `a`'s pod from a tenant whose registered process runs in the same
+/// pod (the container's name too when it is the same container).
+fn names_from_tenants(a: &mut Attribution, daemon: &Daemon) {
+    for t in daemon.snapshot().tenants {
+        if t.pod.is_empty() {
+            continue;
+        }
+        for pid in &t.pids {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+                continue;
+            };
+            let Some(rel) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
+                continue;
+            };
+            let Some(p) = vgpu_ebpf::attribution::pod_of_cgroup(rel) else {
+                continue;
+            };
+            if p.pod_uid != a.pod_uid {
+                continue;
+            }
+            a.namespace.clone_from(&t.namespace);
+            a.pod.clone_from(&t.pod);
+            if !a.container_id.is_empty() && p.container_id.as_deref() == Some(&a.container_id) {
+                a.container.clone_from(&t.container);
+                return;
+            }
+        }
+    }
 }
 
 /// NVIDIA's majors from `/proc/devices` and the numbers of every `nvidia*` character

@@ -9,6 +9,8 @@
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
 //! - [`enforcement`]: the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): admits the
 //!   shim's processes, releases a process's slices at its exit, counts refusals per pod.
+//! - [`gate_events`]: the gate's events attributed, the latest kept, one bounded queue
+//!   per subscriber of the gRPC stream (a slow one loses events, counted).
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
 //! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
@@ -30,6 +32,7 @@ pub mod board;
 pub mod ctl;
 pub mod daemon;
 pub mod enforcement;
+pub mod gate_events;
 pub mod metrics;
 pub mod model;
 pub mod nvml;

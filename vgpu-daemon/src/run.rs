@@ -126,10 +126,12 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
         }
         Ok(None) => {
             info!("eBPF: off (--ebpf off)");
+            daemon.set_no_device_gate("eBPF is off (--ebpf off)".to_owned());
             None
         }
         Err(e) => {
             warn!("eBPF: not attached, running without the GPU device gate: {e}");
+            daemon.set_no_device_gate(format!("eBPF is not attached: {e}"));
             None
         }
     };
@@ -171,6 +173,11 @@ impl Node {
             }
         };
         drop(reporting);
+        if let Some(e) = &enforcement {
+            // Followers of the event stream see it end (their connections may outlive
+            // the server's task) and reconnect to the next daemon.
+            e.events().close();
+        }
         drop(enforcement);
         r
     }

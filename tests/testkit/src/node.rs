@@ -136,7 +136,8 @@ impl TestNode {
     }
 
     /// [`TestNode::start`], with the plugin's configuration adjusted by `tune` (paths are
-    /// set already, the audit and the clean-up off; it is validated after).
+    /// set already, the audit, the clean-up and the daemon's event stream off; it is
+    /// validated after).
     pub async fn start_with(
         gpu_list: Vec<GpuInfo>,
         tune: impl FnOnce(&mut Config),
@@ -151,6 +152,7 @@ impl TestNode {
         cfg.call_timeout = Duration::from_secs(5);
         cfg.kubelet_poll = Duration::from_millis(20);
         cfg.audit_interval = None;
+        cfg.daemon_api_socket = None;
         cfg.gc_interval = None;
         tune(&mut cfg);
         let cfg = prepare(cfg)?;

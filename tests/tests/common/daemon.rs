@@ -9,6 +9,11 @@ use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::daemon::{Config, Daemon};
 use vgpu_daemon::reporting::ReportingConfig;
 
+/// The gRPC API socket of the daemon serving the shims on `socket` (beside it, `.api`).
+pub fn api_socket(socket: &Path) -> std::path::PathBuf {
+    socket.with_extension("api")
+}
+
 /// A daemon serving on a socket until dropped.
 pub struct Served {
     /// The daemon (its snapshot shows the tenants).
@@ -21,16 +26,21 @@ pub struct Served {
 impl Drop for Served {
     fn drop(&mut self) {
         self.server.abort();
+        // As `Node::serve` does when it stops: the event stream's followers see it end.
+        if let Some(e) = &self.enforcement {
+            e.events().close();
+        }
     }
 }
 
 /// Starts a daemon on `socket` (default share 10 %, burst, best-effort; no NVML, no
-/// metrics, no API, no eBPF); call inside a tokio runtime.
+/// metrics, no eBPF; the API on [`api_socket`]); call inside a tokio runtime.
 pub async fn serve(socket: &Path) -> Served {
     serve_with_ebpf(socket, vgpu_daemon::enforcement::EbpfSettings::default()).await
 }
 
-/// [`serve`], with the eBPF gate and exit watcher as `ebpf` says.
+/// [`serve`], with the eBPF gate and exit watcher as `ebpf` says, and the gRPC API on
+/// [`api_socket`]`(socket)`.
 pub async fn serve_with_ebpf(
     socket: &Path,
     ebpf: vgpu_daemon::enforcement::EbpfSettings,
@@ -57,7 +67,7 @@ pub async fn serve_with(socket: &Path, tune: impl FnOnce(&mut vgpu_daemon::run::
         reporting: ReportingConfig {
             nvml: None,
             metrics_addr: None,
-            api_socket: None,
+            api_socket: Some(api_socket(socket)),
             api_addr: None,
         },
         ebpf: vgpu_daemon::enforcement::EbpfSettings::default(),

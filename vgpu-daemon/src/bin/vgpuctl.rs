@@ -1,10 +1,8 @@
 //! `vgpuctl`: lists the daemon's tenants and GPUs with their usage, changes a tenant's
-//! compute settings live (see `vgpu_daemon::ctl`).
-
-use std::io::Write;
+//! compute settings live, shows the eBPF gate's events (see `vgpu_daemon::ctl`).
 
 use clap::Parser;
-use vgpu_daemon::ctl::{Cli, run};
+use vgpu_daemon::ctl::{Cli, run_to};
 
 fn main() {
     let cli = Cli::parse();
@@ -18,10 +16,9 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match rt.block_on(run(&cli)) {
-        Ok(out) => {
-            let _ = std::io::stdout().write_all(out.as_bytes());
-        }
+    let mut stdout = std::io::stdout();
+    match rt.block_on(run_to(&cli, &mut stdout)) {
+        Ok(()) => {}
         Err(e) => {
             eprintln!("vgpuctl: {e:#}");
             std::process::exit(1);
