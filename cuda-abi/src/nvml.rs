@@ -486,7 +486,7 @@ pub const NVML_P2P_STATUS_NOT_SUPPORTED: nvmlGpuP2PStatus_t = 5;
 /// Unknown.
 pub const NVML_P2P_STATUS_UNKNOWN: nvmlGpuP2PStatus_t = 6;
 
-/// Most NVLinks one GPU has (`NVML_NVLINK_MAX_LINKS`).
+/// Most NVLinks one GPU has (`NVML_NVLINK_MAX_LINKS` up to CUDA 12; CUDA 13's header says 36).
 pub const NVML_NVLINK_MAX_LINKS: c_uint = 18;
 
 /// `nvmlNvLinkCapability_t`: what `nvmlDeviceGetNvLinkCapability` asks about a link.

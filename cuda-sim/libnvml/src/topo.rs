@@ -77,11 +77,16 @@ pub fn p2p_status(
     })
 }
 
+/// Link numbers NVML accepts: `NVML_NVLINK_MAX_LINKS` was 18 until CUDA 12's `nvml.h`
+/// and is 36 in CUDA 13's (nvidia-ml-py 13 iterates to 36), so links up to 35 are valid
+/// numbers and a link the GPU lacks is "not supported".
+const LINK_NUMBERS: u32 = 36;
+
 /// Where an NVLink query's link leads: checks the link number (beyond
-/// `NVML_NVLINK_MAX_LINKS`: invalid; a link the GPU lacks: not supported).
+/// [`LINK_NUMBERS`]: invalid; a link the GPU lacks: not supported).
 fn link(h: nvmlDevice_t, link: u32) -> NvmlResult<(Dev, Topology, Result<usize, u32>)> {
     let dv = sim::live_device(h)?;
-    if link >= NVML_NVLINK_MAX_LINKS {
+    if link >= LINK_NUMBERS {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     let t = topo_of(&dv)?;

@@ -187,6 +187,11 @@ fn dgx_h100_answers_as_nvidia_smi_shows_it() {
             let mut on = 0;
             assert_eq!(
                 nv!(nvmlDeviceGetNvLinkState(d, 18, &mut on)),
+                NVML_ERROR_NOT_SUPPORTED,
+                "a link number the GPU lacks (CUDA 13's nvml.h allows 36)"
+            );
+            assert_eq!(
+                nv!(nvmlDeviceGetNvLinkState(d, 36, &mut on)),
                 NVML_ERROR_INVALID_ARGUMENT
             );
             let mut v = 0;
