@@ -427,17 +427,16 @@ impl Topology {
                     ));
                 }
                 for (i, s) in ga.switches.iter().enumerate() {
-                    if let Some(j) = gb.switches.iter().position(|x| x == s) {
-                        if i != j
+                    if let Some(j) = gb.switches.iter().position(|x| x == s)
+                        && (i != j
                             || ga.host_bridge != gb.host_bridge
-                            || ga.switches[..i] != gb.switches[..j]
-                        {
-                            return Err(bad(
-                                format!("topology.gpu[{a}].switches"),
-                                s.to_string(),
-                                &format!("switch {s} has another parent under gpu[{b}]"),
-                            ));
-                        }
+                            || ga.switches[..i] != gb.switches[..j])
+                    {
+                        return Err(bad(
+                            format!("topology.gpu[{a}].switches"),
+                            s.to_string(),
+                            &format!("switch {s} has another parent under gpu[{b}]"),
+                        ));
                     }
                 }
             }
