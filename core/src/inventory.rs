@@ -9,7 +9,14 @@
 //!
 //! The extender reads it through its Node watch (ADR 0007). Compatibility rules, as
 //! for the assignment record: readers ignore unknown fields (minor additions); a
-//! different `version` is an incompatible change and is refused.
+//! different `version` is an incompatible change and is refused. Each GPU's `topology`
+//! ([`GpuTopology`]: NUMA node, PCIe switch peers, NVLink peers) is such an addition,
+//! written only when known:
+//!
+//! ```json
+//! {"index":0,"uuid":"GPU-…","model":"…","memory_mib":81920,"healthy":true,
+//!  "topology":{"numa_node":3,"nvlink_peers":[{"index":1,"links":12}]}}
+//! ```
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +42,36 @@ pub struct GpuInfo {
     /// error); an unhealthy GPU takes no new pods.
     #[serde(default = "healthy_default")]
     pub healthy: bool,
+    /// Where the GPU sits on the node (issue 14), as NVML reports it; absent when the
+    /// driver does not say, and from plugins that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<GpuTopology>,
+}
+
+/// A GPU's place in its node's topology: an addition to version 1 of the record, which
+/// readers that predate it ignore (unknown fields), and which is absent when unknown.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GpuTopology {
+    /// The NUMA node nearest the GPU (NVML's memory affinity, node scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// NVML indices of the other GPUs under the same PCIe switch (NVML's
+    /// `NVML_TOPOLOGY_SINGLE`, `nvidia-smi topo`: PIX), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub switch_peers: Vec<u32>,
+    /// The GPUs it reaches over NVLink (directly or through an NVSwitch fabric), with the
+    /// number of links, by NVML index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink_peers: Vec<NvLinkPeer>,
+}
+
+/// NVLinks from one GPU to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLinkPeer {
+    /// The peer's NVML index.
+    pub index: u32,
+    /// Links usable between the two (`nvidia-smi topo`: NV<links>).
+    pub links: u32,
 }
 
 fn healthy_default() -> bool {
@@ -124,6 +161,7 @@ mod tests {
                     model: "A100".into(),
                     memory_mib: 81920,
                     healthy: true,
+                    topology: None,
                 },
                 GpuInfo {
                     index: 1,
@@ -131,6 +169,7 @@ mod tests {
                     model: "A100".into(),
                     memory_mib: 81920,
                     healthy: false,
+                    topology: None,
                 },
             ],
         }
@@ -158,6 +197,47 @@ mod tests {
         let s =
             r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
         assert!(NodeInventory::from_json(s).expect("valid").gpus[0].healthy);
+    }
+
+    #[test]
+    fn topology_is_an_addition_older_readers_ignore() {
+        let mut inv = sample();
+        inv.gpus[0].topology = Some(GpuTopology {
+            numa_node: Some(3),
+            switch_peers: vec![1],
+            nvlink_peers: vec![NvLinkPeer {
+                index: 1,
+                links: 12,
+            }],
+        });
+        let s = inv.to_json();
+        assert!(
+            s.contains(r#""topology":{"numa_node":3,"switch_peers":[1],"nvlink_peers":[{"index":1,"links":12}]}"#),
+            "{s}"
+        );
+        assert_eq!(NodeInventory::from_json(&s).expect("valid"), inv);
+        // The GPU without topology writes no field at all.
+        assert_eq!(s.matches("topology").count(), 1, "{s}");
+        // A reader built before the field (the record's own GpuInfo, as it was) still reads it.
+        #[derive(Deserialize)]
+        struct OldGpu {
+            uuid: String,
+            memory_mib: u64,
+        }
+        #[derive(Deserialize)]
+        struct OldInventory {
+            version: u32,
+            gpus: Vec<OldGpu>,
+        }
+        let old: OldInventory = serde_json::from_str(&s).expect("an older reader parses it");
+        assert_eq!(
+            (
+                old.version,
+                old.gpus[0].uuid.as_str(),
+                old.gpus[1].memory_mib
+            ),
+            (1, "GPU-a", 81920)
+        );
     }
 
     #[test]

@@ -182,6 +182,21 @@ pub mod pointer_attribute {
     pub const MAPPED: u32 = 13;
 }
 
+/// `CUdevice_P2PAttribute` (`cuDeviceGetP2PAttribute`).
+pub mod p2p_attr {
+    /// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`: relative performance of the link.
+    pub const PERFORMANCE_RANK: i32 = 1;
+    /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`: peer access can be enabled.
+    pub const ACCESS_SUPPORTED: i32 = 2;
+    /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`: native atomics over the link.
+    pub const NATIVE_ATOMIC_SUPPORTED: i32 = 3;
+    /// `CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED` (formerly
+    /// `…_ACCESS_ACCESS_SUPPORTED`): CUDA arrays can be accessed over the link.
+    pub const CUDA_ARRAY_ACCESS_SUPPORTED: i32 = 4;
+    /// `CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED` (CUDA 12.8+).
+    pub const ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: i32 = 5;
+}
+
 /// `CUdevice_attribute` values the simulator models (others read as 0).
 pub mod attr {
     #![allow(missing_docs)]

@@ -10,7 +10,7 @@
 //! the one type named here. Compatibility rule: a published type never changes; a new
 //! ABI version gets a new type.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
@@ -19,8 +19,10 @@ use crate::cuda::{
     CUstream, CUuuid,
 };
 use crate::nvml::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
-    nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlAffinityScope_t, nvmlDevice_t, nvmlEnableState_t, nvmlGpuP2PCapsIndex_t,
+    nvmlGpuP2PStatus_t, nvmlGpuTopologyLevel_t, nvmlIntNvLinkDeviceType_t, nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlNvLinkCapability_t, nvmlPciInfo_t, nvmlPciInfo_v2_t, nvmlProcessInfo_t,
+    nvmlProcessInfo_v1_t, nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
 
 // ---- CUDA driver API: initialisation and entry points ---------------------------------
@@ -45,6 +47,14 @@ pub type PFN_cuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CU
 pub type PFN_cuDeviceTotalMem_v2 = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
 /// `cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)`.
 pub type PFN_cuDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+
+/// `cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)`.
+pub type PFN_cuDeviceCanAccessPeer =
+    unsafe extern "C" fn(*mut c_int, CUdevice, CUdevice) -> CUresult;
+/// `cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
+/// CUdevice dstDevice)`.
+pub type PFN_cuDeviceGetP2PAttribute =
+    unsafe extern "C" fn(*mut c_int, c_int, CUdevice, CUdevice) -> CUresult;
 
 // ---- memory ------------------------------------------------------------------------------
 
@@ -142,6 +152,25 @@ pub type PFN_cuCtxPopCurrent_v2 = unsafe extern "C" fn(*mut CUcontext) -> CUresu
 pub type PFN_cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 /// `cuCtxSynchronize_v2(CUcontext ctx)` (CUDA 13).
 pub type PFN_cuCtxSynchronize_v2 = unsafe extern "C" fn(CUcontext) -> CUresult;
+
+/// `cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)`.
+pub type PFN_cuCtxEnablePeerAccess = unsafe extern "C" fn(CUcontext, c_uint) -> CUresult;
+/// `cuCtxDisablePeerAccess(CUcontext peerContext)`.
+pub type PFN_cuCtxDisablePeerAccess = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// `cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+/// CUcontext srcContext, size_t ByteCount)` (also `_ptds`).
+pub type PFN_cuMemcpyPeer =
+    unsafe extern "C" fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize) -> CUresult;
+/// `cuMemcpyPeerAsync(dstDevice, dstContext, srcDevice, srcContext, ByteCount,
+/// CUstream hStream)` (also `_ptsz`).
+pub type PFN_cuMemcpyPeerAsync = unsafe extern "C" fn(
+    CUdeviceptr,
+    CUcontext,
+    CUdeviceptr,
+    CUcontext,
+    usize,
+    CUstream,
+) -> CUresult;
 
 // ---- streams, events, launches -------------------------------------------------------------
 
@@ -245,3 +274,64 @@ pub type PFN_nvmlDeviceGetComputeRunningProcesses_v2 =
 /// the graphics and MPS lists have the same signature.
 pub type PFN_nvmlDeviceGetComputeRunningProcesses_v3 =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+
+// ---- NVML topology, peer-to-peer and NVLink ------------------------------------------------
+
+/// `nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+/// nvmlGpuTopologyLevel_t *pathInfo)`.
+pub type PFN_nvmlDeviceGetTopologyCommonAncestor =
+    unsafe extern "C" fn(nvmlDevice_t, nvmlDevice_t, *mut nvmlGpuTopologyLevel_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlGpuTopologyLevel_t level,
+/// unsigned int *count, nvmlDevice_t *deviceArray)`.
+pub type PFN_nvmlDeviceGetTopologyNearestGpus = unsafe extern "C" fn(
+    nvmlDevice_t,
+    nvmlGpuTopologyLevel_t,
+    *mut c_uint,
+    *mut nvmlDevice_t,
+) -> nvmlReturn_t;
+/// `nvmlSystemGetTopologyGpuSet(unsigned int cpuNumber, unsigned int *count,
+/// nvmlDevice_t *deviceArray)`.
+pub type PFN_nvmlSystemGetTopologyGpuSet =
+    unsafe extern "C" fn(c_uint, *mut c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+/// nvmlGpuP2PCapsIndex_t p2pIndex, nvmlGpuP2PStatus_t *p2pStatus)`.
+pub type PFN_nvmlDeviceGetP2PStatus = unsafe extern "C" fn(
+    nvmlDevice_t,
+    nvmlDevice_t,
+    nvmlGpuP2PCapsIndex_t,
+    *mut nvmlGpuP2PStatus_t,
+) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+/// nvmlEnableState_t *isActive)`.
+pub type PFN_nvmlDeviceGetNvLinkState =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut nvmlEnableState_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version)`.
+pub type PFN_nvmlDeviceGetNvLinkVersion =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut c_uint) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+/// nvmlNvLinkCapability_t capability, unsigned int *capResult)`.
+pub type PFN_nvmlDeviceGetNvLinkCapability =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, nvmlNvLinkCapability_t, *mut c_uint) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+/// nvmlPciInfo_t *pci)`.
+pub type PFN_nvmlDeviceGetNvLinkRemotePciInfo_v2 =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut nvmlPciInfo_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkRemotePciInfo` (first version): the older 52-byte `nvmlPciInfo_t`.
+pub type PFN_nvmlDeviceGetNvLinkRemotePciInfo =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut nvmlPciInfo_v2_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+/// nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType)`.
+pub type PFN_nvmlDeviceGetNvLinkRemoteDeviceType =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut nvmlIntNvLinkDeviceType_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+/// unsigned long *cpuSet)`.
+pub type PFN_nvmlDeviceGetCpuAffinity =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut c_ulong) -> nvmlReturn_t;
+/// `nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize,
+/// unsigned long *cpuSet, nvmlAffinityScope_t scope)`; `nvmlDeviceGetMemoryAffinity(device,
+/// nodeSetSize, nodeSet, scope)` has the same signature.
+pub type PFN_nvmlDeviceGetCpuAffinityWithinScope =
+    unsafe extern "C" fn(nvmlDevice_t, c_uint, *mut c_ulong, nvmlAffinityScope_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)`.
+pub type PFN_nvmlDeviceGetNumaNodeId =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;

@@ -437,6 +437,108 @@ pub struct nvmlEventData_v1_t {
 /// PCI vendor id of NVIDIA (low 16 bits of `pciDeviceId`).
 pub const PCI_VENDOR_ID_NVIDIA: c_uint = 0x10de;
 
+// ---- topology, peer-to-peer and NVLink ---------------------------------------------------
+
+/// `nvmlGpuTopologyLevel_t`: the common ancestor of two GPUs on the PCIe tree.
+pub type nvmlGpuTopologyLevel_t = c_uint;
+/// The same board (e.g. Tesla K80).
+pub const NVML_TOPOLOGY_INTERNAL: nvmlGpuTopologyLevel_t = 0;
+/// Devices that only need to traverse a single PCIe switch.
+pub const NVML_TOPOLOGY_SINGLE: nvmlGpuTopologyLevel_t = 10;
+/// Devices that need not traverse a host bridge.
+pub const NVML_TOPOLOGY_MULTIPLE: nvmlGpuTopologyLevel_t = 20;
+/// Devices connected to the same host bridge.
+pub const NVML_TOPOLOGY_HOSTBRIDGE: nvmlGpuTopologyLevel_t = 30;
+/// Devices connected to the same NUMA node, possibly through several host bridges.
+pub const NVML_TOPOLOGY_NODE: nvmlGpuTopologyLevel_t = 40;
+/// All devices in the system.
+pub const NVML_TOPOLOGY_SYSTEM: nvmlGpuTopologyLevel_t = 50;
+
+/// `nvmlGpuP2PCapsIndex_t`: which peer-to-peer capability `nvmlDeviceGetP2PStatus` checks.
+pub type nvmlGpuP2PCapsIndex_t = c_uint;
+/// Peer reads.
+pub const NVML_P2P_CAPS_INDEX_READ: nvmlGpuP2PCapsIndex_t = 0;
+/// Peer writes.
+pub const NVML_P2P_CAPS_INDEX_WRITE: nvmlGpuP2PCapsIndex_t = 1;
+/// Peer access over NVLink.
+pub const NVML_P2P_CAPS_INDEX_NVLINK: nvmlGpuP2PCapsIndex_t = 2;
+/// Peer atomics.
+pub const NVML_P2P_CAPS_INDEX_ATOMICS: nvmlGpuP2PCapsIndex_t = 3;
+/// Peer access over PCIe (`NVML_P2P_CAPS_INDEX_PROP` is its deprecated name).
+pub const NVML_P2P_CAPS_INDEX_PCI: nvmlGpuP2PCapsIndex_t = 4;
+/// Unknown.
+pub const NVML_P2P_CAPS_INDEX_UNKNOWN: nvmlGpuP2PCapsIndex_t = 5;
+
+/// `nvmlGpuP2PStatus_t`: the answer of `nvmlDeviceGetP2PStatus`.
+pub type nvmlGpuP2PStatus_t = c_uint;
+/// Supported.
+pub const NVML_P2P_STATUS_OK: nvmlGpuP2PStatus_t = 0;
+/// The chipset does not support it (`…_CHIPSET_NOT_SUPPORED` in the header, sic).
+pub const NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED: nvmlGpuP2PStatus_t = 1;
+/// The GPU does not support it.
+pub const NVML_P2P_STATUS_GPU_NOT_SUPPORTED: nvmlGpuP2PStatus_t = 2;
+/// The IOH topology does not support it.
+pub const NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED: nvmlGpuP2PStatus_t = 3;
+/// Disabled by a registry key.
+pub const NVML_P2P_STATUS_DISABLED_BY_REGKEY: nvmlGpuP2PStatus_t = 4;
+/// Not supported.
+pub const NVML_P2P_STATUS_NOT_SUPPORTED: nvmlGpuP2PStatus_t = 5;
+/// Unknown.
+pub const NVML_P2P_STATUS_UNKNOWN: nvmlGpuP2PStatus_t = 6;
+
+/// Most NVLinks one GPU has (`NVML_NVLINK_MAX_LINKS` up to CUDA 12; CUDA 13's header says 36).
+pub const NVML_NVLINK_MAX_LINKS: c_uint = 18;
+
+/// `nvmlNvLinkCapability_t`: what `nvmlDeviceGetNvLinkCapability` asks about a link.
+pub type nvmlNvLinkCapability_t = c_uint;
+/// P2P over the link is supported.
+pub const NVML_NVLINK_CAP_P2P_SUPPORTED: nvmlNvLinkCapability_t = 0;
+/// Access to system memory is supported.
+pub const NVML_NVLINK_CAP_SYSMEM_ACCESS: nvmlNvLinkCapability_t = 1;
+/// P2P atomics are supported.
+pub const NVML_NVLINK_CAP_P2P_ATOMICS: nvmlNvLinkCapability_t = 2;
+/// System memory atomics are supported.
+pub const NVML_NVLINK_CAP_SYSMEM_ATOMICS: nvmlNvLinkCapability_t = 3;
+/// SLI is supported over the link.
+pub const NVML_NVLINK_CAP_SLI_BRIDGE: nvmlNvLinkCapability_t = 4;
+/// The link is supported on this device.
+pub const NVML_NVLINK_CAP_VALID: nvmlNvLinkCapability_t = 5;
+
+/// `nvmlNvlinkVersion_t`: what `nvmlDeviceGetNvLinkVersion` reports.
+pub type nvmlNvlinkVersion_t = c_uint;
+/// NVLink 1.0.
+pub const NVML_NVLINK_VERSION_1_0: nvmlNvlinkVersion_t = 1;
+/// NVLink 2.0.
+pub const NVML_NVLINK_VERSION_2_0: nvmlNvlinkVersion_t = 2;
+/// NVLink 2.2.
+pub const NVML_NVLINK_VERSION_2_2: nvmlNvlinkVersion_t = 3;
+/// NVLink 3.0 (A100).
+pub const NVML_NVLINK_VERSION_3_0: nvmlNvlinkVersion_t = 4;
+/// NVLink 3.1.
+pub const NVML_NVLINK_VERSION_3_1: nvmlNvlinkVersion_t = 5;
+/// NVLink 4.0 (H100).
+pub const NVML_NVLINK_VERSION_4_0: nvmlNvlinkVersion_t = 6;
+/// NVLink 5.0 (B200).
+pub const NVML_NVLINK_VERSION_5_0: nvmlNvlinkVersion_t = 7;
+
+/// `nvmlIntNvLinkDeviceType_t`: what is at the far end of a link.
+pub type nvmlIntNvLinkDeviceType_t = c_uint;
+/// A GPU.
+pub const NVML_NVLINK_DEVICE_TYPE_GPU: nvmlIntNvLinkDeviceType_t = 0;
+/// An IBM NPU.
+pub const NVML_NVLINK_DEVICE_TYPE_IBMNPU: nvmlIntNvLinkDeviceType_t = 1;
+/// An NVSwitch.
+pub const NVML_NVLINK_DEVICE_TYPE_SWITCH: nvmlIntNvLinkDeviceType_t = 2;
+/// Unknown.
+pub const NVML_NVLINK_DEVICE_TYPE_UNKNOWN: nvmlIntNvLinkDeviceType_t = 255;
+
+/// `nvmlAffinityScope_t`: the scope of the CPU and memory affinity queries.
+pub type nvmlAffinityScope_t = c_uint;
+/// The GPU's NUMA node.
+pub const NVML_AFFINITY_SCOPE_NODE: nvmlAffinityScope_t = 0;
+/// The GPU's CPU socket.
+pub const NVML_AFFINITY_SCOPE_SOCKET: nvmlAffinityScope_t = 1;
+
 #[cfg(test)]
 mod tests {
     use super::*;

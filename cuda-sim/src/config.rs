@@ -8,6 +8,8 @@ use serde::Deserialize;
 use vgpu_core::bytes::parse_bytes;
 use vgpu_core::gpu_uuid::{format_uuid, parse_uuid};
 
+use crate::topology::Topology;
+
 /// Most devices one simulated node can have.
 pub const MAX_DEVICES: usize = 8;
 
@@ -49,8 +51,10 @@ pub enum ConfigError {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    preset: Option<String>,
     #[serde(default)]
     device: Vec<RawDevice>,
+    topology: Option<crate::topology::RawTopology>,
     #[serde(default)]
     engine: RawEngine,
     #[serde(default)]
@@ -138,6 +142,8 @@ pub struct SimConfig {
     pub engine: EngineConfig,
     /// Injected faults.
     pub faults: FaultConfig,
+    /// Where the GPUs sit and how they are connected (see [`crate::topology`]).
+    pub topology: Topology,
 }
 
 impl Default for SimConfig {
@@ -146,6 +152,7 @@ impl Default for SimConfig {
             devices: vec![default_device(0)],
             engine: EngineConfig { timeslice_us: 2000 },
             faults: FaultConfig::default(),
+            topology: Topology::default_for(1),
         }
     }
 }
@@ -204,6 +211,28 @@ impl SimConfig {
             field,
             value: value.to_owned(),
             why: why.to_owned(),
+        };
+        let preset = match &raw.preset {
+            Some(name) => {
+                if !raw.device.is_empty() || raw.topology.is_some() {
+                    return Err(bad(
+                        "preset".into(),
+                        name,
+                        "a preset gives the devices and topology: drop [[device]] and [topology]",
+                    ));
+                }
+                Some(crate::presets::preset(name).ok_or_else(|| {
+                    bad(
+                        "preset".into(),
+                        name,
+                        &format!(
+                            "unknown preset (known: {})",
+                            crate::presets::NAMES.join(", ")
+                        ),
+                    )
+                })?)
+            }
+            None => None,
         };
         let raw_devices = if raw.device.is_empty() {
             vec![RawDevice::default()]
@@ -317,6 +346,16 @@ impl SimConfig {
                 }
             }
         }
+        let topology = match preset {
+            Some((preset_devices, topology)) => {
+                devices = preset_devices;
+                topology
+            }
+            None => match raw.topology {
+                Some(t) => Topology::from_raw(t, devices.len(), path)?,
+                None => Topology::default_for(devices.len()),
+            },
+        };
         let timeslice_us = raw.engine.timeslice_us.unwrap_or(2000);
         if !(100..=1_000_000).contains(&timeslice_us) {
             return Err(bad(
@@ -342,6 +381,7 @@ impl SimConfig {
                 lost_devices: raw.faults.lost_devices,
                 accounting_mode: raw.faults.accounting_mode.unwrap_or(false),
             },
+            topology,
         })
     }
 
@@ -425,6 +465,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("duplicate UUID"), "{e}");
+    }
+
+    #[test]
+    fn presets_give_devices_and_topology() {
+        let c = SimConfig::from_toml(
+            "preset = \"dgx-a100\"\n[engine]\ntimeslice_us = 1000",
+            "t.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.devices.len(), 8);
+        assert_eq!(c.topology.gpu_count(), 8);
+        assert_eq!(c.devices[7].pci_bus_id, "00000000:BD:00.0");
+        let e = SimConfig::from_toml("preset = \"dgx-z\"", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("preset = \"dgx-z\""), "{e}");
+        let e = SimConfig::from_toml("preset = \"t4-4gpu\"\n[[device]]", "t.toml").unwrap_err();
+        assert!(e.to_string().contains("drop [[device]]"), "{e}");
+        let e = SimConfig::from_toml(
+            "[[device]]\n[topology]\n[[topology.gpu]]\nnuma = 1",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("topology.gpu[0].numa"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The simulated NVIDIA node behind `libcuda.so.1` and `libnvidia-ml.so.1`.
 //!
 //! This crate holds what both simulated libraries share: the node's configuration
-//! ([`config`]), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`]): device memory accounting across
+//! ([`config`], with machine [`presets`]), its [`topology`] (PCIe tree, NVLinks, NUMA
+//! nodes), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`]): device memory accounting across
 //! processes, process liveness, the execution engine that time-slices the GPU between
 //! processes, utilization and accounting counters, and device events for fault
 //! injection. The libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin
@@ -16,3 +17,5 @@ pub mod bench;
 pub mod config;
 pub mod devnodes;
 pub mod node_state;
+pub mod presets;
+pub mod topology;

@@ -478,6 +478,12 @@ impl State {
         init_layout(layout, config, len);
         // SAFETY: unmapping the mapping created just above.
         unsafe { libc::munmap(base.cast(), len) };
+        // The topology goes first: whoever sees the state file also finds it.
+        crate::topology::publish(dir, &config.topology).map_err(|e| StateError::Io {
+            op: "publish topology of",
+            path: path.to_owned(),
+            source: io::Error::other(error_chain(&e)),
+        })?;
         publish_by_link(&tmp, path).map_err(io_err("publish state file", path))?;
         OpenOptions::new()
             .read(true)

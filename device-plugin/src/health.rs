@@ -175,7 +175,11 @@ fn discover(nvml: &Nvml) -> Result<Vec<GpuInfo>, HealthError> {
             model,
             memory_mib: mem.total >> 20,
             healthy: true,
+            topology: None,
         });
+    }
+    for (g, t) in gpus.iter_mut().zip(crate::topology::discover(nvml, n)) {
+        g.topology = t;
     }
     Ok(gpus)
 }

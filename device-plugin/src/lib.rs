@@ -20,8 +20,9 @@
 // writer), `identify` (pure: which container a call is for), `error` (its error and
 // gRPC mapping). `preferred` (GetPreferredAllocation), `visible` (the GPU order and the
 // visibility variables), `ids` (device IDs), `preflight` (what cannot work is refused
-// at start / Allocate). Node side: `health` (NVML), `inventory` (the Node annotation),
-// `audit` (processes without the shim), `gate_events` (the daemon's eBPF refusals as pod
+// at start / Allocate). Node side: `health` (NVML), `topology` (each GPU's NUMA node,
+// switch and NVLink peers, from NVML), `inventory` (the Node annotation), `audit`
+// (processes without the shim), `gate_events` (the daemon's eBPF refusals as pod
 // events), `gc` (allocation directories), `metrics`.
 // `config` (one validated struct) and `run` (the composition root main.rs calls).
 // The fakes of kubelet and the API server live in `vgpu-testkit` (tests/testkit), a
@@ -45,6 +46,7 @@ pub mod preferred;
 pub mod preflight;
 pub mod run;
 pub mod server;
+pub mod topology;
 pub mod visible;
 
 pub use config::Config;

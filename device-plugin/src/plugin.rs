@@ -21,8 +21,8 @@ use crate::kubelet::v1beta1::device_plugin_server::DevicePlugin;
 use crate::kubelet::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
-    ListAndWatchResponse, Mount, PreStartContainerRequest, PreStartContainerResponse,
-    PreferredAllocationRequest, PreferredAllocationResponse,
+    ListAndWatchResponse, Mount, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo,
 };
 use crate::kubelet::{HEALTHY, UNHEALTHY};
 use crate::preflight::{self, PreflightError};
@@ -69,14 +69,22 @@ impl AllocateError {
     }
 }
 
-/// The device list kubelet sees: 10 IDs per GPU, with the GPU's health.
+/// The device list kubelet sees: 10 IDs per GPU, with the GPU's health and, where NVML
+/// told it, its NUMA node (`TopologyInfo`, read by kubelet's Topology Manager).
 pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
     gpus.iter()
         .flat_map(|g| {
+            let topology = g
+                .topology
+                .as_ref()
+                .and_then(|t| t.numa_node)
+                .map(|n| TopologyInfo {
+                    nodes: vec![NumaNode { id: i64::from(n) }],
+                });
             (0..SLICES_PER_GPU).map(move |s| Device {
                 id: ids::device_id(&g.uuid, s),
                 health: if g.healthy { HEALTHY } else { UNHEALTHY }.to_owned(),
-                topology: None,
+                topology: topology.clone(),
             })
         })
         .collect()

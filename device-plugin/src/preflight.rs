@@ -216,6 +216,7 @@ mod tests {
             model: "m".into(),
             memory_mib: 1,
             healthy: true,
+            topology: None,
         };
         std::fs::write(dir.path().join("nvidia0"), b"").unwrap();
         assert!(device_nodes(dir.path(), &[g(0)]).is_ok());

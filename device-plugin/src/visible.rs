@@ -54,6 +54,7 @@ mod tests {
             model: "m".into(),
             memory_mib: 1,
             healthy: true,
+            topology: None,
         }
     }
 

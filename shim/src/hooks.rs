@@ -82,6 +82,12 @@ macro_rules! hook_addrs {
 }
 crate::table::rows!(hook_addrs);
 
+// NVML topology queries that list GPUs: in their own file, with this file's `guard` and
+// `real_or!`.
+#[path = "hooks_topology.rs"]
+mod topology;
+pub use topology::*;
+
 // ---- initialisation and entry-point resolution ------------------------------------
 
 #[unsafe(no_mangle)]

@@ -137,6 +137,8 @@ macro_rules! rows {
             nvmlDeviceGetHandleByPciBusId_v2: Nvml "nvmlDeviceGetHandleByPciBusId_v2" 0 false PFN_nvmlDeviceGetHandleByUUID;
             nvmlDeviceGetHandleBySerial: Nvml "nvmlDeviceGetHandleBySerial" 0 false PFN_nvmlDeviceGetHandleByUUID;
             nvmlDeviceGetIndex: Nvml "nvmlDeviceGetIndex" 0 false PFN_nvmlDeviceGetIndex;
+            nvmlDeviceGetTopologyNearestGpus: Nvml "nvmlDeviceGetTopologyNearestGpus" 0 false PFN_nvmlDeviceGetTopologyNearestGpus;
+            nvmlSystemGetTopologyGpuSet: Nvml "nvmlSystemGetTopologyGpuSet" 0 false PFN_nvmlSystemGetTopologyGpuSet;
         }
     };
 }

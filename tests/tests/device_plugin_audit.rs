@@ -51,6 +51,7 @@ async fn run(sim: &SimNode) {
         model: "NVIDIA H100 80GB HBM3".into(),
         memory_mib: 8192,
         healthy: true,
+        topology: None,
     }];
     let mut node = TestNode::start(gpus).await.expect("node");
     let mut dirs = Vec::new();

@@ -43,6 +43,7 @@ async fn a_container_reaches_the_daemon_with_its_pods_compute_class() {
         model: "NVIDIA H100 80GB HBM3".into(),
         memory_mib: 8192,
         healthy: true,
+        topology: None,
     }];
     let (sock, cdir) = (socket.clone(), daemon_dir.clone());
     let mut node = TestNode::start_with(gpus, move |c| {

@@ -55,6 +55,7 @@ async fn a_container_sees_exactly_the_quota_its_pod_was_assigned() {
         model: "NVIDIA H100 80GB HBM3".into(),
         memory_mib: 8192,
         healthy: true,
+        topology: None,
     }];
     let mut node = TestNode::start(gpus).await.expect("node");
     // The extender's view of the node: the Node object with the GPU inventory the plugin

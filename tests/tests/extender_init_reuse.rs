@@ -41,6 +41,7 @@ async fn init_and_app_containers_start_with_the_extenders_grants_whatever_kubele
             model: "NVIDIA A100-SXM4-80GB".into(),
             memory_mib: 81920,
             healthy: true,
+            topology: None,
         })
         .collect();
     let node = TestNode::start(gpus).await.expect("node");

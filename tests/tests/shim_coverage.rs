@@ -123,6 +123,10 @@ const PASSED_THROUGH: &[(&str, &str)] = &[
         "nvmlDeviceGetEncoderUtilization",
         "video engines are not shared by quota",
     ),
+    (
+        "nvmlDeviceGetMemoryAffinity",
+        "the host NUMA nodes near a GPU (topology), not device memory",
+    ),
 ];
 
 fn exports(lib: &Path) -> BTreeSet<String> {

@@ -44,6 +44,18 @@ pub enum Work {
         /// Bytes.
         len: usize,
     },
+    /// A copy of `len` bytes between two GPUs, at `gbps` (the link's bandwidth, GB/s:
+    /// see `crate::peer`).
+    PeerCopy {
+        /// Destination address.
+        dst: usize,
+        /// Source address.
+        src: usize,
+        /// Bytes.
+        len: usize,
+        /// Bandwidth of the link between the GPUs, GB/s (bytes per ns).
+        gbps: u64,
+    },
     /// A memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart.
     Memset {
         /// First byte.
@@ -253,6 +265,19 @@ impl Worker {
                 }
                 self.copy_time(*len as u64, start);
             }
+            Work::PeerCopy {
+                dst,
+                src,
+                len,
+                gbps,
+            } => {
+                // SAFETY: both device ranges were validated when the copy was issued, and
+                // memory is only unmapped after draining this queue.
+                unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *len) };
+                // The link's time comes on top of the host's copy, which costs the same
+                // whatever the link: differences between link classes are the model's.
+                sleep_until(mono_ns() + *len as u64 / (*gbps).max(1));
+            }
             Work::Memset {
                 dst,
                 pitch,
@@ -331,7 +356,7 @@ impl Worker {
 
 /// Sleeps until the monotonic clock reads `deadline` (ns). The last stretch is spun,
 /// so that device times of a few microseconds are honoured.
-fn sleep_until(deadline: u64) {
+pub(crate) fn sleep_until(deadline: u64) {
     const SPIN_NS: u64 = 30_000;
     let now = mono_ns();
     if deadline > now + SPIN_NS {

@@ -321,9 +321,12 @@ export! {
 
     fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) {
         let d = driver()?;
-        d.device(dev)?;
-        d.device(peerDev)?;
-        out!(canAccessPeer, c_int::from(dev != peerDev))
+        out!(canAccessPeer, c_int::from(crate::peer::can_access(d, dev, peerDev)?))
+    }
+
+    fn cuDeviceGetP2PAttribute(value: *mut c_int, attrib: c_int, srcDevice: CUdevice, dstDevice: CUdevice) {
+        let d = driver()?;
+        out!(value, crate::peer::attribute(d, attrib, srcDevice, dstDevice)?)
     }
 
     fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) {
@@ -555,17 +558,11 @@ export! {
     }
 
     fn cuCtxEnablePeerAccess(peerContext: CUcontext, flags: c_uint) {
-        let d = driver()?;
-        let _ = flags;
-        let c = d.current()?;
-        let p = d.ctx(from_ptr(peerContext, Kind::Ctx).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?)?;
-        if p.dev == c.dev { Err(CUDA_ERROR_INVALID_DEVICE) } else { Ok(()) }
+        crate::peer::enable(driver()?, peerContext, flags)
     }
 
     fn cuCtxDisablePeerAccess(peerContext: CUcontext) {
-        let d = driver()?;
-        d.ctx(from_ptr(peerContext, Kind::Ctx).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?)?;
-        Ok(())
+        crate::peer::disable(driver()?, peerContext)
     }
 }
 
@@ -738,8 +735,7 @@ export! {
         sync_copy(mem::classify(d, dst, src), dst, src, n)
     }
     fn cuMemcpyPeer [cuMemcpyPeer_ptds] (dst: CUdeviceptr, dstCtx: CUcontext, src: CUdeviceptr, srcCtx: CUcontext, n: usize) {
-        let _ = (dstCtx, srcCtx);
-        sync_copy(Dir::DtoD, dst, src, n)
+        crate::peer::copy_sync(driver()?, dst, dstCtx, src, srcCtx, n)
     }
     fn cuMemcpyHtoDAsync_v2 [cuMemcpyHtoDAsync_v2_ptsz] (dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) {
         async_copy(Dir::HtoD, dst, src as usize as u64, n, s)
@@ -755,8 +751,8 @@ export! {
         async_copy(mem::classify(d, dst, src), dst, src, n, s)
     }
     fn cuMemcpyPeerAsync [cuMemcpyPeerAsync_ptsz] (dst: CUdeviceptr, dstCtx: CUcontext, src: CUdeviceptr, srcCtx: CUcontext, n: usize, s: CUstream) {
-        let _ = (dstCtx, srcCtx);
-        async_copy(Dir::DtoD, dst, src, n, s)
+        let (d, st) = stream(s)?;
+        crate::peer::copy_async(d, dst, dstCtx, src, srcCtx, n, &st)
     }
     fn cuMemcpy2D_v2 [cuMemcpy2D_v2_ptds] (p: *const CUDA_MEMCPY2D) {
         memcpy_2d(inp!(p)?)

@@ -3,10 +3,10 @@
 //!
 //! Every exported function is thin: it enters a guard (no panic may cross into the
 //! application), checks its raw arguments, calls safe logic in [`rt`], [`mem`],
-//! [`exec`] and [`module`], and maps the outcome to a `CUresult`. Entry points resolve
-//! three ways, as on the real driver: by exported symbol (linking or `dlsym`) and
-//! through `cuGetProcAddress` by (name, CUDA version, flags) from the table in
-//! [`procaddr`]. What is not implemented either is not exported (the loader or
+//! [`exec`], [`module`] and [`peer`] (peer-to-peer, from the node's topology), and
+//! maps the outcome to a `CUresult`. Entry points resolve three ways, as on the real
+//! driver: by exported symbol (linking or `dlsym`) and through `cuGetProcAddress` by
+//! (name, CUDA version, flags) from the table in [`procaddr`]. What is not implemented either is not exported (the loader or
 //! `cuGetProcAddress` says so) or returns `CUDA_ERROR_NOT_SUPPORTED`. See
 //! `docs/cuda-sim.md`.
 //!
@@ -25,6 +25,7 @@ pub mod exec;
 pub mod exports;
 pub mod mem;
 pub mod module;
+pub mod peer;
 pub mod procaddr;
 pub mod rt;
 mod signatures;

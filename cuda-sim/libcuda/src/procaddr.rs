@@ -69,6 +69,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Version>> {
             "cuDeviceGetPCIBusId" => [4010: cuDeviceGetPCIBusId],
             "cuDeviceGetByPCIBusId" => [4010: cuDeviceGetByPCIBusId],
             "cuDeviceCanAccessPeer" => [4000: cuDeviceCanAccessPeer],
+            "cuDeviceGetP2PAttribute" => [8000: cuDeviceGetP2PAttribute],
             "cuDeviceGetDefaultMemPool" => [11020: cuDeviceGetDefaultMemPool],
             "cuDeviceGetMemPool" => [11020: cuDeviceGetMemPool],
             "cuDeviceSetMemPool" => [11020: cuDeviceSetMemPool],

@@ -21,6 +21,12 @@ check! {
     PFN_cuDeviceGetUuid: cuDeviceGetUuid, cuDeviceGetUuid_v2;
     PFN_cuDeviceTotalMem_v2: cuDeviceTotalMem_v2;
     PFN_cuDeviceGetMemPool: cuDeviceGetMemPool;
+    PFN_cuDeviceCanAccessPeer: cuDeviceCanAccessPeer;
+    PFN_cuDeviceGetP2PAttribute: cuDeviceGetP2PAttribute;
+    PFN_cuCtxEnablePeerAccess: cuCtxEnablePeerAccess;
+    PFN_cuCtxDisablePeerAccess: cuCtxDisablePeerAccess;
+    PFN_cuMemcpyPeer: cuMemcpyPeer, cuMemcpyPeer_ptds;
+    PFN_cuMemcpyPeerAsync: cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz;
     PFN_cuMemGetInfo_v2: cuMemGetInfo_v2;
     PFN_cuMemAlloc_v2: cuMemAlloc_v2;
     PFN_cuMemAllocPitch_v2: cuMemAllocPitch_v2;

@@ -20,7 +20,7 @@ use crate::sim::{self, ListOutcome, NvmlResult, Proc};
 
 /// Runs `f`, turning its result into an `nvmlReturn_t` and a panic into
 /// `NVML_ERROR_UNKNOWN`.
-fn guard(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
+pub(crate) fn guard(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NVML_SUCCESS,
         Ok(Err(e)) => e,
@@ -32,7 +32,7 @@ fn guard(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
 ///
 /// # Safety
 /// `p` is null or valid for writing a `T` (the caller's NVML contract).
-unsafe fn put<T>(p: *mut T, v: T) -> NvmlResult<()> {
+pub(crate) unsafe fn put<T>(p: *mut T, v: T) -> NvmlResult<()> {
     if p.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -45,7 +45,7 @@ unsafe fn put<T>(p: *mut T, v: T) -> NvmlResult<()> {
 ///
 /// # Safety
 /// `p` is null or valid for reading a `T`.
-unsafe fn get<T: Copy>(p: *const T) -> NvmlResult<T> {
+pub(crate) unsafe fn get<T: Copy>(p: *const T) -> NvmlResult<T> {
     if p.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -78,7 +78,7 @@ unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> NvmlResult<()> {
 ///
 /// # Safety
 /// `p` is null or valid for writing `items.len()` elements of `T`.
-unsafe fn put_slice<T: Copy>(p: *mut T, items: &[T]) -> NvmlResult<()> {
+pub(crate) unsafe fn put_slice<T: Copy>(p: *mut T, items: &[T]) -> NvmlResult<()> {
     if items.is_empty() {
         return Ok(());
     }
@@ -494,7 +494,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
     })
 }
 
-fn bus_id_bytes<const N: usize>(s: &str) -> [c_char; N] {
+pub(crate) fn bus_id_bytes<const N: usize>(s: &str) -> [c_char; N] {
     let mut out = [0 as c_char; N];
     for (o, b) in out.iter_mut().zip(s.bytes().take(N - 1)) {
         *o = b.cast_signed();
@@ -504,7 +504,7 @@ fn bus_id_bytes<const N: usize>(s: &str) -> [c_char; N] {
 
 /// `pciDeviceId`: NVIDIA's vendor id in the low half; the PCI device id is not part of
 /// the simulator's configuration, so the high half is 0.
-const PCI_DEVICE_ID: c_uint = PCI_VENDOR_ID_NVIDIA;
+pub(crate) const PCI_DEVICE_ID: c_uint = PCI_VENDOR_ID_NVIDIA;
 
 /// `nvmlDeviceGetPciInfo` (v1): the 52-byte layout with the legacy bus id.
 ///

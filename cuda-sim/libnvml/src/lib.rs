@@ -11,12 +11,15 @@
 //! C signature in `vgpu_cuda_abi::fns` (`signatures.rs`).
 
 // This crate is an FFI boundary: the exported functions receive raw pointers from C
-// callers and must write through them. The unsafe is confined to `ffi.rs`, each block
-// with its SAFETY argument; `sim.rs` is safe code.
+// callers and must write through them. The unsafe is confined to `ffi.rs` and
+// `ffi_topology.rs`, each block with its SAFETY argument; `sim.rs` and `topo.rs` are safe.
 #![allow(unsafe_code)]
 
 pub mod ffi;
+pub mod ffi_topology;
 mod signatures;
 pub mod sim;
+pub mod topo;
 
 pub use ffi::*;
+pub use ffi_topology::*;

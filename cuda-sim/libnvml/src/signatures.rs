@@ -5,6 +5,7 @@
 use vgpu_cuda_abi::fns::*;
 
 use crate::ffi::*;
+use crate::ffi_topology::*;
 
 /// `const _: PFN = export;` for each export of each type.
 macro_rules! check {
@@ -31,4 +32,18 @@ check! {
         nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetMPSComputeRunningProcesses_v2;
     PFN_nvmlDeviceGetComputeRunningProcesses_v3: nvmlDeviceGetComputeRunningProcesses_v3,
         nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlDeviceGetMPSComputeRunningProcesses_v3;
+    PFN_nvmlDeviceGetTopologyCommonAncestor: nvmlDeviceGetTopologyCommonAncestor;
+    PFN_nvmlDeviceGetTopologyNearestGpus: nvmlDeviceGetTopologyNearestGpus;
+    PFN_nvmlSystemGetTopologyGpuSet: nvmlSystemGetTopologyGpuSet;
+    PFN_nvmlDeviceGetP2PStatus: nvmlDeviceGetP2PStatus;
+    PFN_nvmlDeviceGetNvLinkState: nvmlDeviceGetNvLinkState;
+    PFN_nvmlDeviceGetNvLinkVersion: nvmlDeviceGetNvLinkVersion;
+    PFN_nvmlDeviceGetNvLinkCapability: nvmlDeviceGetNvLinkCapability;
+    PFN_nvmlDeviceGetNvLinkRemotePciInfo_v2: nvmlDeviceGetNvLinkRemotePciInfo_v2;
+    PFN_nvmlDeviceGetNvLinkRemotePciInfo: nvmlDeviceGetNvLinkRemotePciInfo;
+    PFN_nvmlDeviceGetNvLinkRemoteDeviceType: nvmlDeviceGetNvLinkRemoteDeviceType;
+    PFN_nvmlDeviceGetCpuAffinity: nvmlDeviceGetCpuAffinity;
+    PFN_nvmlDeviceGetCpuAffinityWithinScope: nvmlDeviceGetCpuAffinityWithinScope,
+        nvmlDeviceGetMemoryAffinity;
+    PFN_nvmlDeviceGetNumaNodeId: nvmlDeviceGetNumaNodeId;
 }

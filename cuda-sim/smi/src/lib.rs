@@ -6,6 +6,9 @@
 //! node named by `VGPU_SIM_DIR`. Every figure comes from NVML: memory and processes from
 //! the driver's accounting, utilization from its measurement of device time.
 //!
+//! `vgpu-smi topo -m` prints the GPU connection matrix as `nvidia-smi topo -m` does
+//! ([`topo`]).
+//!
 //! The library is split into [`snapshot`] (the NVML queries, into a plain [`NodeView`]) and
 //! pure renderers ([`render_table`], [`render_json`]), so the formatting is unit-tested
 //! without a driver.
@@ -22,6 +25,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessUtilizationSample;
 use serde::Serialize;
 
+pub mod topo;
+
 /// The NVML library loaded when `--nvml-lib` is not given: the driver's runtime name,
 /// found through the dynamic linker's search path (`LD_LIBRARY_PATH`, `ld.so.cache`).
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -37,6 +42,8 @@ pub struct Config {
     pub count: Option<u64>,
     /// Print each view as one line of JSON instead of a table.
     pub json: bool,
+    /// Show the GPU topology matrix (`vgpu-smi topo -m`) instead of the GPU table.
+    pub topo: bool,
 }
 
 impl Default for Config {
@@ -46,6 +53,7 @@ impl Default for Config {
             watch: None,
             count: None,
             json: false,
+            topo: false,
         }
     }
 }
@@ -365,6 +373,16 @@ pub fn render_json(v: &NodeView) -> Result<String, SmiError> {
 /// Shows the view as `config` asks, writing to `out`.
 pub fn run(config: &Config, out: &mut dyn Write) -> Result<(), SmiError> {
     let nvml = open(config.nvml_lib.as_os_str())?;
+    if config.topo {
+        let view = topo::snapshot(&nvml)?;
+        let text = if config.json {
+            serde_json::to_string(&view).map_err(SmiError::Json)?
+        } else {
+            topo::render_matrix(&view)
+        };
+        writeln!(out, "{text}").map_err(SmiError::Write)?;
+        return out.flush().map_err(SmiError::Write);
+    }
     let views = match (config.watch, config.count) {
         (_, Some(n)) => n,
         (Some(_), None) => u64::MAX,

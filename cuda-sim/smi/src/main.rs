@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use vgpu_smi::{Config, DEFAULT_NVML_LIB, run};
 
 #[derive(Parser, Debug)]
@@ -24,8 +24,20 @@ struct Cli {
     #[arg(long, value_name = "N", requires = "watch")]
     count: Option<u64>,
     /// Print each view as one line of JSON
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the GPU connection matrix, as `nvidia-smi topo -m` does
+    Topo {
+        /// The matrix (the only view; accepted as nvidia-smi spells it)
+        #[arg(short = 'm', long = "matrix")]
+        matrix: bool,
+    },
 }
 
 fn config(cli: Cli) -> anyhow::Result<Config> {
@@ -37,11 +49,16 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
     if cli.count == Some(0) {
         anyhow::bail!("--count 0: expected at least one view");
     }
+    let topo = matches!(cli.command, Some(Command::Topo { .. }));
+    if topo && cli.watch.is_some() {
+        anyhow::bail!("topo: --watch applies to the GPU table only");
+    }
     Ok(Config {
         nvml_lib: cli.nvml_lib,
         watch,
         count: cli.count,
         json: cli.json,
+        topo,
     })
 }
 

@@ -164,6 +164,7 @@ fn make_node(i: usize, gpus: usize) -> Result<Node, BenchError> {
                 model: model.to_string(),
                 memory_mib: mem,
                 healthy: true,
+                topology: None,
             })
             .collect(),
     };

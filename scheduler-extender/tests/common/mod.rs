@@ -73,6 +73,7 @@ pub fn inventory_json(node: &str, gpus: usize, model: &str, memory_mib: u64) -> 
                 model: model.into(),
                 memory_mib,
                 healthy: true,
+                topology: None,
             })
             .collect(),
     }

@@ -33,6 +33,7 @@ pub fn gpus(n: u32, memory_mib: u64) -> Vec<GpuInfo> {
             model: "NVIDIA A100-SXM4-80GB".into(),
             memory_mib,
             healthy: true,
+            topology: None,
         })
         .collect()
 }
