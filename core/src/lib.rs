@@ -10,6 +10,7 @@ pub mod bytes;
 pub mod container_quota;
 pub mod gpu_uuid;
 pub mod inventory;
+pub mod kube_cgroup;
 pub mod packing;
 pub mod proc_maps;
 pub mod prom;
