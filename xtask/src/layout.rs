@@ -200,10 +200,12 @@ const ONCE: &[(&str, &[&str])] = &[
         "grant word packing",
         &["<< 1) |", "<< 1 |", "& 1 == 1", ">> 1) !="],
     ),
-    // Shared memory set up by hand: an anonymous file, its size, a shared mapping.
+    // Shared memory set up by hand: an anonymous file, its size, a shared mapping at an
+    // address the kernel picks. (cuda-sim's VMM maps `MAP_SHARED | MAP_FIXED` into its own
+    // address reservations: the simulated device's address space, another primitive.)
     (
         "shared mapping",
-        &["memfd_create(", "ftruncate(", "MAP_SHARED"],
+        &["memfd_create(", "ftruncate(", "libc::MAP_SHARED,"],
     ),
     // kubelet's cgroup names: a systemd `….slice` unit or a `pod<uid>` component read apart.
     (
