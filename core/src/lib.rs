@@ -12,6 +12,7 @@ pub mod gpu_uuid;
 pub mod inventory;
 pub mod kube_cgroup;
 pub mod packing;
+pub mod pod_request;
 pub mod proc_maps;
 pub mod prom;
 pub mod region_key;

@@ -39,9 +39,10 @@ use vgpu_core::packing::{
     ContextReserve, GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject,
     ReuseSlot, Task, reuse,
 };
+use vgpu_core::pod_request::{PodGpuRequest, parse_pod_request};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, ContainerKind,
-    GpuDemand, GpuGrant, MemoryDemand, PodGpuRequest, RESOURCE_GPU, parse_pod_request,
+    GpuDemand, GpuGrant, MemoryDemand, RESOURCE_GPU,
 };
 
 use super::binder::BindPlan;
