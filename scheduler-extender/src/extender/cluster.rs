@@ -34,19 +34,19 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::{debug, info, warn};
-use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
 use vgpu_core::packing::{
-    ContextReserve, GpuSpec, Grant, Ledger, NodeSpec, NodeState, Placement, Rank, Reject,
-    ReuseSlot, Task, reuse,
+    ContextReserve, Grant, Ledger, NodeSpec, Placement, Rank, Reject, Task, reuse,
 };
-use vgpu_core::pod_request::{PodGpuRequest, parse_pod_request};
-use vgpu_core::resources::{
-    ANNOTATION_ASSIGNMENT, ASSIGNMENT_VERSION, Assignment, ContainerAssignment, ContainerKind,
-    GpuDemand, GpuGrant, MemoryDemand, RESOURCE_GPU,
-};
+use vgpu_core::pod_request::PodGpuRequest;
+use vgpu_core::resources::{ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant};
 
+use super::api_objects::{
+    UNHEALTHY_PREFIX, assignment_of, effective_task, node_spec, placement_from_assignment, pod_key,
+    pod_request, slots_of, task_of, unavailable,
+};
 use super::binder::BindPlan;
 use super::error::ExtenderError;
+use super::filter_reasons::{quick_fit, quick_reject, resolvable};
 use super::names::{Located, NameIndex};
 use super::policy::ExtenderPolicy;
 use super::sync::WatchKind;
@@ -277,272 +277,6 @@ pub struct State {
     policy: ExtenderPolicy,
 }
 
-fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
-}
-
-/// Reads a pod's GPU request (init containers first, then app containers, as kubelet
-/// allocates them; an init container with `restartPolicy: Always` is a sidecar;
-/// requests, falling back to limits as the API server defaults them).
-pub fn pod_request(pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
-    let bad = |reason: String| ExtenderError::BadPodRequest {
-        pod: pod_key(pod),
-        reason,
-    };
-    let Some(spec) = pod.spec.as_ref() else {
-        return Ok(PodGpuRequest::default());
-    };
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| {
-            let kind = if c.restart_policy.as_deref() == Some("Always") {
-                ContainerKind::Sidecar
-            } else {
-                ContainerKind::Init
-            };
-            (c, kind)
-        })
-        .chain(spec.containers.iter().map(|c| (c, ContainerKind::App)));
-    let mut requests: Vec<(&str, ContainerKind, BTreeMap<String, String>)> = Vec::new();
-    for (c, kind) in containers {
-        let res = c.resources.as_ref();
-        let mut map: BTreeMap<String, String> = BTreeMap::new();
-        if let Some(limits) = res.and_then(|r| r.limits.as_ref()) {
-            for (k, v) in limits {
-                map.insert(k.clone(), v.0.clone());
-            }
-        }
-        if let Some(reqs) = res.and_then(|r| r.requests.as_ref()) {
-            for (k, v) in reqs {
-                map.insert(k.clone(), v.0.clone());
-            }
-        }
-        requests.push((c.name.as_str(), kind, map));
-    }
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    parse_pod_request(requests.iter().map(|(n, k, m)| (*n, *k, m)), annotations)
-        .map_err(|e| bad(e.to_string()))
-}
-
-/// The ledger task of a pod, as filter, prioritize and bind decide it (GPU demands
-/// only; CPU and memory are kube-scheduler's).
-pub fn pod_task(pod: &Pod) -> Result<Task, ExtenderError> {
-    let request = pod_request(pod)?;
-    Ok(task_of(&request, &slots_of(&request, &pod_key(pod))?))
-}
-
-/// The pod's ledger entries: its containers, those that kubelet's device reuse ties
-/// together as one group (ADR 0011).
-fn slots_of(request: &PodGpuRequest, pod: &str) -> Result<Vec<ReuseSlot>, ExtenderError> {
-    reuse::layout(&request.containers).map_err(|e| ExtenderError::BadPodRequest {
-        pod: pod.to_owned(),
-        reason: e.to_string(),
-    })
-}
-
-/// The ledger task for a pod request: GPU demands only (CPU and memory are
-/// kube-scheduler's in production), one per ledger entry ([`slots_of`]).
-fn task_of(request: &PodGpuRequest, slots: &[ReuseSlot]) -> Task {
-    Task {
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpus: slots.iter().map(|s| s.demand).collect(),
-        models: request.models.clone(),
-    }
-}
-
-/// A node's ledger spec from its Node object: each GPU's memory is what it keeps for
-/// quotas once `contexts` are reserved (ADR 0012).
-fn node_spec(node: &Node, contexts: ContextReserve) -> Result<NodeSpec, String> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let Some(text) = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_GPU_INVENTORY))
-    else {
-        return Err(format!(
-            "no vgpu GPU inventory (annotation {ANNOTATION_GPU_INVENTORY} not set by the device plugin)"
-        ));
-    };
-    let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
-    // An unhealthy GPU keeps its index (pods already on it stay accounted) but
-    // its model is marked, so that `effective_task` keeps new pods off it.
-    let spec = NodeSpec {
-        name,
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpus: inventory
-            .gpus
-            .iter()
-            .map(|g| GpuSpec {
-                uuid: g.uuid.clone(),
-                model: if g.healthy {
-                    g.model.clone()
-                } else {
-                    format!("{UNHEALTHY_PREFIX}{}", g.model)
-                },
-                memory_mib: g.memory_mib,
-            })
-            .collect(),
-    };
-    contexts.node_spec(spec).map_err(|e| e.to_string())
-}
-
-/// Why a node with an inventory takes no new pod right now, if so: kubelet reports
-/// 0 `vgpu.io/gpu` while the device plugin is not registered (e.g. for about a
-/// second after a kubelet restart). Kept apart from the inventory so that such a
-/// flap changes no ledger entry: the pods on the node stay accounted.
-fn unavailable(node: &Node) -> Option<String> {
-    let advertised = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(RESOURCE_GPU))
-        .map(|q| q.0.as_str());
-    matches!(advertised, None | Some("0")).then(|| {
-        format!("node advertises no {RESOURCE_GPU} (device plugin not registered with kubelet)")
-    })
-}
-
-/// Model-name prefix that marks an unhealthy GPU inside the ledger.
-const UNHEALTHY_PREFIX: &str = "unhealthy:";
-
-/// The task as the ledger must see it: unhealthy GPUs (model prefixed with
-/// [`UNHEALTHY_PREFIX`]) are excluded by the model constraint.
-fn effective_task<'t>(task: &'t Task, node: &NodeSpec, unhealthy: bool) -> Cow<'t, Task> {
-    if !unhealthy {
-        return Cow::Borrowed(task);
-    }
-    let mut t = task.clone();
-    let healthy: Vec<String> = node
-        .gpus
-        .iter()
-        .filter(|g| !g.model.starts_with(UNHEALTHY_PREFIX) && task.models.allows(&g.model))
-        .map(|g| g.model.clone())
-        .collect();
-    // An allow-list of the healthy allowed models; if none is left, a model that
-    // no GPU has, so the node is rejected with the model reason.
-    t.models.allowed = if healthy.is_empty() {
-        vec![format!("{UNHEALTHY_PREFIX}none-healthy")]
-    } else {
-        healthy
-    };
-    Cow::Owned(t)
-}
-
-/// An allocation-free feasibility check for the common case of one GPU demand
-/// (one GPU container): the same rules as [`NodeState::plan`] (whole GPUs need
-/// fully free GPUs of an allowed model; a share needs `count` distinct allowed
-/// GPUs each with room, and taking one never changes another's room), so the
-/// answer is exact. `None` when the task is not of that shape; filter then asks
-/// the ledger's full `fit`, as it does for the reason of every rejection.
-fn quick_fit(node: &NodeState, task: &Task) -> Option<bool> {
-    let [d] = task.gpus.as_slice() else {
-        return None;
-    };
-    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
-        return None;
-    }
-    let any_model = task.models.is_any();
-    let whole = d.is_whole();
-    let mut fitting = 0u32;
-    for i in 0..node.gpus.len() {
-        if !any_model && !task.models.allows(&node.spec.gpus[i].model) {
-            continue;
-        }
-        let fits = if whole {
-            node.gpu_fully_free(i)
-        } else {
-            node.share_fits(i, d)
-        };
-        if fits {
-            fitting += 1;
-            if fitting >= d.count {
-                return Some(true);
-            }
-        }
-    }
-    Some(false)
-}
-
-/// The reason [`NodeState::fit`] gives when [`quick_fit`] said no, computed without
-/// building a plan, for one GPU demand that is whole or a share of one GPU (the
-/// common shapes; `None` otherwise, and the caller asks `fit`). The same rules as
-/// `NodeState::plan` and its reasons, checked against `fit` by a property test.
-fn quick_reject(node: &NodeState, task: &Task) -> Option<Reject> {
-    let [d] = task.gpus.as_slice() else {
-        return None;
-    };
-    if task.cpu_milli > node.cpu_free || task.memory_mib > node.memory_free {
-        return None;
-    }
-    if !(d.is_whole() || d.count == 1) {
-        return None;
-    }
-    let allowed = |i: usize| task.models.is_any() || task.models.allows(&node.spec.gpus[i].model);
-    let n = node.gpus.len();
-    let have = (0..n).filter(|&i| allowed(i)).count();
-    if have == 0 && !task.models.is_any() {
-        return None; // the model reason: rare, left to `fit`
-    }
-    if have < d.count as usize {
-        return Some(Reject::GpuCount {
-            have,
-            need: d.count,
-        });
-    }
-    if d.is_whole() {
-        let free = (0..n)
-            .filter(|&i| allowed(i) && node.gpu_fully_free(i))
-            .count();
-        return (free < d.count as usize).then_some(Reject::WholeGpus {
-            free,
-            need: d.count,
-        });
-    }
-    let mut max_milli = 0;
-    let (mut with_compute, mut with_memory) = (0u32, 0u32);
-    let mut memory: Option<(u64, u64)> = None;
-    let mut max_slices = 0;
-    for i in (0..n).filter(|&i| allowed(i)) {
-        let g = &node.gpus[i];
-        max_milli = max_milli.max(g.milli);
-        if g.milli < d.compute_milli {
-            continue;
-        }
-        with_compute += 1;
-        let need = d.memory.resolve(node.spec.gpus[i].memory_mib);
-        memory = memory.max(Some((g.memory_mib, need)));
-        if g.memory_mib >= need {
-            with_memory += 1;
-            max_slices = max_slices.max(g.slices);
-        }
-    }
-    Some(if with_compute < d.count {
-        Reject::GpuCompute {
-            max_free: max_milli,
-            need: d.compute_milli,
-            count: d.count,
-        }
-    } else if with_memory < d.count {
-        let (max_free, need) = memory.unwrap_or((0, 0));
-        Reject::GpuMemory { max_free, need }
-    } else {
-        Reject::GpuSlices {
-            max_free: max_slices,
-            need: d.slices,
-        }
-    })
-}
-
 /// Why filter rejects a node.
 #[derive(Debug)]
 enum Why {
@@ -550,22 +284,6 @@ enum Why {
     Unusable(String),
     /// The ledger's reason.
     Reject(Reject),
-}
-
-/// A pod's assignment annotation, if valid and present.
-fn assignment_of(pod: &Pod) -> Option<Assignment> {
-    let text = pod
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_ASSIGNMENT)?;
-    match Assignment::from_json(text) {
-        Ok(a) => Some(a),
-        Err(e) => {
-            warn!(pod = %pod_key(pod), error = %super::error::error_chain(&e), "ignoring unreadable assignment");
-            None
-        }
-    }
 }
 
 fn pod_entry(pod: &Pod) -> Option<(String, PodEntry)> {
@@ -590,91 +308,6 @@ fn pod_entry(pod: &Pod) -> Option<(String, PodEntry)> {
             assignment,
         },
     ))
-}
-
-/// Ledger placement and task from an assignment record on `node`. With the pod's
-/// request, the containers of a reuse group count once, at their peak (ADR 0011);
-/// without it, or when the record does not follow the request's layout (a record
-/// from before reuse groups), every container counts on its own.
-fn placement_from_assignment(
-    node_index: usize,
-    spec: &NodeSpec,
-    a: &Assignment,
-    request: Option<&PodGpuRequest>,
-) -> Result<(Task, Placement), String> {
-    let mut per_container = Vec::with_capacity(a.containers.len());
-    for c in &a.containers {
-        let mut grants = Vec::with_capacity(c.gpus.len());
-        for g in &c.gpus {
-            let Some(i) = spec.gpus.iter().position(|s| s.uuid == g.uuid) else {
-                return Err(format!("GPU {} is not in the node's inventory", g.uuid));
-            };
-            grants.push(Grant {
-                gpu: u16::try_from(i).map_err(|_| "GPU index out of range".to_string())?,
-                milli: g.compute_milli,
-                memory_mib: g.memory_mib,
-                slices: g.slices,
-            });
-        }
-        per_container.push((c.name.as_str(), grants));
-    }
-    let grouped = request.and_then(|r| {
-        let slots = reuse::layout(&r.containers).ok()?;
-        let by_request: Vec<Vec<Grant>> = r
-            .containers
-            .iter()
-            .map(|c| {
-                per_container
-                    .iter()
-                    .find(|(n, _)| *n == c.name)
-                    .map(|(_, g)| g.clone())
-            })
-            .collect::<Option<_>>()?;
-        if by_request.len() != per_container.len() {
-            return None;
-        }
-        reuse::held(&r.containers, &slots, &by_request)
-    });
-    let entries: Vec<Vec<Grant>> =
-        grouped.unwrap_or_else(|| per_container.into_iter().map(|(_, g)| g).collect());
-    let mut gpus = Vec::with_capacity(entries.len());
-    let mut containers = Vec::with_capacity(entries.len());
-    for grants in entries {
-        let count = u32::try_from(grants.len()).map_err(|_| "too many GPUs".to_string())?;
-        gpus.push(GpuDemand {
-            count,
-            compute_milli: grants.iter().map(|g| g.milli).min().unwrap_or(0),
-            memory: MemoryDemand::Mib(grants.iter().map(|g| g.memory_mib).min().unwrap_or(0)),
-            slices: grants.iter().map(|g| g.slices).min().unwrap_or(0),
-        });
-        containers.push(grants);
-    }
-    let task = Task {
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpus,
-        models: Default::default(),
-    };
-    Ok((
-        task,
-        Placement {
-            node: node_index,
-            containers,
-        },
-    ))
-}
-
-/// Classifies a rejection: can preemption (freeing GPU shares) help?
-fn resolvable(reject: &Reject) -> bool {
-    matches!(
-        reject,
-        Reject::Cpu { .. }
-            | Reject::Memory { .. }
-            | Reject::WholeGpus { .. }
-            | Reject::GpuCompute { .. }
-            | Reject::GpuMemory { .. }
-            | Reject::GpuSlices { .. }
-    )
 }
 
 impl Inner {
@@ -1492,7 +1125,8 @@ fn normalise<'a>(candidates: &Candidates<'a>, raw: &[Option<Rank>]) -> Vec<HostP
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use vgpu_core::resources::ModelConstraint;
+    use vgpu_core::packing::GpuSpec;
+    use vgpu_core::resources::{GpuDemand, MemoryDemand, ModelConstraint};
 
     fn demand() -> impl Strategy<Value = GpuDemand> {
         prop_oneof![
