@@ -66,17 +66,10 @@ pub fn parse_pod_request<'a>(
 mod tests {
     use super::*;
 
-    fn req(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
     fn pod_request_collects_containers() {
-        let a = req(&[("vgpu.io/gpu", "3")]);
-        let b = req(&[("cpu", "1")]);
+        let a = BTreeMap::from([("vgpu.io/gpu".to_owned(), "3".to_owned())]);
+        let b = BTreeMap::from([("cpu".to_owned(), "1".to_owned())]);
         let p = parse_pod_request(
             [("a", ContainerKind::App, &a), ("b", ContainerKind::App, &b)],
             &BTreeMap::new(),
