@@ -30,7 +30,7 @@
 //! This file holds the state and the watches' updates of it; the verbs over it
 //! (filter, prioritize, bind, preemption) are `cluster/verbs.rs`, the API objects read
 //! in the ledger's terms [`super::api_objects`], filter's fast answers and reasons
-//! [`super::filter_reasons`].
+//! `super::filter_reasons`.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};

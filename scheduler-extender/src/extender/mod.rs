@@ -9,7 +9,7 @@
 //!   (with TTL) and the derived ledger; read-decide-commit under one lock.
 //! - [`api_objects`]: pods and nodes read in the ledger's terms (request, task, node
 //!   spec from the inventory, assignment as placement).
-//! - [`filter_reasons`]: filter's allocation-free fit and reasons, and which rejections
+//! - `filter_reasons`: filter's allocation-free fit and reasons, and which rejections
 //!   preemption can resolve.
 //! - [`policy`]: the policy core as the live extender drives it.
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
