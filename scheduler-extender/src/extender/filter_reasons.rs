@@ -1,7 +1,7 @@
 //! Filter's fast answers and the reasons it gives: an allocation-free fit for the
 //! common one-demand shapes, the ledger's rejection reason computed without a plan, and
 //! which rejections preemption can resolve. Checked against the ledger's full `fit` by
-//! the property test in [`super::cluster`].
+//! the property test below.
 
 use vgpu_core::packing::{NodeState, Reject, Task};
 
@@ -121,4 +121,74 @@ pub(super) fn resolvable(reject: &Reject) -> bool {
             | Reject::GpuMemory { .. }
             | Reject::GpuSlices { .. }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Placement};
+    use vgpu_core::resources::{GpuDemand, MemoryDemand, ModelConstraint};
+
+    fn demand() -> impl Strategy<Value = GpuDemand> {
+        prop_oneof![
+            (1u32..=4).prop_map(GpuDemand::whole),
+            (1u32..=9, 1u32..=3, proptest::option::of(1u64..=40_000)).prop_map(
+                |(sl, count, mib)| GpuDemand {
+                    count,
+                    compute_milli: sl * 100,
+                    memory: mib.map_or(MemoryDemand::FractionMilli(sl * 100), MemoryDemand::Mib),
+                    slices: sl,
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        /// The allocation-free fast paths agree with the ledger's full fit, reasons included.
+        #[test]
+        fn quick_fit_agrees_with_fit(
+            gpus in proptest::collection::vec((prop::bool::ANY, prop::bool::ANY), 1..8),
+            placed in proptest::collection::vec(demand(), 0..12),
+            probe in demand(),
+            constrained in prop::bool::ANY,
+        ) {
+            let spec = NodeSpec {
+                name: "n".into(),
+                cpu_milli: 0,
+                memory_mib: 0,
+                gpus: gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (big, t4))| GpuSpec {
+                        uuid: format!("GPU-{i}"),
+                        model: if *t4 { "T4".into() } else { "A100".into() },
+                        memory_mib: if *big { 81_920 } else { 16_384 },
+                    })
+                    .collect(),
+            };
+            let mut ledger = Ledger::with_nodes([spec]).expect("one node");
+            for (k, d) in placed.into_iter().enumerate() {
+                let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![d], models: ModelConstraint::any() };
+                if let Ok(plan) = ledger.node(0).fit(&task) {
+                    ledger
+                        .commit(&format!("p{k}"), &task, Placement { node: 0, containers: plan })
+                        .expect("a fitting plan commits");
+                }
+            }
+            let models = if constrained { ModelConstraint::only(["A100"]) } else { ModelConstraint::any() };
+            let task = Task { cpu_milli: 0, memory_mib: 0, gpus: vec![probe], models };
+            let node = ledger.node(0);
+            let fit = node.fit(&task);
+            prop_assert_eq!(quick_fit(node, &task), Some(fit.is_ok()));
+            if let Err(reason) = fit {
+                let quick = quick_reject(node, &task);
+                let simple = probe.is_whole() || probe.count == 1;
+                prop_assert_eq!(quick.is_some(), simple && !matches!(reason, Reject::Model { .. }));
+                if let Some(quick) = quick {
+                    prop_assert_eq!(quick, reason);
+                }
+            }
+        }
+    }
 }
