@@ -45,6 +45,10 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
 /// libc's `dlsym` with the caller's return address intact (a naked tail jump): both are
 /// resolved relative to the caller's scope, and in the global scope the preloaded shim's
 /// exports come first anyway.
+///
+/// # Safety
+/// libc's `dlsym` contract: `handle` is a handle from `dlopen` (or `RTLD_NEXT`,
+/// `RTLD_DEFAULT`) and `name` a NUL-terminated string.
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
