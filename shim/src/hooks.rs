@@ -5,7 +5,7 @@
 //! [`crate::nvml_procs`] for the processes shown, [`crate::gate`] for launches,
 //! [`crate::devices`] for the devices shown), and returns a `CUresult` / `nvmlReturn_t`.
 //! No lock is held while the real driver runs. The `dlsym` route to these hooks is
-//! [`crate::dlsym`]; [`hook_addr`] and [`guard`] serve it too.
+//! [`crate::dlsym`]; [`hook_addr`] and `guard` serve it too.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 

@@ -12,7 +12,7 @@
 //!    flight, then until the watch confirms the pod, the pod is deleted or ends, or
 //!    its TTL runs out.
 //! 3. **Nodes' inventories** (watch), from the device plugin's annotation
-//!    [`ANNOTATION_GPU_INVENTORY`].
+//!    [`ANNOTATION_GPU_INVENTORY`](vgpu_core::inventory::ANNOTATION_GPU_INVENTORY).
 //!
 //! The [`Ledger`] is derived: one entry per pod UID, from the pod if it counts,
 //! else from its live assumption. A change of a node's GPU list rebuilds it (a
