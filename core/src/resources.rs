@@ -599,55 +599,6 @@ pub struct ContainerDemand {
     pub kind: ContainerKind,
 }
 
-/// Everything a pod asks of GPUs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct PodGpuRequest {
-    /// Containers with GPU demands in kubelet's order: init containers (sidecars
-    /// included) in spec order, then app containers in spec order. Containers that
-    /// kubelet's device reuse ties together are reserved as one group on the same
-    /// GPU(s), at their peak (`packing::reuse`, ADR 0011).
-    pub containers: Vec<ContainerDemand>,
-    /// GPU model constraint for every container of the pod.
-    pub models: ModelConstraint,
-}
-
-impl PodGpuRequest {
-    /// Whether the pod needs no GPU at all.
-    pub fn is_empty(&self) -> bool {
-        self.containers.is_empty()
-    }
-}
-
-/// Parses a pod: its containers' (name, kind, requests) in kubelet's order (init
-/// containers first) and its annotations. Refuses, naming the containers, a pod whose
-/// containers kubelet's device reuse would put on GPUs other than any assignment can
-/// name (`packing::reuse::layout`).
-pub fn parse_pod_request<'a>(
-    containers: impl IntoIterator<Item = (&'a str, ContainerKind, &'a BTreeMap<String, String>)>,
-    annotations: &BTreeMap<String, String>,
-) -> Result<PodGpuRequest, ResourceError> {
-    let mut out = Vec::new();
-    for (name, kind, requests) in containers {
-        if let Some(demand) = parse_container_request(name, requests)? {
-            out.push(ContainerDemand {
-                name: name.to_owned(),
-                demand,
-                kind,
-            });
-        }
-    }
-    crate::packing::reuse::layout(&out)?;
-    if !out.is_empty() {
-        // The device plugin refuses a container of a pod with an unknown compute class
-        // at its start; the scheduler says so before the pod is placed.
-        parse_compute_class(annotations)?;
-    }
-    Ok(PodGpuRequest {
-        containers: out,
-        models: parse_model_constraint(annotations)?,
-    })
-}
-
 /// The current version of the [`Assignment`] record.
 pub const ASSIGNMENT_VERSION: u32 = 1;
 
@@ -931,19 +882,6 @@ mod tests {
         assert_eq!(m.to_string(), "one of A100|H100 but none of T4");
         let e = parse_model_constraint(&req(&[("vgpu.io/gpu-model", "A100||H100")])).unwrap_err();
         assert!(e.to_string().contains("A100||H100"), "{e}");
-    }
-
-    #[test]
-    fn pod_request_collects_containers() {
-        let a = req(&[("vgpu.io/gpu", "3")]);
-        let b = req(&[("cpu", "1")]);
-        let p = parse_pod_request(
-            [("a", ContainerKind::App, &a), ("b", ContainerKind::App, &b)],
-            &BTreeMap::new(),
-        )
-        .unwrap();
-        assert_eq!(p.containers.len(), 1);
-        assert_eq!(p.containers[0].name, "a");
     }
 
     #[test]

@@ -8,9 +8,9 @@
 //! injection. The libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin
 //! ABI layers over it. See `docs/cuda-sim.md`.
 
-// This crate maps shared memory (mmap) and reads the layout through raw pointers: the
-// unsafe is confined to `node_state.rs`, each block with its SAFETY argument. The clock,
-// futexes, slot locks and the publish by link(2) are `vgpu-sys`'s.
+// This crate reads the shared layout through a raw pointer into its mapping: the unsafe
+// is confined to `node_state.rs`, each block with its SAFETY argument. The mapping, the
+// clock, futexes, slot locks and the publish by link(2) are `vgpu-sys`'s.
 #![allow(unsafe_code)]
 
 pub mod bench;

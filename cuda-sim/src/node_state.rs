@@ -13,13 +13,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vgpu_sys::publish::publish_by_link;
+use vgpu_sys::shm::SharedMap;
 use vgpu_sys::slot_lock::{self, Hold};
 use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
@@ -372,23 +373,9 @@ pub fn state_dir() -> PathBuf {
 /// A process's handle on the shared state.
 #[derive(Debug)]
 pub struct State {
-    base: *mut Layout,
-    len: usize,
+    map: SharedMap,
     lock_file: File,
     dir: PathBuf,
-}
-
-// SAFETY: the mapping is shared memory whose mutable fields are all atomics; the raw
-// pointer is only ever turned into shared references.
-unsafe impl Send for State {}
-// SAFETY: as above: every access through `&State` is to atomics or immutable fields.
-unsafe impl Sync for State {}
-
-impl Drop for State {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are exactly the mapping created in `open`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StateError + 'a {
@@ -422,7 +409,8 @@ impl State {
         if flen != len as u64 {
             return Err(StateError::BadFile(path));
         }
-        let base = map(&file, len).map_err(io_err("map state file", &path))?;
+        let map =
+            SharedMap::map(file.as_fd(), len, true).map_err(io_err("map state file", &path))?;
         let lock_path = dir.join("slots.lock");
         let lock_file = OpenOptions::new()
             .read(true)
@@ -434,8 +422,7 @@ impl State {
             .open(&lock_path)
             .map_err(io_err("open slot lock file", &lock_path))?;
         let st = State {
-            base,
-            len,
+            map,
             lock_file,
             dir: dir.to_owned(),
         };
@@ -470,14 +457,15 @@ impl State {
             .map_err(io_err("create state file", &tmp))?;
         file.set_len(len as u64)
             .map_err(io_err("size state file", &tmp))?;
-        let base = map(&file, len).map_err(io_err("map state file", &tmp))?;
-        // SAFETY: `base` is a fresh, zero-filled, writable mapping of `len` bytes, which is
-        // the size of `Layout`; nobody else can see the file yet. All-zero is a valid bit
-        // pattern for every field of `Layout` (integers, atomics and byte arrays).
-        let layout = unsafe { &mut *base };
+        let map =
+            SharedMap::map(file.as_fd(), len, true).map_err(io_err("map state file", &tmp))?;
+        // SAFETY: `map` is a fresh, zero-filled, writable mapping of `len` bytes, which is
+        // the size of `Layout` (page aligned, so aligned for it); nobody else can see the
+        // file yet, and the reference ends before `map` is dropped. All-zero is a valid
+        // bit pattern for every field of `Layout` (integers, atomics and byte arrays).
+        let layout = unsafe { &mut *map.as_ptr().cast::<Layout>() };
         init_layout(layout, config, len);
-        // SAFETY: unmapping the mapping created just above.
-        unsafe { libc::munmap(base.cast(), len) };
+        drop(map);
         // The topology goes first: whoever sees the state file also finds it.
         crate::topology::publish(dir, &config.topology).map_err(|e| StateError::Io {
             op: "publish topology of",
@@ -494,9 +482,9 @@ impl State {
     }
 
     fn layout(&self) -> &Layout {
-        // SAFETY: `base` maps `size_of::<Layout>()` bytes for as long as `self` lives,
-        // and all mutation goes through atomics.
-        unsafe { &*self.base }
+        // SAFETY: `map` maps `size_of::<Layout>()` bytes, page aligned, for as long as
+        // `self` lives, and all mutation goes through atomics.
+        unsafe { &*self.map.as_ptr().cast::<Layout>() }
     }
 
     /// The state directory.
@@ -1101,26 +1089,6 @@ fn write_info(info: &mut DeviceInfo, d: &DeviceConfig) {
     info.cc_major = d.cc_major;
     info.cc_minor = d.cc_minor;
     info.bandwidth_gbps = d.memory_bandwidth_gbps;
-}
-
-fn map(file: &File, len: usize) -> io::Result<*mut Layout> {
-    // SAFETY: mapping a regular file we opened read-write, shared, at a kernel-chosen
-    // address; the result is checked for MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(p.cast())
-    }
 }
 
 fn sub_saturating(a: &AtomicU64, v: u64) {

@@ -30,6 +30,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use tokio::sync::watch;
 use tracing::{info, warn};
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
+use vgpu_core::kube_cgroup::pod_uid_of_proc_cgroup;
 
 use crate::config::Config;
 use crate::error::error_chain;
@@ -105,29 +106,6 @@ pub fn shim_loaded(proc_root: &Path, pid: u32, names: &[&str]) -> Option<bool> {
     Some(vgpu_core::proc_maps::maps_file_named(&maps, names))
 }
 
-/// The pod UID in a `/proc/<pid>/cgroup` text: kubelet's cgroup names carry
-/// `pod<uid>` (cgroupfs driver) or `pod<uid with _>.slice` (systemd driver).
-pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
-    for line in text.lines() {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        for comp in path.split('/') {
-            let comp = comp.strip_suffix(".slice").unwrap_or(comp);
-            let Some(i) = comp.rfind("pod") else {
-                continue;
-            };
-            let uid = &comp[i + 3..];
-            let ok = uid.len() == 36
-                && uid
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
-            if ok {
-                return Some(uid.replace('_', "-"));
-            }
-        }
-    }
-    None
-}
-
 fn env_var(environ: &[u8], name: &str) -> Option<OsString> {
     use std::os::unix::ffi::OsStrExt;
     environ.split(|b| *b == 0).find_map(|kv| {
@@ -169,7 +147,7 @@ pub fn audit(procs: &[(u32, String, u64)], proc_root: &Path, cfg: &Config) -> Au
         let pdir = proc_root.join(pid.to_string());
         let cgroup_pod_uid = std::fs::read_to_string(pdir.join("cgroup"))
             .ok()
-            .and_then(|t| pod_uid_from_cgroup(&t));
+            .and_then(|t| pod_uid_of_proc_cgroup(&t));
         let quota = quota_of(proc_root, *pid, &cfg.container_dir)
             // A quota file of another pod than the cgroup's is not this process's.
             .filter(|q| cgroup_pod_uid.as_ref().is_none_or(|u| *u == q.uid));
@@ -490,26 +468,6 @@ pub async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pod_uids_come_from_both_cgroup_drivers() {
-        let systemd = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c5a1c2e_59c1_4c3e_9d51_1f0e4d7a8b9c.slice/cri-containerd-abc.scope\n";
-        assert_eq!(
-            pod_uid_from_cgroup(systemd).as_deref(),
-            Some("0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c")
-        );
-        let cgroupfs =
-            "12:memory:/kubepods/besteffort/pod0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c/3f1e\n0::/\n";
-        assert_eq!(
-            pod_uid_from_cgroup(cgroupfs).as_deref(),
-            Some("0c5a1c2e-59c1-4c3e-9d51-1f0e4d7a8b9c")
-        );
-        assert_eq!(
-            pod_uid_from_cgroup("0::/user.slice/user-1000.slice\n"),
-            None
-        );
-        assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnot-a-uid/x\n"), None);
-    }
 
     #[test]
     fn maps_name_the_shim_even_when_its_file_was_replaced() {

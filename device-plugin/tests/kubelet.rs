@@ -9,7 +9,8 @@ use tonic::Code;
 use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::{GpuInfo, NodeInventory};
 use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Task, reuse};
-use vgpu_core::resources::{ContainerKind, RESOURCE_GPU, parse_pod_request};
+use vgpu_core::pod_request::parse_pod_request;
+use vgpu_core::resources::{ContainerKind, RESOURCE_GPU};
 use vgpu_device_plugin::kubelet::{HEALTHY, UNHEALTHY};
 use vgpu_testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
 

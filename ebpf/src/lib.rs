@@ -11,7 +11,7 @@
 //!
 //! Module map: [`abi`] (the `#[repr(C)]` kernel boundary), [`config`] (mode, attach point,
 //! GPU device numbers), [`enforcer`] (load, attach, maps, detach, pins), [`event`] (ring
-//! buffer records and reader), [`attribution`] (cgroup path → pod), [`preflight`] (why eBPF
+//! buffer records and reader), [`attribution`] (cgroup path → pod, read by `vgpu_core::kube_cgroup`), [`preflight`] (why eBPF
 //! cannot run here), `sys` (the raw bpf() calls aya lacks). See docs/ebpf.md.
 //!
 //! `unsafe` is allowed in this crate only for the kernel boundary: the two bpf() system calls

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use vgpu_core::packing::{Ledger, PolicyName, Scheduler, Task};
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
-use vgpu_scheduler_extender::extender::cluster::pod_task;
+use vgpu_scheduler_extender::extender::api_objects::pod_task;
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
 use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};

@@ -1,9 +1,11 @@
 //! The exported hooks, all together. Each resolves the real function once, enters
 //! `guard` (no panic crosses into the application; a re-entered hook calls the real
 //! function directly), checks and converts its raw pointers, calls the safe logic
-//! ([`crate::accounting`] for memory, [`crate::gate`] for launches, [`crate::devices`]
-//! for the devices shown), and returns a `CUresult` / `nvmlReturn_t`. No lock is held
-//! while the real driver runs.
+//! ([`crate::accounting`] for memory, [`crate::memory_view`] for the memory shown,
+//! [`crate::nvml_procs`] for the processes shown, [`crate::gate`] for launches,
+//! [`crate::devices`] for the devices shown), and returns a `CUresult` / `nvmlReturn_t`.
+//! No lock is held while the real driver runs. The `dlsym` route to these hooks is
+//! [`crate::dlsym`]; [`hook_addr`] and `guard` serve it too.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -23,7 +25,9 @@ use vgpu_cuda_abi::nvml::{
 use crate::accounting;
 use crate::devices;
 use crate::driver::{self, current_device};
-use crate::process::{self, Kind, array_bytes, enforced, enforcing, virtual_meminfo};
+use crate::memory_view;
+use crate::nvml_procs::{self, PROC_V1, PROC_V2};
+use crate::process::{self, Kind, array_bytes, enforced, enforcing};
 use crate::real::{self, real};
 use crate::table::Id;
 
@@ -33,7 +37,7 @@ thread_local! {
 
 /// Runs `body` unless this thread is already inside a hook (then `reentered`), turning
 /// a panic into `on_panic`.
-fn guard<R>(on_panic: R, reentered: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R>(on_panic: R, reentered: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
     let already = IN_HOOK.try_with(|f| f.replace(true)).unwrap_or(true);
     if already {
         return reentered();
@@ -238,12 +242,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             let Some(dev) = current_device() else {
                 return r;
             };
-            if let Some(q) = shim.quota(dev) {
-                // What the pools no longer keep is not the container's any more.
-                accounting::reconcile_all(shim, Some(dev));
-                // SAFETY: the driver just wrote both non-null out-pointers.
-                let (rf, rt) = unsafe { (*free as u64, *total as u64) };
-                let (vf, vt) = virtual_meminfo(q, shim.used(dev), rf, rt);
+            // SAFETY: the driver just wrote both non-null out-pointers.
+            let (rf, rt) = unsafe { (*free as u64, *total as u64) };
+            if let Some((vf, vt)) = memory_view::cuda_mem_info(shim, dev, rf, rt) {
                 // SAFETY: as above.
                 unsafe {
                     *free = usize::try_from(vf).unwrap_or(usize::MAX);
@@ -270,10 +271,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
             if r != CUDA_SUCCESS || bytes.is_null() {
                 return r;
             }
-            if let Some(q) = usize::try_from(dev).ok().and_then(|d| shim.quota(d)) {
-                // SAFETY: the driver just wrote the non-null out-pointer.
-                unsafe { *bytes = (*bytes).min(usize::try_from(q).unwrap_or(usize::MAX)) };
-            }
+            // SAFETY: the driver just wrote the non-null out-pointer.
+            unsafe { *bytes = memory_view::device_total(shim, dev, *bytes) };
             r
         })
     })
@@ -1214,16 +1213,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
             if r != NVML_SUCCESS || memory.is_null() {
                 return r;
             }
+            // SAFETY: the real NVML just filled the non-null struct.
+            let m = unsafe { &mut *memory };
             if let Some(d) = nvml_index(device)
-                && let Some(q) = shim.quota(d)
+                && let Some((free, total, used)) =
+                    memory_view::nvml_memory(shim, d, m.free, m.total)
             {
-                // SAFETY: the real NVML just filled the non-null struct.
-                let m = unsafe { &mut *memory };
-                let used = shim.used(d);
-                let (free, total) = virtual_meminfo(q, used, m.free, m.total);
                 m.total = total;
                 m.free = free;
-                m.used = used.min(total);
+                m.used = used;
             }
             r
         })
@@ -1248,25 +1246,23 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             if r != NVML_SUCCESS || memory.is_null() {
                 return r;
             }
+            // SAFETY: the real NVML just filled the non-null struct.
+            let m = unsafe { &mut *memory };
             if let Some(d) = nvml_index(device)
-                && let Some(q) = shim.quota(d)
+                && let Some((free, total, used)) =
+                    memory_view::nvml_memory(shim, d, m.free, m.total)
             {
-                // SAFETY: the real NVML just filled the non-null struct.
-                let m = unsafe { &mut *memory };
-                let used = shim.used(d);
-                let (free, total) = virtual_meminfo(q, used, m.free, m.total);
                 m.total = total;
                 m.reserved = 0;
                 m.free = free;
-                m.used = used.min(total);
+                m.used = used;
             }
             r
         })
     })
 }
 
-/// Keeps only the container's processes in a process list of `stride`-byte entries
-/// whose first field is the pid.
+/// The process-list hooks: the real list, filtered to the container's processes.
 ///
 /// # Safety
 /// `call` calls the real process-list function, whose entries are `stride` bytes, with
@@ -1284,48 +1280,17 @@ unsafe fn procs(
             if r != NVML_SUCCESS || count.is_null() || infos.is_null() {
                 return r;
             }
-            shim.region.reap(Some(shim.slot));
-            let dev = nvml_index(device);
-            let base = infos.cast::<u8>();
             // SAFETY: the real NVML wrote `*count` entries of `stride` bytes at `infos`.
-            let n = unsafe { *count } as usize;
-            let mut kept = 0usize;
-            for i in 0..n {
-                // SAFETY: entry i lies within the `n` written entries; pid is its first
-                // (4-byte) field, read unaligned.
-                let pid = unsafe { base.add(i * stride).cast::<u32>().read_unaligned() };
-                let Some(used) = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX)) else {
-                    continue;
-                };
-                let own_pid = shim.region.container_pid(pid).unwrap_or(pid);
-                let dst = base.wrapping_add(kept * stride);
-                if kept != i {
-                    // SAFETY: both entries lie within the buffer; `kept < i` so they do
-                    // not overlap.
-                    unsafe { std::ptr::copy_nonoverlapping(base.add(i * stride), dst, stride) };
-                }
-                // The process as the container knows it: its PID in the container's namespace
-                // (NVML reports host PIDs) and its memory as the container counts it (what
-                // its quota covers).
-                // SAFETY: pid is the u32 at offset 0 and usedGpuMemory the u64 at offset 8
-                // of every entry version.
-                unsafe {
-                    dst.cast::<u32>().write_unaligned(own_pid);
-                    dst.add(8).cast::<u64>().write_unaligned(used);
-                }
-                kept += 1;
-            }
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(infos.cast::<u8>(), *count as usize * stride)
+            };
+            let kept = nvml_procs::container_processes(shim, nvml_index(device), buf, stride);
             // SAFETY: non-null out-pointer.
             unsafe { *count = kept as c_uint };
             r
         })
     })
 }
-
-/// `nvmlProcessInfo_v1_t`: pid, usedGpuMemory.
-const PROC_V1: usize = 16;
-/// `nvmlProcessInfo_t` (v2/v3): pid, usedGpuMemory, gpuInstanceId, computeInstanceId.
-const PROC_V2: usize = 24;
 
 macro_rules! proc_hooks {
     ($($name:ident $stride:ident $info:ty, $pfn:ident;)*) => {$(
@@ -1377,19 +1342,15 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             if r != NVML_SUCCESS || utilization.is_null() || processSamplesCount.is_null() {
                 return r;
             }
+            let stride = size_of::<nvmlProcessUtilizationSample_t>();
             // SAFETY: the real NVML wrote `*processSamplesCount` samples at `utilization`.
-            let n = unsafe { *processSamplesCount } as usize;
-            let mut kept = 0usize;
-            for i in 0..n {
-                // SAFETY: sample i lies within the `n` written samples.
-                let mut s = unsafe { utilization.add(i).read_unaligned() };
-                if let Some(own) = shim.region.container_pid(s.pid) {
-                    s.pid = own;
-                    // SAFETY: `kept <= i < n`: within the written samples.
-                    unsafe { utilization.add(kept).write_unaligned(s) };
-                    kept += 1;
-                }
-            }
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(
+                    utilization.cast::<u8>(),
+                    *processSamplesCount as usize * stride,
+                )
+            };
+            let kept = nvml_procs::container_samples(shim, buf, stride);
             // SAFETY: non-null out-pointer.
             unsafe { *processSamplesCount = kept as c_uint };
             r
@@ -1547,71 +1508,3 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
         }
     })
 }
-
-// ---- dlsym ---------------------------------------------------------------------------
-
-#[cfg_attr(test, allow(dead_code))]
-/// The logic of the `dlsym` hook: what the real `dlsym` finds, replaced by our hook when
-/// it is the real function of an intercepted entry point.
-unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    // SAFETY: forwarding the caller's arguments.
-    let r = unsafe { real::real_dlsym(handle, name) };
-    if r.is_null() || name.is_null() {
-        return r;
-    }
-    // SAFETY: dlsym found `name`, so it is a NUL-terminated string.
-    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-    let Some(id) = crate::table::find(bytes) else {
-        return r;
-    };
-    if real::loading() {
-        // The real library's own initializers look themselves up.
-        return r;
-    }
-    guard(
-        r,
-        || r,
-        || match real::lib(crate::table::entry(id).lib) {
-            Ok(lib) if lib.ptr(id) == r as usize => hook_addr(id) as *mut c_void,
-            Ok(_) => r,
-            // The configured real library cannot be loaded: our hook reports it (loudly)
-            // rather than letting the application run unenforced.
-            Err(_) => hook_addr(id) as *mut c_void,
-        },
-    )
-}
-
-/// `dlsym`: a program that `dlopen`s the driver and looks up an intercepted entry point
-/// on its handle gets our hook. `RTLD_NEXT` and `RTLD_DEFAULT` lookups jump straight to
-/// libc's `dlsym` with the caller's return address intact (a naked tail jump): both are
-/// resolved relative to the caller's scope, and in the global scope the preloaded shim's
-/// exports come first anyway.
-#[cfg(all(not(test), target_arch = "x86_64"))]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "test rdi, rdi",
-        "jz 2f",
-        "cmp rdi, -1",
-        "jne {hook}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz {hook}",
-        "jmp rax",
-        hook = sym dlsym_hook,
-        real = sym real::REAL_DLSYM,
-    )
-}
-
-/// Resolves libc's `dlsym` when the library loads, before any application lookup.
-#[cfg(not(test))]
-extern "C" fn on_load() {
-    let _ = real::dlsym_fn();
-}
-
-#[cfg(not(test))]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static ON_LOAD: extern "C" fn() = on_load;

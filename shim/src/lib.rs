@@ -5,6 +5,9 @@
 //!   routes: exported symbols, the `dlsym` hook and the `cuGetProcAddress` hook.
 //! - [`hooks`]: the exported functions: guard, pointer checks, one call into the safe
 //!   logic below, result.
+//! - [`dlsym`]: the `dlsym` route to the hooks (the exported `dlsym`, resolved at load).
+//! - [`memory_view`]: what the container sees of a GPU's memory under its quota.
+//! - [`nvml_procs`]: NVML's process lists filtered to the container's processes.
 //! - [`accounting`]: what each allocation is charged, reservation and rollback, memory
 //!   pools reconciled with the driver, contexts and the allocations that die with them.
 //! - [`driver`]: safe wrappers of the real-driver calls the shim makes for itself.
@@ -43,9 +46,12 @@ pub mod accounting;
 pub mod admission;
 pub mod config;
 pub mod devices;
+pub mod dlsym;
 pub mod driver;
 pub mod gate;
 pub mod hooks;
+pub mod memory_view;
+pub mod nvml_procs;
 pub mod pools;
 pub mod process;
 pub mod real;

@@ -10,6 +10,8 @@
 //!   owner holds a lock on byte *i* of a file, the kernel drops it when the owner dies.
 //! - [`publish`]: a shared file published complete or not at all (build it under a
 //!   private name, then `link(2)` it into place).
+//! - [`shm`]: shared memory: an anonymous sized file ([`shm::memfd`]), sealed against
+//!   later writers, and a shared mapping that unmaps itself ([`shm::SharedMap`]).
 //!
 //! Why a crate of its own, and why here: the shim runs inside other people's processes
 //! and may depend on nothing heavy, so these primitives cannot live in the daemon or in
@@ -17,7 +19,7 @@
 //! Like `cuda-abi/`, it is a leaf crate shared by the shim and cuda-sim, and sits beside
 //! it at the top level. It depends on `libc` only.
 
-// The primitives are raw system calls (clock_gettime, futex, fcntl): this is the one
+// The primitives are raw system calls (clock_gettime, futex, fcntl, mmap): this is the one
 // crate of the node where they are made. Every unsafe block carries its SAFETY argument;
 // every function exported here is safe to call.
 #![allow(unsafe_code)]
@@ -25,6 +27,7 @@
 pub mod clock;
 pub mod futex;
 pub mod publish;
+pub mod shm;
 pub mod slot_lock;
 
 pub use clock::mono_ns;

@@ -9,67 +9,29 @@
 //! processes).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
 use vgpu_sys::futex_wake;
+use vgpu_sys::shm::{SharedMap, memfd, seal_writes_by_others};
 
 /// One tenant's board.
 #[derive(Debug)]
 pub struct Board {
     fd: OwnedFd,
-    base: *mut u8,
+    map: SharedMap,
 }
-
-// SAFETY: the mapping is only accessed through atomics; the pointer stays valid until
-// drop (which needs `&mut self`).
-unsafe impl Send for Board {}
-// SAFETY: as above: shared access is atomic.
-unsafe impl Sync for Board {}
 
 impl Board {
     /// Creates a sealed board, every word `0` (not held, generation 0).
     pub fn new(name: &str) -> io::Result<Board> {
         let cname = std::ffi::CString::new(format!("vgpu-board-{name}"))
             .unwrap_or_else(|_| c"vgpu-board".to_owned());
-        // SAFETY: a valid NUL-terminated name; flags are plain constants.
-        let raw = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = libc::off_t::try_from(BOARD_BYTES).expect("a page fits in off_t");
-        // SAFETY: a valid descriptor and length.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: mapping a descriptor we own with its full length.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                BOARD_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
-        // SAFETY: a valid descriptor; sealing changes no memory we hold.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: unmapping what we just mapped.
-            unsafe { libc::munmap(p, BOARD_BYTES) };
-            return Err(e);
-        }
-        Ok(Board { fd, base: p.cast() })
+        let fd = memfd(&cname, BOARD_BYTES, true)?;
+        let map = SharedMap::map(fd.as_fd(), BOARD_BYTES, true)?;
+        seal_writes_by_others(fd.as_fd())?;
+        Ok(Board { fd, map })
     }
 
     /// The descriptor to pass to the tenant's processes.
@@ -84,9 +46,7 @@ impl Board {
             i < BOARD_BYTES / BOARD_STRIDE,
             "board word {i} out of range"
         );
-        // SAFETY: `i * BOARD_STRIDE + 4 <= BOARD_BYTES`, 4-aligned (page-aligned base),
-        // and the mapping lives as long as `self`.
-        unsafe { &*self.base.add(i * BOARD_STRIDE).cast::<AtomicU32>() }
+        self.map.atomic_u32(i * BOARD_STRIDE)
     }
 
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.
@@ -97,16 +57,10 @@ impl Board {
     }
 }
 
-impl Drop for Board {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping once; no reference outlives `self`.
-        unsafe { libc::munmap(self.base.cast(), BOARD_BYTES) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn sealed_board_cannot_be_mapped_writable_by_others() {

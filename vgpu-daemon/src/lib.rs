@@ -22,9 +22,9 @@
 //!
 //! See `docs/vgpu-daemon.md`.
 
-// The board is shared memory written by this process and read by others (memfd, mmap,
-// seals; its futex wakes are `vgpu-sys`'s) and the server reads peer credentials and passes file descriptors (SCM_RIGHTS): each
-// unsafe block carries its SAFETY argument.
+// The server reads peer credentials and passes file descriptors (SCM_RIGHTS), and the
+// realtime module sets the scheduling class (the board's memfd, mapping, seals and futex
+// wakes are `vgpu-sys`'s): each unsafe block carries its SAFETY argument.
 #![allow(unsafe_code)]
 
 pub mod api;

@@ -200,6 +200,18 @@ const ONCE: &[(&str, &[&str])] = &[
         "grant word packing",
         &["<< 1) |", "<< 1 |", "& 1 == 1", ">> 1) !="],
     ),
+    // Shared memory set up by hand: an anonymous file, its size, a shared mapping at an
+    // address the kernel picks. (cuda-sim's VMM maps `MAP_SHARED | MAP_FIXED` into its own
+    // address reservations: the simulated device's address space, another primitive.)
+    (
+        "shared mapping",
+        &["memfd_create(", "ftruncate(", "libc::MAP_SHARED,"],
+    ),
+    // kubelet's cgroup names: a systemd `….slice` unit or a `pod<uid>` component read apart.
+    (
+        "kubelet cgroup names",
+        &["strip_suffix(\".slice\")", "rsplit_once(\"-pod\")"],
+    ),
 ];
 
 /// Whether `code` holds `needle` (each `&&`-separated part of it).
@@ -338,6 +350,14 @@ mod tests {
         assert!(found(
             "OFD lock",
             "ofd_lock(f, i, libc::F_OFD_GETLK, libc::F_WRLCK)"
+        ));
+        assert!(found(
+            "shared mapping",
+            "libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)"
+        ));
+        assert!(found(
+            "kubelet cgroup names",
+            "let comp = comp.strip_suffix(\".slice\").unwrap_or(comp);"
         ));
         assert!(!found(
             "monotonic clock",

@@ -12,7 +12,7 @@ use crate::module::{self, FILL, Geometry, SPIN};
 use crate::rt::{self, CuResult, Driver, Kind, driver, from_ptr, to_ptr};
 
 /// Runs `f`, turning errors and panics into a `CUresult`.
-fn guard(f: impl FnOnce() -> CuResult<()>) -> CUresult {
+pub(crate) fn guard(f: impl FnOnce() -> CuResult<()>) -> CUresult {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
@@ -52,7 +52,7 @@ macro_rules! inp {
 
 /// Fails with `CUDA_ERROR_INVALID_VALUE` if the out-pointer is null (checked before
 /// doing work that would have to be undone).
-fn nn<T>(p: *const T) -> CuResult<()> {
+pub(crate) fn nn<T>(p: *const T) -> CuResult<()> {
     if p.is_null() {
         Err(CUDA_ERROR_INVALID_VALUE)
     } else {
@@ -90,7 +90,7 @@ fn cur() -> CuResult<(&'static Driver, Arc<rt::Ctx>)> {
     Ok((d, d.current()?))
 }
 
-fn cstr<'a>(p: *const c_char) -> CuResult<&'a str> {
+pub(crate) fn cstr<'a>(p: *const c_char) -> CuResult<&'a str> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -1680,26 +1680,6 @@ export! {
 // ---- entry-point lookup ------------------------------------------------------------------------
 
 export! {
-    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64, symbolStatus: *mut c_int) {
-        let name = cstr(symbol)?;
-        nn(pfn)?;
-        let (r, status) = crate::procaddr::lookup(name, cudaVersion, flags);
-        if !symbolStatus.is_null() {
-            out!(symbolStatus, status)?;
-        }
-        match r {
-            Some(f) => out!(pfn, f as *mut c_void),
-            None => {
-                out!(pfn, std::ptr::null_mut())?;
-                Err(CUDA_ERROR_NOT_FOUND)
-            }
-        }
-    }
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64) {
-        // SAFETY: same contract; the status out-pointer may be null.
-        let r = unsafe { cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, std::ptr::null_mut()) };
-        if r == CUDA_SUCCESS { Ok(()) } else { Err(r) }
-    }
     fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid) {
         // The runtime's private export tables are NVIDIA-internal and not simulated.
         let _ = (ppExportTable, pExportTableId);

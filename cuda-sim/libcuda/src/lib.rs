@@ -22,7 +22,9 @@
 #![allow(clippy::cast_possible_wrap)]
 
 pub mod exec;
+#[macro_use]
 pub mod exports;
+pub mod handle;
 pub mod mem;
 pub mod module;
 pub mod peer;

@@ -793,17 +793,13 @@ pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResu
     }
     drv.check_alive(dev)?;
     let charged = drv.charge(dev, size, true)?;
-    // SAFETY: the name is a valid C string; MFD_CLOEXEC is a valid flag.
-    let fd = unsafe { libc::memfd_create(c"cuda-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
-    // SAFETY: `fd` is checked before use; ftruncate on a fresh memfd.
-    if fd < 0 || unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
-        if fd >= 0 {
-            // SAFETY: closing the fd we just opened.
-            unsafe { libc::close(fd) };
-        }
+    let memfd = usize::try_from(size)
+        .ok()
+        .and_then(|len| vgpu_sys::shm::memfd(c"cuda-sim-vmm", len, false).ok());
+    let Some(fd) = memfd.map(std::os::fd::IntoRawFd::into_raw_fd) else {
         drv.uncharge(dev, charged);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
+    };
     let h = new_handle(Kind::Vmm);
     drv.objects().vmm.insert(
         h,

@@ -9,7 +9,7 @@
 
 use vgpu_cuda_abi::cuda::*;
 
-use crate::rt::{CuResult, Kind, new_handle};
+use crate::handle::{CuResult, Kind, new_handle};
 
 /// Name of the built-in spin kernel.
 pub const SPIN: &str = "vgpu_sim_spin";

@@ -9,11 +9,39 @@
 //! so that an old caller gets "not found" rather than a function of another ABI.
 
 use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use vgpu_cuda_abi::cuda::{proc_flags, proc_status};
+use vgpu_cuda_abi::cuda::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUresult, proc_flags, proc_status,
+};
 
 use crate::exports::*;
+
+// `cuGetProcAddress` itself, beside the table it reads (the exports' `export!` and
+// `out!` macros and argument checks are `exports.rs`'s).
+export! {
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64, symbolStatus: *mut c_int) {
+        let name = cstr(symbol)?;
+        nn(pfn)?;
+        let (r, status) = lookup(name, cudaVersion, flags);
+        if !symbolStatus.is_null() {
+            out!(symbolStatus, status)?;
+        }
+        match r {
+            Some(f) => out!(pfn, f as *mut c_void),
+            None => {
+                out!(pfn, std::ptr::null_mut())?;
+                Err(CUDA_ERROR_NOT_FOUND)
+            }
+        }
+    }
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64) {
+        // SAFETY: same contract; the status out-pointer may be null.
+        let r = unsafe { cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, std::ptr::null_mut()) };
+        if r == CUDA_SUCCESS { Ok(()) } else { Err(r) }
+    }
+}
 
 /// One ABI version of an entry point.
 #[derive(Debug, Clone, Copy)]

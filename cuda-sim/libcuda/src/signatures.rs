@@ -5,6 +5,7 @@
 use vgpu_cuda_abi::fns::*;
 
 use crate::exports::*;
+use crate::procaddr::{cuGetProcAddress, cuGetProcAddress_v2};
 
 /// `const _: PFN = export;` for each export of each type.
 macro_rules! check {

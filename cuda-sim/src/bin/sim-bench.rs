@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use vgpu_cuda_abi::fns;
 use vgpu_cuda_sim::bench::{self, Stats, json_string};
 
 #[derive(Parser, Debug)]
@@ -39,7 +40,7 @@ struct Cli {
     batch: u32,
 }
 
-type CUresult = c_int;
+type CUresult = vgpu_cuda_abi::cuda::CUresult;
 type Handle = *mut c_void;
 
 /// The entry points measured, resolved once with `dlsym`.
@@ -56,19 +57,7 @@ struct Api {
     stream_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CUresult,
     stream_synchronize: unsafe extern "C" fn(Handle) -> CUresult,
     stream_query: unsafe extern "C" fn(Handle) -> CUresult,
-    launch_kernel: unsafe extern "C" fn(
-        Handle,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        Handle,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CUresult,
+    launch_kernel: fns::PFN_cuLaunchKernel,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CUresult,
     mem_free: unsafe extern "C" fn(u64) -> CUresult,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,

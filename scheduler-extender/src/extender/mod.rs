@@ -7,6 +7,10 @@
 //!   never echo the body.
 //! - [`cluster`]: the extender's view of the cluster: nodes, pods, bind assumptions
 //!   (with TTL) and the derived ledger; read-decide-commit under one lock.
+//! - [`api_objects`]: pods and nodes read in the ledger's terms (request, task, node
+//!   spec from the inventory, assignment as placement).
+//! - `filter_reasons`: filter's allocation-free fit and reasons, and which rejections
+//!   preemption can resolve.
 //! - [`policy`]: the policy core as the live extender drives it.
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
 //! - [`sync`]: Node and Pod watches feeding [`cluster::State`].
@@ -16,10 +20,12 @@
 //!
 //! Design and its reasons: `docs/adr/0007-extender-state-and-bind.md`.
 
+pub mod api_objects;
 pub mod bench;
 pub mod binder;
 pub mod cluster;
 pub mod error;
+mod filter_reasons;
 pub mod http;
 pub mod limits;
 mod names;

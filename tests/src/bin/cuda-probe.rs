@@ -68,6 +68,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use libloading::{Library, Symbol};
+use vgpu_cuda_abi::cuda::CUlaunchConfig;
+use vgpu_cuda_abi::fns;
 
 type CuResult = c_uint;
 
@@ -282,19 +284,7 @@ fn roundtrip(st: &mut State, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-type LaunchFn = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CuResult;
+type LaunchFn = fns::PFN_cuLaunchKernel;
 
 fn saturate(st: &State, secs: u64, kernel_ns: u64, at_ms: u64) -> Result<()> {
     load(st, secs, kernel_ns, at_ms, 1)
@@ -445,16 +435,6 @@ fn latency(st: &State, n: u64, kernel_ns: u64, period_us: u64, at_ms: u64) -> Re
     Ok(())
 }
 
-#[repr(C)]
-struct LaunchConfig {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    stream: *mut c_void,
-    attrs: *mut c_void,
-    num_attrs: c_uint,
-}
-
 fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
     let c = cuda(st)?;
     let ptsz = path.ends_with("-ptsz");
@@ -480,19 +460,18 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
                 }
             }
             "ex" => {
-                let launch: unsafe extern "C" fn(
-                    *const LaunchConfig,
-                    *mut c_void,
-                    *mut *mut c_void,
-                    *mut *mut c_void,
-                ) -> CuResult = c.sym(&format!("cuLaunchKernelEx{sfx}"))?;
-                let cfg = LaunchConfig {
-                    grid: [1, 1, 1],
-                    block: [1, 1, 1],
-                    shared: 0,
-                    stream,
+                let launch: fns::PFN_cuLaunchKernelEx = c.sym(&format!("cuLaunchKernelEx{sfx}"))?;
+                let cfg = CUlaunchConfig {
+                    gridDimX: 1,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: 1,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: 0,
+                    hStream: stream,
                     attrs: std::ptr::null_mut(),
-                    num_attrs: 0,
+                    numAttrs: 0,
                 };
                 for _ in 0..n {
                     c.check(
@@ -502,18 +481,8 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
                 }
             }
             "coop" => {
-                let launch: unsafe extern "C" fn(
-                    *mut c_void,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    *mut c_void,
-                    *mut *mut c_void,
-                ) -> CuResult = c.sym(&format!("cuLaunchCooperativeKernel{sfx}"))?;
+                let launch: fns::PFN_cuLaunchCooperativeKernel =
+                    c.sym(&format!("cuLaunchCooperativeKernel{sfx}"))?;
                 for _ in 0..n {
                     c.check(
                         "cuLaunchCooperativeKernel",

@@ -28,19 +28,7 @@ use vgpu_cuda_sim::bench::{Samples, Stats, warm_up};
 
 type CuResult = c_int;
 type Handle = *mut c_void;
-type LaunchFn = unsafe extern "C" fn(
-    Handle,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    Handle,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CuResult;
+type LaunchFn = vgpu_cuda_abi::fns::PFN_cuLaunchKernel;
 
 fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T> {
     // SAFETY: the caller names an entry point whose C signature is `T`.
