@@ -1,5 +1,6 @@
 //! Compiles kubelet's protos with protox (pure Rust: no protoc needed) and generates the
-//! tonic clients and servers for both sides (the plugin and the fake kubelet in tests).
+//! tonic clients and servers for both sides (the plugin and the fake kubelet in tests),
+//! and the client of the node daemon's API.
 
 use anyhow::{Context, Result};
 
@@ -17,5 +18,16 @@ fn main() -> Result<()> {
         .build_server(true)
         .compile_fds(fds)
         .context("generate kubelet gRPC code")?;
+    // The node daemon's API (defined once, in vgpu-daemon): the client only, for the
+    // events on pods of allocations refused over quota.
+    let daemon = "../vgpu-daemon/proto/vgpu_daemon_v1.proto";
+    println!("cargo:rerun-if-changed={daemon}");
+    let fds = protox::compile([daemon], ["../vgpu-daemon/proto"])
+        .context("parse the daemon's proto")?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .compile_fds(fds)
+        .context("generate the daemon API client")?;
     Ok(())
 }

@@ -315,7 +315,7 @@ pub fn spawn(
 }
 
 /// A `Warning` event on `owner`'s pod (and container, when known).
-fn pod_event(owner: &Owner, reason: &str, message: String, node: &str) -> Event {
+pub(crate) fn pod_event(owner: &Owner, reason: &str, message: String, node: &str) -> Event {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     Event {
         metadata: ObjectMeta {

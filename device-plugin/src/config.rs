@@ -90,6 +90,9 @@ pub struct Config {
     pub nvml_lib: Option<PathBuf>,
     /// Where to serve Prometheus metrics; `None`: nowhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The node daemon's API socket: GPU memory allocations it reports refused over a
+    /// container's quota become `Warning` events on the pod. `None`: no such events.
+    pub daemon_api_socket: Option<PathBuf>,
 }
 
 /// A configuration value that is not acceptable.
@@ -138,6 +141,7 @@ impl Config {
             gc_grace: Duration::from_secs(300),
             nvml_lib: None,
             metrics_addr: None,
+            daemon_api_socket: None,
         }
     }
 

@@ -21,7 +21,8 @@
 // gRPC mapping). `preferred` (GetPreferredAllocation), `visible` (the GPU order and the
 // visibility variables), `ids` (device IDs), `preflight` (what cannot work is refused
 // at start / Allocate). Node side: `health` (NVML), `inventory` (the Node annotation),
-// `audit` (processes without the shim), `gc` (allocation directories), `metrics`.
+// `audit` (processes without the shim), `refusal_events` (allocations refused over
+// quota, from the daemon, as pod events), `gc` (allocation directories), `metrics`.
 // `config` (one validated struct) and `run` (the composition root main.rs calls).
 // The fakes of kubelet and the API server live in `vgpu-testkit` (tests/testkit), a
 // dev-dependency; the benchmark is `examples/bench.rs`.
@@ -41,6 +42,7 @@ pub mod plugin;
 pub mod podresources;
 pub mod preferred;
 pub mod preflight;
+pub mod refusal_events;
 pub mod run;
 pub mod server;
 pub mod visible;

@@ -138,6 +138,10 @@ struct RunArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9401); none by default.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// The node daemon's API socket: allocations it reports refused over a container's
+    /// memory quota become Warning events on the pod (none by default).
+    #[arg(long, env = "VGPU_DAEMON_API_SOCKET")]
+    daemon_api_socket: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -188,6 +192,7 @@ impl RunArgs {
         c.context_allowance = self.context_allowance_mib.saturating_mul(1 << 20);
         c.nvml_lib = self.nvml_lib.clone();
         c.metrics_addr = self.metrics_addr;
+        c.daemon_api_socket = self.daemon_api_socket.clone();
         c.gc_grace = Duration::from_secs(self.gc_grace_s);
         Ok(c)
     }

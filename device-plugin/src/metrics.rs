@@ -35,6 +35,8 @@ pub struct Metrics {
     /// Filled by the audit reporter.
     pub audit: Arc<Mutex<AuditState>>,
     gc: Arc<Mutex<GcState>>,
+    /// `VgpuMemoryQuotaExceeded` events posted (by `refusal_events`).
+    pub refusal_events: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,6 +50,7 @@ impl Metrics {
             gpus,
             audit: Arc::default(),
             gc: Arc::default(),
+            refusal_events: Arc::default(),
         }
     }
 
@@ -166,6 +169,16 @@ impl Metrics {
             "Allocation directories in place after the latest clean-up round.",
         );
         kept.sample(&[], g.kept as f64);
+        let mut refusal_events = Family::new(
+            "vgpu_plugin_memory_refusal_events_total",
+            Kind::Counter,
+            "VgpuMemoryQuotaExceeded events posted on pods so far (one per container, GPU and burst of allocations refused over quota).",
+        );
+        refusal_events.sample(
+            &[],
+            self.refusal_events
+                .load(std::sync::atomic::Ordering::Relaxed) as f64,
+        );
         let mut out = String::new();
         for f in [
             &healthy,
@@ -179,6 +192,7 @@ impl Metrics {
             &rounds,
             &removed,
             &kept,
+            &refusal_events,
         ] {
             f.write(&mut out);
         }

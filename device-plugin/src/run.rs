@@ -209,6 +209,13 @@ pub async fn start(cfg: Arc<Config>, deps: Deps) -> Result<Started, RunError> {
             metrics.audit.clone(),
         )));
     }
+    if let Some(socket) = cfg.daemon_api_socket.clone() {
+        tasks.push(tokio::spawn(crate::refusal_events::run(
+            handshake.clone(),
+            socket,
+            metrics.refusal_events.clone(),
+        )));
+    }
     if let Some(every) = cfg.gc_interval {
         let m = metrics.clone();
         tasks.push(tokio::spawn(gc::run(handshake.clone(), every, move |r| {
