@@ -174,7 +174,7 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
         let out = vgpuctl(&api).args(["top", "--once"]).output().expect("vgpuctl");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let s = String::from_utf8_lossy(&out.stdout).into_owned();
-        if s.contains(KEY) && s.contains("NVIDIA A100") {
+        if s.contains("NVIDIA A100") && s.lines().any(|l| l.contains(KEY) && l.contains("256Mi/1Gi")) {
             break s;
         }
         assert!(Instant::now() < end, "no tenant in the frame:\n{s}\n{}", d.log());
