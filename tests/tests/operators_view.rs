@@ -101,21 +101,15 @@ async fn allocations_refused_over_quota_become_one_warning_event_on_the_pod() {
     }
     cmd.env("VGPU_CONTAINER_DIR", &dir);
     // 1.5 GiB fits the 2 GiB quota; each 1 GiB after it does not.
-    let mut probe = Probe::start(
+    let probe = Probe::start(
         cmd,
         &[
             "init", "alloc", "1536Mi", "alloc", "1Gi", "alloc", "1Gi", "ready", "wait",
         ],
         Duration::from_secs(60),
     );
-    let mut lines = Vec::new();
-    while let Some(l) = probe.next_line(Duration::from_secs(30)) {
-        let ready = l.starts_with("ready");
-        lines.push(l);
-        if ready {
-            break;
-        }
-    }
+    // Probe::start returns once it printed `ready`, its lines so far in `seen`.
+    let lines = probe.seen.clone();
     let allocs: Vec<&String> = lines.iter().filter(|l| l.starts_with("alloc=")).collect();
     assert_eq!(allocs.len(), 3, "{lines:?}");
     assert!(allocs[0].starts_with("alloc=ok"), "{lines:?}");
@@ -293,9 +287,12 @@ fn exported() -> BTreeSet<String> {
 /// matchers, ranges, label lists (`by`, `without`, `on`, `ignoring`, `group_*`),
 /// function calls and keywords are taken out.
 fn promql_metrics(expr: &str) -> Vec<String> {
+    // Keywords, and the aggregation operators (which may take `by (…)` before their
+    // parenthesis).
     const KEYWORDS: &[&str] = &[
         "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-        "unless", "offset",
+        "unless", "offset", "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count",
+        "count_values", "bottomk", "topk", "quantile",
     ];
     let b: Vec<char> = expr.chars().collect();
     let mut out = Vec::new();
@@ -315,7 +312,14 @@ fn promql_metrics(expr: &str) -> Vec<String> {
                 '[' => ']',
                 _ => ')',
             };
+            // Up to the closing bracket, quoted values skipped whole.
             while i < b.len() && b[i] != close {
+                if b[i] == '"' {
+                    i += 1;
+                    while i < b.len() && b[i] != '"' {
+                        i += if b[i] == '\\' { 2 } else { 1 };
+                    }
+                }
                 i += 1;
             }
             i += 1;
@@ -355,7 +359,7 @@ fn promql_metrics(expr: &str) -> Vec<String> {
 
 /// Every PromQL text in the dashboard: panel targets and variable queries (the metric
 /// of `label_values(metric, label)`).
-fn dashboard_queries(d: &serde_json::Value) -> Vec<String> {
+fn dashboard_queries(d: &Value) -> Vec<String> {
     let mut out = Vec::new();
     for p in d["panels"].as_array().expect("panels") {
         for t in p["targets"].as_array().expect("targets") {
@@ -393,7 +397,7 @@ fn the_promql_scanner_finds_metrics_and_nothing_else() {
 fn every_dashboard_query_names_only_exported_metrics() {
     let path = vgpu_tests::repo_root().join("deploy/grafana/vgpu-dashboard.json");
     let text = std::fs::read_to_string(&path).expect("the dashboard");
-    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let d: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     let exported = exported();
     assert!(
         exported.contains("vgpu_tenant_gpu_time_seconds_total")
