@@ -174,14 +174,22 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
         let out = vgpuctl(&api).args(["top", "--once"]).output().expect("vgpuctl");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let s = String::from_utf8_lossy(&out.stdout).into_owned();
-        if s.contains("NVIDIA A100") && s.lines().any(|l| l.contains(KEY) && l.contains("256Mi/1Gi")) {
+        if s.contains("NVIDIA A100")
+            && s
+                .lines()
+                .any(|l| l.starts_with("  ") && l.contains(KEY) && l.contains("256Mi/1Gi"))
+        {
             break s;
         }
         assert!(Instant::now() < end, "no tenant in the frame:\n{s}\n{}", d.log());
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(!once.contains('\x1b'), "--once writes no escapes: {once:?}");
-    let row = once.lines().find(|l| l.contains(KEY)).expect("the tenant's row");
+    // The container's row (indented; the GPU's line names it too, as the holder).
+    let row = once
+        .lines()
+        .find(|l| l.starts_with("  ") && l.contains(KEY))
+        .expect("the tenant's row");
     assert!(row.contains("30%/") && row.contains("256Mi/1Gi"), "{row}\n{once}");
 
     // Live, in a shell in tmux, as over ssh.
