@@ -22,8 +22,8 @@ fn main() -> Result<()> {
     // events on pods of allocations refused over quota.
     let daemon = "../vgpu-daemon/proto/vgpu_daemon_v1.proto";
     println!("cargo:rerun-if-changed={daemon}");
-    let fds = protox::compile([daemon], ["../vgpu-daemon/proto"])
-        .context("parse the daemon's proto")?;
+    let fds =
+        protox::compile([daemon], ["../vgpu-daemon/proto"]).context("parse the daemon's proto")?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)

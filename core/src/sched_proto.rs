@@ -450,6 +450,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn usage_refusal_fields_are_optional_both_ways() {
+        // An older shim's report: no refusals.
+        let old: ShimMsg =
+            serde_json::from_str(r#"{"Usage":{"gpu":1,"memory_used":5}}"#).expect("parses");
+        assert_eq!(
+            old,
+            ShimMsg::Usage {
+                gpu: 1,
+                memory_used: 5,
+                refused: 0,
+                last_refusal: None
+            }
+        );
+        // Without refusals a newer shim writes what an older daemon reads.
+        let plain = serde_json::to_string(&old).expect("serializes");
+        assert_eq!(plain, r#"{"Usage":{"gpu":1,"memory_used":5}}"#);
+        // With them: the figures travel.
+        let r = ShimMsg::Usage {
+            gpu: 0,
+            memory_used: 3,
+            refused: 2,
+            last_refusal: Some(MemoryRefusal {
+                asked: 1,
+                used: 3,
+                quota: 4,
+            }),
+        };
+        let text = serde_json::to_string(&r).expect("serializes");
+        assert_eq!(serde_json::from_str::<ShimMsg>(&text).expect("parses"), r);
+    }
+
+    #[test]
     fn grant_word_is_generation_shifted_once_with_held_in_bit_zero() {
         let g = |generation, held| GrantWord { generation, held }.pack();
         assert_eq!(g(0, false), 0);

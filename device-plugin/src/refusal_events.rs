@@ -259,7 +259,13 @@ mod tests {
             last_unix_ms: 0,
         };
         let s = message("main", &m);
-        assert!(s.contains("asked for 1Gi with 3Gi in use of its 4Gi quota"), "{s}");
-        assert!(s.contains("GPU-1") && s.contains("\"main\"") && s.contains("3 refused"), "{s}");
+        assert!(
+            s.contains("asked for 1Gi with 3Gi in use of its 4Gi quota"),
+            "{s}"
+        );
+        assert!(
+            s.contains("GPU-1") && s.contains("\"main\"") && s.contains("3 refused"),
+            "{s}"
+        );
     }
 }

@@ -182,7 +182,10 @@ async fn allocations_refused_over_quota_become_one_warning_event_on_the_pod() {
         msg.contains("asked for 1Gi with 1536Mi in use of its 2Gi quota"),
         "{msg}"
     );
-    assert!(msg.contains("2 refused so far") && msg.contains(UUID), "{msg}");
+    assert!(
+        msg.contains("2 refused so far") && msg.contains(UUID),
+        "{msg}"
+    );
 
     // What both serve now passes promtool.
     let plugin_text = http_get(plugin_metrics, "/metrics");
@@ -214,7 +217,10 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read the answer");
     let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
     body.to_owned()
 }
 
@@ -234,7 +240,9 @@ fn promtool_check(who: &str, text: &str) {
     let mut child = match child {
         Ok(c) => c,
         Err(e) if !tools_required() => {
-            eprintln!("SKIPPED promtool check of the {who}'s metrics: promtool: {e} (apt-get install prometheus)");
+            eprintln!(
+                "SKIPPED promtool check of the {who}'s metrics: promtool: {e} (apt-get install prometheus)"
+            );
             return;
         }
         Err(e) => panic!("VGPU_REQUIRE_TOOLS=1 but promtool cannot run: {e}"),
@@ -308,9 +316,29 @@ fn promql_metrics(expr: &str) -> Vec<String> {
     // Keywords, and the aggregation operators (which may take `by (…)` before their
     // parenthesis).
     const KEYWORDS: &[&str] = &[
-        "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-        "unless", "offset", "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count",
-        "count_values", "bottomk", "topk", "quantile",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
     ];
     let b: Vec<char> = expr.chars().collect();
     let mut out = Vec::new();
@@ -443,6 +471,13 @@ fn every_dashboard_query_names_only_exported_metrics() {
         .iter()
         .map(|p| p["id"].as_u64().expect("a panel id"))
         .collect();
-    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), ids.len(), "{ids:?}");
-    eprintln!("the dashboard uses {} exported metrics: {used:?}", used.len());
+    assert_eq!(
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        ids.len(),
+        "{ids:?}"
+    );
+    eprintln!(
+        "the dashboard uses {} exported metrics: {used:?}",
+        used.len()
+    );
 }

@@ -92,7 +92,12 @@ pub fn frame(now: &Reading, prev: Option<&Reading>) -> String {
         let on: Vec<(&pb::Tenant, &pb::TenantGpu)> = t
             .tenants
             .iter()
-            .flat_map(|x| x.gpus.iter().filter(|g| g.uuid == uuid).map(move |g| (x, g)))
+            .flat_map(|x| {
+                x.gpus
+                    .iter()
+                    .filter(|g| g.uuid == uuid)
+                    .map(move |g| (x, g))
+            })
             .collect();
         let granted: u32 = on
             .iter()
@@ -322,7 +327,10 @@ mod tests {
     fn a_frame_shows_each_gpu_and_its_containers() {
         let t0 = Instant::now();
         let f = frame(&reading(500_000_000, t0), None);
-        assert!(f.contains("GPU 0 GPU-1 NVIDIA H100  mem 1Gi/80Gi  util 50%  granted 30%"), "{f}");
+        assert!(
+            f.contains("GPU 0 GPU-1 NVIDIA H100  mem 1Gi/80Gi  util 50%  granted 30%"),
+            "{f}"
+        );
         let row = f.lines().find(|l| l.contains("ns/p:c")).expect(&f);
         for want in ["30%/29.5%", "1Gi/2Gi", "0.5s", " 3 ", "waiting"] {
             assert!(row.contains(want), "{want} in {row:?}");

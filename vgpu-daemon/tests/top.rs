@@ -40,7 +40,9 @@ impl Daemon {
 
     fn metrics_addr(&self) -> String {
         let log = self.log();
-        let at = log.find("metrics on http://").expect("the metrics address is logged");
+        let at = log
+            .find("metrics on http://")
+            .expect("the metrics address is logged");
         let rest = &log[at + "metrics on http://".len()..];
         rest.split('/').next().expect("host:port").to_owned()
     }
@@ -69,7 +71,11 @@ fn daemon_with_tenant(node: &SimNode) -> (Daemon, Probe) {
     let d = Daemon { child, dir };
     let end = Instant::now() + Duration::from_secs(30);
     while !d.log().contains("vgpu-daemon serving") {
-        assert!(Instant::now() < end, "the daemon did not start:\n{}", d.log());
+        assert!(
+            Instant::now() < end,
+            "the daemon did not start:\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let c = Container::new("1Gi")
@@ -171,17 +177,27 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
     // One frame, plain.
     let end = Instant::now() + Duration::from_secs(30);
     let once = loop {
-        let out = vgpuctl(&api).args(["top", "--once"]).output().expect("vgpuctl");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = vgpuctl(&api)
+            .args(["top", "--once"])
+            .output()
+            .expect("vgpuctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let s = String::from_utf8_lossy(&out.stdout).into_owned();
         if s.contains("NVIDIA A100")
-            && s
-                .lines()
+            && s.lines()
                 .any(|l| l.starts_with("  ") && l.contains(KEY) && l.contains("256Mi/1Gi"))
         {
             break s;
         }
-        assert!(Instant::now() < end, "no tenant in the frame:\n{s}\n{}", d.log());
+        assert!(
+            Instant::now() < end,
+            "no tenant in the frame:\n{s}\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(!once.contains('\x1b'), "--once writes no escapes: {once:?}");
@@ -190,14 +206,27 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
         .lines()
         .find(|l| l.starts_with("  ") && l.contains(KEY))
         .expect("the tenant's row");
-    assert!(row.contains("30%/") && row.contains("256Mi/1Gi"), "{row}\n{once}");
+    assert!(
+        row.contains("30%/") && row.contains("256Mi/1Gi"),
+        "{row}\n{once}"
+    );
 
     // Live, in a shell in tmux, as over ssh.
     let t = Tmux {
         socket: format!("vgpu-top-{}", std::process::id()),
     };
     t.run(&[
-        "-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "150", "-y", "30", "sh",
+        "-f",
+        "/dev/null",
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "150",
+        "-y",
+        "30",
+        "sh",
     ]);
     t.run(&["send-keys", "-t", "top", "echo before-top", "Enter"]);
     t.wait_pane("the shell", |p| p.contains("before-top"));
@@ -211,7 +240,11 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
         p.contains("vgpuctl top") && p.contains(KEY) && !p.contains("before-top")
     });
     assert!(p.contains("SHARE(CFG/ACH)") && p.contains(UUID), "{p}");
-    assert_eq!(t.run(&["display", "-p", "-t", "top", "#{alternate_on}"]).trim(), "1");
+    assert_eq!(
+        t.run(&["display", "-p", "-t", "top", "#{alternate_on}"])
+            .trim(),
+        "1"
+    );
     // Redrawn in place: the uptime changes, the frame stays at the top, one copy of it.
     let up = |p: &str| {
         p.lines()
@@ -220,21 +253,35 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
             .map(str::to_owned)
     };
     let first = up(&p);
-    let p2 = t.wait_pane("a new frame", |q| up(q) != first && q.starts_with("vgpuctl top"));
+    let p2 = t.wait_pane("a new frame", |q| {
+        up(q) != first && q.starts_with("vgpuctl top")
+    });
     assert_eq!(p2.matches("vgpuctl top").count(), 1, "{p2}");
 
     // Ctrl-C: the shell's screen is back, the cursor shown, the alternate screen left.
     t.run(&["send-keys", "-t", "top", "C-c"]);
     let p3 = t.wait_pane("the shell after Ctrl-C", |q| q.contains("before-top"));
     assert!(!p3.contains("SHARE(CFG/ACH)"), "{p3}");
-    assert_eq!(t.run(&["display", "-p", "-t", "top", "#{alternate_on}"]).trim(), "0");
-    assert_eq!(t.run(&["display", "-p", "-t", "top", "#{cursor_flag}"]).trim(), "1");
+    assert_eq!(
+        t.run(&["display", "-p", "-t", "top", "#{alternate_on}"])
+            .trim(),
+        "0"
+    );
+    assert_eq!(
+        t.run(&["display", "-p", "-t", "top", "#{cursor_flag}"])
+            .trim(),
+        "1"
+    );
     tenant.kill9();
 }
 
 #[test]
 fn the_daemon_binarys_metrics_with_a_tenant_and_nvml_pass_promtool() {
-    if !have("promtool", &["--version"], "the_daemon_binarys_metrics_pass_promtool") {
+    if !have(
+        "promtool",
+        &["--version"],
+        "the_daemon_binarys_metrics_pass_promtool",
+    ) {
         return;
     }
     let node = SimNode::new(&format!(
@@ -248,11 +295,19 @@ fn the_daemon_binarys_metrics_with_a_tenant_and_nvml_pass_promtool() {
         write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
         let mut out = String::new();
         s.read_to_string(&mut out).expect("answer");
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-        if body.contains("vgpu_tenant_memory_used_bytes{") && body.contains("vgpu_gpu_memory_total_bytes{") {
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        if body.contains("vgpu_tenant_memory_used_bytes{")
+            && body.contains("vgpu_gpu_memory_total_bytes{")
+        {
             break body;
         }
-        assert!(Instant::now() < end, "no tenant and NVML series yet:\n{body}");
+        assert!(
+            Instant::now() < end,
+            "no tenant and NVML series yet:\n{body}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     // DCGM exporter's labels on the container's series, and on the GPU's info.
