@@ -1,6 +1,7 @@
 //! Compiles kubelet's protos with protox (pure Rust: no protoc needed) and generates the
 //! tonic clients and servers for both sides (the plugin and the fake kubelet in tests), and
-//! the client of the node daemon's API (its eBPF gate events).
+//! the client of the node daemon's API (its eBPF gate events and allocations refused over
+//! quota).
 
 use anyhow::{Context, Result};
 
@@ -18,8 +19,8 @@ fn main() -> Result<()> {
         .build_server(true)
         .compile_fds(fds)
         .context("generate kubelet gRPC code")?;
-    // The node daemon's API, whose eBPF gate events the plugin follows (client only; the
-    // proto has one home, in the daemon's crate).
+    // The node daemon's API (client only; the proto has one home, in the daemon's crate):
+    // its eBPF gate events and the allocations it saw refused over quota.
     let daemon = "../vgpu-daemon/proto/vgpu_daemon_v1.proto";
     println!("cargo:rerun-if-changed={daemon}");
     let fds =

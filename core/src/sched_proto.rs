@@ -226,6 +226,22 @@ pub struct GpuRegistration {
     pub memory_quota: Option<u64>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// An allocation the shim refused because it would have taken the container over its
+/// memory quota on one GPU (or the container has no quota there: `quota` 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MemoryRefusal {
+    /// Bytes the allocation asked for (rounded to the driver's granularity).
+    pub asked: u64,
+    /// Bytes the container had charged on the GPU when it was refused.
+    pub used: u64,
+    /// The container's quota on the GPU, bytes.
+    pub quota: u64,
+}
+
 /// Shim → daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShimMsg {
@@ -278,6 +294,14 @@ pub enum ShimMsg {
         gpu: u32,
         /// Bytes charged to the container on this GPU.
         memory_used: u64,
+        /// Allocations this process refused on `gpu` over the container's memory quota
+        /// since it started (a running count). Absent from older shims: 0; older
+        /// daemons ignore it.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        refused: u64,
+        /// The latest of those refusals, with its figures.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_refusal: Option<MemoryRefusal>,
     },
     /// Are you there? (Only to a daemon whose `Welcome` set `peer_checks`.) The daemon
     /// answers [`DaemonMsg::Pong`] with the same `seq`.
@@ -424,6 +448,38 @@ pub fn decode<T: for<'de> Deserialize<'de>>(buf: &mut Vec<u8>) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_refusal_fields_are_optional_both_ways() {
+        // An older shim's report: no refusals.
+        let old: ShimMsg =
+            serde_json::from_str(r#"{"Usage":{"gpu":1,"memory_used":5}}"#).expect("parses");
+        assert_eq!(
+            old,
+            ShimMsg::Usage {
+                gpu: 1,
+                memory_used: 5,
+                refused: 0,
+                last_refusal: None
+            }
+        );
+        // Without refusals a newer shim writes what an older daemon reads.
+        let plain = serde_json::to_string(&old).expect("serializes");
+        assert_eq!(plain, r#"{"Usage":{"gpu":1,"memory_used":5}}"#);
+        // With them: the figures travel.
+        let r = ShimMsg::Usage {
+            gpu: 0,
+            memory_used: 3,
+            refused: 2,
+            last_refusal: Some(MemoryRefusal {
+                asked: 1,
+                used: 3,
+                quota: 4,
+            }),
+        };
+        let text = serde_json::to_string(&r).expect("serializes");
+        assert_eq!(serde_json::from_str::<ShimMsg>(&text).expect("parses"), r);
+    }
 
     #[test]
     fn grant_word_is_generation_shifted_once_with_held_in_bit_zero() {

@@ -74,7 +74,9 @@ pub struct Config {
     pub daemon_container_dir: PathBuf,
     /// The node daemon's gRPC API socket (root only, never mounted into containers): the
     /// plugin follows its eBPF gate events there and posts a `VgpuGpuOpenRefused` event
-    /// on the pod of each refused process. `None`: not followed.
+    /// on the pod of each refused process, and polls the GPU memory allocations it saw
+    /// refused over a container's quota, posted as `VgpuMemoryQuotaExceeded`. `None`:
+    /// neither.
     pub daemon_api_socket: Option<PathBuf>,
     /// Namespaces whose pods may ask for the latency-sensitive priority class
     /// (`vgpu.io/priority`); `None`: every namespace.

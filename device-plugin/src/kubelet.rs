@@ -29,6 +29,17 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
+/// The node daemon's API (`vgpu-daemon/proto/vgpu_daemon_v1.proto`), client only.
+#[allow(
+    missing_docs,
+    clippy::all,
+    unused_qualifications,
+    missing_debug_implementations
+)]
+pub mod daemon_v1 {
+    tonic::include_proto!("vgpu.daemon.v1");
+}
+
 /// The API version the plugin registers with.
 pub const API_VERSION: &str = "v1beta1";
 /// Kubelet's registration socket, in the device-plugins directory.

@@ -23,6 +23,7 @@
 // at start / Allocate). Node side: `health` (NVML), `topology` (each GPU's NUMA node,
 // switch and NVLink peers, from NVML), `inventory` (the Node annotation), `audit`
 // (processes without the shim), `gate_events` (the daemon's eBPF refusals as pod
+// events), `refusal_events` (allocations refused over quota, from the daemon, as pod
 // events), `gc` (allocation directories), `metrics`.
 // `config` (one validated struct) and `run` (the composition root main.rs calls).
 // The fakes of kubelet and the API server live in `vgpu-testkit` (tests/testkit), a
@@ -44,6 +45,7 @@ pub mod plugin;
 pub mod podresources;
 pub mod preferred;
 pub mod preflight;
+pub mod refusal_events;
 pub mod run;
 pub mod server;
 pub mod topology;

@@ -119,8 +119,9 @@ struct RunArgs {
     #[arg(long, default_value = "/run/vgpu-daemon")]
     daemon_container_dir: PathBuf,
     /// The node daemon's gRPC API socket, whose eBPF gate events the plugin follows to
-    /// post a VgpuGpuOpenRefused event on each refused process's pod ("" or "off": not
-    /// followed). Never mounted into containers.
+    /// post a VgpuGpuOpenRefused event on each refused process's pod, and whose memory
+    /// refusals over quota become VgpuMemoryQuotaExceeded events ("" or "off": neither).
+    /// Never mounted into containers.
     #[arg(long, default_value = "/var/lib/vgpu/daemon-api/api.sock")]
     daemon_api_socket: String,
     /// Namespaces whose pods may ask for vgpu.io/priority: latency-sensitive

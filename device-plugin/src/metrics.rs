@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Filled by the follower of the daemon's eBPF gate events.
     pub gate: Arc<Mutex<crate::gate_events::GateWatchState>>,
     gc: Arc<Mutex<GcState>>,
+    /// `VgpuMemoryQuotaExceeded` events posted (by `refusal_events`).
+    pub refusal_events: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -51,6 +53,7 @@ impl Metrics {
             audit: Arc::default(),
             gate: Arc::default(),
             gc: Arc::default(),
+            refusal_events: Arc::default(),
         }
     }
 
@@ -182,6 +185,16 @@ impl Metrics {
             "Allocation directories in place after the latest clean-up round.",
         );
         kept.sample(&[], g.kept as f64);
+        let mut refusal_events = Family::new(
+            "vgpu_plugin_memory_refusal_events_total",
+            Kind::Counter,
+            "VgpuMemoryQuotaExceeded events posted on pods so far (one per container, GPU and burst of allocations refused over quota).",
+        );
+        refusal_events.sample(
+            &[],
+            self.refusal_events
+                .load(std::sync::atomic::Ordering::Relaxed) as f64,
+        );
         let mut out = String::new();
         for f in [
             &healthy,
@@ -197,6 +210,7 @@ impl Metrics {
             &rounds,
             &removed,
             &kept,
+            &refusal_events,
         ] {
             f.write(&mut out);
         }

@@ -215,6 +215,11 @@ pub async fn start(cfg: Arc<Config>, deps: Deps) -> Result<Started, RunError> {
             socket.clone(),
             metrics.gate.clone(),
         )));
+        tasks.push(tokio::spawn(crate::refusal_events::run(
+            handshake.clone(),
+            socket.clone(),
+            metrics.refusal_events.clone(),
+        )));
     }
     if let Some(every) = cfg.gc_interval {
         let m = metrics.clone();

@@ -19,6 +19,7 @@
 //!   one "am I enforcing?" decision), its slot and allocations.
 //! - [`pools`]: what is charged for each stream-ordered memory pool (its cache stays
 //!   charged until the driver releases it).
+//! - [`refusals`]: allocations refused over the quota, per device, for the daemon.
 //! - [`region`]: the container's shared accounting (atomics in a SysV shared-memory
 //!   segment, [`segment`], ADR 0015; kernel liveness locks, no cross-process lock).
 //! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback);
@@ -55,6 +56,7 @@ pub mod nvml_procs;
 pub mod pools;
 pub mod process;
 pub mod real;
+pub mod refusals;
 pub mod region;
 pub mod segment;
 pub mod table;

@@ -65,6 +65,8 @@ pub struct Shim {
     /// Set when a pool may have gained credit since the last reconciliation of all
     /// pools (spares the lock and the driver queries otherwise).
     pool_credit: AtomicBool,
+    /// Allocations refused over the quota (reported to the daemon with the usage).
+    pub refusals: crate::refusals::Refusals,
 }
 
 /// How hooks behave.
@@ -166,6 +168,7 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
         pools: Mutex::new(Pools::default()),
         pools_used: AtomicBool::new(false),
         pool_credit: AtomicBool::new(false),
+        refusals: crate::refusals::Refusals::default(),
     })
 }
 
@@ -293,6 +296,14 @@ impl Shim {
     /// gave anything back).
     pub fn reserve_or(&self, dev: usize, bytes: u64, reclaim: impl FnOnce() -> bool) -> bool {
         if self.denied(dev) {
+            self.refusals.record(
+                dev,
+                vgpu_core::sched_proto::MemoryRefusal {
+                    asked: bytes,
+                    used: self.region.used(dev),
+                    quota: 0,
+                },
+            );
             log(self, || {
                 format!(
                     "device {dev}: {bytes} bytes refused: the container's quota file does not list this GPU (quota 0)"
@@ -312,6 +323,14 @@ impl Shim {
         if reclaim() && self.region.try_charge(self.slot, dev, bytes, cap) {
             return true;
         }
+        self.refusals.record(
+            dev,
+            vgpu_core::sched_proto::MemoryRefusal {
+                asked: bytes,
+                used: self.region.used(dev),
+                quota: self.region.quota(dev).or(cap).unwrap_or(0),
+            },
+        );
         log(self, || {
             let quota = self
                 .region

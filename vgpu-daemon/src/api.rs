@@ -163,6 +163,18 @@ pub fn health_to_pb(h: &model::ContainerHealth) -> pb::ContainerHealth {
         last_fallback_reason: h.last_fallback_reason.clone(),
         refused_registrations: h.refused_registrations,
         last_refusal: h.last_refusal.clone(),
+        memory_refusals: h
+            .memory_refusals
+            .iter()
+            .map(|m| pb::MemoryRefusals {
+                uuid: m.uuid.clone(),
+                count: m.count,
+                last_asked_bytes: m.last_asked,
+                last_used_bytes: m.last_used,
+                last_quota_bytes: m.last_quota,
+                last_unix_ms: m.last_unix_ms,
+            })
+            .collect(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! vgpuctl [--api-socket PATH | --api-addr HOST:PORT] [--json] tenants
 //! vgpuctl [...] tenant KEY
 //! vgpuctl [...] gpus
+//! vgpuctl [...] top [--once] [--interval SECONDS]
 //! vgpuctl [...] set TENANT [--gpu UUID] [--share N] [--policy burst|cap]
 //!                          [--priority best-effort|latency-sensitive]
 //! vgpuctl [...] events [--follow] [--recent N]
@@ -56,6 +57,15 @@ pub enum Command {
     },
     /// Every GPU with its processes; bypass processes (no shim registered them) flagged.
     Gpus,
+    /// A live view per GPU and container, redrawn in place (Ctrl-C quits).
+    Top {
+        /// Print one frame and exit (no terminal escapes).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between frames.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// Changes a tenant's share, policy or priority now (all of its GPUs unless --gpu).
     Set {
         /// Tenant key.
@@ -193,6 +203,16 @@ pub async fn run(cli: &Cli) -> Result<String> {
                 })));
             }
             Ok(gpus_table(&g.gpus))
+        }
+        Command::Top { once, interval } => {
+            if *once {
+                return crate::top::once(&mut c).await;
+            }
+            if !(interval.is_finite() && (0.05..=3600.0).contains(interval)) {
+                bail!("--interval {interval} is out of range (0.05–3600 seconds)");
+            }
+            crate::top::live(&mut c, std::time::Duration::from_secs_f64(*interval)).await?;
+            Ok(String::new())
         }
         Command::Set {
             tenant,
@@ -334,7 +354,7 @@ pub fn gpu_json(g: &pb::Gpu) -> Value {
 }
 
 /// Left-aligned columns separated by two spaces.
-fn table(rows: &[Vec<String>]) -> String {
+pub fn table(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut w = vec![0usize; cols];
     for r in rows {

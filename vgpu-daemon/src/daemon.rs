@@ -27,6 +27,7 @@ use crate::model::{
 };
 use crate::time_slicing::{Action, Params, Scheduler, TenantId};
 
+mod refusals;
 mod registration;
 
 /// The daemon's configuration.
@@ -188,6 +189,8 @@ struct TenantGpuRec {
     memory_quota: Option<u64>,
     /// Memory reported per connection.
     memory: HashMap<u64, u64>,
+    /// Refused allocations each connection reported last (a running count).
+    refused: HashMap<u64, u64>,
 }
 
 #[derive(Debug)]
@@ -553,6 +556,7 @@ impl Daemon {
                 t.conns.remove(&conn);
                 for r in t.gpus.values_mut() {
                     r.memory.remove(&conn);
+                    r.refused.remove(&conn);
                 }
                 let last = t.conns.is_empty();
                 // The last process takes the tenant off every GPU it used, including

@@ -19,6 +19,7 @@
 //! - [`reporting`]: starts the three above next to the shims' server.
 //! - [`run`]: the composition root: a validated configuration in, the whole node served.
 //! - [`ctl`]: `vgpuctl`, the API's command-line client.
+//! - [`top`]: `vgpuctl top`, the live terminal view.
 //!
 //! See `docs/vgpu-daemon.md`.
 
@@ -41,3 +42,4 @@ pub mod reporting;
 pub mod run;
 pub mod server;
 pub mod time_slicing;
+pub mod top;

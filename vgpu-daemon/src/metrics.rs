@@ -3,7 +3,13 @@
 //!
 //! Every scrape renders one [`Daemon::snapshot`]: the figures are the ones the gRPC API and
 //! `vgpuctl` show. Names follow Prometheus conventions (base units, `_total` counters,
-//! `_bytes`, `_seconds`, ratios in 0–1). The list is in `docs/vgpu-daemon.md`.
+//! `_bytes`, `_seconds`, ratios in 0–1). The list is in `docs/vgpu-daemon.md` and
+//! `docs/operations.md`.
+//!
+//! Labels (ADR 0020): per-container series carry `namespace`, `pod`, `container` and, per
+//! GPU, `gpu` (its UUID, vgpu's label since the start) plus DCGM exporter's own `UUID`,
+//! `modelName` and `Hostname`, so that the joins of DCGM dashboards work on vgpu's series;
+//! `vgpu_gpu_info` carries them for the per-GPU series.
 
 use std::io;
 use std::sync::Arc;
@@ -35,6 +41,22 @@ fn tenant_labels(t: &Tenant) -> [(&'static str, &str); 4] {
     ]
 }
 
+/// The node's name as DCGM exporter writes it in `Hostname`: `NODE_NAME` (the downward
+/// API in a DaemonSet), else the host name.
+pub fn hostname() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        if let Ok(n) = std::env::var("NODE_NAME")
+            && !n.is_empty()
+        {
+            return n;
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default()
+    })
+}
+
 fn state_str(s: SliceState) -> &'static str {
     match s {
         SliceState::Holding => "holding",
@@ -44,9 +66,21 @@ fn state_str(s: SliceState) -> &'static str {
     }
 }
 
-/// Renders a snapshot in the Prometheus text format.
+/// Renders a snapshot in the Prometheus text format, `Hostname` being [`hostname`].
 pub fn render(snap: &NodeSnapshot) -> String {
+    render_on(snap, hostname())
+}
+
+/// Renders a snapshot in the Prometheus text format for the node `host` (`Hostname`).
+pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
     use Kind::{Counter, Gauge};
+    let model_of = |uuid: &str| -> String {
+        snap.gpus
+            .iter()
+            .find(|g| g.observed.uuid == uuid)
+            .map(|g| g.observed.name.clone())
+            .unwrap_or_default()
+    };
     let mut up = Family::new("vgpu_daemon_up", Gauge, "1 while the daemon serves.");
     up.sample(&[], 1.0);
     let mut uptime = Family::new(
@@ -115,8 +149,14 @@ pub fn render(snap: &NodeSnapshot) -> String {
     for t in &snap.tenants {
         let base = tenant_labels(t);
         for g in &t.gpus {
+            let model = model_of(&g.uuid);
             let mut l: Vec<(&str, &str)> = base.to_vec();
-            l.push(("gpu", g.uuid.as_str()));
+            l.extend([
+                ("gpu", g.uuid.as_str()),
+                ("UUID", g.uuid.as_str()),
+                ("modelName", model.as_str()),
+                ("Hostname", host),
+            ]);
             share.sample(&l, f64::from(g.settings.share_pct) / 100.0);
             achieved.sample(&l, g.recent_share_pct / 100.0);
             let policy = g.settings.policy.to_string();
@@ -153,6 +193,42 @@ pub fn render(snap: &NodeSnapshot) -> String {
             }
         }
         procs.sample(&base, t.pids.len() as f64);
+    }
+
+    // What the GPU's registered containers were granted, against its capacity.
+    let mut granted_compute = Family::new(
+        "vgpu_gpu_granted_compute_ratio",
+        Gauge,
+        "Sum of the configured compute shares of the containers registered on the GPU (capacity 1; above 1: overcommitted).",
+    );
+    let mut granted_memory = Family::new(
+        "vgpu_gpu_granted_memory_bytes",
+        Gauge,
+        "Sum of the memory quotas of the containers registered on the GPU (capacity: vgpu_gpu_memory_total_bytes).",
+    );
+    let mut granted_containers = Family::new(
+        "vgpu_gpu_containers",
+        Gauge,
+        "Containers registered on the GPU.",
+    );
+    let mut sums: std::collections::BTreeMap<&str, (f64, f64, f64)> =
+        std::collections::BTreeMap::new();
+    for g in &snap.gpus {
+        sums.entry(g.observed.uuid.as_str()).or_default();
+    }
+    for t in &snap.tenants {
+        for g in &t.gpus {
+            let e = sums.entry(g.uuid.as_str()).or_default();
+            e.0 += f64::from(g.settings.share_pct) / 100.0;
+            e.1 += g.memory_quota.unwrap_or(0) as f64;
+            e.2 += 1.0;
+        }
+    }
+    for (uuid, (c, m, n)) in &sums {
+        let l = [("gpu", *uuid)];
+        granted_compute.sample(&l, *c);
+        granted_memory.sample(&l, *m);
+        granted_containers.sample(&l, *n);
     }
 
     let mut info = Family::new(
@@ -213,6 +289,9 @@ pub fn render(snap: &NodeSnapshot) -> String {
                 ("gpu", o.uuid.as_str()),
                 ("index", index.as_str()),
                 ("name", o.name.as_str()),
+                ("UUID", o.uuid.as_str()),
+                ("modelName", o.name.as_str()),
+                ("Hostname", host),
             ],
             1.0,
         );
@@ -252,6 +331,16 @@ pub fn render(snap: &NodeSnapshot) -> String {
         Counter,
         "Registrations of the container's processes the daemon refused.",
     );
+    let mut mem_refused = Family::new(
+        "vgpu_container_memory_refused_allocations_total",
+        Counter,
+        "GPU memory allocations the container's shims refused because they would have taken it over its memory quota.",
+    );
+    let mut mem_refused_at = Family::new(
+        "vgpu_container_memory_last_refusal_timestamp_seconds",
+        Gauge,
+        "When the daemon heard of the container's latest refused allocation (Unix time).",
+    );
     for h in &snap.health {
         let l = [
             ("tenant", h.key.as_str()),
@@ -262,6 +351,18 @@ pub fn render(snap: &NodeSnapshot) -> String {
         fb_periods.sample(&l, h.fallback_periods as f64);
         fb_secs.sample(&l, h.fallback_ms as f64 / 1000.0);
         refused.sample(&l, h.refused_registrations as f64);
+        for m in &h.memory_refusals {
+            let model = model_of(&m.uuid);
+            let mut lg: Vec<(&str, &str)> = l.to_vec();
+            lg.extend([
+                ("gpu", m.uuid.as_str()),
+                ("UUID", m.uuid.as_str()),
+                ("modelName", model.as_str()),
+                ("Hostname", host),
+            ]);
+            mem_refused.sample(&lg, m.count as f64);
+            mem_refused_at.sample(&lg, m.last_unix_ms as f64 / 1000.0);
+        }
     }
 
     let mut out = String::with_capacity(4096 + 2048 * snap.tenants.len());
@@ -288,9 +389,14 @@ pub fn render(snap: &NodeSnapshot) -> String {
         &g_bypass_mem,
         &g_sched,
         &g_obs,
+        &granted_compute,
+        &granted_memory,
+        &granted_containers,
         &fb_periods,
         &fb_secs,
         &refused,
+        &mem_refused,
+        &mem_refused_at,
     ] {
         f.write(&mut out);
     }

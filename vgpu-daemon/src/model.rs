@@ -145,6 +145,26 @@ pub struct ContainerHealth {
     pub refused_registrations: u64,
     /// The last refusal's reason.
     pub last_refusal: String,
+    /// GPU memory allocations its shims refused over the container's quota, per GPU.
+    #[serde(default)]
+    pub memory_refusals: Vec<MemoryRefusals>,
+}
+
+/// Allocations a container's shims refused over its memory quota on one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRefusals {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Allocations refused since the daemon first heard of the container.
+    pub count: u64,
+    /// Bytes the latest refused allocation asked for.
+    pub last_asked: u64,
+    /// Bytes the container had charged on the GPU then.
+    pub last_used: u64,
+    /// Its quota on the GPU, bytes.
+    pub last_quota: u64,
+    /// When the daemon heard of the latest, ms since the Unix epoch.
+    pub last_unix_ms: u64,
 }
 
 /// Everything the daemon knows, at one instant.

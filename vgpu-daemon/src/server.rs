@@ -170,7 +170,14 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     end_ns,
                     ..
                 } => daemon.released(conn, gpu, generation, end_ns, false),
-                ShimMsg::Usage { gpu, memory_used } => daemon.usage(conn, gpu, memory_used),
+                ShimMsg::Usage {
+                    gpu,
+                    memory_used,
+                    refused,
+                    last_refusal,
+                } => daemon
+                    .usage(conn, gpu, memory_used)
+                    .and_then(|()| daemon.memory_refusals(conn, gpu, refused, last_refusal)),
                 // Answered at once, by this task: the shim's liveness check measures the
                 // daemon's responsiveness, not the scheduler's decisions.
                 ShimMsg::Ping { seq } => {

@@ -261,6 +261,14 @@ fn evil_snapshot() -> NodeSnapshot {
             last_fallback_reason: "the daemon did not answer".into(),
             refused_registrations: 7,
             last_refusal: "GPU \"GPU-x\" is not a GPU of this node".into(),
+            memory_refusals: vec![vgpu_daemon::model::MemoryRefusals {
+                uuid: GPU0.into(),
+                count: 2,
+                last_asked: 1 << 30,
+                last_used: 3 << 30,
+                last_quota: 4 << 30,
+                last_unix_ms: 1_700_000_000_000,
+            }],
         }],
     }
 }

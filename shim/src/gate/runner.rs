@@ -71,6 +71,8 @@ pub(super) struct Runner {
     /// Wait before the next reconnection attempt.
     retry: Duration,
     last_usage: Instant,
+    /// Refused allocations as of the last usage report (a new one is reported at once).
+    refusals_reported: u64,
     /// The current fallback period was said on stderr.
     warned: bool,
     /// The daemon answers pings and takes fallback reports.
@@ -134,6 +136,7 @@ impl Runner {
             next_connect: now,
             retry: RECONNECT,
             last_usage: now,
+            refusals_reported: 0,
             warned: false,
             peer_checks: false,
             last_heard: now,
@@ -536,13 +539,21 @@ impl Runner {
             }
             self.poll_markers();
             self.holding_tick();
-            if self.last_usage.elapsed() >= Duration::from_secs(1) {
+            // A refused allocation is reported at once: the application may exit on it.
+            let refusals = self.shim.refusals.total();
+            if self.last_usage.elapsed() >= Duration::from_secs(1)
+                || refusals != self.refusals_reported
+            {
                 self.last_usage = Instant::now();
+                self.refusals_reported = refusals;
                 for k in 0..self.registered.len() {
                     let memory_used = self.shim.region.used(self.registered[k]);
+                    let (refused, last_refusal) = self.shim.refusals.get(self.registered[k]);
                     self.send(&ShimMsg::Usage {
                         gpu: u32::try_from(k).unwrap_or(0),
                         memory_used,
+                        refused,
+                        last_refusal,
                     });
                 }
             }

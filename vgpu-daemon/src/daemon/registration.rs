@@ -222,6 +222,7 @@ impl Daemon {
                 source,
                 memory_quota: reg.memory_quota,
                 memory: HashMap::new(),
+                refused: HashMap::new(),
             });
             // An operator's setting stays (also across daemon restarts); otherwise the
             // newest trusted answer wins.
@@ -366,7 +367,10 @@ fn cut(s: &str, max: usize) -> String {
 
 /// The container's health record, made if needed; at [`MAX_HEALTH_RECORDS`] the record of
 /// a container with no registered process makes room (None: none could).
-fn health_rec<'a>(g: &'a mut Inner, ident: &ContainerIdent) -> Option<&'a mut ContainerHealth> {
+pub(super) fn health_rec<'a>(
+    g: &'a mut Inner,
+    ident: &ContainerIdent,
+) -> Option<&'a mut ContainerHealth> {
     if ident.key.is_empty() || ident.key.len() > 512 {
         return None;
     }
