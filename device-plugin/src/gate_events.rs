@@ -23,16 +23,7 @@ use crate::audit::{Owner, pod_event};
 use crate::error::error_chain;
 use crate::handshake::Handshake;
 
-/// The daemon's gRPC API (`vgpu.daemon.v1`, `vgpu-daemon/proto`): the client only.
-#[allow(
-    missing_docs,
-    clippy::all,
-    unused_qualifications,
-    missing_debug_implementations
-)]
-pub mod daemon_v1 {
-    tonic::include_proto!("vgpu.daemon.v1");
-}
+use crate::kubelet::daemon_v1;
 
 use daemon_v1::daemon_client::DaemonClient;
 
