@@ -159,6 +159,7 @@ pub fn health_to_pb(h: &model::ContainerHealth) -> pb::ContainerHealth {
         last_fallback_reason: h.last_fallback_reason.clone(),
         refused_registrations: h.refused_registrations,
         last_refusal: h.last_refusal.clone(),
+        processes_in_fallback: h.processes_in_fallback,
     }
 }
 

@@ -247,6 +247,11 @@ pub fn render(snap: &NodeSnapshot) -> String {
         Counter,
         "Total length of those periods.",
     );
+    let mut fb_now = Family::new(
+        "vgpu_container_processes_in_fallback",
+        Gauge,
+        "The container's processes that enforce their share locally now: their connection to the daemon closed while they ran, and they have not registered again.",
+    );
     let mut refused = Family::new(
         "vgpu_container_registrations_refused_total",
         Counter,
@@ -262,6 +267,7 @@ pub fn render(snap: &NodeSnapshot) -> String {
         fb_periods.sample(&l, h.fallback_periods as f64);
         fb_secs.sample(&l, h.fallback_ms as f64 / 1000.0);
         refused.sample(&l, h.refused_registrations as f64);
+        fb_now.sample(&l, h.processes_in_fallback as f64);
     }
 
     let mut out = String::with_capacity(4096 + 2048 * snap.tenants.len());
@@ -290,6 +296,7 @@ pub fn render(snap: &NodeSnapshot) -> String {
         &g_obs,
         &fb_periods,
         &fb_secs,
+        &fb_now,
         &refused,
     ] {
         f.write(&mut out);

@@ -145,6 +145,10 @@ pub struct ContainerHealth {
     pub refused_registrations: u64,
     /// The last refusal's reason.
     pub last_refusal: String,
+    /// Its processes in local fallback now: their connection closed while they ran,
+    /// and they have not registered again (ADR 0013).
+    #[serde(default)]
+    pub processes_in_fallback: u64,
 }
 
 /// Everything the daemon knows, at one instant.

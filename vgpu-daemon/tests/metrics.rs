@@ -261,6 +261,7 @@ fn evil_snapshot() -> NodeSnapshot {
             last_fallback_reason: "the daemon did not answer".into(),
             refused_registrations: 7,
             last_refusal: "GPU \"GPU-x\" is not a GPU of this node".into(),
+            processes_in_fallback: 2,
         }],
     }
 }
@@ -299,6 +300,9 @@ fn text_format_parses_back() {
     assert_eq!(hv("vgpu_container_fallback_periods_total"), Some(3.0));
     assert_eq!(hv("vgpu_container_fallback_seconds_total"), Some(2.5));
     assert_eq!(hv("vgpu_container_registrations_refused_total"), Some(7.0));
+    // Processes in fallback now are a gauge, never silent (ADR 0013).
+    assert_eq!(types["vgpu_container_processes_in_fallback"], "gauge");
+    assert_eq!(hv("vgpu_container_processes_in_fallback"), Some(2.0));
     let l = [("tenant", key), ("gpu", GPU1)];
     let s = find(&samples, "vgpu_tenant_compute_share_ratio", &l).expect("share sample");
     assert_eq!(s.value, 0.6);
