@@ -256,7 +256,8 @@ pub enum ShimMsg {
         end_ns: u64,
         /// Kernels launched under this grant.
         launches: u64,
-        /// Whether launchers are still waiting (demand continues).
+        /// Whether demand continues: launchers are waiting, or the process was launching
+        /// under this grant until it was revoked (it never went idle).
         waiting: bool,
     },
     /// Under grant `generation` the process launched nothing for a while, stopped using the
