@@ -256,8 +256,7 @@ pub enum ShimMsg {
         end_ns: u64,
         /// Kernels launched under this grant.
         launches: u64,
-        /// Whether demand continues: launchers are waiting, or the process was launching
-        /// under this grant until it was revoked (it never went idle).
+        /// Whether launchers are still waiting (demand continues).
         waiting: bool,
     },
     /// Under grant `generation` the process launched nothing for a while, stopped using the

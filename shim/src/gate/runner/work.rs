@@ -132,17 +132,9 @@ impl Runner {
         d.idle_ticks = 0;
         let gpu = gate.proto.load(Ordering::Relaxed);
         // `waiting` is read under the writer lock, which launchers hold while they
-        // count themselves and send a demand: no demand is lost between the two. A
-        // process revoked while it was launching (it launched in this slice and never
-        // went idle) is still busy even if no launcher is blocked at this instant: its
-        // launcher is between launches (on its own queue, or waiting for a CPU on a busy
-        // node) and asks again moments later. It says so, and the daemon keeps it among
-        // the contenders instead of handing the turns it is owed to others until its
-        // demand arrives (ADR 0013). One that stopped for good costs one more grant,
-        // which it yields as idle.
+        // count themselves and send a demand: no demand is lost between the two.
         let mut ctl = self.g.ctl();
-        let busy = !idle && launches > 0;
-        let waiting = gate.waiting.load(Ordering::SeqCst) > 0 || busy;
+        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
         let msg = if idle {
             ShimMsg::Idle {
                 gpu,
