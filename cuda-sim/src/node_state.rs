@@ -42,7 +42,7 @@ pub const SLOT_BUCKETS: usize = 16;
 const MAGIC: [u8; 8] = *b"VGPUSIM\0";
 /// Bumped whenever the layout changes; part of the file name, so that old and new
 /// simulators never map each other's state.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 const SLOT_FREE: u32 = 0;
 const SLOT_CLAIMING: u32 = 1;
@@ -142,8 +142,13 @@ impl<const N: usize> Buckets<N> {
         let e = epoch & EPOCH_MASK;
         let mut cur = w.load(Ordering::Relaxed);
         loop {
-            let new = if cur >> BUSY_BITS == e {
+            let held = cur >> BUSY_BITS;
+            let new = if held == e {
                 (e << BUSY_BITS) | ((cur & BUSY_MASK) + ns).min(BUSY_MASK)
+            } else if cur != 0 && e.wrapping_sub(held) & EPOCH_MASK > EPOCH_MASK / 2 {
+                // Older than the bucket's epoch (device time placed in the past by a
+                // worker catching up): that bucket has left the ring, nothing to add to.
+                return;
             } else {
                 (e << BUSY_BITS) | ns.min(BUSY_MASK)
             };
@@ -207,6 +212,10 @@ pub struct DeviceState {
     _pad: u32,
     /// Total device time spent executing work, ns.
     pub busy_total_ns: AtomicU64,
+    /// The engine's virtual clock: when the work run on it so far ends (monotonic ns).
+    /// Device time is placed on this clock, not measured on the host (see
+    /// [`State::engine_clock`]).
+    engine_free_at: AtomicU64,
     /// Busy time by 100 ms bucket.
     pub util: Buckets<DEV_BUCKETS>,
     event_seq: AtomicU64,
@@ -966,6 +975,20 @@ impl State {
             e.engine_seq.fetch_add(1, Ordering::Release);
             futex_wake(&e.engine_seq);
         }
+    }
+
+    /// Device `d`'s engine clock: when the work run on the engine so far ends
+    /// (monotonic ns). The owner of the engine places its next work at or after it and
+    /// moves it on ([`State::engine_clock_advance`]) before giving the engine up, so
+    /// that device time is exact whatever the host's CPUs do: a real GPU does not slow
+    /// down when the host is busy.
+    pub fn engine_clock(&self, d: usize) -> u64 {
+        self.dev(d).engine_free_at.load(Ordering::Acquire)
+    }
+
+    /// Moves device `d`'s engine clock on to `t` (never back).
+    pub fn engine_clock_advance(&self, d: usize, t: u64) {
+        self.dev(d).engine_free_at.fetch_max(t, Ordering::AcqRel);
     }
 
     /// Records that `slot`'s work ran on device `d` during `[start, end)` (monotonic ns).

@@ -175,6 +175,7 @@ pub fn health_to_pb(h: &model::ContainerHealth) -> pb::ContainerHealth {
                 last_unix_ms: m.last_unix_ms,
             })
             .collect(),
+        processes_in_fallback: h.processes_in_fallback,
     }
 }
 

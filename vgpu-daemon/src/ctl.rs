@@ -165,6 +165,7 @@ pub async fn run(cli: &Cli) -> Result<String> {
                             "last_fallback_reason": h.last_fallback_reason,
                             "refused_registrations": h.refused_registrations,
                             "last_refusal": h.last_refusal,
+                            "processes_in_fallback": h.processes_in_fallback,
                         })
                     })
                     .collect();

@@ -27,6 +27,7 @@ use crate::model::{
 };
 use crate::time_slicing::{Action, Params, Scheduler, TenantId};
 
+mod fallback;
 mod refusals;
 mod registration;
 
@@ -231,6 +232,9 @@ struct Inner {
     overrides: Overrides,
     /// Fallbacks and refused registrations per container (tenant key).
     health: BTreeMap<String, ContainerHealth>,
+    /// Processes in local fallback now (their connection closed while they ran), by
+    /// host PID.
+    detached: BTreeMap<u32, fallback::Detached>,
 }
 
 /// The daemon: shared by the server tasks, the timer threads and the API.
@@ -551,6 +555,7 @@ impl Daemon {
             return;
         };
         let key = c.tenant.clone();
+        Daemon::note_detached(&mut g, c.pid, &key);
         let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
                 t.conns.remove(&conn);
@@ -696,7 +701,7 @@ impl Daemon {
     /// Everything, at one instant.
     pub fn snapshot(&self) -> NodeSnapshot {
         let now = mono_ns();
-        let g = self.lock();
+        let mut g = self.lock();
         let mut tenants: Vec<Tenant> = g
             .tenants
             .values()
@@ -792,7 +797,20 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs_f64(),
             tenants,
             gpus,
-            health: g.health.values().cloned().collect(),
+            health: {
+                let in_fallback = Daemon::in_fallback(&mut g);
+                let mut health = g.health.clone();
+                for (key, n) in in_fallback {
+                    health
+                        .entry(key.clone())
+                        .or_insert_with(|| ContainerHealth {
+                            key,
+                            ..ContainerHealth::default()
+                        })
+                        .processes_in_fallback = n;
+                }
+                health.into_values().collect()
+            },
         }
     }
 }

@@ -326,6 +326,11 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Counter,
         "Total length of those periods.",
     );
+    let mut fb_now = Family::new(
+        "vgpu_container_processes_in_fallback",
+        Gauge,
+        "The container's processes that enforce their share locally now: their connection to the daemon closed while they ran, and they have not registered again.",
+    );
     let mut refused = Family::new(
         "vgpu_container_registrations_refused_total",
         Counter,
@@ -351,6 +356,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         fb_periods.sample(&l, h.fallback_periods as f64);
         fb_secs.sample(&l, h.fallback_ms as f64 / 1000.0);
         refused.sample(&l, h.refused_registrations as f64);
+        fb_now.sample(&l, h.processes_in_fallback as f64);
         for m in &h.memory_refusals {
             let model = model_of(&m.uuid);
             let mut lg: Vec<(&str, &str)> = l.to_vec();
@@ -394,6 +400,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &granted_containers,
         &fb_periods,
         &fb_secs,
+        &fb_now,
         &refused,
         &mem_refused,
         &mem_refused_at,

@@ -148,6 +148,10 @@ pub struct ContainerHealth {
     /// GPU memory allocations its shims refused over the container's quota, per GPU.
     #[serde(default)]
     pub memory_refusals: Vec<MemoryRefusals>,
+    /// Its processes in local fallback now: their connection closed while they ran,
+    /// and they have not registered again (ADR 0013).
+    #[serde(default)]
+    pub processes_in_fallback: u64,
 }
 
 /// Allocations a container's shims refused over its memory quota on one GPU.

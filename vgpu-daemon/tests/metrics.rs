@@ -269,6 +269,7 @@ fn evil_snapshot() -> NodeSnapshot {
                 last_quota: 4 << 30,
                 last_unix_ms: 1_700_000_000_000,
             }],
+            processes_in_fallback: 2,
         }],
     }
 }
@@ -307,6 +308,9 @@ fn text_format_parses_back() {
     assert_eq!(hv("vgpu_container_fallback_periods_total"), Some(3.0));
     assert_eq!(hv("vgpu_container_fallback_seconds_total"), Some(2.5));
     assert_eq!(hv("vgpu_container_registrations_refused_total"), Some(7.0));
+    // Processes in fallback now are a gauge, never silent (ADR 0013).
+    assert_eq!(types["vgpu_container_processes_in_fallback"], "gauge");
+    assert_eq!(hv("vgpu_container_processes_in_fallback"), Some(2.0));
     let l = [("tenant", key), ("gpu", GPU1)];
     let s = find(&samples, "vgpu_tenant_compute_share_ratio", &l).expect("share sample");
     assert_eq!(s.value, 0.6);

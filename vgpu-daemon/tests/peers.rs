@@ -57,6 +57,11 @@ fn signal(pid: u32, sig: &str) {
 }
 
 fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
+    daemon_logging_to(dir, extra, None)
+}
+
+/// [`daemon`], its log (warnings) kept in `log` when given.
+fn daemon_logging_to(dir: &Path, extra: &[&str], log: Option<&Path>) -> Daemon {
     let socket = dir.join("daemon.sock");
     let api = dir.join("api.sock");
     let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
@@ -69,6 +74,10 @@ fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
         .args(extra)
         .env("VGPU_DAEMON_LOG", "warn")
         .stdout(Stdio::null())
+        .stderr(match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).expect("daemon log file")),
+            None => Stdio::inherit(),
+        })
         .spawn()
         .expect("start vgpu-daemon");
     let t0 = Instant::now();
@@ -215,7 +224,8 @@ fn a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_an
     let _serial = serial();
     let node = SimNode::new(SIM);
     let dir = tempfile::tempdir().expect("temp dir");
-    let d = daemon(dir.path(), &[]);
+    let log = dir.path().join("daemon.log");
+    let d = daemon_logging_to(dir.path(), &[], Some(&log));
     let c = Container::new("1Gi").with("VGPU_COMPUTE_SHARE", "100");
     let err = dir.path().join("frozen.err");
     // 160 requests, one every 100 ms: each launches one 1 ms kernel and waits for it.
@@ -255,6 +265,17 @@ fn a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_an
         "{h}"
     );
     assert!(tenant(&d.api, &key).is_some(), "registered again");
+    // The daemon said so itself as soon as it ran again (the process's connection had
+    // closed while it ran), and no longer counts the process in fallback.
+    let pid = t.id();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        said.lines()
+            .any(|l| l.contains("lost its connection") && l.contains(&format!("pid={pid}"))),
+        "the daemon's log names the process in fallback:\n{said}"
+    );
+    let h = health(&d.api).expect("reported");
+    assert_eq!(h["processes_in_fallback"].as_u64(), Some(0), "{h}");
     let (ok, out, stderr) = finish(t, &err);
     assert!(ok, "{out}\n{stderr}");
     let max_us = vgpu_tests::num(&out, "lat_max_us");

@@ -183,6 +183,40 @@ fn tenant(api: &Path, k: &str) -> Option<Value> {
     tenants(api).into_iter().find(|t| t["key"] == k)
 }
 
+/// The daemon's health records (fallbacks, refusals) of every container.
+fn health(api: &Path) -> Vec<Value> {
+    let out = vgpuctl(api, &["--json", "tenants"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["health"].as_array().cloned().unwrap_or_default()
+}
+
+/// Asserts that no process of `c` ever enforced its share locally: the daemon knows of
+/// no fallback (reported or ongoing) for it.
+fn assert_never_fell_back(api: &Path, c: &Container, what: &str) {
+    let k = key(c);
+    if let Some(h) = health(api).into_iter().find(|h| h["key"] == k.as_str()) {
+        assert_eq!(h["fallback_periods"].as_u64(), Some(0), "{what}: {h}");
+        assert_eq!(h["processes_in_fallback"].as_u64(), Some(0), "{what}: {h}");
+    }
+}
+
+/// [`finish`], and the process never said it fell back to local enforcement.
+fn finish_registered(c: Child, what: &str) -> String {
+    let out = c.wait_with_output().expect("wait for cuda-probe");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "cuda-probe failed ({}): {stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        !stderr.contains("enforced locally"),
+        "{what}: a tenant fell back to local enforcement:\n{stderr}"
+    );
+    stdout
+}
+
 fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !ok() {
@@ -294,8 +328,12 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
         busy[0] > 0,
         "CPU-limited containers: the 25 % tenant got no GPU time ({busy:?} ns)"
     );
-    finish(t1);
-    finish(t2);
+    // A throttled gate thread answers late, but never loses its daemon.
+    for c in [&c1, &c2] {
+        assert_never_fell_back(&d.api, c, "CPU-limited containers");
+    }
+    finish_registered(t1, "CPU-limited containers");
+    finish_registered(t2, "CPU-limited containers");
 }
 
 /// Issue 16 (c): the daemon itself starved: time-sharing (`--sched-priority 0`) inside a
@@ -326,8 +364,12 @@ fn shares_hold_when_the_daemon_is_starved() {
         (share1 - 25.0).abs() < 8.0,
         "starved daemon: the 25 % tenant got {share1:.1} % ({busy:?} ns)"
     );
-    finish(t1);
-    finish(t2);
+    // A slow daemon is not a lost one: no tenant fell back to local enforcement.
+    for c in [&c1, &c2] {
+        assert_never_fell_back(&d.api, c, "starved daemon");
+    }
+    finish_registered(t1, "starved daemon");
+    finish_registered(t2, "starved daemon");
 }
 
 #[test]

@@ -26,10 +26,22 @@ mod testrun;
 
 use testrun::{Failures, Hogs, run_tests};
 
-/// The test targets that measure time or shares, by package: what `busy` runs.
+/// The test targets that measure time or shares, by package: what `busy` runs (every
+/// test that asserts a share, a latency or a deadline with real processes).
 const TIMING_TESTS: &[(&str, &[&str])] = &[
-    ("vgpu-daemon", &["scheduling", "metrics"]),
-    ("vgpu-tests", &["cuda_sim", "shim"]),
+    ("vgpu-daemon", &["scheduling", "metrics", "peers"]),
+    (
+        "vgpu-tests",
+        &[
+            "cuda_sim",
+            "shim",
+            "shim_exit",
+            "shim_hostile_region",
+            "ebpf_daemon",
+        ],
+    ),
+    ("vgpu-ebpf", &["gate"]),
+    ("vgpu-device-plugin", &["kubelet"]),
 ];
 
 fn root() -> PathBuf {

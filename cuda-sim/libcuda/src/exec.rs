@@ -7,6 +7,18 @@
 //! one kernel at a time, as the cost model charges each kernel the whole GPU. Kernels
 //! need the device's execution engine, which the node's processes share through the
 //! state file and hand over round-robin every time slice (see `vgpu_cuda_sim::node_state`).
+//!
+//! Device time runs on a virtual clock, not on the host: a kernel of `ns` starts when
+//! the engine is free and its launch was submitted (whichever is later: the engine's
+//! clock in the state file, the submission time of the work), ends `ns` later, and is
+//! recorded as exactly `ns` of device time. The worker thread only waits (sleeps, never
+//! spins) until the host clock passes that end before it publishes the completion. A
+//! worker that the host's CPUs run late (saturated CPUs, a throttled container)
+//! therefore publishes late but loses no device time and counts none it did not run: it
+//! catches up on the work that was already queued, as a real GPU would have run it
+//! meanwhile. (Before, the worker spun the host CPU for the last 30 µs of every kernel
+//! and recorded the host time it took: a preempted worker turned its preemption into
+//! device time, and its spinning took CPU from its own process.)
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -122,7 +134,8 @@ impl Work {
 
 #[derive(Debug, Default)]
 struct Queue {
-    ops: VecDeque<(u64, Work)>,
+    /// (sequence number, submission time (monotonic ns), work).
+    ops: VecDeque<(u64, u64, Work)>,
     next_seq: u64,
 }
 
@@ -139,7 +152,11 @@ pub struct Worker {
 
 struct Engine {
     held: bool,
+    /// Engine-clock time the current hold began (the simulator's own time-slicing).
     slice_start: u64,
+    /// Virtual time at which the work this worker ran so far completed (monotonic ns);
+    /// never ahead of the host clock once published.
+    pos: u64,
 }
 
 impl Worker {
@@ -172,7 +189,7 @@ impl Worker {
         let mut q = self.lock();
         q.next_seq += 1;
         let seq = q.next_seq;
-        q.ops.push_back((seq, w));
+        q.ops.push_back((seq, mono_ns(), w));
         drop(q);
         self.cv.notify_one();
         seq
@@ -209,33 +226,32 @@ impl Worker {
         let mut eng = Engine {
             held: false,
             slice_start: 0,
+            pos: 0,
         };
         loop {
-            let (seq, work) = {
+            let (seq, at, work) = {
                 let mut q = self.lock();
                 loop {
                     if let Some(op) = q.ops.pop_front() {
                         break op;
                     }
                     if eng.held {
-                        self.drv.state.engine_release(self.drv.slot, self.dev);
-                        eng.held = false;
+                        self.release_engine(&mut eng);
                     }
                     q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.execute(&work, &mut eng)
+                self.execute(&work, at, &mut eng)
             }));
             if r.is_err() {
                 eprintln!("vgpu cuda-sim: internal error while executing device work (skipped)");
             }
             // Keep the engine while more kernels are queued (event records and the like in
             // between do not need it); give it up when no kernel is left in the queue.
-            let next_needs_engine = self.lock().ops.iter().any(|(_, w)| w.needs_engine());
+            let next_needs_engine = self.lock().ops.iter().any(|(_, _, w)| w.needs_engine());
             if eng.held && !next_needs_engine {
-                self.drv.state.engine_release(self.drv.slot, self.dev);
-                eng.held = false;
+                self.release_engine(&mut eng);
             }
             let _q = self.lock();
             self.done.store(seq, Ordering::Release);
@@ -243,9 +259,17 @@ impl Worker {
         }
     }
 
-    fn execute(&self, work: &Work, eng: &mut Engine) {
+    /// Gives the engine up, its clock moved on to the end of this worker's work first.
+    fn release_engine(&self, eng: &mut Engine) {
+        self.drv.state.engine_clock_advance(self.dev, eng.pos);
+        self.drv.state.engine_release(self.drv.slot, self.dev);
+        eng.held = false;
+    }
+
+    /// Runs one unit of work submitted at `at` (monotonic ns).
+    fn execute(&self, work: &Work, at: u64, eng: &mut Engine) {
         match work {
-            Work::Kernel { ns } => self.run_kernel(*ns, eng),
+            Work::Kernel { ns } => self.run_kernel(*ns, at, eng),
             Work::Copy { dst, src, len } => {
                 let start = mono_ns();
                 match src {
@@ -264,6 +288,7 @@ impl Worker {
                     },
                 }
                 self.copy_time(*len as u64, start);
+                eng.pos = eng.pos.max(mono_ns());
             }
             Work::PeerCopy {
                 dst,
@@ -290,8 +315,11 @@ impl Worker {
                 unsafe { memset_rows(*dst, *pitch, *elem, *value, *width, *height) };
             }
             Work::EventRecord { ev, gen_ } => {
+                // The event's time is where the stream is on the device's clock: after
+                // the work before it, not before it was recorded.
                 if ev.gen_.load(Ordering::Acquire) == *gen_ {
-                    ev.time.store(mono_ns().max(1), Ordering::Release);
+                    let t = eng.pos.max(at).min(mono_ns());
+                    ev.time.store(t.max(1), Ordering::Release);
                 }
             }
             Work::Host { f, data } => {
@@ -312,7 +340,7 @@ impl Worker {
             Work::WaitOther { dev, seq } => self.drv.worker(*dev).wait_for(*seq),
             Work::Batch(b) => {
                 for w in b.iter() {
-                    self.execute(w, eng);
+                    self.execute(w, at, eng);
                 }
             }
         }
@@ -325,32 +353,64 @@ impl Worker {
         sleep_until(start + ns);
     }
 
-    fn run_kernel(&self, ns: u64, eng: &mut Engine) {
+    /// Runs a kernel of `ns` device time submitted at `at`, on the engine's virtual
+    /// clock (see the module's doc): it starts when both the engine and the launch are
+    /// there, in chunks of at most the engine's time slice when other processes wait.
+    fn run_kernel(&self, ns: u64, at: u64, eng: &mut Engine) {
         let st = &self.drv.state;
         let slice = st.timeslice().as_nanos() as u64;
         let mut remaining = ns.max(1);
+        let mut ready = at;
         while remaining > 0 {
             if !eng.held {
                 st.engine_acquire(self.drv.slot, self.dev);
                 eng.held = true;
-                eng.slice_start = mono_ns();
+                // Nothing of another process runs after the clock's reading: its owner
+                // moved it on before handing the engine over.
+                eng.pos = eng.pos.max(st.engine_clock(self.dev));
+                eng.slice_start = eng.pos.max(ready);
             }
-            let now = mono_ns();
-            let left_in_slice = (eng.slice_start + slice).saturating_sub(now).max(1000);
+            let start = eng.pos.max(ready);
+            let left_in_slice = (eng.slice_start + slice).saturating_sub(start).max(1000);
             let chunk = remaining.min(left_in_slice);
-            sleep_until(now + chunk);
-            let end = mono_ns();
-            st.add_busy(self.drv.slot, self.dev, now, end);
-            remaining = remaining.saturating_sub(end - now);
+            let end = start + chunk;
+            wait_until(end);
+            st.add_busy(self.drv.slot, self.dev, start, end);
+            eng.pos = end;
+            ready = end;
+            remaining -= chunk;
             if end >= eng.slice_start + slice {
                 if st.engine_contended(self.dev) {
-                    st.engine_release(self.drv.slot, self.dev);
-                    eng.held = false;
+                    self.release_engine(eng);
                 } else {
                     eng.slice_start = end;
                 }
             }
         }
+    }
+}
+
+/// Sleeps until the monotonic clock reads `deadline` (ns), without spinning: a late
+/// wake-up delays when the host sees the work complete, never the device's clock.
+fn wait_until(deadline: u64) {
+    loop {
+        let now = mono_ns();
+        if now >= deadline {
+            return;
+        }
+        let ts = libc::timespec {
+            tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+            tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC; a null remainder is allowed.
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
     }
 }
 

@@ -15,7 +15,8 @@
 //! throughput lost to slicing. Under load (`load`, same run): shares for 3 and 10
 //! tenants and convergence after a live change, once with every CPU saturated by busy
 //! loops (one more than there are CPUs) and once with each tenant in its own CPU-limited
-//! container (a cgroup `cpu` quota of 0.5 CPU holding the tenant and a busy loop).
+//! container (a cgroup `cpu` quota of 0.5 CPU holding the tenant and a busy loop: cgroup2
+//! `cpu.max` where the node has it, else the v1 `cpu` controller).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -540,6 +541,50 @@ fn latency(b: &Bench, r: &mut Report, be_kernel_ns: u64) -> Result<()> {
     Ok(())
 }
 
+/// The simulator's own fidelity: the device time it records for a process without vgpu
+/// against the kernels the process saw complete × their length (1.000: exact). Before
+/// the simulator's virtual device clock, a worker preempted while it spun a short kernel
+/// recorded its preemption as device time.
+fn fidelity(b: &Bench, r: &mut Report, label: &str) -> Result<()> {
+    let mut parts = Vec::new();
+    for k in [SHORT_NS, LONG_NS] {
+        let at = now_ms() + 500;
+        let args: Vec<String> = [
+            "init".to_owned(),
+            "load".to_owned(),
+            "3".to_owned(),
+            k.to_string(),
+            at.to_string(),
+            if k < 100_000 { "32" } else { "1" }.to_owned(),
+        ]
+        .to_vec();
+        let c = b.bare(&args)?;
+        let pid = c.id();
+        let out = c.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let kernels: u64 = text
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(a, _)| *a == "kernels")
+            .and_then(|(_, v)| v.parse().ok())
+            .context("cuda-probe printed no kernel count")?;
+        let recorded = b.busy(&b.state()?).get(&pid).copied().unwrap_or(0);
+        let ran = kernels * k;
+        parts.push(format!(
+            "{}: {kernels} kernels, recorded {:.3} s for {:.3} s run = {:.3}",
+            if k < 100_000 { "10 µs" } else { "5 ms" },
+            recorded as f64 / 1e9,
+            ran as f64 / 1e9,
+            recorded as f64 / ran.max(1) as f64
+        ));
+    }
+    r.say(format!(
+        "  simulator fidelity ({label}; recorded device time / kernels completed × length, 1.000 exact; kernels still queued at the end of the run add up to 4 batches): {}",
+        parts.join("; ")
+    ));
+    Ok(())
+}
+
 /// Shares for 3 and 10 tenants (both kernel sizes) and convergence after a live change;
 /// returns the worst share error, pp.
 fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
@@ -563,11 +608,12 @@ fn under_load(b: &Bench, r: &mut Report) -> Result<()> {
             "under load: every CPU saturated ({} busy loops at normal priority beside the tenants and the daemon):",
             hogs.len()
         ));
+        fidelity(b, r, "CPUs saturated")?;
         load_scenarios(b, r)?;
     }
     match CpuLimited::unavailable() {
         Some(why) => r.say(format!(
-            "CPU-limited tenant containers: skipped ({why}); run as root on a node with the cgroup v1 cpu controller"
+            "CPU-limited tenant containers: skipped ({why}); run as root on a node with the cpu controller (cgroup2 cpu.max, or cgroup v1)"
         )),
         None => {
             r.say(
@@ -600,7 +646,7 @@ fn main() -> Result<()> {
                 only = Some(v.split(',').map(str::to_owned).collect());
             }
             other => bail!(
-                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load)"
+                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load,fidelity)"
             ),
         }
     }
@@ -639,6 +685,9 @@ fn main() -> Result<()> {
         "sched-bench: simulated H100, quantum 10 ms, queue-ahead 2 ms, {window_s} s windows; ground truth: the simulator's per-process device time"
     ));
     let mut util_2 = (0.0, 0.0);
+    if want("fidelity") || want("load") {
+        fidelity(&b, &mut r, "idle")?;
+    }
     if want("shares") {
         r.say("shares (saturating tenants, burst):".into());
         let mut worst: f64 = 0.0;

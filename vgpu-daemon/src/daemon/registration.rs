@@ -259,6 +259,9 @@ impl Daemon {
             },
         );
         debug!(tenant = %tenant, pid, conn = conn_id, "process registered");
+        if inner.detached.remove(&pid).is_some() {
+            info!(tenant = %tenant, pid, "the process left its local fallback: registered again");
+        }
         // If the tenant holds a GPU right now, this process may launch too.
         Ok(Registered {
             conn: conn_id,
