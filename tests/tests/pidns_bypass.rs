@@ -112,6 +112,7 @@ async fn run(sim: &SimNode) {
         model: "NVIDIA H100 80GB HBM3".into(),
         memory_mib: 8192,
         healthy: true,
+        topology: None,
     }];
     let (sock, cdir) = (socket.clone(), daemon_dir.clone());
     let mut node = TestNode::start_with(gpus, move |c| {
