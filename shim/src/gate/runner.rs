@@ -7,7 +7,7 @@
 //! module for the fast path it serves.
 
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -313,20 +313,12 @@ impl Runner {
                 "Welcome does not match the registered GPUs",
             ));
         }
-        // SAFETY: mapping a page of a descriptor we received, read-only and shared.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                BOARD_BYTES,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // The board: a page of the descriptor we received, read-only and shared. Never
+        // unmapped: the gates keep pointers into it for the process's life (see
+        // `Gate::word`), so the mapping is leaked on purpose.
+        let board = vgpu_sys::shm::SharedMap::map(fd.as_fd(), BOARD_BYTES, false)?;
+        let base = board.as_ptr();
+        std::mem::forget(board);
         drop(fd);
         // A daemon that stops reading must not hang a launcher: writes give up after 1 s
         // (the connection is then treated as lost).
