@@ -23,6 +23,7 @@ use vgpu_core::bytes::Bytes;
 use vgpu_core::sched_proto::{ComputePolicy, Priority};
 
 use crate::api::{DaemonClient, pb};
+use crate::columns::table;
 
 pub mod events;
 
@@ -352,31 +353,6 @@ pub fn gpu_json(g: &pb::Gpu) -> Value {
             "bypass": p.bypass,
         })).collect::<Vec<_>>(),
     })
-}
-
-/// Left-aligned columns separated by two spaces.
-pub fn table(rows: &[Vec<String>]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut w = vec![0usize; cols];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (i, c) in r.iter().enumerate() {
-            if i + 1 == r.len() {
-                line.push_str(c);
-            } else {
-                let _ = write!(line, "{c:<width$}  ", width = w[i]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 fn secs(ns: u64) -> String {

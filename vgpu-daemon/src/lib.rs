@@ -18,7 +18,7 @@
 //! - [`realtime`]: the daemon's CPU scheduling class (SCHED_FIFO on a busy node).
 //! - [`reporting`]: starts the three above next to the shims' server.
 //! - [`run`]: the composition root: a validated configuration in, the whole node served.
-//! - [`ctl`]: `vgpuctl`, the API's command-line client.
+//! - [`ctl`]: `vgpuctl`, the API's command-line client; [`columns`]: its text tables.
 //! - [`top`]: `vgpuctl top`, the live terminal view.
 //!
 //! See `docs/vgpu-daemon.md`.
@@ -30,6 +30,7 @@
 
 pub mod api;
 pub mod board;
+pub mod columns;
 pub mod ctl;
 pub mod daemon;
 pub mod enforcement;

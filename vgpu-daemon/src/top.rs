@@ -174,7 +174,7 @@ pub fn frame(now: &Reading, prev: Option<&Reading>) -> String {
         if rows.len() == 1 {
             let _ = writeln!(out, "  (no containers)");
         } else {
-            out.push_str(&crate::ctl::table(&rows));
+            out.push_str(&crate::columns::table(&rows));
         }
     }
     out
