@@ -63,7 +63,7 @@ pub fn mask_list(mask: &[c_ulong]) -> Option<String> {
         .enumerate()
         .flat_map(|(w, &m)| {
             (0..width)
-                .filter(move |b| m >> b & 1 == 1)
+                .filter(move |b| m & (1 << b) != 0)
                 .map(move |b| u32::try_from(w).unwrap_or(u32::MAX).saturating_mul(width) + b)
         })
         .collect();
