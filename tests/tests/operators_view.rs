@@ -63,6 +63,7 @@ async fn allocations_refused_over_quota_become_one_warning_event_on_the_pod() {
         model: "NVIDIA H100 80GB HBM3".into(),
         memory_mib: 8192,
         healthy: true,
+        topology: None,
     }];
     let (sock, cdir, api) = (socket.clone(), daemon_dir.clone(), api_socket.clone());
     let mut node = TestNode::start_with(gpus, move |c| {
