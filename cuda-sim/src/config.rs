@@ -8,45 +8,12 @@ use serde::Deserialize;
 use vgpu_core::bytes::parse_bytes;
 use vgpu_core::gpu_uuid::{format_uuid, parse_uuid};
 
+pub use crate::config_error::ConfigError;
+pub use crate::device::{DeviceConfig, default_device};
 use crate::topology::Topology;
 
 /// Most devices one simulated node can have.
 pub const MAX_DEVICES: usize = 8;
-
-/// Why a configuration could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read simulator config {path}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The TOML is malformed or has unknown keys.
-    #[error("invalid simulator config {path}")]
-    Toml {
-        /// The file.
-        path: String,
-        /// The cause.
-        #[source]
-        source: toml::de::Error,
-    },
-    /// A value is out of range or malformed.
-    #[error("invalid simulator config {path}: {field} = {value:?}: {why}")]
-    Value {
-        /// The file.
-        path: String,
-        /// The key, with the device index where it applies.
-        field: String,
-        /// The offending value.
-        value: String,
-        /// What is wrong with it.
-        why: String,
-    },
-}
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -90,31 +57,6 @@ struct RawFaults {
     lost_devices: Vec<u32>,
 }
 
-/// One simulated GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceConfig {
-    /// Marketing name, as `cuDeviceGetName` and `nvmlDeviceGetName` report it.
-    pub name: String,
-    /// The 16 bytes of the GPU UUID (`GPU-xxxxxxxx-xxxx-...` in text form).
-    pub uuid: [u8; 16],
-    /// PCI bus id, `DDDDDDDD:BB:DD.F` (NVML's 8-digit domain form).
-    pub pci_bus_id: String,
-    /// Device memory in bytes.
-    pub memory: u64,
-    /// Streaming multiprocessors.
-    pub sm_count: u32,
-    /// Compute capability major.
-    pub cc_major: u32,
-    /// Compute capability minor.
-    pub cc_minor: u32,
-    /// Device memory each context costs, in bytes.
-    pub context_overhead: u64,
-    /// Allocation granularity: every allocation is charged in multiples of this.
-    pub alloc_granularity: u64,
-    /// Copy bandwidth used by the cost model, in GB/s.
-    pub memory_bandwidth_gbps: u32,
-}
-
 /// Execution-engine settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -154,28 +96,6 @@ impl Default for SimConfig {
             faults: FaultConfig::default(),
             topology: Topology::default_for(1),
         }
-    }
-}
-
-/// The default device at index `i`: an H100-like GPU (80 GiB, 132 SMs, 9.0).
-pub fn default_device(i: u32) -> DeviceConfig {
-    let mut uuid = [0u8; 16];
-    // A fixed, recognisable pattern: "5157" ("SIM" in leetspeak-ish hex) then the index.
-    uuid[..4].copy_from_slice(&[0x51, 0x57, 0x00, 0x00]);
-    uuid[12..16].copy_from_slice(&i.to_be_bytes());
-    uuid[6] = 0x40; // version 4 nibble, as real GPU UUIDs look
-    uuid[8] = 0x80;
-    DeviceConfig {
-        name: "NVIDIA H100 80GB HBM3".to_owned(),
-        uuid,
-        pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + i * 0x10),
-        memory: 80 << 30,
-        sm_count: 132,
-        cc_major: 9,
-        cc_minor: 0,
-        context_overhead: 300 << 20,
-        alloc_granularity: 2 << 20,
-        memory_bandwidth_gbps: 3350,
     }
 }
 

@@ -1,7 +1,8 @@
 //! The simulated NVIDIA node behind `libcuda.so.1` and `libnvidia-ml.so.1`.
 //!
 //! This crate holds what both simulated libraries share: the node's configuration
-//! ([`config`], with machine [`presets`]), its [`topology`] (PCIe tree, NVLinks, NUMA
+//! ([`config`], built from [`device`]s and machine [`presets`], failing with a
+//! [`config_error::ConfigError`]), its [`topology`] (PCIe tree, NVLinks, NUMA
 //! nodes), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`]): device memory accounting across
 //! processes, process liveness, the execution engine that time-slices the GPU between
 //! processes, utilization and accounting counters, and device events for fault
@@ -15,6 +16,8 @@
 
 pub mod bench;
 pub mod config;
+pub mod config_error;
+pub mod device;
 pub mod devnodes;
 pub mod node_state;
 pub mod presets;

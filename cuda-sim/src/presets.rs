@@ -2,7 +2,7 @@
 //! GPUs and their topology. Where each fact comes from is in docs/cuda-sim.md ("Node
 //! presets"); what is the model's own choice is said there too.
 
-use crate::config::{DeviceConfig, default_device};
+use crate::device::{DeviceConfig, default_device};
 use crate::topology::{GpuPlace, NumaNode, Topology};
 
 /// The preset names, for error messages and `vgpu-sim`.

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 
 /// The file holding a node's topology, in the state directory.
 pub const TOPOLOGY_FILE: &str = "topology-v1.toml";
