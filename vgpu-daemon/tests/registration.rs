@@ -274,3 +274,31 @@ fn a_tenant_whose_last_process_leaves_is_off_every_gpu_it_used() {
     assert!(snap.tenants.is_empty());
     assert!(snap.gpus.is_empty(), "{:?}", snap.gpus);
 }
+
+/// A process whose old connection's close is seen only after it registered again (both
+/// queued while the daemon was stopped) is not in fallback; once its last connection
+/// closes while it runs, it is.
+#[test]
+fn a_process_registered_again_before_its_old_close_is_seen_is_not_in_fallback() {
+    let d = daemon();
+    let me = std::process::id();
+    let uuid = "GPU-51570000-0000-4000-8000-00000000f0b1";
+    let gpus = [(uuid, 50, ComputePolicy::Burst, None)];
+    let old = common::register(&d, me, "ns/p/c", "ns", "p", "c", &gpus);
+    let new = common::register(&d, me, "ns/p/c", "ns", "p", "c", &gpus);
+    let in_fallback = |d: &Daemon| {
+        d.snapshot()
+            .health
+            .iter()
+            .find(|h| h.key == "ns/p/c")
+            .map_or(0, |h| h.processes_in_fallback)
+    };
+    d.disconnect(old.reg.conn);
+    assert_eq!(in_fallback(&d), 0, "still registered on its new connection");
+    d.disconnect(new.reg.conn);
+    assert_eq!(
+        in_fallback(&d),
+        1,
+        "its last connection closed while it runs"
+    );
+}

@@ -44,9 +44,15 @@ fn running(pid: u32) -> Option<u64> {
 }
 
 impl Daemon {
-    /// A registered process's connection closed: if the process still runs, it is in
-    /// fallback from now on (said once, counted until it registers again or exits).
+    /// A registered process's connection closed: if the process still runs and holds no
+    /// other connection, it is in fallback from now on (said once, counted until it
+    /// registers again or exits). A process that registered again before its old
+    /// connection's close was seen (both queued while the daemon was stopped or busy) is
+    /// not in fallback.
     pub(super) fn note_detached(g: &mut Inner, pid: u32, key: &str) {
+        if g.conns.values().any(|c| c.pid == pid) {
+            return;
+        }
         let Some(start_ticks) = running(pid) else {
             return;
         };
