@@ -70,7 +70,7 @@ pub struct GpuTopology {
 pub struct NvLinkPeer {
     /// The peer's NVML index.
     pub index: u32,
-    /// Links usable between the two (`nvidia-smi topo`: NV<links>).
+    /// Links usable between the two (`nvidia-smi topo`: `NV<links>`).
     pub links: u32,
 }
 

@@ -78,7 +78,9 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
 /// `nvmlDeviceGetTopologyNearestGpus`.
 ///
 /// # Safety
-/// See [`handle_list`].
+/// `count` is null or valid for reading and writing a `c_uint`; `deviceArray` is null or
+/// valid for writing `*count` handles (NVML's handle-list protocol: `*count == 0` asks
+/// for the size).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetTopologyNearestGpus(
     device: nvmlDevice_t,
@@ -96,7 +98,9 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyNearestGpus(
 /// `nvmlSystemGetTopologyGpuSet`.
 ///
 /// # Safety
-/// See [`handle_list`].
+/// `count` is null or valid for reading and writing a `c_uint`; `deviceArray` is null or
+/// valid for writing `*count` handles (NVML's handle-list protocol: `*count == 0` asks
+/// for the size).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetTopologyGpuSet(
     cpuNumber: c_uint,
