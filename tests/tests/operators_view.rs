@@ -15,7 +15,6 @@
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -232,14 +231,8 @@ fn tools_required() -> bool {
 
 /// `promtool check metrics` over `text` (what `who` serves): no error, no lint problem.
 fn promtool_check(who: &str, text: &str) {
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
+    let problems = match vgpu_tests::promtool::check_metrics(text) {
+        Ok(p) => p,
         Err(e) if !tools_required() => {
             eprintln!(
                 "SKIPPED promtool check of the {who}'s metrics: promtool: {e} (apt-get install prometheus)"
@@ -248,41 +241,10 @@ fn promtool_check(who: &str, text: &str) {
         }
         Err(e) => panic!("VGPU_REQUIRE_TOOLS=1 but promtool cannot run: {e}"),
     };
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool's result");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let problems = promtool_problems(out.status.code(), &said);
     assert!(
         problems.is_empty(),
         "promtool check metrics on the {who}'s /metrics: {problems:#?}\n{text}"
     );
-}
-
-/// promtool's one lint finding vgpu accepts (ADR 0020): DCGM exporter's camelCase
-/// label names (`modelName`), which operators' dashboards query by that name.
-const DCGM_LABEL_LINT: &str = "label names should be written in 'snake_case' not 'camelCase'";
-
-/// What promtool said that is a problem: exit 1 (a parse error) or any lint finding
-/// but [`DCGM_LABEL_LINT`] (exit 3 is lint findings only).
-fn promtool_problems(code: Option<i32>, said: &str) -> Vec<String> {
-    let mut out: Vec<String> = said
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.trim_end().ends_with(DCGM_LABEL_LINT))
-        .map(str::to_owned)
-        .collect();
-    if !matches!(code, Some(0 | 3)) {
-        out.push(format!("exit status {code:?}"));
-    }
-    out
 }
 
 /// The metric names a text exposition declares (`# TYPE` lines: empty families too).

@@ -327,44 +327,7 @@ fn the_daemon_binarys_metrics_with_a_tenant_and_nvml_pass_promtool() {
         text.contains("vgpu_gpu_granted_compute_ratio{") && text.contains(" 0.3\n"),
         "{text}"
     );
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let problems = promtool_problems(out.status.code(), &said);
+    let problems = vgpu_tests::promtool::check_metrics(&text).expect("run promtool");
     assert!(problems.is_empty(), "promtool: {problems:#?}\n{text}");
     tenant.kill9();
-}
-
-/// promtool's one lint finding vgpu accepts (ADR 0020): DCGM exporter's camelCase
-/// label names (`modelName`), which operators' dashboards query by that name.
-const DCGM_LABEL_LINT: &str = "label names should be written in 'snake_case' not 'camelCase'";
-
-/// What promtool said that is a problem: exit 1 (a parse error) or any lint finding
-/// but [`DCGM_LABEL_LINT`] (exit 3 is lint findings only).
-fn promtool_problems(code: Option<i32>, said: &str) -> Vec<String> {
-    let mut out: Vec<String> = said
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.trim_end().ends_with(DCGM_LABEL_LINT))
-        .map(str::to_owned)
-        .collect();
-    if !matches!(code, Some(0 | 3)) {
-        out.push(format!("exit status {code:?}"));
-    }
-    out
 }

@@ -519,6 +519,32 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
     unsafe { nvmlDeviceGetPciInfo_v2(device, pci) }
 }
 
+/// A device's PCI address as NVML's `nvmlPciInfo_t` (v3 layout) reports it.
+pub(crate) fn pci_info(p: &sim::Pci) -> nvmlPciInfo_t {
+    nvmlPciInfo_t {
+        busIdLegacy: bus_id_bytes(&p.bus_id_legacy),
+        domain: p.domain,
+        bus: p.bus,
+        device: p.device,
+        pciDeviceId: PCI_DEVICE_ID,
+        pciSubSystemId: 0,
+        busId: bus_id_bytes(&p.bus_id),
+    }
+}
+
+/// A device's PCI address in the older 52-byte layout (the legacy bus id).
+pub(crate) fn pci_info_v2(p: &sim::Pci) -> nvmlPciInfo_v2_t {
+    nvmlPciInfo_v2_t {
+        busId: bus_id_bytes(&p.bus_id_legacy),
+        domain: p.domain,
+        bus: p.bus,
+        device: p.device,
+        pciDeviceId: PCI_DEVICE_ID,
+        pciSubSystemId: 0,
+        reserved: [0; 4],
+    }
+}
+
 /// `nvmlDeviceGetPciInfo_v2`: the 52-byte layout with the legacy bus id.
 ///
 /// # Safety
@@ -530,15 +556,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
 ) -> nvmlReturn_t {
     guard(|| {
         let p = sim::live_device(device)?.pci()?;
-        let v = nvmlPciInfo_v2_t {
-            busId: bus_id_bytes(&p.bus_id_legacy),
-            domain: p.domain,
-            bus: p.bus,
-            device: p.device,
-            pciDeviceId: PCI_DEVICE_ID,
-            pciSubSystemId: 0,
-            reserved: [0; 4],
-        };
+        let v = pci_info_v2(&p);
         // SAFETY: null (rejected) or valid for the write.
         unsafe { put(pci, v) }
     })
@@ -555,15 +573,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 ) -> nvmlReturn_t {
     guard(|| {
         let p = sim::live_device(device)?.pci()?;
-        let v = nvmlPciInfo_t {
-            busIdLegacy: bus_id_bytes(&p.bus_id_legacy),
-            domain: p.domain,
-            bus: p.bus,
-            device: p.device,
-            pciDeviceId: PCI_DEVICE_ID,
-            pciSubSystemId: 0,
-            busId: bus_id_bytes(&p.bus_id),
-        };
+        let v = pci_info(&p);
         // SAFETY: null (rejected) or valid for the write.
         unsafe { put(pci, v) }
     })

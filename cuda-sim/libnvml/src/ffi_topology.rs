@@ -12,7 +12,7 @@ use std::ffi::{c_uint, c_ulong};
 
 use vgpu_cuda_abi::nvml::*;
 
-use crate::ffi::{PCI_DEVICE_ID, bus_id_bytes, get, guard, put, put_slice};
+use crate::ffi::{get, guard, pci_info, pci_info_v2, put, put_slice};
 use crate::sim::NvmlResult;
 use crate::topo;
 
@@ -196,15 +196,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
 ) -> nvmlReturn_t {
     guard(|| {
         let p = topo::nvlink_remote_pci(device, link)?;
-        let v = nvmlPciInfo_t {
-            busIdLegacy: bus_id_bytes(&p.bus_id_legacy),
-            domain: p.domain,
-            bus: p.bus,
-            device: p.device,
-            pciDeviceId: PCI_DEVICE_ID,
-            pciSubSystemId: 0,
-            busId: bus_id_bytes(&p.bus_id),
-        };
+        let v = pci_info(&p);
         // SAFETY: null (rejected) or valid for the write.
         unsafe { put(pci, v) }
     })
@@ -222,15 +214,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
 ) -> nvmlReturn_t {
     guard(|| {
         let p = topo::nvlink_remote_pci(device, link)?;
-        let v = nvmlPciInfo_v2_t {
-            busId: bus_id_bytes(&p.bus_id_legacy),
-            domain: p.domain,
-            bus: p.bus,
-            device: p.device,
-            pciDeviceId: PCI_DEVICE_ID,
-            pciSubSystemId: 0,
-            reserved: [0; 4],
-        };
+        let v = pci_info_v2(&p);
         // SAFETY: null (rejected) or valid for the write.
         unsafe { put(pci, v) }
     })
