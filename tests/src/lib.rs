@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cpu_load;
+pub mod pidns;
 pub mod promtool;
 
 use std::io::{BufRead, BufReader};

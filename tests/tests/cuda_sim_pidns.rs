@@ -8,35 +8,9 @@
 //! under its host PID. Needs unprivileged user namespaces; where the kernel does not
 //! allow them the test says SKIPPED and checks nothing.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use vgpu_tests::{Probe, SimNode, field, probe_bin};
-
-fn user_pid_namespaces_with_proc() -> bool {
-    Command::new("unshare")
-        .args([
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "true",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The children of process `pid` (from the host's `/proc`).
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
 
 /// The PIDs of the probe's `procs=pid:bytes,...`.
 fn pids(out: &str) -> Vec<u32> {
@@ -49,7 +23,7 @@ fn pids(out: &str) -> Vec<u32> {
 
 #[test]
 fn nvml_lists_a_process_of_a_container_with_its_own_proc_under_its_host_pid() {
-    if !user_pid_namespaces_with_proc() {
+    if !vgpu_tests::pidns::unshare_allowed(true) {
         eprintln!(
             "SKIPPED: `unshare --user --pid --mount-proc` is not allowed here (no unprivileged user namespaces)"
         );
@@ -77,7 +51,7 @@ fn nvml_lists_a_process_of_a_container_with_its_own_proc_under_its_host_pid() {
         Some("1"),
         "the probe is PID 1 of its namespace: {ready}"
     );
-    let host_pid = match children(probe.pid()).as_slice() {
+    let host_pid = match vgpu_tests::pidns::children(probe.pid()).as_slice() {
         [p] => *p,
         other => panic!("unshare should have one child, the probe: {other:?}"),
     };

@@ -19,7 +19,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,25 +32,9 @@ use vgpu_tests::{Probe, SimNode, field, probe_bin, shim_lib, sim_lib_dir};
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-00000000b1d5";
 
-fn user_pid_namespaces_with_proc() -> bool {
-    Command::new("unshare")
-        .args([
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "true",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 #[test]
 fn bypass_checks_name_a_process_of_a_pid_namespace_by_its_host_pid() {
-    if !user_pid_namespaces_with_proc() {
+    if !vgpu_tests::pidns::unshare_allowed(true) {
         eprintln!(
             "SKIPPED: `unshare --user --pid --mount-proc` is not allowed here (no unprivileged user namespaces)"
         );
@@ -75,12 +58,7 @@ fn bypass_checks_name_a_process_of_a_pid_namespace_by_its_host_pid() {
 /// The one child of process `pid` (the probe `unshare --fork` started), by the host's
 /// `/proc`: its host PID.
 fn only_child(pid: u32) -> u32 {
-    let text =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    let kids: Vec<u32> = text
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
+    let kids = vgpu_tests::pidns::children(pid);
     match kids.as_slice() {
         [p] => *p,
         other => panic!("unshare should have one child, the probe: {other:?}"),

@@ -10,25 +10,15 @@
 //! with its charged memory. Needs unprivileged user namespaces; where the kernel does not
 //! allow them the test says so and checks nothing.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vgpu_tests::{Container, Probe, SimNode, field, probe_bin};
 
 mod common;
 
-fn user_pid_namespaces() -> bool {
-    Command::new("unshare")
-        .args(["--user", "--map-root-user", "--pid", "--fork", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_in_its_own_pid_namespace_sees_its_processes_under_its_own_pids() {
-    if !user_pid_namespaces() {
+    if !vgpu_tests::pidns::unshare_allowed(false) {
         eprintln!(
             "SKIPPED: `unshare --user --pid` is not allowed here (no unprivileged user namespaces)"
         );
