@@ -415,13 +415,23 @@ mod placement {
         let d = GpuDemand::whole(1);
         let p = ledger.node(0).plan(&task(d), None).expect("fits");
         ledger
-            .commit("a", &task(d), Placement { node: 0, containers: p })
+            .commit(
+                "a",
+                &task(d),
+                Placement {
+                    node: 0,
+                    containers: p,
+                },
+            )
             .expect("commit");
         let p = ledger.node(0).plan(&task(d), None).expect("fits");
         assert_eq!(p[0][0].gpu, 1);
         // Without a topology: the lowest-numbered fully free GPUs, as before.
         let blind = ledger_with(NodeTopology::default(), 8);
-        let p = blind.node(0).plan(&task(GpuDemand::whole(3)), None).expect("fits");
+        let p = blind
+            .node(0)
+            .plan(&task(GpuDemand::whole(3)), None)
+            .expect("fits");
         let set: Vec<u16> = p[0].iter().map(|g| g.gpu).collect();
         assert_eq!(set, [0, 1, 2]);
     }
