@@ -24,8 +24,10 @@ use vgpu_core::inventory::{GpuTopology, NvLinkPeer};
 use vgpu_core::packing::Placement;
 use vgpu_core::topology::{LinkClass, NodeTopology};
 
-/// DGX-1V's NVLink matrix (`nvidia-smi topo -m` on a DGX-1 with V100): links between
-/// GPU i and j, 0 = none.
+/// DGX-1V's NVLink matrix: links between GPU i and j, 0 = none. Which pairs are linked
+/// is the hybrid cube mesh of NVIDIA's DGX-1V white paper; the 1-or-2 link counts are as
+/// recalled from a DGX-1V's `nvidia-smi topo -m`, not re-checked (they order sets of one
+/// class, never change a class).
 const DGX1V_LINKS: [[u32; 8]; 8] = [
     [0, 1, 1, 2, 2, 0, 0, 0],
     [1, 0, 2, 1, 0, 2, 0, 0],
