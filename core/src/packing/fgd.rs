@@ -237,6 +237,10 @@ pub struct Fragmentation {
     /// Per node index, per typical task: the best class a set of the task's GPU count
     /// has on the node with every GPU free, where the extension applies.
     topo_best: Vec<Option<Vec<Option<LinkClass>>>>,
+    /// Per node index: whether the GPUs of a bit mask hold a set of `k` at the node's
+    /// best class for `k`, by `(mask, k)` (the node's topology does not change while its
+    /// index stands; [`Fragmentation::forget_node`] clears it).
+    topo_memo: Vec<HashMap<(u64, u32), bool>>,
 }
 
 /// The fragmentation of one node state, prepared for evaluating candidate placements.
@@ -259,6 +263,7 @@ impl Fragmentation {
             coverage: 0.95,
             topology: false,
             topo_best: Vec::new(),
+            topo_memo: Vec::new(),
         }
     }
 
@@ -307,6 +312,7 @@ impl Fragmentation {
         }
         if self.topo_best.len() <= idx {
             self.topo_best.resize(idx + 1, None);
+            self.topo_memo.resize_with(idx + 1, HashMap::new);
         }
         if self.topo_best[idx].is_some() {
             return;
@@ -329,9 +335,12 @@ impl Fragmentation {
     }
 
     /// Whether the GPUs with at least `need` milli free (by `free`, allowed for typical
-    /// task `ti`) hold a `k`-set at class `best`, leaving out GPU `skip`.
+    /// task `ti`) hold a `k`-set at class `best`, leaving out GPU `skip`; answers are
+    /// remembered in `memo` by the GPUs' bit mask.
+    #[allow(clippy::too_many_arguments)] // the node, the task, the state, the memo
     fn topo_holds(
         node: &NodeState,
+        memo: Option<&mut HashMap<(u64, u32), bool>>,
         allowed: &[bool],
         ti: usize,
         free: &[u32],
@@ -341,11 +350,21 @@ impl Fragmentation {
         skip: Option<usize>,
     ) -> bool {
         let g = free.len();
-        let cands: Vec<u32> = (0..g)
-            .filter(|&i| Some(i) != skip && allowed[ti * g + i] && free[i] >= need)
-            .map(|i| i as u32)
-            .collect();
-        cands.len() >= k && node.spec.topology.best_class(&cands, k) >= Some(best)
+        let fits = |i: usize| Some(i) != skip && allowed[ti * g + i] && free[i] >= need;
+        let compute = || {
+            let cands: Vec<u32> = (0..g).filter(|&i| fits(i)).map(|i| i as u32).collect();
+            cands.len() >= k && node.spec.topology.best_class(&cands, k) >= Some(best)
+        };
+        match memo {
+            Some(memo) if g <= 64 => {
+                let mask = (0..g)
+                    .filter(|&i| fits(i))
+                    .fold(0u64, |m, i| m | (1u64 << i));
+                let key = (mask, u32::try_from(k).unwrap_or(u32::MAX));
+                *memo.entry(key).or_insert_with(compute)
+            }
+            _ => compute(),
+        }
     }
 
     /// Records the coverage the typical tasks were chosen with (informational).
@@ -383,6 +402,9 @@ impl Fragmentation {
         }
         if let Some(slot) = self.topo_best.get_mut(idx) {
             *slot = None;
+        }
+        if let Some(memo) = self.topo_memo.get_mut(idx) {
+            memo.clear();
         }
     }
 
@@ -460,7 +482,9 @@ impl Fragmentation {
                 && p.n_fit >= t.gpu_count
             {
                 let k = t.gpu_count as usize;
-                p.topo_ok = Self::topo_holds(node, allowed, ti, free, t.gpu_milli, k, best, None);
+                let memo = self.topo_memo.get_mut(idx);
+                p.topo_ok =
+                    Self::topo_holds(node, memo, allowed, ti, free, t.gpu_milli, k, best, None);
             }
             parts.push(p);
         }
@@ -536,8 +560,18 @@ impl Fragmentation {
             {
                 let free: Vec<u32> = node.gpus.iter().map(|x| x.milli).collect();
                 let k = t.gpu_count as usize;
-                p.topo_ok =
-                    Self::topo_holds(node, allowed, ti, &free, t.gpu_milli, k, best, Some(gpu));
+                let memo = self.topo_memo.get_mut(idx);
+                p.topo_ok = Self::topo_holds(
+                    node,
+                    memo,
+                    allowed,
+                    ti,
+                    &free,
+                    t.gpu_milli,
+                    k,
+                    best,
+                    Some(gpu),
+                );
             }
             let frag = if t.gpu_count == 0
                 || cpu_free < t.cpu_milli

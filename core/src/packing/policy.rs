@@ -104,7 +104,7 @@ pub const DEFAULT_WASTE_WEIGHT: f64 = 0.2;
 
 /// Whether `vgpu`'s fragmentation measure has the topology extension by default (ADR
 /// 0021: measured on the trace, see there).
-pub const DEFAULT_TOPOLOGY_FRAGMENTATION: bool = false;
+pub const DEFAULT_TOPOLOGY_FRAGMENTATION: bool = true;
 
 /// Knobs of the `vgpu` policy (see ADR 0006).
 #[derive(Debug, Clone, Copy, PartialEq)]
