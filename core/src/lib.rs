@@ -18,4 +18,5 @@ pub mod prom;
 pub mod region_key;
 pub mod resources;
 pub mod sched_proto;
+pub mod topology;
 pub mod visible;
