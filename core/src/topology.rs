@@ -253,6 +253,36 @@ impl NodeTopology {
         Self::new(inv.gpus.iter().map(|g| (g.index, g.topology.clone())))
     }
 
+    /// The same topology keyed by each GPU's position in `inv.gpus` rather than its NVML
+    /// index (the scheduler's ledger numbers a node's GPUs by position); peers the
+    /// record does not list are dropped.
+    pub fn by_position(inv: &NodeInventory) -> Self {
+        let pos = |index: u32| -> Option<u32> {
+            inv.gpus
+                .iter()
+                .position(|g| g.index == index)
+                .and_then(|p| u32::try_from(p).ok())
+        };
+        Self::new(inv.gpus.iter().enumerate().filter_map(|(p, g)| {
+            let p = u32::try_from(p).ok()?;
+            let topo = g.topology.as_ref().map(|t| GpuTopology {
+                numa_node: t.numa_node,
+                switch_peers: t.switch_peers.iter().filter_map(|&i| pos(i)).collect(),
+                nvlink_peers: t
+                    .nvlink_peers
+                    .iter()
+                    .filter_map(|l| {
+                        Some(crate::inventory::NvLinkPeer {
+                            index: pos(l.index)?,
+                            links: l.links,
+                        })
+                    })
+                    .collect(),
+            });
+            Some((p, topo))
+        }))
+    }
+
     /// Whether any GPU of the node has a known topology.
     pub fn is_known(&self) -> bool {
         self.known.iter().any(|k| *k)

@@ -824,6 +824,7 @@ fn extender_assignment(
     .expect("a pod the extender accepts");
     let slots = reuse::layout(&request.containers).expect("layout");
     let spec = NodeSpec {
+        topology: Default::default(),
         name: NODE.into(),
         cpu_milli: 8000,
         memory_mib: 32768,

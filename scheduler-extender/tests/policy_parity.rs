@@ -21,24 +21,65 @@ use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
 use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
 
-/// Sixteen nodes: twelve of 8 A100s, four of 4 L4s.
-fn nodes() -> Vec<Value> {
+/// Sixteen nodes: twelve of 8 A100s, four of 4 L4s. With `topology`, their inventories
+/// carry it: the A100 nodes alternate between an NVLink hybrid cube mesh (quads 0–3,
+/// 4–7, and i ↔ i+4) and a PCIe server (two GPUs per switch, four per socket); the L4
+/// nodes have two GPUs per socket on a host bridge.
+fn nodes(topology: bool) -> Vec<Value> {
     (0..16)
         .map(|i| {
-            if i % 4 == 3 {
+            let mut node = if i % 4 == 3 {
                 common::gpu_node(&format!("node-{i}"), 4, "L4", 23_034)
             } else {
                 common::gpu_node(&format!("node-{i}"), 8, "A100", 81_920)
+            };
+            if topology {
+                add_topology(&mut node, i % 2 == 0);
             }
+            node
         })
         .collect()
 }
 
+fn add_topology(node: &mut Value, nvlink: bool) {
+    let key = vgpu_core::inventory::ANNOTATION_GPU_INVENTORY;
+    let text = node["metadata"]["annotations"][key]
+        .as_str()
+        .expect("inventory")
+        .to_string();
+    let mut inv: Value = serde_json::from_str(&text).expect("inventory json");
+    let gpus = inv["gpus"].as_array_mut().expect("gpus");
+    let n = gpus.len() as u64;
+    for (i, g) in gpus.iter_mut().enumerate() {
+        let i = i as u64;
+        g["topology"] = if n == 4 {
+            json!({"numa_node": i / 2})
+        } else if nvlink {
+            let quad = i / 4 * 4;
+            let mut peers: Vec<Value> = (quad..quad + 4)
+                .filter(|&j| j != i)
+                .map(|j| json!({"index": j, "links": 1 + (i + j) % 2}))
+                .collect();
+            peers.push(json!({"index": (i + 4) % 8, "links": 2}));
+            json!({"numa_node": i / 4, "switch_peers": [i ^ 1], "nvlink_peers": peers})
+        } else {
+            json!({"numa_node": i / 4, "switch_peers": [i ^ 1]})
+        };
+    }
+    node["metadata"]["annotations"][key] = json!(inv.to_string());
+}
+
 /// A pod of a random shape: shares of 0.1–0.9 GPU (some with a memory request),
-/// one or two whole GPUs, some asking for a model.
-fn random_pod(k: usize, rng: &mut StdRng) -> Value {
+/// one or two whole GPUs, some asking for a model; with `multi`, also whole sets of
+/// 2–4 GPUs and shares spread over 2–4 GPUs.
+fn random_pod(k: usize, rng: &mut StdRng, multi: bool) -> Value {
     let roll: f64 = rng.random();
-    let requests = if roll < 0.6 {
+    let requests = if multi && roll < 0.15 {
+        let count = rng.random_range(2..=4);
+        json!({"vgpu.io/gpu": (count * rng.random_range(2..=6)).to_string(), "vgpu.io/gpu-count": count.to_string()})
+    } else if multi && roll < 0.25 {
+        json!({"vgpu.io/gpu": (10 * rng.random_range(2..=4)).to_string()})
+    } else if roll < 0.6 {
         json!({"vgpu.io/gpu": rng.random_range(1..=9).to_string()})
     } else if roll < 0.75 {
         json!({"vgpu.io/gpu": "2", "vgpu.io/gpu-memory": rng.random_range(1024..=20_000).to_string()})
@@ -102,12 +143,17 @@ async fn ten_scored(served: &Served, pod: &Value, all: &[String]) -> Option<BTre
 
 /// An extender with `warm` pods already placed (by its own bind) and its policy
 /// restarted over that workload, as after a restart.
-async fn warmed_up(policy: PolicyName, warm: usize, rng: &mut StdRng) -> (Served, Arc<State>) {
+async fn warmed_up(
+    policy: PolicyName,
+    warm: usize,
+    rng: &mut StdRng,
+    topology: bool,
+) -> (Served, Arc<State>) {
     let state = Arc::new(State::new(
         StateConfig::default(),
         ExtenderPolicy::new(policy),
     ));
-    let nodes: Vec<_> = nodes()
+    let nodes: Vec<_> = nodes(topology)
         .into_iter()
         .map(|n| serde_json::from_value(n).expect("node"))
         .collect();
@@ -120,7 +166,7 @@ async fn warmed_up(policy: PolicyName, warm: usize, rng: &mut StdRng) -> (Served
     let all: Vec<String> = names(&state.snapshot().0);
     let mut pods = Vec::new();
     for k in 0..warm {
-        let pod = random_pod(100_000 + k, rng);
+        let pod = random_pod(100_000 + k, rng, topology);
         let Some(ten) = ten_scored(&served, &pod, &all).await else {
             continue;
         };
@@ -149,9 +195,21 @@ async fn warmed_up(policy: PolicyName, warm: usize, rng: &mut StdRng) -> (Served
 }
 
 async fn lockstep(policy: PolicyName, seed: u64) {
+    lockstep_on(policy, seed, false).await;
+}
+
+/// `lockstep`; with `topology`, on nodes that publish their topology and with
+/// multi-GPU pods, also checking that every multi-GPU container got the best-connected
+/// set its node had free.
+async fn lockstep_on(policy: PolicyName, seed: u64, topology: bool) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (served, state) = warmed_up(policy, 60, &mut rng).await;
+    let (served, state) = warmed_up(policy, 60, &mut rng, topology).await;
     let (mut ledger, workload) = state.snapshot();
+    assert_eq!(
+        ledger.nodes().iter().all(|n| n.spec.topology.is_known()),
+        topology,
+        "the extender reads the inventory's topology"
+    );
     let tasks: Vec<&Task> = workload.iter().collect();
     let all = names(&ledger);
     let mut core = Scheduler::new(
@@ -161,8 +219,10 @@ async fn lockstep(policy: PolicyName, seed: u64) {
     let mut decided = 0;
     // Decisions where the live key (not the cached score alone) narrowed the best nodes.
     let mut live_decided = 0;
+    // Multi-GPU containers placed, and those whose set had a worse class available.
+    let mut multi = 0;
     for k in 0..120 {
-        let pod = random_pod(k, &mut rng);
+        let pod = random_pod(k, &mut rng, topology);
         let task = pod_task(&serde_json::from_value(pod.clone()).expect("pod")).expect("task");
         let choice = core.choose(&ledger, &task);
         let ten = ten_scored(&served, &pod, &all).await;
@@ -224,12 +284,43 @@ async fn lockstep(policy: PolicyName, seed: u64) {
             record, choice,
             "{policy} pod {k}: bind grants the core's GPUs"
         );
+        if topology {
+            let node = ledger.node(choice.node);
+            for (grants, demand) in choice.containers.iter().zip(&task.gpus) {
+                if grants.len() < 2 {
+                    continue;
+                }
+                multi += 1;
+                let set: Vec<u32> = grants.iter().map(|g| u32::from(g.gpu)).collect();
+                let eligible: Vec<u32> = (0..node.gpus.len())
+                    .filter(|&i| {
+                        if demand.is_whole() {
+                            node.gpu_fully_free(i)
+                        } else {
+                            node.share_fits(i, demand)
+                        }
+                    })
+                    .map(|i| i as u32)
+                    .collect();
+                assert_eq!(
+                    node.spec.topology.set_class(&set),
+                    node.spec.topology.best_class(&eligible, set.len()),
+                    "{policy} pod {k}: GPUs {set:?} of {} are not the best set of {eligible:?}",
+                    node.spec.name
+                );
+            }
+        }
         ledger
             .commit(&format!("uid-p{k}"), &task, choice)
             .expect("the core's choice commits");
         decided += 1;
     }
-    assert!(decided > 80, "{policy}: only {decided} pods placed");
+    // Multi-GPU pods fill the cluster sooner: the later ones check that both refuse.
+    let enough = if topology { 40 } else { 80 };
+    assert!(decided > enough, "{policy}: only {decided} pods placed");
+    if topology {
+        assert!(multi >= 10, "{policy}: only {multi} multi-GPU containers placed");
+    }
     if policy == PolicyName::Vgpu {
         assert!(
             live_decided > 0,
@@ -256,6 +347,12 @@ async fn prioritize_and_bind_follow_the_core_policy_vgpu() {
 }
 
 #[tokio::test]
+async fn prioritize_and_bind_follow_the_core_policy_with_topology() {
+    lockstep_on(PolicyName::Vgpu, 5, true).await;
+    lockstep_on(PolicyName::Fgd, 6, true).await;
+}
+
+#[tokio::test]
 async fn prioritize_and_bind_follow_the_core_policy_baselines() {
     for policy in [
         PolicyName::Fgd,
@@ -270,7 +367,7 @@ async fn prioritize_and_bind_follow_the_core_policy_baselines() {
 #[tokio::test]
 async fn random_draws_a_fresh_node_per_decision() {
     let mut rng = StdRng::seed_from_u64(4);
-    let (served, state) = warmed_up(PolicyName::Random, 20, &mut rng).await;
+    let (served, state) = warmed_up(PolicyName::Random, 20, &mut rng, false).await;
     let all = names(&state.snapshot().0);
     let pod = common::gpu_pod("r", "uid-r", json!({"vgpu.io/gpu": "1"}));
     let mut winners = BTreeSet::new();

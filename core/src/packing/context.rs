@@ -141,6 +141,7 @@ mod tests {
 
     fn one_gpu_node(total: u64) -> NodeSpec {
         NodeSpec {
+            topology: Default::default(),
             name: "n".into(),
             cpu_milli: 0,
             memory_mib: 0,

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use crate::resources::{GpuDemand, MILLI_PER_GPU, ModelConstraint, SLICES_PER_GPU};
+use crate::topology::{LinkClass, NodeTopology, TopologyRequirement};
 
 /// One physical GPU as the device plugin publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +32,9 @@ pub struct NodeSpec {
     pub memory_mib: u64,
     /// GPUs, by device index.
     pub gpus: Vec<GpuSpec>,
+    /// How the GPUs are connected, keyed by their index in `gpus` (not NVML's index);
+    /// empty when unknown, and then placement is topology-blind (ADR 0021).
+    pub topology: NodeTopology,
 }
 
 /// What is free on one GPU.
@@ -157,6 +161,19 @@ pub enum Reject {
         /// Needed per GPU.
         need: u32,
     },
+    /// The best set of GPUs a multi-GPU container can get here is worse than the pod's
+    /// `vgpu.io/gpu-topology` requirement.
+    Topology {
+        /// GPUs in the container's set.
+        count: u32,
+        /// The class the pod requires.
+        need: LinkClass,
+        /// The class of the best set this node can give now (`ever`), or at all.
+        best: LinkClass,
+        /// Whether the node could give it with all its GPUs free (freeing GPUs, e.g.
+        /// by preemption, may help); false: never on this node.
+        ever: bool,
+    },
     /// The node is not in the ledger.
     UnknownNode(String),
 }
@@ -246,6 +263,16 @@ impl fmt::Display for Reject {
                     "GPU slices: max free {max_free} < {need} (at most 10 per GPU)"
                 )
             }
+            Reject::Topology {
+                count,
+                need,
+                best,
+                ever,
+            } => write!(
+                f,
+                "GPU topology: the best {count} GPUs {} are connected at {best}, the pod requires {need} (vgpu.io/gpu-topology)",
+                if *ever { "free here" } else { "of this node" }
+            ),
             Reject::UnknownNode(n) => write!(f, "node {n:?} is not in the ledger"),
         }
     }
@@ -399,16 +426,21 @@ impl NodeState {
             }
             let mut grants = Vec::with_capacity(demand.count as usize);
             if demand.is_whole() {
+                let fully_free = |i: usize, g: &GpuFree| {
+                    allowed[i]
+                        && g.milli == MILLI_PER_GPU
+                        && g.memory_mib == self.spec.gpus[i].memory_mib
+                        && g.slices == SLICES_PER_GPU
+                };
+                // With a known topology, the best-connected set of fully free GPUs
+                // (one GPU: the one whose loss breaks the least); else the lowest-numbered.
+                let chosen = self.topology_set(&free, demand.count, fully_free);
                 for (i, g) in free.iter_mut().enumerate() {
                     if grants.len() == demand.count as usize {
                         break;
                     }
                     let cap = &self.spec.gpus[i];
-                    if allowed[i]
-                        && g.milli == MILLI_PER_GPU
-                        && g.memory_mib == cap.memory_mib
-                        && g.slices == SLICES_PER_GPU
-                    {
+                    if chosen.as_ref().map_or(fully_free(i, g), |c| c.contains(&i)) {
                         grants.push(Grant {
                             gpu: u16::try_from(i).expect("fewer than 65536 GPUs per node"),
                             milli: MILLI_PER_GPU,
@@ -436,8 +468,16 @@ impl NodeState {
                         && g.slices >= demand.slices
                 };
                 let mut used = vec![false; free.len()];
+                // Several GPUs with a known topology: the best-connected set of those
+                // the share fits on; else the tightest fit, GPU by GPU.
+                let set = if demand.count >= 2 {
+                    self.topology_set(&free, demand.count, fits)
+                } else {
+                    None
+                };
                 for k in 0..demand.count {
                     let chosen = match pick {
+                        _ if set.is_some() => set.as_ref().and_then(|s| s.get(k as usize)).copied(),
                         Some(p) if k == 0 && task.gpus.len() == 1 && demand.count == 1 => {
                             (p < free.len() && fits(p, &free[p])).then_some(p)
                         }
@@ -468,6 +508,74 @@ impl NodeState {
             out.push(grants);
         }
         Ok(out)
+    }
+
+    /// The GPUs (indices into `gpus`) a demand of `count` takes among those `eligible`,
+    /// when the node's topology is known: [`NodeTopology::best_set`]. `None` when the
+    /// topology is unknown (the caller's topology-blind rule applies) or too few are
+    /// eligible (the caller reports why).
+    fn topology_set(
+        &self,
+        free: &[GpuFree],
+        count: u32,
+        eligible: impl Fn(usize, &GpuFree) -> bool,
+    ) -> Option<Vec<usize>> {
+        if !self.spec.topology.is_known() {
+            return None;
+        }
+        let cands: Vec<u32> = (0..free.len())
+            .filter(|&i| eligible(i, &free[i]))
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
+        let set = self
+            .spec
+            .topology
+            .best_set(&cands, &[], count as usize)?;
+        Some(set.into_iter().map(|i| i as usize).collect())
+    }
+
+    /// Checks a plan's multi-GPU containers against a pod's topology requirement: each
+    /// container with two or more GPUs must have a set at least as good as `need`
+    /// ([`TopologyRequirement::accepts`]). The plan already holds the best set each
+    /// container can get (see [`NodeState::plan`]), so a refusal means that no set on
+    /// this node, as it is now, meets the requirement.
+    pub fn check_topology(
+        &self,
+        containers: &[Vec<Grant>],
+        need: TopologyRequirement,
+    ) -> Result<(), Reject> {
+        let TopologyRequirement::AtLeast(class) = need else {
+            return Ok(());
+        };
+        for grants in containers {
+            if grants.len() < 2 {
+                continue;
+            }
+            let set: Vec<u32> = grants.iter().map(|g| u32::from(g.gpu)).collect();
+            let best = self
+                .spec
+                .topology
+                .set_class(&set)
+                .unwrap_or(LinkClass::System);
+            if !need.accepts(best) {
+                let all: Vec<u32> = (0..self.spec.gpus.len())
+                    .filter_map(|i| u32::try_from(i).ok())
+                    .collect();
+                let empty = self
+                    .spec
+                    .topology
+                    .best_class(&all, grants.len())
+                    .unwrap_or(LinkClass::System);
+                let ever = need.accepts(empty);
+                return Err(Reject::Topology {
+                    count: u32::try_from(grants.len()).unwrap_or(u32::MAX),
+                    need: class,
+                    best: if ever { best } else { empty },
+                    ever,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Full fit check: host resources, model, then a GPU plan.
@@ -681,6 +789,8 @@ impl Ledger {
                 spec.gpus.len(),
                 old.gpus.len()
             ))
+        } else if old.topology != spec.topology {
+            Some(format!("node {:?}: GPU topology changed", old.name))
         } else {
             old.gpus
                 .iter()

@@ -550,6 +550,7 @@ mod tests {
         // One GPU with 0.6 free: an init of 0.5 and an app of 0.5 fit (they never run
         // together); reserved separately they would need 1.0.
         let spec = NodeSpec {
+            topology: Default::default(),
             name: "n".into(),
             cpu_milli: 1000,
             memory_mib: 1024,
@@ -720,6 +721,7 @@ mod tests {
             let Ok(slots) = layout(&cs) else { return Ok(()) };
             let gpus = 6;
             let spec = NodeSpec {
+                topology: Default::default(),
                 name: "n".into(),
                 cpu_milli: 1000,
                 memory_mib: 1024,

@@ -9,6 +9,7 @@ use crate::resources::{GpuDemand, MemoryDemand, ModelConstraint};
 
 fn node(name: &str, cpu: u64, mem: u64, gpus: &[(&str, u64)]) -> NodeSpec {
     NodeSpec {
+        topology: Default::default(),
         name: name.into(),
         cpu_milli: cpu,
         memory_mib: mem,

@@ -315,3 +315,114 @@ proptest! {
         prop_assert_eq!(t.set_link(&[a, b, c]), t.set_link(&[c, a, b]));
     }
 }
+
+mod placement {
+    //! The ledger's plan gives a multi-GPU container the best-connected set the node
+    //! has free (the scheduler's use of [`NodeTopology::best_set`]).
+
+    use super::*;
+    use crate::packing::{GpuSpec, Ledger, NodeSpec, Placement, Task};
+    use crate::resources::{GpuDemand, ModelConstraint};
+
+    fn ledger_with(topo: NodeTopology, gpus: usize) -> Ledger {
+        Ledger::with_nodes([NodeSpec {
+            name: "n".into(),
+            cpu_milli: 64_000,
+            memory_mib: 1 << 20,
+            gpus: (0..gpus)
+                .map(|i| GpuSpec {
+                    uuid: format!("GPU-{i}"),
+                    model: "A100".into(),
+                    memory_mib: 81_920,
+                })
+                .collect(),
+            topology: topo,
+        }])
+        .expect("one node")
+    }
+
+    fn task(d: GpuDemand) -> Task {
+        Task {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: vec![d],
+            models: ModelConstraint::default(),
+        }
+    }
+
+    proptest! {
+        /// Whatever is already placed, a container of `count` GPUs (whole or shares)
+        /// gets a set whose class is the best available among the GPUs it fits on.
+        #[test]
+        fn the_chosen_set_is_the_best_available(
+            t in arb_node(),
+            used in proptest::collection::vec(0u32..=1000, 8),
+            count in 2u32..=4,
+            share in proptest::option::of(100u32..=700),
+        ) {
+            let g = t.indices().len();
+            let mut ledger = ledger_with(t.clone(), g);
+            for (i, &m) in used.iter().take(g).enumerate() {
+                if m == 0 {
+                    continue;
+                }
+                let grant = crate::packing::Grant {
+                    gpu: i as u16,
+                    milli: m,
+                    memory_mib: 0,
+                    slices: 1,
+                };
+                let p = Placement { node: 0, containers: vec![vec![grant]] };
+                let mut d = GpuDemand::share_milli(m);
+                d.memory = crate::resources::MemoryDemand::Mib(0);
+                d.slices = 1;
+                ledger.commit(&format!("p{i}"), &task(d), p).expect("fits an empty GPU");
+            }
+            let demand = match share {
+                Some(m) => GpuDemand { count, ..GpuDemand::share_milli(m) },
+                None => GpuDemand::whole(count),
+            };
+            let node = ledger.node(0);
+            let eligible: Vec<u32> = (0..g)
+                .filter(|&i| if demand.is_whole() { node.gpu_fully_free(i) } else { node.share_fits(i, &demand) })
+                .map(|i| i as u32)
+                .collect();
+            match node.plan(&task(demand), None) {
+                Ok(plan) => {
+                    let set: Vec<u32> = plan[0].iter().map(|g| u32::from(g.gpu)).collect();
+                    prop_assert_eq!(set.len(), count as usize);
+                    prop_assert!(set.iter().all(|s| eligible.contains(s)));
+                    prop_assert_eq!(t.set_class(&set), t.best_class(&eligible, count as usize));
+                    prop_assert_eq!(t.set_link(&set), t.best_set(&eligible, &[], count as usize).and_then(|b| t.set_link(&b)));
+                    // A requirement at the set's class is met; one above it is refused
+                    // with the class named.
+                    let class = t.set_class(&set).expect("two or more");
+                    prop_assert!(node.check_topology(&plan, TopologyRequirement::AtLeast(class)).is_ok());
+                    if let Some(&above) = LinkClass::ALL_BEST_FIRST.iter().rev().find(|c| **c > class) {
+                        let e = node.check_topology(&plan, TopologyRequirement::AtLeast(above)).expect_err("above the best");
+                        prop_assert!(e.to_string().contains(&format!("requires {above}")), "{}", e);
+                    }
+                }
+                Err(_) => prop_assert!(eligible.len() < count as usize),
+            }
+        }
+    }
+
+    #[test]
+    fn one_whole_gpu_keeps_pairs_whole_and_unknown_topology_is_blind() {
+        // PCIe pairs: GPU 0 busy; one whole GPU takes 1 (its pair is gone), not 2.
+        let mut ledger = ledger_with(pcie8(), 8);
+        let d = GpuDemand::whole(1);
+        let p = ledger.node(0).plan(&task(d), None).expect("fits");
+        ledger
+            .commit("a", &task(d), Placement { node: 0, containers: p })
+            .expect("commit");
+        let p = ledger.node(0).plan(&task(d), None).expect("fits");
+        assert_eq!(p[0][0].gpu, 1);
+        // Without a topology: the lowest-numbered fully free GPUs, as before.
+        let blind = ledger_with(NodeTopology::default(), 8);
+        let p = blind.node(0).plan(&task(GpuDemand::whole(3)), None).expect("fits");
+        let set: Vec<u16> = p[0].iter().map(|g| g.gpu).collect();
+        assert_eq!(set, [0, 1, 2]);
+    }
+}

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::warn;
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
+use vgpu_core::topology::{ANNOTATION_GPU_TOPOLOGY, NodeTopology, TopologyRequirement};
 use vgpu_core::packing::{
     ContextReserve, GpuSpec, Grant, NodeSpec, Placement, ReuseSlot, Task, reuse,
 };
@@ -27,6 +28,22 @@ pub(super) fn pod_key(pod: &Pod) -> String {
         pod.metadata.namespace.as_deref().unwrap_or("default"),
         pod.metadata.name.as_deref().unwrap_or("")
     )
+}
+
+/// Reads a pod's [`ANNOTATION_GPU_TOPOLOGY`] (ADR 0021): what its multi-GPU containers
+/// require of their GPUs' links; absent means no requirement.
+pub fn topology_requirement(pod: &Pod) -> Result<TopologyRequirement, ExtenderError> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_GPU_TOPOLOGY));
+    TopologyRequirement::from_annotation(value.map(String::as_str)).map_err(|e| {
+        ExtenderError::BadPodRequest {
+            pod: pod_key(pod),
+            reason: e.to_string(),
+        }
+    })
 }
 
 /// Reads a pod's GPU request (init containers first, then app containers, as kubelet
@@ -123,6 +140,7 @@ pub(super) fn node_spec(node: &Node, contexts: ContextReserve) -> Result<NodeSpe
     // An unhealthy GPU keeps its index (pods already on it stay accounted) but
     // its model is marked, so that `effective_task` keeps new pods off it.
     let spec = NodeSpec {
+        topology: NodeTopology::by_position(&inventory),
         name,
         cpu_milli: 0,
         memory_mib: 0,

@@ -43,11 +43,12 @@ use vgpu_core::packing::{
     ContextReserve, Grant, Ledger, NodeSpec, Placement, Rank, Reject, Task, reuse,
 };
 use vgpu_core::pod_request::PodGpuRequest;
+use vgpu_core::topology::TopologyRequirement;
 use vgpu_core::resources::{ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant};
 
 use super::api_objects::{
     UNHEALTHY_PREFIX, assignment_of, effective_task, node_spec, placement_from_assignment, pod_key,
-    pod_request, slots_of, task_of, unavailable,
+    pod_request, slots_of, task_of, topology_requirement, unavailable,
 };
 use super::binder::BindPlan;
 use super::error::ExtenderError;
@@ -204,6 +205,8 @@ impl NodeEntry {
 #[derive(Debug, Clone)]
 struct Pending {
     request: PodGpuRequest,
+    /// The pod's `vgpu.io/gpu-topology` requirement, re-checked at bind.
+    topology: TopologyRequirement,
     until: Instant,
 }
 
@@ -504,6 +507,26 @@ impl Inner {
             None => {}
         }
         node.fit(&task).map(|_| ()).map_err(Why::Reject)
+    }
+
+    /// Whether the GPUs the task gets on a node that fits meet the pod's topology
+    /// requirement (ADR 0021): the plan holds the best-connected sets.
+    fn topology_verdict(
+        &self,
+        name: &str,
+        task: &Task,
+        need: TopologyRequirement,
+    ) -> Result<(), Reject> {
+        if need == TopologyRequirement::Any || task.gpus.iter().all(|d| d.count < 2) {
+            return Ok(());
+        }
+        let Ok((i, unhealthy)) = self.locate(name) else {
+            return Ok(()); // `verdict` said why already
+        };
+        let node = self.ledger.node(i);
+        let task = effective_task(task, &node.spec, unhealthy);
+        let plan = node.plan(&task, None)?;
+        node.check_topology(&plan, need)
     }
 }
 

@@ -120,7 +120,7 @@ pub(super) fn resolvable(reject: &Reject) -> bool {
             | Reject::GpuCompute { .. }
             | Reject::GpuMemory { .. }
             | Reject::GpuSlices { .. }
-    )
+    ) || matches!(reject, Reject::Topology { ever: true, .. })
 }
 
 #[cfg(test)]
@@ -154,6 +154,7 @@ mod tests {
             constrained in prop::bool::ANY,
         ) {
             let spec = NodeSpec {
+                topology: Default::default(),
                 name: "n".into(),
                 cpu_milli: 0,
                 memory_mib: 0,

@@ -13,6 +13,7 @@
 //! 5. record the GPU allocation ratio (allocated / total milli-GPU) against the arrived
 //!    GPU demand (0 %, 1 %, … of capacity; failed tasks' demand counts as arrived).
 
+mod topology;
 mod trace;
 
 use std::fmt::Write as _;
@@ -29,7 +30,9 @@ use vgpu_core::packing::{
     Scale, Scheduler, Task, VgpuParams, fragmentation_for, typical_tasks,
 };
 
+pub use topology::{TopologyStats, topology_for};
 pub use trace::{TraceError, read_nodes, read_tasks};
+use vgpu_core::topology::NodeTopology;
 
 /// Command-line arguments of `vgpu-scheduler-extender replay`.
 #[derive(Debug, Clone, Args)]
@@ -41,9 +44,15 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub pods: PathBuf,
     /// Placement policy (random, bestfit, gpupacking, fgd, spread, vgpu), a comma-separated
-    /// list, or `all` to run every policy side by side.
+    /// list, or `all` to run every policy side by side. `NAME:blind` places with the
+    /// nodes' topologies hidden from the policy (with `--topology`; measured all the same).
     #[arg(long, default_value = "vgpu")]
     pub policy: String,
+    /// Give the trace's nodes the topologies of real machines by GPU model (ADR 0021,
+    /// `replay::topology`) and print, per policy, where multi-GPU pods landed: share on
+    /// their node's best link class, share across sockets.
+    #[arg(long)]
+    pub topology: bool,
     /// Tune the task list to this multiple of the cluster's GPU capacity.
     #[arg(long, default_value_t = 1.3)]
     pub tune_ratio: f64,
@@ -188,6 +197,21 @@ pub fn parse_seeds(text: &str) -> Result<Vec<u64>, ReplayError> {
     Ok(out)
 }
 
+/// Parses `--policy` with `:blind` suffixes: each policy and whether it places blind to
+/// the nodes' topologies.
+pub fn parse_policy_runs(text: &str) -> Result<Vec<(PolicyName, bool)>, ReplayError> {
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let (name, blind) = match part.strip_suffix(":blind") {
+            Some(n) => (n, true),
+            None => (part, false),
+        };
+        out.extend(parse_policies(name)?.into_iter().map(|p| (p, blind)));
+    }
+    Ok(out)
+}
+
 /// Parses `all`, one name, or a comma-separated list.
 pub fn parse_policies(text: &str) -> Result<Vec<PolicyName>, ReplayError> {
     if text.trim() == "all" {
@@ -213,6 +237,8 @@ pub struct SeedResult {
     pub tasks: usize,
     /// Tasks that fit nowhere.
     pub failed: usize,
+    /// Multi-GPU placements against the nodes' topologies (with `--topology`).
+    pub topology: TopologyStats,
 }
 
 /// A cluster and a workload ready to replay.
@@ -277,9 +303,12 @@ pub fn tuned_order(
     order
 }
 
-/// Replays one seed with one policy.
+/// Replays one seed with one policy. Multi-GPU placements are measured against
+/// `measure` (a topology per node; empty or unknown: not measured).
+#[allow(clippy::too_many_arguments)] // the replay's knobs, passed as they are
 pub fn replay_seed(
     workload: &Workload,
+    measure: &[NodeTopology],
     policy_name: PolicyName,
     frag: Option<&Fragmentation>,
     params: VgpuParams,
@@ -307,11 +336,17 @@ pub fn replay_seed(
     let debug = explain;
     let mut fails: std::collections::BTreeMap<String, u64> = Default::default();
     let mut fails_n: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut topo_stats = TopologyStats::default();
     for (k, &i) in order.iter().enumerate() {
         let task = &workload.tasks[i];
         arrived += task.total_gpu_milli();
         match scheduler.choose(&ledger, task) {
             Some(p) => {
+                topo_stats.record(
+                    measure.get(p.node).filter(|t| t.is_known()),
+                    workload.nodes[p.node].gpus.len(),
+                    &p,
+                );
                 ledger
                     .commit(&k.to_string(), task, p)
                     .expect("the scheduler's choice fits the ledger it was made on");
@@ -351,6 +386,7 @@ pub fn replay_seed(
         final_arrived_pct: arrived as f64 * 100.0 / capacity as f64,
         tasks: order.len(),
         failed,
+        topology: topo_stats,
     }
 }
 
@@ -427,6 +463,8 @@ pub struct PolicyResult {
     pub mean_failed_tasks: f64,
     /// Wall-clock seconds for all seeds of this policy.
     pub seconds: f64,
+    /// Multi-GPU placements over all seeds (with `--topology`).
+    pub topology: TopologyStats,
     /// Per-seed details.
     #[serde(skip)]
     pub seeds: Vec<SeedResult>,
@@ -442,9 +480,12 @@ impl PolicyResult {
     }
 }
 
-/// Runs every seed of one policy, `threads` seeds at a time.
+/// Runs every seed of one policy, `threads` seeds at a time; `blind`: the policy places
+/// with the nodes' topologies hidden (measured against them all the same).
+#[allow(clippy::too_many_arguments)] // the replay's knobs, passed as they are
 pub fn run_policy(
     workload: &Workload,
+    blind: bool,
     policy: PolicyName,
     frag: &Fragmentation,
     params: VgpuParams,
@@ -454,6 +495,25 @@ pub fn run_policy(
     explain: bool,
 ) -> PolicyResult {
     let start = Instant::now();
+    let measure: Vec<NodeTopology> = workload.nodes.iter().map(|n| n.topology.clone()).collect();
+    let hidden;
+    let workload = if blind {
+        hidden = Workload {
+            nodes: workload
+                .nodes
+                .iter()
+                .map(|n| NodeSpec {
+                    topology: NodeTopology::default(),
+                    ..n.clone()
+                })
+                .collect(),
+            tasks: workload.tasks.clone(),
+        };
+        &hidden
+    } else {
+        workload
+    };
+    let measure = &measure;
     // `vgpu` builds its own model (its classes, its coverage); the others share FGD's.
     let own;
     let frag = if policy == PolicyName::Vgpu {
@@ -469,7 +529,9 @@ pub fn run_policy(
                 .iter()
                 .map(|&seed| {
                     s.spawn(move || {
-                        replay_seed(workload, policy, frag, params, seed, ratio, explain)
+                        replay_seed(
+                            workload, measure, policy, frag, params, seed, ratio, explain,
+                        )
                     })
                 })
                 .collect();
@@ -482,8 +544,17 @@ pub fn run_policy(
     }
     let finals: Vec<f64> = results.iter().map(|r| r.final_allocation_pct).collect();
     let n = finals.len().max(1) as f64;
+    let mut topology = TopologyStats::default();
+    for r in &results {
+        topology.add(&r.topology);
+    }
     PolicyResult {
-        policy: policy.as_str().to_owned(),
+        policy: if blind {
+            format!("{policy}:blind")
+        } else {
+            policy.as_str().to_owned()
+        },
+        topology,
         mean_final_allocation_pct: finals.iter().sum::<f64>() / n,
         mean_failed_tasks: results.iter().map(|r| r.failed as f64).sum::<f64>() / n,
         per_seed_final_allocation_pct: finals,
@@ -528,10 +599,17 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
         return Err(ReplayError::TuneRatio(args.tune_ratio));
     }
     let seeds = parse_seeds(&args.seeds)?;
-    let policies = parse_policies(&args.policy)?;
+    let runs = parse_policy_runs(&args.policy)?;
+    let policies: Vec<PolicyName> = runs.iter().map(|r| r.0).collect();
     let params = VgpuParams::parse(&args.vgpu).map_err(ReplayError::VgpuParams)?;
     let reserves = parse_context_reserves(&args.context_reserve_mib)?;
-    let nodes = read_nodes(&args.nodes)?;
+    let mut nodes = read_nodes(&args.nodes)?;
+    if args.topology {
+        for n in &mut nodes {
+            let model = n.gpus.first().map_or("", |g| g.model.as_str());
+            n.topology = topology_for(model, n.gpus.len()).unwrap_or_default();
+        }
+    }
     let tasks = read_tasks(&args.pods)?;
     let trace_workload = Workload { nodes, tasks };
     if trace_workload.capacity_milli() == 0 {
@@ -560,9 +638,10 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
             args.seeds,
             contexts.mib()
         );
-        for &p in &policies {
+        for &(p, blind) in &runs {
             let mut r = run_policy(
                 &workload,
+                blind,
                 p,
                 &frag,
                 params,
@@ -586,6 +665,9 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     }
     let workload = &trace_workload;
     print!("{}", curve_table(&results, args.full_curve));
+    if args.topology {
+        print!("{}", topology_table(&results));
+    }
     let mean = if results.len() == 1 {
         serde_json::json!(round2(results[0].mean_final_allocation_pct))
     } else {
@@ -603,11 +685,11 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     };
     let summary = Summary {
         policy: if policies.len() == 1 {
-            policies[0].as_str().to_owned()
+            results[0].policy.clone()
         } else {
-            policies
+            results
                 .iter()
-                .map(|p| p.as_str())
+                .map(|r| r.policy.as_str())
                 .collect::<Vec<_>>()
                 .join(",")
         },
@@ -628,6 +710,32 @@ pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
         serde_json::to_string(&summary).expect("the summary always serializes")
     );
     Ok(())
+}
+
+/// Per policy, where its multi-GPU pods landed (all seeds together) beside its mean
+/// allocation ratio.
+pub fn topology_table(results: &[PolicyResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| policy | multi-GPU pods | on their node's best class | with a choice: on best | across sockets (avoidable) | allocation % |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for r in results {
+        let t = &r.topology;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} % | {:.2} % ({}) | {:.2} % | {:.2} |",
+            r.policy,
+            t.multi_gpu_pods,
+            t.on_best_pct(),
+            t.with_choice_on_best_pct(),
+            t.with_choice,
+            t.across_pct(),
+            r.mean_final_allocation_pct
+        );
+    }
+    out
 }
 
 fn round2(x: f64) -> f64 {

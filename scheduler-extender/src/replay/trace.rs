@@ -181,6 +181,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
             })
             .collect();
         out.push(NodeSpec {
+            topology: Default::default(),
             cpu_milli: csv.number(*line, row, cpu, "cpu_milli")?,
             memory_mib: csv.number(*line, row, mem, "memory_mib")?,
             gpus,

@@ -8,11 +8,13 @@ use super::*;
 impl State {
     fn request_for(&self, pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
         let request = pod_request(pod)?;
+        let topology = topology_requirement(pod)?;
         if let Some(uid) = pod.metadata.uid.clone() {
             self.pending().insert(
                 uid,
                 Pending {
                     request: request.clone(),
+                    topology,
                     until: Instant::now() + self.config.pending_ttl,
                 },
             );
@@ -37,10 +39,16 @@ impl State {
             return Ok(outcome);
         }
         let task = task_of(&request, &slots_of(&request, &pod_key(pod))?);
+        let topology = topology_requirement(pod)?;
         // Thousands of nodes share a handful of reasons: each is written once.
         let mut reasons: HashMap<Reject, Arc<str>> = HashMap::new();
         for (i, name) in candidates.names.iter().enumerate() {
-            match inner.verdict(name, &task) {
+            let verdict = inner.verdict(name, &task).and_then(|()| {
+                inner
+                    .topology_verdict(name, &task, topology)
+                    .map_err(Why::Reject)
+            });
+            match verdict {
                 Ok(()) => outcome.feasible.push(i),
                 Err(Why::Unusable(reason)) => outcome.unresolvable.push((i, reason.into())),
                 Err(Why::Reject(r)) => {
@@ -140,6 +148,9 @@ impl State {
                 ..plan(a)
             });
         }
+        // The topology requirement is known from the pod's filter (the pod watch keeps
+        // only its request); without one, the plan still takes the best sets.
+        let topology = pending.as_ref().map_or(TopologyRequirement::Any, |p| p.topology);
         let request = match pending {
             Some(p) => p.request,
             None => match inner.pods.get(&args.pod_uid).map(|p| p.request.clone()) {
@@ -176,6 +187,10 @@ impl State {
         let placement = self
             .policy
             .place(&inner.ledger, node_index, &task)
+            .and_then(|p| {
+                let node = inner.ledger.node(node_index);
+                node.check_topology(&p.containers, topology).map(|()| p)
+            })
             .map_err(|r| ExtenderError::NoLongerFits {
                 pod: key.clone(),
                 node: args.node.clone(),
