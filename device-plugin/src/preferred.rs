@@ -379,7 +379,10 @@ mod tests {
         assert_eq!(by_connectivity(&ids(&["x"]), &[], 20, &g), None);
         assert_eq!(by_connectivity(&free(&[9], &[]), &[], 20, &g), None);
         // Not enough GPUs with their share free.
-        assert_eq!(by_connectivity(&free(&[], &[(0, 5), (1, 5)]), &[], 20, &g), None);
+        assert_eq!(
+            by_connectivity(&free(&[], &[(0, 5), (1, 5)]), &[], 20, &g),
+            None
+        );
     }
 
     #[test]
