@@ -127,7 +127,12 @@ fn inventory(node: &SimNode) -> Result<NodeInventory> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .with_context(|| format!("run {} (build it with -p vgpu-device-plugin)", plugin.display()))?;
+        .with_context(|| {
+            format!(
+                "run {} (build it with -p vgpu-device-plugin)",
+                plugin.display()
+            )
+        })?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().context("piped stdout")?).read_line(&mut line)?;
     let _ = child.kill();
@@ -137,7 +142,12 @@ fn inventory(node: &SimNode) -> Result<NodeInventory> {
 
 /// The set the extender's plan gives a container of `count` whole GPUs on this node with
 /// `taken` GPUs held by other pods, with and without the node's topology.
-fn extender_set(inv: &NodeInventory, taken: &[u32], count: usize, topology: bool) -> Result<Vec<u32>> {
+fn extender_set(
+    inv: &NodeInventory,
+    taken: &[u32],
+    count: usize,
+    topology: bool,
+) -> Result<Vec<u32>> {
     let spec = NodeSpec {
         name: "bench".into(),
         cpu_milli: 1_000_000,
@@ -167,10 +177,9 @@ fn extender_set(inv: &NodeInventory, taken: &[u32], count: usize, topology: bool
         models: ModelConstraint::any(),
     };
     for &t in taken {
-        let g = inv
-            .gpus
-            .get(t as usize)
-            .with_context(|| format!("--taken: GPU {t} is not on the {}-GPU node", inv.gpus.len()))?;
+        let g = inv.gpus.get(t as usize).with_context(|| {
+            format!("--taken: GPU {t} is not on the {}-GPU node", inv.gpus.len())
+        })?;
         let grant = Grant {
             gpu: u16::try_from(t)?,
             milli: 1000,
@@ -235,7 +244,12 @@ fn run_ring(node: &SimNode, set: &[u32], a: &Args) -> Result<f64> {
         .join(",");
     let out = node
         .command(std::env::current_exe()?)
-        .args(["ring", &a.mib.to_string(), &a.reps.to_string(), &a.rounds.to_string()])
+        .args([
+            "ring",
+            &a.mib.to_string(),
+            &a.reps.to_string(),
+            &a.rounds.to_string(),
+        ])
         .env("CUDA_VISIBLE_DEVICES", &visible)
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -255,7 +269,11 @@ fn run_ring(node: &SimNode, set: &[u32], a: &Args) -> Result<f64> {
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn bench(a: &Args) -> Result<()> {
@@ -385,7 +403,10 @@ fn ring(mib: usize, reps: usize, rounds: usize) -> Result<()> {
         let mut ev: Vec<(CUevent, CUevent)> = Vec::new();
         for d in 0..n {
             let mut c: CUcontext = std::ptr::null_mut();
-            ok("cuDevicePrimaryCtxRetain", retain(&mut c, c_int::try_from(d)?))?;
+            ok(
+                "cuDevicePrimaryCtxRetain",
+                retain(&mut c, c_int::try_from(d)?),
+            )?;
             ok("cuCtxSetCurrent", set_current(c))?;
             let (mut p, mut q) = (0, 0);
             ok("cuMemAlloc_v2", alloc(&mut p, bytes))?;
@@ -409,7 +430,10 @@ fn ring(mib: usize, reps: usize, rounds: usize) -> Result<()> {
                 // Held at the gate until every stream's round is queued; then a small
                 // copy brings the stream's clock to the gate's opening, so that the
                 // events see the peer copies only, back to back.
-                ok("cuLaunchHostFunc", host_fn(s, Some(gate), std::ptr::null_mut()))?;
+                ok(
+                    "cuLaunchHostFunc",
+                    host_fn(s, Some(gate), std::ptr::null_mut()),
+                )?;
                 ok(
                     "cuMemcpyDtoDAsync_v2",
                     dtod(scratch[i] + 4096, scratch[i], 4096, s),
