@@ -319,7 +319,10 @@ async fn lockstep_on(policy: PolicyName, seed: u64, topology: bool) {
     let enough = if topology { 40 } else { 80 };
     assert!(decided > enough, "{policy}: only {decided} pods placed");
     if topology {
-        assert!(multi >= 10, "{policy}: only {multi} multi-GPU containers placed");
+        assert!(
+            multi >= 10,
+            "{policy}: only {multi} multi-GPU containers placed"
+        );
     }
     if policy == PolicyName::Vgpu {
         assert!(

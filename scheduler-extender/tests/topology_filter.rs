@@ -105,11 +105,17 @@ async fn a_required_class_filters_nodes_and_names_itself() {
     // No requirement, or `any`: both.
     for t in [None, Some("any")] {
         let p = pod("c", json!({"vgpu.io/gpu": "40"}), t);
-        assert_eq!(filter(&served, &p).await["NodeNames"], json!(["pcie", "nvl"]));
+        assert_eq!(
+            filter(&served, &p).await["NodeNames"],
+            json!(["pcie", "nvl"])
+        );
     }
     // A single-GPU pod is not concerned by the requirement.
     let p = pod("d", json!({"vgpu.io/gpu": "5"}), Some("nvlink"));
-    assert_eq!(filter(&served, &p).await["NodeNames"], json!(["pcie", "nvl"]));
+    assert_eq!(
+        filter(&served, &p).await["NodeNames"],
+        json!(["pcie", "nvl"])
+    );
 }
 
 #[tokio::test]
@@ -132,9 +138,7 @@ async fn a_bad_value_is_an_error_naming_it() {
 #[tokio::test]
 async fn bind_grants_the_best_connected_sets() {
     let served = served().await;
-    let bind = |name: &str| {
-        json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "pcie"})
-    };
+    let bind = |name: &str| json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "pcie"});
     let grants = |served: &Served, name: &str| -> Vec<u16> {
         let (ledger, _) = served.extender.state().snapshot();
         let mut g: Vec<u16> = ledger
@@ -165,7 +169,10 @@ async fn bind_grants_the_best_connected_sets() {
     assert_eq!(grants(&served, "pair"), vec![2, 3]);
     // Four on one NUMA node: socket 1 (4–7) is whole.
     let p = pod("four", json!({"vgpu.io/gpu": "40"}), Some("numa"));
-    assert_eq!(filter(&served, &p).await["NodeNames"], json!(["pcie", "nvl"]));
+    assert_eq!(
+        filter(&served, &p).await["NodeNames"],
+        json!(["pcie", "nvl"])
+    );
     let (_, ans) = served.post_json("/scheduler/bind", &bind("four")).await;
     assert_eq!(ans, json!({"Error": ""}));
     assert_eq!(grants(&served, "four"), vec![4, 5, 6, 7]);

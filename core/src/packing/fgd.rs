@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ledger::{NodeState, Task};
 use crate::resources::ModelConstraint;
+use crate::topology::LinkClass;
 
 /// One typical task shape and its frequency.
 #[derive(Debug, Clone, PartialEq)]
@@ -216,6 +217,9 @@ struct Part {
     below: u64,
     /// Free milli on GPUs of excluded models.
     excluded: u64,
+    /// Topology extension (ADR 0021): the GPUs with room hold a set of the task's size
+    /// at the best class the node offers (true when the extension does not apply).
+    topo_ok: bool,
 }
 
 /// FGD's fragmentation model over a fixed set of typical tasks.
@@ -227,6 +231,12 @@ pub struct Fragmentation {
     coverage: f64,
     /// Expected final waste of one GPU by its free milli (see [`expected_waste`]).
     waste: Vec<f64>,
+    /// Whether a multi-GPU typical task counts a node as fragmented for it when its
+    /// GPUs with room no longer hold a set at the node's best class (ADR 0021).
+    topology: bool,
+    /// Per node index, per typical task: the best class a set of the task's GPU count
+    /// has on the node with every GPU free, where the extension applies.
+    topo_best: Vec<Option<Vec<Option<LinkClass>>>>,
 }
 
 /// The fragmentation of one node state, prepared for evaluating candidate placements.
@@ -247,12 +257,95 @@ impl Fragmentation {
             typical,
             allowed: Vec::new(),
             coverage: 0.95,
+            topology: false,
+            topo_best: Vec::new(),
         }
     }
 
     /// Expected final waste (milli-GPU) of a GPU with `free` milli free.
     pub fn gpu_waste(&self, free: u32) -> f64 {
         self.waste[free.min(1000) as usize]
+    }
+
+    /// Turns on the topology extension (ADR 0021): for a typical task of `k ≥ 2` GPUs,
+    /// a node whose GPUs with room hold no `k`-set at the best link class the node offers
+    /// counts as one it cannot run on (`frag_t` = all its free milli), as FGD counts a
+    /// node with too few GPUs; and [`Fragmentation::misplaced`] prices a placement's own
+    /// worse-connected sets. Nodes without a known topology are measured as before.
+    pub fn with_topology(mut self, on: bool) -> Self {
+        self.topology = on;
+        self
+    }
+
+    /// Whether the topology extension is on.
+    pub fn topology(&self) -> bool {
+        self.topology
+    }
+
+    /// The milli-GPU of a placement's multi-GPU containers whose sets are worse than the
+    /// best their node offers for that size (0 with the extension off): capacity placed
+    /// where its links are wasted, added to the fragmentation after the placement.
+    pub fn misplaced(&self, node: &NodeState, containers: &[Vec<super::ledger::Grant>]) -> f64 {
+        if !self.topology || !node.spec.topology.is_known() {
+            return 0.0;
+        }
+        let all: Vec<u32> = (0..node.spec.gpus.len() as u32).collect();
+        let mut out = 0.0;
+        for grants in containers.iter().filter(|g| g.len() >= 2) {
+            let set: Vec<u32> = grants.iter().map(|g| u32::from(g.gpu)).collect();
+            let best = node.spec.topology.best_class(&all, set.len());
+            if node.spec.topology.set_class(&set) < best {
+                out += grants.iter().map(|g| f64::from(g.milli)).sum::<f64>();
+            }
+        }
+        out
+    }
+
+    fn ensure_topo(&mut self, idx: usize, node: &NodeState) {
+        if !self.topology {
+            return;
+        }
+        if self.topo_best.len() <= idx {
+            self.topo_best.resize(idx + 1, None);
+        }
+        if self.topo_best[idx].is_some() {
+            return;
+        }
+        let g = node.spec.gpus.len();
+        let topo = &node.spec.topology;
+        let all: Vec<u32> = (0..g as u32).collect();
+        let v = self
+            .typical
+            .iter()
+            .map(|t| {
+                let k = t.gpu_count as usize;
+                // A set of the whole node, or one GPU, has no choice to keep.
+                (topo.is_known() && k >= 2 && k < g)
+                    .then(|| topo.best_class(&all, k))
+                    .flatten()
+            })
+            .collect();
+        self.topo_best[idx] = Some(v);
+    }
+
+    /// Whether the GPUs with at least `need` milli free (by `free`, allowed for typical
+    /// task `ti`) hold a `k`-set at class `best`, leaving out GPU `skip`.
+    fn topo_holds(
+        node: &NodeState,
+        allowed: &[bool],
+        ti: usize,
+        free: &[u32],
+        need: u32,
+        k: usize,
+        best: LinkClass,
+        skip: Option<usize>,
+    ) -> bool {
+        let g = free.len();
+        let cands: Vec<u32> = (0..g)
+            .filter(|&i| Some(i) != skip && allowed[ti * g + i] && free[i] >= need)
+            .map(|i| i as u32)
+            .collect();
+        cands.len() >= k && node.spec.topology.best_class(&cands, k) >= Some(best)
     }
 
     /// Records the coverage the typical tasks were chosen with (informational).
@@ -286,6 +379,9 @@ impl Fragmentation {
     /// Forgets the model table of node `idx` (its GPUs' models changed in place).
     pub fn forget_node(&mut self, idx: usize) {
         if let Some(slot) = self.allowed.get_mut(idx) {
+            *slot = None;
+        }
+        if let Some(slot) = self.topo_best.get_mut(idx) {
             *slot = None;
         }
     }
@@ -341,11 +437,16 @@ impl Fragmentation {
         let g = free.len();
         let free_total: u64 = free.iter().map(|&m| u64::from(m)).sum();
         self.ensure_allowed(idx, node);
+        self.ensure_topo(idx, node);
         let allowed = self.allowed[idx].as_deref().expect("just ensured");
+        let topo_best = self.topo_best.get(idx).and_then(Option::as_deref);
         let parts = &mut out.parts;
         parts.clear();
         for (ti, t) in self.typical.iter().enumerate() {
-            let mut p = Part::default();
+            let mut p = Part {
+                topo_ok: true,
+                ..Part::default()
+            };
             for (i, &m) in free.iter().enumerate() {
                 if !allowed[ti * g + i] {
                     p.excluded += u64::from(m);
@@ -354,6 +455,12 @@ impl Fragmentation {
                 } else {
                     p.below += u64::from(m);
                 }
+            }
+            if let Some(best) = topo_best.and_then(|v| v[ti])
+                && p.n_fit >= t.gpu_count
+            {
+                let k = t.gpu_count as usize;
+                p.topo_ok = Self::topo_holds(node, allowed, ti, free, t.gpu_milli, k, best, None);
             }
             parts.push(p);
         }
@@ -365,7 +472,11 @@ impl Fragmentation {
     fn sum(&self, parts: &[Part], free_total: u64, cpu_free: u64) -> f64 {
         let mut f = 0.0;
         for (t, p) in self.typical.iter().zip(parts) {
-            let frag = if t.gpu_count == 0 || cpu_free < t.cpu_milli || p.n_fit < t.gpu_count {
+            let frag = if t.gpu_count == 0
+                || cpu_free < t.cpu_milli
+                || p.n_fit < t.gpu_count
+                || !p.topo_ok
+            {
                 free_total
             } else {
                 p.below + p.excluded
@@ -376,7 +487,9 @@ impl Fragmentation {
     }
 
     /// F after taking `milli` from GPU `gpu` (whose free milli is `free_before`) and
-    /// `cpu` milli-cores from the node, in O(typical tasks).
+    /// `cpu` milli-cores from the node, in O(typical tasks) (plus, with the topology
+    /// extension, a set search for each multi-GPU typical task the GPU stops fitting).
+    #[allow(clippy::too_many_arguments)] // the node's state, the candidate, the demand
     pub fn value_after_share(
         &mut self,
         idx: usize,
@@ -389,7 +502,9 @@ impl Fragmentation {
     ) -> f64 {
         let g = node.spec.gpus.len();
         self.ensure_allowed(idx, node);
+        self.ensure_topo(idx, node);
         let allowed = self.allowed[idx].as_deref().expect("just ensured");
+        let topo_best = self.topo_best.get(idx).and_then(Option::as_deref);
         let a = free_before;
         let b = free_before - milli;
         let free_total = before.free_total - u64::from(milli);
@@ -411,7 +526,24 @@ impl Fragmentation {
             } else {
                 p.excluded -= u64::from(milli);
             }
-            let frag = if t.gpu_count == 0 || cpu_free < t.cpu_milli || p.n_fit < t.gpu_count {
+            // The GPU stops fitting the task: do the others still hold a best set?
+            if allowed[ti * g + gpu]
+                && a >= t.gpu_milli
+                && b < t.gpu_milli
+                && p.topo_ok
+                && p.n_fit >= t.gpu_count
+                && let Some(best) = topo_best.and_then(|v| v[ti])
+            {
+                let free: Vec<u32> = node.gpus.iter().map(|x| x.milli).collect();
+                let k = t.gpu_count as usize;
+                p.topo_ok =
+                    Self::topo_holds(node, allowed, ti, &free, t.gpu_milli, k, best, Some(gpu));
+            }
+            let frag = if t.gpu_count == 0
+                || cpu_free < t.cpu_milli
+                || p.n_fit < t.gpu_count
+                || !p.topo_ok
+            {
                 free_total
             } else {
                 p.below + p.excluded

@@ -527,10 +527,7 @@ impl NodeState {
             .filter(|&i| eligible(i, &free[i]))
             .filter_map(|i| u32::try_from(i).ok())
             .collect();
-        let set = self
-            .spec
-            .topology
-            .best_set(&cands, &[], count as usize)?;
+        let set = self.spec.topology.best_set(&cands, &[], count as usize)?;
         Some(set.into_iter().map(|i| i as usize).collect())
     }
 

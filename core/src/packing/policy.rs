@@ -102,6 +102,10 @@ pub struct Eval {
 /// Default weight of the expected-waste term of `vgpu` (ADR 0006).
 pub const DEFAULT_WASTE_WEIGHT: f64 = 0.2;
 
+/// Whether `vgpu`'s fragmentation measure has the topology extension by default (ADR
+/// 0021: measured on the trace, see there).
+pub const DEFAULT_TOPOLOGY_FRAGMENTATION: bool = false;
+
 /// Knobs of the `vgpu` policy (see ADR 0006).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VgpuParams {
@@ -139,6 +143,9 @@ pub struct VgpuParams {
     /// Which shapes left out of FGD's typical tasks are added back as classes
     /// ([`super::fgd::typical_tasks_with_classes`]).
     pub rare: RareShapes,
+    /// The fragmentation measure's topology extension (ADR 0021,
+    /// [`Fragmentation::with_topology`]).
+    pub topology: bool,
 }
 
 /// A secondary key among nodes with equal fragmentation scores.
@@ -174,6 +181,7 @@ impl Default for VgpuParams {
             node_ss_shares: false,
             node_ss_open_only: false,
             rare: RareShapes::MissingMultiGpu,
+            topology: DEFAULT_TOPOLOGY_FRAGMENTATION,
         }
     }
 }
@@ -186,7 +194,8 @@ impl VgpuParams {
     /// `0` none), `nssx` (`1`: that key for shares taking a fully free GPU too), `rare`
     /// (classes of left-out shapes: `missing`, `missingmin`, `missingcut`, `multi`,
     /// `all`, `drop`; see [`RareShapes`]), `cpu` and `gpu` (tie keys: none, bestfit,
-    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage).
+    /// worstfit, leastgpu, cpurich, surplus), `cov` (typical-task coverage), `topo` (`1`/`0`:
+    /// the fragmentation measure's topology extension, ADR 0021).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut p = VgpuParams::default();
         let key = |v: &str| -> Result<TieKey, String> {
@@ -233,6 +242,13 @@ impl VgpuParams {
                     }
                 }
                 "cov" => p.coverage = v.parse().map_err(|_| format!("bad cov {v:?}"))?,
+                "topo" => {
+                    p.topology = match v {
+                        "1" => true,
+                        "0" => false,
+                        _ => return Err(format!("bad topo {v:?} (1 or 0)")),
+                    }
+                }
                 _ => return Err(format!("unknown vgpu parameter {k:?}")),
             }
         }
@@ -261,7 +277,8 @@ pub fn fragmentation_for<'a>(
                 params.coverage,
                 params.rare,
             ))
-            .with_coverage(params.coverage),
+            .with_coverage(params.coverage)
+            .with_topology(params.topology),
         ),
         _ => None,
     }
@@ -526,7 +543,9 @@ fn candidates(
                 free[usize::from(g.gpu)] -= g.milli;
             }
         }
-        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, free);
+        let plan = plan.expect("a task that is not a single share has a plan");
+        let after = frag.value(idx, node, node.cpu_free - task.cpu_milli, free)
+            + frag.misplaced(node, plan);
         cands.push((None, value_before - after));
     }
 }

@@ -408,6 +408,71 @@ mod placement {
         }
     }
 
+    /// The fragmentation measure's topology extension: on a PCIe node whose only intact
+    /// switch pair is 6–7, a share on GPU 6 leaves the 2-GPU typical task no pair at its
+    /// best class (`frag_t` = all free milli), a share on GPU 0 does not; without the
+    /// extension, or without a topology, both cost the same.
+    #[test]
+    fn the_fragmentation_extension_prices_breaking_the_last_pair() {
+        use crate::packing::{Fragmentation, TypicalTask};
+        let typical = vec![
+            TypicalTask {
+                cpu_milli: 0,
+                gpu_milli: 1000,
+                gpu_count: 2,
+                models: ModelConstraint::default(),
+                freq: 0.5,
+            },
+            TypicalTask {
+                cpu_milli: 0,
+                gpu_milli: 500,
+                gpu_count: 1,
+                models: ModelConstraint::default(),
+                freq: 0.5,
+            },
+        ];
+        let run = |topo: NodeTopology, on: bool| -> (f64, f64) {
+            let mut ledger = ledger_with(topo, 8);
+            for i in [1u16, 3, 5] {
+                let grant = crate::packing::Grant {
+                    gpu: i,
+                    milli: 300,
+                    memory_mib: 0,
+                    slices: 1,
+                };
+                let mut d = GpuDemand::share_milli(300);
+                d.memory = crate::resources::MemoryDemand::Mib(0);
+                ledger
+                    .commit(
+                        &format!("p{i}"),
+                        &task(d),
+                        Placement {
+                            node: 0,
+                            containers: vec![vec![grant]],
+                        },
+                    )
+                    .expect("fits");
+            }
+            let node = ledger.node(0);
+            let mut frag = Fragmentation::new(typical.clone()).with_topology(on);
+            let free: Vec<u32> = node.gpus.iter().map(|g| g.milli).collect();
+            let before = frag.prepare(0, node, node.cpu_free, &free);
+            let on6 = frag.value_after_share(0, node, &before, 6, 1000, 500, 0);
+            let on0 = frag.value_after_share(0, node, &before, 0, 1000, 500, 0);
+            // The incremental value agrees with a fresh measure of the state after.
+            let mut after = free.clone();
+            after[6] -= 500;
+            assert_eq!(on6, frag.value(0, node, node.cpu_free, &after));
+            (on6, on0)
+        };
+        let (on6, on0) = run(pcie8(), true);
+        assert!(on6 > on0 + 1000.0, "{on6} vs {on0}");
+        let (on6, on0) = run(pcie8(), false);
+        assert_eq!(on6, on0);
+        let (on6, on0) = run(NodeTopology::default(), true);
+        assert_eq!(on6, on0);
+    }
+
     #[test]
     fn one_whole_gpu_keeps_pairs_whole_and_unknown_topology_is_blind() {
         // PCIe pairs: GPU 0 busy; one whole GPU takes 1 (its pair is gone), not 2.
@@ -415,13 +480,23 @@ mod placement {
         let d = GpuDemand::whole(1);
         let p = ledger.node(0).plan(&task(d), None).expect("fits");
         ledger
-            .commit("a", &task(d), Placement { node: 0, containers: p })
+            .commit(
+                "a",
+                &task(d),
+                Placement {
+                    node: 0,
+                    containers: p,
+                },
+            )
             .expect("commit");
         let p = ledger.node(0).plan(&task(d), None).expect("fits");
         assert_eq!(p[0][0].gpu, 1);
         // Without a topology: the lowest-numbered fully free GPUs, as before.
         let blind = ledger_with(NodeTopology::default(), 8);
-        let p = blind.node(0).plan(&task(GpuDemand::whole(3)), None).expect("fits");
+        let p = blind
+            .node(0)
+            .plan(&task(GpuDemand::whole(3)), None)
+            .expect("fits");
         let set: Vec<u16> = p[0].iter().map(|g| g.gpu).collect();
         assert_eq!(set, [0, 1, 2]);
     }

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::warn;
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::topology::{ANNOTATION_GPU_TOPOLOGY, NodeTopology, TopologyRequirement};
 use vgpu_core::packing::{
     ContextReserve, GpuSpec, Grant, NodeSpec, Placement, ReuseSlot, Task, reuse,
 };
@@ -18,6 +17,7 @@ use vgpu_core::pod_request::{PodGpuRequest, parse_pod_request};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, Assignment, ContainerKind, GpuDemand, MemoryDemand, RESOURCE_GPU,
 };
+use vgpu_core::topology::{ANNOTATION_GPU_TOPOLOGY, NodeTopology, TopologyRequirement};
 
 use super::error::ExtenderError;
 

@@ -43,8 +43,8 @@ use vgpu_core::packing::{
     ContextReserve, Grant, Ledger, NodeSpec, Placement, Rank, Reject, Task, reuse,
 };
 use vgpu_core::pod_request::PodGpuRequest;
-use vgpu_core::topology::TopologyRequirement;
 use vgpu_core::resources::{ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant};
+use vgpu_core::topology::TopologyRequirement;
 
 use super::api_objects::{
     UNHEALTHY_PREFIX, assignment_of, effective_task, node_spec, placement_from_assignment, pod_key,

@@ -723,6 +723,14 @@ pub fn topology_table(results: &[PolicyResult]) -> String {
     let _ = writeln!(out, "|---|---|---|---|---|---|");
     for r in results {
         let t = &r.topology;
+        if t.multi_gpu_pods == 0 {
+            let _ = writeln!(
+                out,
+                "| {} | 0 | — | — | — | {:.2} |",
+                r.policy, r.mean_final_allocation_pct
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "| {} | {} | {:.2} % | {:.2} % ({}) | {:.2} % | {:.2} |",

@@ -150,7 +150,9 @@ impl State {
         }
         // The topology requirement is known from the pod's filter (the pod watch keeps
         // only its request); without one, the plan still takes the best sets.
-        let topology = pending.as_ref().map_or(TopologyRequirement::Any, |p| p.topology);
+        let topology = pending
+            .as_ref()
+            .map_or(TopologyRequirement::Any, |p| p.topology);
         let request = match pending {
             Some(p) => p.request,
             None => match inner.pods.get(&args.pod_uid).map(|p| p.request.clone()) {
