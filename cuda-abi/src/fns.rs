@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUevent, CUfunction, CUgraphExec, CUlaunchConfig, CUmemAllocationProp,
+    CUevent, CUfunction, CUgraphExec, CUhostFn, CUlaunchConfig, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUresult,
     CUstream, CUuuid,
 };
@@ -148,6 +148,8 @@ pub type PFN_cuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 pub type PFN_cuCtxPushCurrent_v2 = unsafe extern "C" fn(CUcontext) -> CUresult;
 /// `cuCtxPopCurrent_v2(CUcontext *pctx)`.
 pub type PFN_cuCtxPopCurrent_v2 = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+/// `cuCtxSetCurrent(CUcontext ctx)`.
+pub type PFN_cuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
 /// `cuCtxSynchronize(void)`.
 pub type PFN_cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 /// `cuCtxSynchronize_v2(CUcontext ctx)` (CUDA 13).
@@ -176,6 +178,16 @@ pub type PFN_cuMemcpyPeerAsync = unsafe extern "C" fn(
 
 /// `cuStreamSynchronize(CUstream hStream)` (also `_ptsz`).
 pub type PFN_cuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+/// `cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
+pub type PFN_cuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+/// `cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)` (also `_ptsz`).
+pub type PFN_cuLaunchHostFunc = unsafe extern "C" fn(CUstream, CUhostFn, *mut c_void) -> CUresult;
+/// `cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream
+/// hStream)` (also `_ptsz`).
+pub type PFN_cuMemcpyDtoDAsync_v2 =
+    unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
+/// `cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)` (also `_v2`).
+pub type PFN_cuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
 /// `cuEventCreate(CUevent *phEvent, unsigned int Flags)`.
 pub type PFN_cuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 /// `cuEventRecord(CUevent hEvent, CUstream hStream)` (also `_ptsz`).

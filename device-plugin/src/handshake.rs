@@ -48,7 +48,7 @@ pub struct Handshake {
     pub(crate) lister: SharedList,
     client: kube::Client,
     pub(crate) pods: Option<Store<Pod>>,
-    gpus: watch::Receiver<Vec<GpuInfo>>,
+    pub(crate) gpus: watch::Receiver<Vec<GpuInfo>>,
     alloc_lock: Arc<Mutex<()>>,
 }
 

@@ -296,12 +296,18 @@ impl Worker {
                 len,
                 gbps,
             } => {
+                // Device time on this worker's clock, as a kernel's (see the module's
+                // doc): the copy starts when the stream's earlier work and its submission
+                // are there and lasts `bytes / link bandwidth`, however long the host takes
+                // to move the bytes; events after it see exactly that. A copy engine, not
+                // the execution engine: it does not take the GPU from other processes.
+                let start = eng.pos.max(at);
+                let end = start + *len as u64 / (*gbps).max(1);
                 // SAFETY: both device ranges were validated when the copy was issued, and
                 // memory is only unmapped after draining this queue.
                 unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *len) };
-                // The link's time comes on top of the host's copy, which costs the same
-                // whatever the link: differences between link classes are the model's.
-                sleep_until(mono_ns() + *len as u64 / (*gbps).max(1));
+                wait_until(end);
+                eng.pos = end;
             }
             Work::Memset {
                 dst,

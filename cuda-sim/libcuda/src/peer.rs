@@ -2,7 +2,7 @@
 //! memory (`cuDeviceCanAccessPeer`, `cuDeviceGetP2PAttribute`), peer access between
 //! contexts (`cuCtxEnablePeerAccess` / `cuCtxDisablePeerAccess`), and peer copies
 //! (`cuMemcpyPeer(Async)`) that take device time by the class of the link between the two
-//! GPUs. Everything comes from the node's topology (`vgpu_cuda_sim::topology`), read once
+//! GPUs, on the device's virtual clock (`crate::exec`). Everything comes from the node's topology (`vgpu_cuda_sim::topology`), read once
 //! per process from the state directory. Device arguments are the process's CUDA ordinals
 //! (`CUDA_VISIBLE_DEVICES` renumbers), mapped to the node's devices by [`Driver::device`].
 
@@ -154,11 +154,11 @@ fn check(
     })
 }
 
-/// `cuMemcpyPeer`: waits for both devices' queued work, then copies, taking
-/// `bytes / link bandwidth` on top of the host's own copy of the bytes (which is the
-/// same for every link class, so differences between classes are the model's). Peer
-/// access need not be enabled: without it the real driver stages through host memory;
-/// the simulator charges the same link class.
+/// `cuMemcpyPeer`: waits for the destination's queued work, then copies on the source
+/// device's worker after its queued work, as `cuMemcpyPeerAsync` does, taking
+/// `bytes / link bandwidth` of device time on that device's clock, and returns when it
+/// completed. Peer access need not be enabled: without it the real driver stages through
+/// host memory; the simulator charges the same link class.
 pub fn copy_sync(
     d: &'static Driver,
     dst: CUdeviceptr,
@@ -171,12 +171,15 @@ pub fn copy_sync(
         return Ok(());
     }
     let c = check(d, dst, dst_ctx, src, src_ctx, n as u64)?;
-    d.worker(c.src_dev).drain();
     d.worker(c.dst_dev).drain();
-    // SAFETY: both ranges were validated as live device memory just above; the
-    // application must not free them during the call (CUDA's contract).
-    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-    crate::exec::sleep_until(vgpu_sys::mono_ns() + n as u64 / c.gbps);
+    let w = d.worker(c.src_dev);
+    let seq = w.submit(Work::PeerCopy {
+        dst: dst as usize,
+        src: src as usize,
+        len: n,
+        gbps: c.gbps,
+    });
+    w.wait_for(seq);
     Ok(())
 }
 

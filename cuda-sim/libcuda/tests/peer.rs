@@ -79,19 +79,36 @@ fn alloc(ctx: CUcontext, n: usize) -> CUdeviceptr {
     p
 }
 
-/// Seconds the fastest of five synchronous peer copies of `n` bytes from `src` to `dst`
-/// takes (after one that touches the pages).
+/// Seconds of device time the fastest of five synchronous peer copies of `n` bytes from
+/// `src` to `dst` takes (after one that touches the pages), read from events on the
+/// source's stream (the host's own copy of the bytes, slow on a loaded machine, is not
+/// device time).
 fn copy_time(dst: c_int, src: c_int, n: usize) -> f64 {
     let (dc, sc) = (primary(dst), primary(src));
     let (d, s) = (alloc(dc, n), alloc(sc, n));
     assert_eq!(cu!(cuMemcpyPeer(d, dc, s, sc, n)), CUDA_SUCCESS);
-    (0..5)
+    assert_eq!(cu!(cuCtxSetCurrent(sc)), CUDA_SUCCESS);
+    let (mut e0, mut e1) = (std::ptr::null_mut(), std::ptr::null_mut());
+    assert_eq!(cu!(cuEventCreate(&mut e0, 0)), CUDA_SUCCESS);
+    assert_eq!(cu!(cuEventCreate(&mut e1, 0)), CUDA_SUCCESS);
+    let secs = (0..5)
         .map(|_| {
             let t = Instant::now();
+            assert_eq!(cu!(cuEventRecord(e0, std::ptr::null_mut())), CUDA_SUCCESS);
             assert_eq!(cu!(cuMemcpyPeer(d, dc, s, sc, n)), CUDA_SUCCESS);
-            t.elapsed().as_secs_f64()
+            assert_eq!(cu!(cuEventRecord(e1, std::ptr::null_mut())), CUDA_SUCCESS);
+            assert_eq!(cu!(cuEventSynchronize(e1)), CUDA_SUCCESS);
+            let wall = t.elapsed().as_secs_f64();
+            let mut ms = 0f32;
+            assert_eq!(cu!(cuEventElapsedTime(&mut ms, e0, e1)), CUDA_SUCCESS);
+            let dev = f64::from(ms) / 1e3;
+            assert!(wall >= dev * 0.99, "wall {wall} s < device {dev} s");
+            dev
         })
-        .fold(f64::MAX, f64::min)
+        .fold(f64::MAX, f64::min);
+    assert_eq!(cu!(cuEventDestroy_v2(e0)), CUDA_SUCCESS);
+    assert_eq!(cu!(cuEventDestroy_v2(e1)), CUDA_SUCCESS);
+    secs
 }
 
 #[test]

@@ -10,9 +10,13 @@
 //!   with kubelet's admission order and device reuse).
 //! - `node` (feature `plugin`): a whole node, the fakes plus the device plugin wired by
 //!   its own composition root (`vgpu_device_plugin::run::start`).
+//! - `topology_manager` (feature `plugin`): kubelet's Topology Manager reading the
+//!   devices' `TopologyInfo` (hints, `single-numa-node`, the aligned devices).
 
 pub mod fake_api;
 #[cfg(feature = "plugin")]
 pub mod fake_kubelet;
 #[cfg(feature = "plugin")]
 pub mod node;
+#[cfg(feature = "plugin")]
+pub mod topology_manager;
