@@ -192,17 +192,28 @@ mod tests {
 
     #[test]
     fn slices_per_gpu_defaults_to_ten_and_is_checked() {
-        let old = r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
-        assert_eq!(NodeInventory::from_json(old).expect("valid").slices_per_gpu, 10);
+        let old =
+            r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
+        assert_eq!(
+            NodeInventory::from_json(old).expect("valid").slices_per_gpu,
+            10
+        );
         let mut fine = sample();
         fine.slices_per_gpu = 100;
         let s = fine.to_json();
         assert!(s.contains(r#""slices_per_gpu":100"#), "{s}");
         assert_eq!(NodeInventory::from_json(&s).expect("valid"), fine);
         for bad in [0, 9, 101] {
-            let s = s.replace(r#""slices_per_gpu":100"#, &format!(r#""slices_per_gpu":{bad}"#));
+            let s = s.replace(
+                r#""slices_per_gpu":100"#,
+                &format!(r#""slices_per_gpu":{bad}"#),
+            );
             let e = NodeInventory::from_json(&s).expect_err("out of range");
-            assert!(e.to_string().contains(&format!("slices per GPU {bad} is out of range")), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("slices per GPU {bad} is out of range")),
+                "{e}"
+            );
         }
     }
 

@@ -106,8 +106,8 @@ mod tests {
         assert_eq!(parse_device_id("GPU-x-99").unwrap(), ("GPU-x", 99));
         assert!(parse_device_id("GPU-x-100").is_err());
         // A UUID is checked against the longest ID any node advertises (slot 99).
-        assert!(check_uuid(&"x".repeat(60)).is_err());
-        check_uuid(&"x".repeat(59)).unwrap();
+        assert!(check_uuid(&"x".repeat(61)).is_err());
+        check_uuid(&"x".repeat(60)).unwrap();
         assert!(parse_device_id("nodash").is_err());
         assert!(check_uuid(&"x".repeat(62)).is_err());
     }

@@ -113,7 +113,12 @@ async fn a_fine_node_takes_one_hundred_one_percent_containers_per_gpu_and_a_coar
         let g = &a.containers[0].gpus;
         assert_eq!(g.len(), 1);
         assert_eq!(
-            (g[0].uuid.as_str(), g[0].compute_milli, g[0].memory_mib, g[0].slices),
+            (
+                g[0].uuid.as_str(),
+                g[0].compute_milli,
+                g[0].memory_mib,
+                g[0].slices
+            ),
             ("GPU-fine-0", 10, 500, 1),
             "pod {i}"
         );
@@ -133,11 +138,17 @@ async fn a_fine_node_takes_one_hundred_one_percent_containers_per_gpu_and_a_coar
     let why = place(&served, &binder, &one_percent("f100", 1), "fine")
         .await
         .expect_err("the 101st container of 1 % is refused");
-    assert!(why.contains("GPU compute: max free 0.000 GPU < 0.010 GPU"), "{why}");
+    assert!(
+        why.contains("GPU compute: max free 0.000 GPU < 0.010 GPU"),
+        "{why}"
+    );
 
     // A restarted extender, rebuilt from the bound pods, holds the same: no slice,
     // no compute left on the fine GPU.
-    let rebuilt = State::new(StateConfig::default(), ExtenderPolicy::new(PolicyName::Vgpu));
+    let rebuilt = State::new(
+        StateConfig::default(),
+        ExtenderPolicy::new(PolicyName::Vgpu),
+    );
     rebuilt.replace_nodes(&nodes);
     let pods: Vec<_> = bound
         .into_iter()
@@ -154,16 +165,20 @@ async fn a_fine_node_takes_one_hundred_one_percent_containers_per_gpu_and_a_coar
     // The coarse node beside it: ten containers take its ten slices, and the eleventh
     // is refused for want of a slice while 90 % of the compute is free.
     for i in 0..10 {
-        place(&served, &binder, &one_percent(&format!("c{i}"), 500), "coarse")
-            .await
-            .unwrap_or_else(|why| panic!("container {i} on the coarse node refused: {why}"));
+        place(
+            &served,
+            &binder,
+            &one_percent(&format!("c{i}"), 500),
+            "coarse",
+        )
+        .await
+        .unwrap_or_else(|why| panic!("container {i} on the coarse node refused: {why}"));
     }
     let why = place(&served, &binder, &one_percent("c10", 500), "coarse")
         .await
         .expect_err("the 11th container on a 10-slice GPU is refused");
     assert!(
-        why.contains("GPU slices: max free 0 < 1")
-            && why.contains("10 per GPU on this node"),
+        why.contains("GPU slices: max free 0 < 1") && why.contains("10 per GPU on this node"),
         "{why}"
     );
 }

@@ -184,7 +184,12 @@ mod tests {
 
     /// Places tasks one by one with the ledger's fit; returns the quotas granted.
     fn place_all(reserve: ContextReserve, total: u64, tasks: &[Task]) -> Vec<u64> {
-        let spec = reserve.node_spec(one_gpu_node(total)).unwrap();
+        place_on(reserve, one_gpu_node(total), tasks)
+    }
+
+    /// [`place_all`] on a node of `spec`.
+    fn place_on(reserve: ContextReserve, spec: NodeSpec, tasks: &[Task]) -> Vec<u64> {
+        let spec = reserve.node_spec(spec).unwrap();
         let mut ledger = Ledger::with_nodes([spec]).unwrap();
         let mut quotas = Vec::new();
         for (k, t) in tasks.iter().enumerate() {
@@ -225,6 +230,51 @@ mod tests {
         let before = place_all(ContextReserve::NONE, SIM_H100_MIB, &tasks);
         let physical: u64 = before.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
         assert_eq!(physical, SIM_H100_MIB + 10 * SIM_CONTEXT_MIB);
+    }
+
+    #[test]
+    fn a_fine_gpu_takes_one_hundred_containers_of_one_percent_each_with_its_context() {
+        let fine = NodeSpec {
+            slices_per_gpu: 100,
+            ..one_gpu_node(SIM_H100_MIB)
+        };
+        let reserve = ContextReserve::new(SIM_CONTEXT_MIB).unwrap();
+        // One context per slice the GPU advertises: 100 kept apart.
+        let spec = reserve.node_spec(fine.clone()).unwrap();
+        assert_eq!(
+            spec.gpus[0].memory_mib,
+            SIM_H100_MIB - 100 * SIM_CONTEXT_MIB
+        );
+        let one_percent = container(&[
+            ("vgpu.io/gpu", "1"),
+            ("vgpu.io/gpu-compute", "1"),
+            ("vgpu.io/gpu-memory", "519"),
+        ]);
+        let quotas = place_on(reserve, fine.clone(), &vec![one_percent.clone(); 101]);
+        assert_eq!(quotas.len(), 100, "100 placed, the 101st refused");
+        let physical: u64 = quotas.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
+        assert!(physical <= SIM_H100_MIB, "{physical} MiB");
+        // Compute alone would not stop an 11th container of 1 % on a 10-slice GPU: the
+        // slices do.
+        assert_eq!(
+            place_all(reserve, SIM_H100_MIB, &vec![one_percent.clone(); 11]).len(),
+            10
+        );
+        // A whole GPU on a fine node is exclusive and frees all 100 slices again.
+        let spec = reserve.node_spec(fine).unwrap();
+        let mut ledger = Ledger::with_nodes([spec]).unwrap();
+        let whole = container(&[("vgpu.io/gpu", "10")]);
+        let grants = ledger.node(0).fit(&whole).unwrap();
+        assert_eq!(grants[0][0].slices, 10);
+        let placement = Placement {
+            node: 0,
+            containers: grants,
+        };
+        ledger.commit("whole", &whole, placement).unwrap();
+        assert!(ledger.node(0).fit(&one_percent).is_err(), "exclusive");
+        ledger.release("whole").unwrap();
+        assert!(ledger.node(0).gpu_fully_free(0));
+        assert_eq!(ledger.node(0).gpus[0].slices, 100);
     }
 
     #[test]
@@ -274,7 +324,9 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            ContextReserve::NONE.quota_memory_mib("g", 1024, SLICES_PER_GPU).unwrap(),
+            ContextReserve::NONE
+                .quota_memory_mib("g", 1024, SLICES_PER_GPU)
+                .unwrap(),
             1024
         );
     }

@@ -429,8 +429,7 @@ impl NodeState {
                         *g = GpuFree {
                             milli: 0,
                             memory_mib: 0,
-                            slices: self.spec.slices_per_gpu
-                                - demand.slices.min(SLICES_PER_GPU),
+                            slices: self.spec.slices_per_gpu - demand.slices.min(SLICES_PER_GPU),
                         };
                     }
                 }

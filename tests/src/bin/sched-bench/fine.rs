@@ -33,6 +33,8 @@ struct Outcome {
     range: (f64, f64),
     /// Tenants whose `cuMemGetInfo`/NVML did not show their own quota and allocation.
     memory_wrong: Vec<String>,
+    /// From the common start until every tenant had run on the GPU, ms.
+    all_running_ms: u64,
 }
 
 /// Jain's fairness index of `x`: 1 when all are equal, `1/n` when one has everything.
@@ -58,11 +60,16 @@ fn field(out: &str, key: &str) -> Option<u64> {
 fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> Result<Outcome> {
     let d = b.daemon(&format!("fine{n}"), &[])?;
     let at = now_ms() + startup.as_millis() as u64;
-    let secs = (startup + window).as_secs() + 2;
+    // Long enough for a slow start; the tenants are stopped after the window.
+    let secs = (startup + window).as_secs() + 40;
     let mut children: Vec<Child> = Vec::with_capacity(n);
     let mut quotas = Vec::with_capacity(n);
     for i in 0..n {
-        let dir = b.root.path().join("containers").join(format!("fine{n}-{i}"));
+        let dir = b
+            .root
+            .path()
+            .join("containers")
+            .join(format!("fine{n}-{i}"));
         std::fs::create_dir_all(&dir)?;
         // Distinct quotas and allocations (2 MiB steps: the allocation granularity).
         let quota_mib = 64 + 2 * i as u64;
@@ -73,7 +80,14 @@ fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> 
             .env("VGPU_COMPUTE_SHARE", share.to_string())
             .env("VGPU_MEMORY_LIMIT", format!("{quota_mib}Mi"))
             .env("VGPU_DAEMON_SOCKET", &d.socket)
-            .args(["init", "alloc", &alloc.to_string(), "meminfo", "nvml", "load"])
+            .args([
+                "init",
+                "alloc",
+                &alloc.to_string(),
+                "meminfo",
+                "nvml",
+                "load",
+            ])
             .args([secs.to_string(), KERNEL_NS.to_string(), at.to_string()])
             .arg("1");
         match c.spawn() {
@@ -86,10 +100,26 @@ fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> 
         quotas.push((quota_mib << 20, alloc));
     }
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
-    // The window opens a second after the common start, as in the other scenarios.
+    // On a busy node 100 processes take seconds to start: the window opens one round
+    // (a second) after every tenant has run on the GPU, not at a fixed time.
     let st = b.state()?;
-    let open = at + 1000;
-    std::thread::sleep(Duration::from_millis(open.saturating_sub(now_ms())));
+    let deadline = Instant::now() + startup + Duration::from_secs(30);
+    let running = loop {
+        let seen = b.busy(&st);
+        if pids.iter().all(|p| seen.get(p).is_some_and(|&ns| ns > 0)) {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let all_running_ms = now_ms().saturating_sub(at);
+    if !running {
+        kill_all(children);
+        bail!("not every one of {n} tenants ran on the GPU within 30 s of the start");
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let t0 = Instant::now();
     let b0 = b.busy(&st);
     std::thread::sleep(window);
@@ -99,6 +129,9 @@ fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> 
         .iter()
         .map(|p| (b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0)) as f64)
         .collect();
+    for c in &mut children {
+        let _ = c.kill();
+    }
     let mut memory_wrong = Vec::new();
     for (i, (ch, (quota, alloc))) in children.into_iter().zip(quotas).enumerate() {
         let out = ch.wait_with_output()?;
@@ -112,11 +145,12 @@ fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> 
         // Its own quota as the device's total, both ways; its own allocation as used.
         let own = seen.0 == Some(quota)
             && seen.2 == Some(quota)
-            && seen.3.is_some_and(|u| u == alloc && seen.1 == Some(quota - u));
-        if !out.status.success() || !own {
+            && seen
+                .3
+                .is_some_and(|u| u == alloc && seen.1 == Some(quota - u));
+        if !own {
             memory_wrong.push(format!(
-                "tenant {i} (quota {quota}, allocated {alloc}, {}): {}",
-                out.status,
+                "tenant {i} (quota {quota}, allocated {alloc}): {}",
                 text.trim()
             ));
         }
@@ -134,6 +168,7 @@ fn run(b: &Bench, n: usize, share: u32, startup: Duration, window: Duration) -> 
             pct.iter().copied().fold(0.0, f64::max),
         ),
         memory_wrong,
+        all_running_ms,
     })
 }
 
@@ -146,13 +181,17 @@ pub(super) fn fine(b: &Bench, r: &mut Report) -> Result<()> {
     r.say(format!(
         "fine sharing (ADR 0023; 1 ms kernels, burst, {} s windows; load average before: {}):",
         window.as_secs(),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     ));
     let mut busy = Vec::new();
-    for (n, share, startup) in [(1, 100, 1500), (10, 10, 2500), (100, 1, 8000)] {
+    for (n, share, startup) in [(1, 100, 1000), (10, 10, 1500), (100, 1, 3000)] {
         let o = run(b, n, share, Duration::from_millis(startup), window)?;
         r.say(format!(
-            "  {n} × {share} %: achieved {:.2}–{:.2} % of GPU time; worst error {:.2} pp; Jain's fairness {:.4}; GPU busy {:.1} % of the window; own memory seen by {}/{n}",
+            "  {n} × {share} %: all running {:.1} s after the start; achieved {:.2}–{:.2} % of GPU time; worst error {:.2} pp; Jain's fairness {:.4}; GPU busy {:.1} % of the window; own memory seen by {}/{n}",
+            o.all_running_ms as f64 / 1000.0,
             o.range.0,
             o.range.1,
             o.worst_pp,
