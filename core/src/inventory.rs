@@ -17,6 +17,9 @@
 //! {"index":0,"uuid":"GPU-…","model":"…","memory_mib":81920,"healthy":true,
 //!  "topology":{"numa_node":3,"nvlink_peers":[{"index":1,"links":12}]}}
 //! ```
+//!
+//! So is the node's `slices_per_gpu` (ADR 0023: device IDs per GPU, 10 when absent, up
+//! to 100 on a node configured for fine sharing).
 
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +88,15 @@ pub struct NodeInventory {
     pub version: u32,
     /// The GPUs, in NVML index order.
     pub gpus: Vec<GpuInfo>,
+    /// Device IDs of `vgpu.io/gpu` the plugin advertises per GPU, so the most containers
+    /// one GPU takes (ADR 0023): 10 (the default, and what a plugin that predates the
+    /// field advertises) up to 100 on a node configured for fine sharing.
+    #[serde(default = "slices_default")]
+    pub slices_per_gpu: u32,
+}
+
+fn slices_default() -> u32 {
+    crate::resources::SLICES_PER_GPU
 }
 
 /// Why an inventory record could not be read.
@@ -120,6 +132,8 @@ impl NodeInventory {
             return Err(InventoryError::Version(probe.version));
         }
         let inv: NodeInventory = serde_json::from_str(text).map_err(InventoryError::Malformed)?;
+        crate::resources::check_slices_per_gpu(inv.slices_per_gpu)
+            .map_err(InventoryError::Invalid)?;
         if inv.gpus.len() > MAX_GPUS_PER_NODE {
             return Err(InventoryError::Invalid(format!(
                 "{} GPUs listed, at most {MAX_GPUS_PER_NODE}",
@@ -172,6 +186,34 @@ mod tests {
                     topology: None,
                 },
             ],
+            slices_per_gpu: 10,
+        }
+    }
+
+    #[test]
+    fn slices_per_gpu_defaults_to_ten_and_is_checked() {
+        let old =
+            r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-x","model":"T4","memory_mib":15360}]}"#;
+        assert_eq!(
+            NodeInventory::from_json(old).expect("valid").slices_per_gpu,
+            10
+        );
+        let mut fine = sample();
+        fine.slices_per_gpu = 100;
+        let s = fine.to_json();
+        assert!(s.contains(r#""slices_per_gpu":100"#), "{s}");
+        assert_eq!(NodeInventory::from_json(&s).expect("valid"), fine);
+        for bad in [0, 9, 101] {
+            let s = s.replace(
+                r#""slices_per_gpu":100"#,
+                &format!(r#""slices_per_gpu":{bad}"#),
+            );
+            let e = NodeInventory::from_json(&s).expect_err("out of range");
+            assert!(
+                e.to_string()
+                    .contains(&format!("slices per GPU {bad} is out of range")),
+                "{e}"
+            );
         }
     }
 

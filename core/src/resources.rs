@@ -48,8 +48,26 @@ pub const ANNOTATION_ASSIGNMENT: &str = "vgpu.io/assignment";
 /// Node label the device plugin sets to the node's GPU model (for node affinity).
 pub const LABEL_GPU_MODEL: &str = "vgpu.io/gpu-model";
 
-/// Slices per physical GPU.
+/// Slices per physical GPU on a node configured as today (the default), and the most
+/// slices one container may hold on one GPU (`vgpu.io/gpu` counts tenths).
 pub const SLICES_PER_GPU: u32 = 10;
+/// Device IDs per physical GPU on a node configured for fine sharing (ADR 0023): up to
+/// 100 containers share a GPU, each holding at least one ID.
+pub const FINE_SLICES_PER_GPU: u32 = 100;
+
+/// Checks a node's device IDs per GPU (`--slices-per-gpu`, the inventory's
+/// `slices_per_gpu`): from [`SLICES_PER_GPU`] (10, the default) to
+/// [`FINE_SLICES_PER_GPU`] (100). Fewer than 10 would refuse a whole GPU (`vgpu.io/gpu:
+/// 10`) on that node; more than 100 would let containers below the 1 % compute step on.
+pub fn check_slices_per_gpu(n: u32) -> Result<u32, String> {
+    if (SLICES_PER_GPU..=FINE_SLICES_PER_GPU).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "slices per GPU {n} is out of range: {SLICES_PER_GPU} (one per tenth, the default) to {FINE_SLICES_PER_GPU} (one per percent, ADR 0023)"
+        ))
+    }
+}
 /// Milli-GPU per physical GPU.
 pub const MILLI_PER_GPU: u32 = 1000;
 /// Largest number of GPUs one container may ask for.

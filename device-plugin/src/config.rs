@@ -96,6 +96,9 @@ pub struct Config {
     pub nvml_lib: Option<PathBuf>,
     /// Where to serve Prometheus metrics; `None`: nowhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Device IDs of `vgpu.io/gpu` advertised per GPU, so the most containers one GPU
+    /// takes: 10 (the default) up to 100 (fine sharing, ADR 0023).
+    pub slices_per_gpu: u32,
 }
 
 /// A configuration value that is not acceptable.
@@ -145,6 +148,7 @@ impl Config {
             gc_grace: Duration::from_secs(300),
             nvml_lib: None,
             metrics_addr: None,
+            slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
         }
     }
 
@@ -221,6 +225,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 name: "dev-dir",
                 reason: format!("{} is not an absolute path", self.dev_dir.display()),
+            });
+        }
+        if let Err(reason) = vgpu_core::resources::check_slices_per_gpu(self.slices_per_gpu) {
+            return Err(ConfigError::Invalid {
+                name: "slices-per-gpu",
+                reason,
             });
         }
         if self.health_poll.is_zero() || self.kubelet_poll.is_zero() {

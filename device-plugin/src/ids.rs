@@ -1,10 +1,11 @@
 //! Device IDs: `<gpu-uuid>-<slot>`, so that kubelet's own ledger (checkpoint, PodResources
-//! API) names the physical GPU of every 0.1-GPU slice it hands out.
+//! API) names the physical GPU of every slice it hands out (10 per GPU, or up to 100 on a
+//! node configured for fine sharing, ADR 0023).
 
 use std::collections::BTreeSet;
 
 use sha2::{Digest, Sha256};
-use vgpu_core::resources::SLICES_PER_GPU;
+use vgpu_core::resources::FINE_SLICES_PER_GPU;
 
 /// Longest device ID kubelet accepts in practice (a DNS label).
 pub const MAX_ID_LEN: usize = 63;
@@ -25,14 +26,16 @@ pub enum IdError {
     Malformed(String),
 }
 
-/// The device ID of `slot` (0..10) on GPU `uuid`.
+/// The device ID of `slot` (0..10, or up to 0..100 on a fine node, ADR 0023) on GPU
+/// `uuid`.
 pub fn device_id(uuid: &str, slot: u32) -> String {
     format!("{uuid}-{slot}")
 }
 
 /// Checks that every ID of GPU `uuid` fits kubelet's limit.
 pub fn check_uuid(uuid: &str) -> Result<(), IdError> {
-    let len = device_id(uuid, SLICES_PER_GPU - 1).len();
+    // The longest ID any configuration advertises (slot 99).
+    let len = device_id(uuid, FINE_SLICES_PER_GPU - 1).len();
     if len > MAX_ID_LEN || uuid.is_empty() {
         return Err(IdError::TooLong {
             uuid: uuid.to_owned(),
@@ -47,7 +50,7 @@ pub fn parse_device_id(id: &str) -> Result<(&str, u32), IdError> {
     let malformed = || IdError::Malformed(id.to_owned());
     let (uuid, slot) = id.rsplit_once('-').ok_or_else(malformed)?;
     let slot: u32 = slot.parse().map_err(|_| malformed())?;
-    if uuid.is_empty() || slot >= SLICES_PER_GPU {
+    if uuid.is_empty() || slot >= FINE_SLICES_PER_GPU {
         return Err(malformed());
     }
     Ok((uuid, slot))
@@ -99,7 +102,12 @@ mod tests {
         let id = device_id(uuid, 7);
         assert!(id.len() <= MAX_ID_LEN);
         assert_eq!(parse_device_id(&id).unwrap(), (uuid, 7));
-        assert!(parse_device_id("GPU-x-10").is_err());
+        // Slots 0..100: a fine node advertises 100 per GPU (ADR 0023).
+        assert_eq!(parse_device_id("GPU-x-99").unwrap(), ("GPU-x", 99));
+        assert!(parse_device_id("GPU-x-100").is_err());
+        // A UUID is checked against the longest ID any node advertises (slot 99).
+        assert!(check_uuid(&"x".repeat(61)).is_err());
+        check_uuid(&"x".repeat(60)).unwrap();
         assert!(parse_device_id("nodash").is_err());
         assert!(check_uuid(&"x".repeat(62)).is_err());
     }

@@ -16,11 +16,13 @@ use vgpu_core::resources::LABEL_GPU_MODEL;
 
 use crate::error::error_chain;
 
-/// The merge patch that publishes `gpus` on a Node.
-pub fn node_patch(gpus: &[GpuInfo]) -> serde_json::Value {
+/// The merge patch that publishes `gpus`, advertised with `slices_per_gpu` device IDs
+/// each (ADR 0023), on a Node.
+pub fn node_patch(gpus: &[GpuInfo], slices_per_gpu: u32) -> serde_json::Value {
     let inv = NodeInventory {
         version: INVENTORY_VERSION,
         gpus: gpus.to_vec(),
+        slices_per_gpu,
     };
     let model = match gpus.first() {
         Some(g) if gpus.iter().all(|h| h.model == g.model) => json!(label_value(&g.model)),
@@ -55,12 +57,13 @@ pub async fn publish(
     client: kube::Client,
     node: String,
     mut gpus: watch::Receiver<Vec<GpuInfo>>,
+    slices_per_gpu: u32,
     retry: Duration,
 ) {
     let api: Api<Node> = Api::all(client);
     loop {
         let list = gpus.borrow_and_update().clone();
-        let patch = node_patch(&list);
+        let patch = node_patch(&list, slices_per_gpu);
         loop {
             match api
                 .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
@@ -95,11 +98,12 @@ mod tests {
     #[test]
     fn patch_carries_a_valid_record_and_a_model_label() {
         let g = vgpu_testkit::node::gpus(2, 81920);
-        let p = node_patch(&g);
+        let p = node_patch(&g, 100);
         let text = p["metadata"]["annotations"][ANNOTATION_GPU_INVENTORY]
             .as_str()
             .expect("string");
-        assert_eq!(NodeInventory::from_json(text).expect("valid").gpus, g);
+        let inv = NodeInventory::from_json(text).expect("valid");
+        assert_eq!((inv.gpus, inv.slices_per_gpu), (g, 100));
         assert_eq!(
             p["metadata"]["labels"][LABEL_GPU_MODEL],
             "NVIDIA-A100-SXM4-80GB"

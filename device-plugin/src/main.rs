@@ -50,6 +50,7 @@ async fn health_cmd(args: HealthArgs) -> Result<()> {
         let inv = vgpu_core::inventory::NodeInventory {
             version: vgpu_core::inventory::INVENTORY_VERSION,
             gpus: rx.borrow_and_update().clone(),
+            slices_per_gpu: cfg.slices_per_gpu,
         };
         println!("{}", inv.to_json());
         tokio::select! {
@@ -144,6 +145,10 @@ struct RunArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9401); none by default.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Device IDs of vgpu.io/gpu advertised per GPU, so the most containers sharing one
+    /// GPU: 10 (one per tenth) up to 100 (fine sharing, 1 % steps; ADR 0023).
+    #[arg(long, default_value_t = 10)]
+    slices_per_gpu: u32,
 }
 
 impl RunArgs {
@@ -199,6 +204,7 @@ impl RunArgs {
         c.nvml_lib = self.nvml_lib.clone();
         c.metrics_addr = self.metrics_addr;
         c.gc_grace = Duration::from_secs(self.gc_grace_s);
+        c.slices_per_gpu = self.slices_per_gpu;
         Ok(c)
     }
 }

@@ -12,7 +12,6 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, info};
 use vgpu_core::container_quota::QUOTA_FILE;
 use vgpu_core::inventory::GpuInfo;
-use vgpu_core::resources::SLICES_PER_GPU;
 
 use crate::config::{Config, DeviceMode};
 use crate::error::error_chain;
@@ -69,9 +68,10 @@ impl AllocateError {
     }
 }
 
-/// The device list kubelet sees: 10 IDs per GPU, with the GPU's health and, where NVML
+/// The device list kubelet sees: `slices_per_gpu` IDs per GPU (10, or up to 100 on a
+/// node configured for fine sharing, ADR 0023), with the GPU's health and, where NVML
 /// told it, its NUMA node (`TopologyInfo`, read by kubelet's Topology Manager).
-pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
+pub fn devices(gpus: &[GpuInfo], slices_per_gpu: u32) -> Vec<Device> {
     gpus.iter()
         .flat_map(|g| {
             let topology = g
@@ -81,7 +81,7 @@ pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
                 .map(|n| TopologyInfo {
                     nodes: vec![NumaNode { id: i64::from(n) }],
                 });
-            (0..SLICES_PER_GPU).map(move |s| Device {
+            (0..slices_per_gpu).map(move |s| Device {
                 id: ids::device_id(&g.uuid, s),
                 health: if g.healthy { HEALTHY } else { UNHEALTHY }.to_owned(),
                 topology: topology.clone(),
@@ -295,10 +295,11 @@ impl DevicePlugin for Plugin {
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut rx = self.gpus.clone();
+        let slices_per_gpu = self.cfg.slices_per_gpu;
         let (tx, out) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             loop {
-                let list = devices(&rx.borrow_and_update());
+                let list = devices(&rx.borrow_and_update(), slices_per_gpu);
                 debug!(devices = list.len(), "ListAndWatch: sending the full list");
                 if tx
                     .send(Ok(ListAndWatchResponse { devices: list }))

@@ -186,6 +186,7 @@ pub async fn start(cfg: Arc<Config>, deps: Deps) -> Result<Started, RunError> {
         client.clone(),
         cfg.node_name.clone(),
         gpus.clone(),
+        cfg.slices_per_gpu,
         inventory_retry,
     )));
     let handshake = Handshake::new(cfg.clone(), client, Some(store), gpus.clone());

@@ -836,6 +836,7 @@ fn extender_assignment(
                 memory_mib: x.memory_mib,
             })
             .collect(),
+        slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
     };
     let ledger = Ledger::with_nodes([spec]).expect("ledger");
     let task = Task {

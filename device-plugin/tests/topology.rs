@@ -49,7 +49,7 @@ fn dgx_a100_gpus_carry_numa_nodes_and_nvlink_peers() {
         .collect();
     assert_eq!(t0.nvlink_peers, peers);
     // kubelet's view: every device ID of GPU 2 is on NUMA node 1.
-    let devs = devices(&inv.gpus);
+    let devs = devices(&inv.gpus, inv.slices_per_gpu);
     let gpu2: Vec<_> = devs
         .iter()
         .filter(|d| d.id.starts_with(&inv.gpus[2].uuid))

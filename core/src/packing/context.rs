@@ -7,14 +7,21 @@
 //! 80 GiB GPU got 8 GiB quotas each, and the last to fill its quota found only
 //! `8192 − 10 × 300` MiB.
 //!
-//! The rule: each of a GPU's [`SLICES_PER_GPU`] slices carries one context's
+//! The rule: each of a GPU's [`SLICES_PER_GPU`](crate::resources::SLICES_PER_GPU) slices carries one context's
 //! reservation, and quotas (proportional ones and explicit `vgpu.io/gpu-memory`) are
 //! packed into the rest, `total − 10 × context`. Every container holds at least one
 //! slice of each of its GPUs, so at most 10 containers share a GPU, and as long as the
 //! processes on a GPU hold at most one context per slice of their containers, every
 //! container can allocate its whole quota at the same time.
+//!
+//! On a node configured for fine sharing (ADR 0023: up to 100 slices, so up to 100
+//! containers, per GPU) the same rule reserves one context per slice the GPU advertises,
+//! `total − slices_per_gpu × context`: at 100 containers each of them can still allocate
+//! its quota. The price is memory the quotas cannot use while fewer containers are there
+//! (29.3 GiB of an 80 GiB GPU at 300 MiB per context); ADR 0023 says why a reservation
+//! charged per slice granted was left for later.
 
-use crate::resources::{GpuDemand, SLICES_PER_GPU};
+use crate::resources::GpuDemand;
 
 use super::ledger::NodeSpec;
 
@@ -39,7 +46,7 @@ pub enum ContextReserveError {
     },
     /// A GPU is too small to hold the contexts of all its slices and any quota.
     #[error(
-        "GPU {uuid} has {total_mib} MiB: no memory left for quotas after {SLICES_PER_GPU} CUDA contexts of {context_mib} MiB (ADR 0012)"
+        "GPU {uuid} has {total_mib} MiB: no memory left for quotas after {slices} CUDA contexts of {context_mib} MiB (one per slice, ADR 0012, ADR 0023)"
     )]
     GpuTooSmall {
         /// The GPU.
@@ -48,6 +55,8 @@ pub enum ContextReserveError {
         total_mib: u64,
         /// The reservation per context, MiB.
         context_mib: u64,
+        /// The GPU's slices (contexts reserved).
+        slices: u32,
     },
 }
 
@@ -89,16 +98,23 @@ impl ContextReserve {
         self.mib
     }
 
-    /// What a GPU of `total_mib` keeps for quotas: `total − 10 × context`; an error
+    /// What a GPU of `total_mib` with `slices` slices keeps for quotas: `total − slices ×
+    /// context` (10 slices by default, up to 100 on a fine node, ADR 0023); an error
     /// naming the GPU when nothing would be left.
-    pub fn quota_memory_mib(self, uuid: &str, total_mib: u64) -> Result<u64, ContextReserveError> {
-        let reserved = self.mib.saturating_mul(u64::from(SLICES_PER_GPU));
+    pub fn quota_memory_mib(
+        self,
+        uuid: &str,
+        total_mib: u64,
+        slices: u32,
+    ) -> Result<u64, ContextReserveError> {
+        let reserved = self.mib.saturating_mul(u64::from(slices));
         match total_mib.checked_sub(reserved) {
             Some(left) if left > 0 => Ok(left),
             _ => Err(ContextReserveError::GpuTooSmall {
                 uuid: uuid.to_owned(),
                 total_mib,
                 context_mib: self.mib,
+                slices,
             }),
         }
     }
@@ -106,7 +122,7 @@ impl ContextReserve {
     /// A node as the ledger packs it: each GPU's memory is what it keeps for quotas.
     pub fn node_spec(self, mut spec: NodeSpec) -> Result<NodeSpec, ContextReserveError> {
         for g in &mut spec.gpus {
-            g.memory_mib = self.quota_memory_mib(&g.uuid, g.memory_mib)?;
+            g.memory_mib = self.quota_memory_mib(&g.uuid, g.memory_mib, spec.slices_per_gpu)?;
         }
         Ok(spec)
     }
@@ -132,7 +148,7 @@ mod tests {
 
     use super::*;
     use crate::packing::{GpuSpec, Ledger, Placement, Task};
-    use crate::resources::{ModelConstraint, parse_container_request};
+    use crate::resources::{ModelConstraint, SLICES_PER_GPU, parse_container_request};
     use std::collections::BTreeMap;
 
     /// The simulated H100: 80 GiB, 300 MiB per context (cuda-sim).
@@ -150,6 +166,7 @@ mod tests {
                 model: "H100".into(),
                 memory_mib: total,
             }],
+            slices_per_gpu: SLICES_PER_GPU,
         }
     }
 
@@ -168,7 +185,12 @@ mod tests {
 
     /// Places tasks one by one with the ledger's fit; returns the quotas granted.
     fn place_all(reserve: ContextReserve, total: u64, tasks: &[Task]) -> Vec<u64> {
-        let spec = reserve.node_spec(one_gpu_node(total)).unwrap();
+        place_on(reserve, one_gpu_node(total), tasks)
+    }
+
+    /// [`place_all`] on a node of `spec`.
+    fn place_on(reserve: ContextReserve, spec: NodeSpec, tasks: &[Task]) -> Vec<u64> {
+        let spec = reserve.node_spec(spec).unwrap();
         let mut ledger = Ledger::with_nodes([spec]).unwrap();
         let mut quotas = Vec::new();
         for (k, t) in tasks.iter().enumerate() {
@@ -209,6 +231,51 @@ mod tests {
         let before = place_all(ContextReserve::NONE, SIM_H100_MIB, &tasks);
         let physical: u64 = before.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
         assert_eq!(physical, SIM_H100_MIB + 10 * SIM_CONTEXT_MIB);
+    }
+
+    #[test]
+    fn a_fine_gpu_takes_one_hundred_containers_of_one_percent_each_with_its_context() {
+        let fine = NodeSpec {
+            slices_per_gpu: 100,
+            ..one_gpu_node(SIM_H100_MIB)
+        };
+        let reserve = ContextReserve::new(SIM_CONTEXT_MIB).unwrap();
+        // One context per slice the GPU advertises: 100 kept apart.
+        let spec = reserve.node_spec(fine.clone()).unwrap();
+        assert_eq!(
+            spec.gpus[0].memory_mib,
+            SIM_H100_MIB - 100 * SIM_CONTEXT_MIB
+        );
+        let one_percent = container(&[
+            ("vgpu.io/gpu", "1"),
+            ("vgpu.io/gpu-compute", "1"),
+            ("vgpu.io/gpu-memory", "519"),
+        ]);
+        let quotas = place_on(reserve, fine.clone(), &vec![one_percent.clone(); 101]);
+        assert_eq!(quotas.len(), 100, "100 placed, the 101st refused");
+        let physical: u64 = quotas.iter().map(|q| q + SIM_CONTEXT_MIB).sum();
+        assert!(physical <= SIM_H100_MIB, "{physical} MiB");
+        // Compute alone would not stop an 11th container of 1 % on a 10-slice GPU: the
+        // slices do.
+        assert_eq!(
+            place_all(reserve, SIM_H100_MIB, &vec![one_percent.clone(); 11]).len(),
+            10
+        );
+        // A whole GPU on a fine node is exclusive and frees all 100 slices again.
+        let spec = reserve.node_spec(fine).unwrap();
+        let mut ledger = Ledger::with_nodes([spec]).unwrap();
+        let whole = container(&[("vgpu.io/gpu", "10")]);
+        let grants = ledger.node(0).fit(&whole).unwrap();
+        assert_eq!(grants[0][0].slices, 10);
+        let placement = Placement {
+            node: 0,
+            containers: grants,
+        };
+        ledger.commit("whole", &whole, placement).unwrap();
+        assert!(ledger.node(0).fit(&one_percent).is_err(), "exclusive");
+        ledger.release("whole").unwrap();
+        assert!(ledger.node(0).gpu_fully_free(0));
+        assert_eq!(ledger.node(0).gpus[0].slices, 100);
     }
 
     #[test]
@@ -258,7 +325,9 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            ContextReserve::NONE.quota_memory_mib("g", 1024).unwrap(),
+            ContextReserve::NONE
+                .quota_memory_mib("g", 1024, SLICES_PER_GPU)
+                .unwrap(),
             1024
         );
     }

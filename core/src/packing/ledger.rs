@@ -35,6 +35,10 @@ pub struct NodeSpec {
     /// How the GPUs are connected, keyed by their index in `gpus` (not NVML's index);
     /// empty when unknown, and then placement is topology-blind (ADR 0021).
     pub topology: NodeTopology,
+    /// Device-plugin slices (device IDs) per GPU: [`SLICES_PER_GPU`] (10) by default, up
+    /// to 100 on a node configured for fine sharing (ADR 0023). Every container holds at
+    /// least one on each of its GPUs, so this is the most containers a GPU takes.
+    pub slices_per_gpu: u32,
 }
 
 /// What is free on one GPU.
@@ -154,12 +158,15 @@ pub enum Reject {
         /// Needed per GPU, MiB (on the largest GPU).
         need: u64,
     },
-    /// No GPU with enough free device-plugin slices (at most 10 tenants per GPU).
+    /// No GPU with enough free device-plugin slices (each container holds at least one:
+    /// at most 10 tenants per GPU, 100 on a node configured for fine sharing).
     GpuSlices {
         /// Largest number of free slices on one GPU.
         max_free: u32,
         /// Needed per GPU.
         need: u32,
+        /// Slices each GPU of the node has ([`NodeSpec::slices_per_gpu`]).
+        per_gpu: u32,
     },
     /// The best set of GPUs a multi-GPU container can get here is worse than the pod's
     /// `vgpu.io/gpu-topology` requirement.
@@ -257,10 +264,14 @@ impl fmt::Display for Reject {
                     gib(*need)
                 )
             }
-            Reject::GpuSlices { max_free, need } => {
+            Reject::GpuSlices {
+                max_free,
+                need,
+                per_gpu,
+            } => {
                 write!(
                     f,
-                    "GPU slices: max free {max_free} < {need} (at most 10 per GPU)"
+                    "GPU slices: max free {max_free} < {need} (each container holds at least one; {per_gpu} per GPU on this node)"
                 )
             }
             Reject::Topology {
@@ -329,7 +340,7 @@ impl NodeState {
             .map(|g| GpuFree {
                 milli: MILLI_PER_GPU,
                 memory_mib: g.memory_mib,
-                slices: SLICES_PER_GPU,
+                slices: spec.slices_per_gpu,
             })
             .collect();
         NodeState {
@@ -347,7 +358,7 @@ impl NodeState {
         let g = &self.gpus[i];
         g.milli == MILLI_PER_GPU
             && g.memory_mib == self.spec.gpus[i].memory_mib
-            && g.slices == SLICES_PER_GPU
+            && g.slices == self.spec.slices_per_gpu
     }
 
     /// Number of fully free GPUs.
@@ -430,7 +441,7 @@ impl NodeState {
                     allowed[i]
                         && g.milli == MILLI_PER_GPU
                         && g.memory_mib == self.spec.gpus[i].memory_mib
-                        && g.slices == SLICES_PER_GPU
+                        && g.slices == self.spec.slices_per_gpu
                 };
                 // With a known topology, the best-connected set of fully free GPUs
                 // (one GPU: the one whose loss breaks the least); else the lowest-numbered.
@@ -450,7 +461,7 @@ impl NodeState {
                         *g = GpuFree {
                             milli: 0,
                             memory_mib: 0,
-                            slices: SLICES_PER_GPU - demand.slices.min(SLICES_PER_GPU),
+                            slices: self.spec.slices_per_gpu - demand.slices.min(SLICES_PER_GPU),
                         };
                     }
                 }
@@ -643,6 +654,7 @@ fn share_reject(node: &NodeState, free: &[GpuFree], allowed: &[bool], d: &GpuDem
             .max()
             .unwrap_or(0),
         need: d.slices,
+        per_gpu: node.spec.slices_per_gpu,
     }
 }
 

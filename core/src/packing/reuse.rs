@@ -559,6 +559,7 @@ mod tests {
                 model: "A100".into(),
                 memory_mib: 40960,
             }],
+            slices_per_gpu: SLICES_PER_GPU,
         };
         let mut ledger = Ledger::with_nodes([spec]).unwrap();
         let other = Task {
@@ -726,6 +727,7 @@ mod tests {
                 cpu_milli: 1000,
                 memory_mib: 1024,
                 gpus: (0..gpus).map(|i| GpuSpec { uuid: format!("GPU-{i}"), model: "A100".into(), memory_mib: 40960 }).collect(),
+                slices_per_gpu: SLICES_PER_GPU,
             };
             let ledger = Ledger::with_nodes([spec]).unwrap();
             let task = Task {

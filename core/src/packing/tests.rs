@@ -22,6 +22,7 @@ fn node(name: &str, cpu: u64, mem: u64, gpus: &[(&str, u64)]) -> NodeSpec {
                 memory_mib: *mib,
             })
             .collect(),
+        slices_per_gpu: crate::resources::SLICES_PER_GPU,
     }
 }
 

@@ -157,6 +157,7 @@ pub(super) fn node_spec(node: &Node, contexts: ContextReserve) -> Result<NodeSpe
                 memory_mib: g.memory_mib,
             })
             .collect(),
+        slices_per_gpu: inventory.slices_per_gpu,
     };
     contexts.node_spec(spec).map_err(|e| e.to_string())
 }

@@ -167,6 +167,7 @@ fn make_node(i: usize, gpus: usize) -> Result<Node, BenchError> {
                 topology: None,
             })
             .collect(),
+        slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
     };
     serde_json::from_value(json!({
         "metadata": {

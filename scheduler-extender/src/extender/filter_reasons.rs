@@ -106,6 +106,7 @@ pub(super) fn quick_reject(node: &NodeState, task: &Task) -> Option<Reject> {
         Reject::GpuSlices {
             max_free: max_slices,
             need: d.slices,
+            per_gpu: node.spec.slices_per_gpu,
         }
     })
 }
@@ -167,6 +168,7 @@ mod tests {
                         memory_mib: if *big { 81_920 } else { 16_384 },
                     })
                     .collect(),
+                slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
             };
             let mut ledger = Ledger::with_nodes([spec]).expect("one node");
             for (k, d) in placed.into_iter().enumerate() {

@@ -186,6 +186,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
             memory_mib: csv.number(*line, row, mem, "memory_mib")?,
             gpus,
             name,
+            slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
         });
     }
     Ok(out)

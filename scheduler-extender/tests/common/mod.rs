@@ -76,6 +76,7 @@ pub fn inventory_json(node: &str, gpus: usize, model: &str, memory_mib: u64) -> 
                 topology: None,
             })
             .collect(),
+        slices_per_gpu: vgpu_core::resources::SLICES_PER_GPU,
     }
     .to_json()
 }

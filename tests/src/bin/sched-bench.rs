@@ -12,7 +12,7 @@
 //! with short (10 µs) and long (5 ms) kernels; Jain's fairness for 10 × 10 %;
 //! convergence after a live share change; work conservation under `burst`; a `cap`
 //! tenant alone; a latency-sensitive tenant beside a saturating best-effort one;
-//! throughput lost to slicing. Under load (`load`, same run): shares for 3 and 10
+//! throughput lost to slicing; 100 tenants of 1 % (`fine`, in `sched-bench/fine.rs`). Under load (`load`, same run): shares for 3 and 10
 //! tenants and convergence after a live change, once with every CPU saturated by busy
 //! loops (one more than there are CPUs) and once with each tenant in its own CPU-limited
 //! container (a cgroup `cpu` quota of 0.5 CPU holding the tenant and a busy loop: cgroup2
@@ -27,6 +27,9 @@ use anyhow::{Context, Result, bail};
 use vgpu_cuda_sim::config::SimConfig;
 use vgpu_cuda_sim::node_state::State;
 use vgpu_tests::cpu_load::{CpuHogs, CpuLimited};
+
+#[path = "sched-bench/fine.rs"]
+mod fine;
 
 const SHORT_NS: u64 = 10_000;
 const LONG_NS: u64 = 5_000_000;
@@ -646,7 +649,7 @@ fn main() -> Result<()> {
                 only = Some(v.split(',').map(str::to_owned).collect());
             }
             other => bail!(
-                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load,fidelity)"
+                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load,fidelity,fine)"
             ),
         }
     }
@@ -725,6 +728,9 @@ fn main() -> Result<()> {
     }
     if want("load") {
         under_load(&b, &mut r)?;
+    }
+    if want("fine") {
+        fine::fine(&b, &mut r)?;
     }
     if want("overhead") && want("shares") {
         r.say("throughput lost to slicing (2 tenants 30/70 vs one alone without vgpu):".into());
