@@ -337,6 +337,7 @@ mod placement {
                 })
                 .collect(),
             topology: topo,
+            slices_per_gpu: crate::resources::SLICES_PER_GPU,
         }])
         .expect("one node")
     }

@@ -167,6 +167,7 @@ fn extender_set(
         } else {
             NodeTopology::default()
         },
+        slices_per_gpu: inv.slices_per_gpu,
     };
     let mut ledger = Ledger::new();
     ledger.add_node(spec)?;
