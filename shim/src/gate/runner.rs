@@ -44,8 +44,8 @@ struct Dev {
     idle_ticks: u32,
     /// Measured GPU time per launch, ns (0: unknown yet), from marker completions.
     per_launch_ns: f64,
-    /// Last marker completion seen: (when, launch count, whether more was queued).
-    last_obs: Option<(u64, u64, bool)>,
+    /// Last marker completion seen: (when, its launch count, launches started by then).
+    last_obs: Option<(u64, u64, u64)>,
     /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
     queue_ahead_ns: u64,
     /// Fallback: closed until (mono ns).

@@ -41,8 +41,12 @@ impl Runner {
                 }
                 let now = mono_ns();
                 let d = &mut self.devs[i];
-                if let Some((t0, s0, busy)) = d.last_obs
-                    && busy
+                // A sample only where the queue provably never ran dry between the two
+                // markers: every launch up to this marker was already queued when the
+                // previous one was seen complete. Otherwise the interval holds time the
+                // launcher left the GPU idle (a starved CPU), which is not the launches'.
+                if let Some((t0, s0, queued)) = d.last_obs
+                    && queued >= seq
                     && seq > s0
                 {
                     let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
@@ -53,7 +57,7 @@ impl Runner {
                     };
                 }
                 let launched = gate.launched.load(Ordering::Relaxed);
-                d.last_obs = Some((now, seq, launched > seq));
+                d.last_obs = Some((now, seq, launched));
                 gate.completed.fetch_max(seq, Ordering::Relaxed);
                 advanced = true;
             }
@@ -126,6 +130,7 @@ impl Runner {
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
         let launches = launched.saturating_sub(d.launched_at_grant);
+        let busy_ns = occupied_ns(launches, d.per_launch_ns, end.saturating_sub(d.grant_at));
         gate.all_completed();
         d.last_obs = None;
         d.holding = None;
@@ -141,6 +146,7 @@ impl Runner {
                 generation,
                 end_ns: end,
                 launches,
+                busy_ns,
             }
         } else {
             ShimMsg::Drained {
@@ -149,6 +155,7 @@ impl Runner {
                 end_ns: end,
                 launches,
                 waiting,
+                busy_ns,
             }
         };
         if let Some(w) = ctl.as_mut() {
@@ -205,5 +212,32 @@ impl Runner {
                 _ => {}
             }
         }
+    }
+}
+
+/// Device time `launches` launches occupied, at `per_launch_ns` each (measured from
+/// the marker events while the queue stayed busy; 0: not measured yet, None), at most
+/// the slice they ran in (`held_ns`). Every launch under a grant ran within it: the drain
+/// completed them all before the report. The GPU idling between them (a launcher starved
+/// of CPU, a throttled container) is not in it.
+pub(super) fn occupied_ns(launches: u64, per_launch_ns: f64, held_ns: u64) -> Option<u64> {
+    if per_launch_ns <= 0.0 || !per_launch_ns.is_finite() {
+        return None;
+    }
+    let busy = (launches as f64 * per_launch_ns).min(held_ns as f64);
+    Some(busy as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::occupied_ns;
+
+    #[test]
+    fn occupied_time_is_launches_at_their_measured_cost_within_the_slice() {
+        assert_eq!(occupied_ns(100, 10_000.0, 10_000_000), Some(1_000_000));
+        assert_eq!(occupied_ns(5_000, 10_000.0, 10_000_000), Some(10_000_000));
+        assert_eq!(occupied_ns(0, 10_000.0, 10_000_000), Some(0));
+        assert_eq!(occupied_ns(100, 0.0, 10_000_000), None, "not measured");
+        assert_eq!(occupied_ns(100, f64::NAN, 10_000_000), None);
     }
 }
