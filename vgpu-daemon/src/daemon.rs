@@ -90,6 +90,13 @@ impl Config {
                 "out of range (0–60000)",
             ));
         }
+        if !(1..=100).contains(&self.params.min_charge_pct) {
+            return Err(bad(
+                "--min-charge-pct",
+                self.params.min_charge_pct.to_string(),
+                "out of range (1–100)",
+            ));
+        }
         if self.queue_ahead_us > 10_000_000 {
             return Err(bad(
                 "--queue-ahead-us",
@@ -908,7 +915,7 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                 tenant: tid,
                 pending: conns.into_iter().collect(),
                 end: 0,
-                busy: None,
+                busy: Some(0),
                 waiting: false,
             });
             // No process to drain: the GPU is free now.

@@ -71,7 +71,7 @@ impl Default for Params {
             drain_timeout_ns: 500_000_000,
             window_ns: 10_000_000_000,
             regrant_grace_ns: 2_000_000,
-            min_charge_pct: 25,
+            min_charge_pct: 10,
         }
     }
 }
@@ -135,12 +135,17 @@ enum St {
         generation: u32,
         since: u64,
         deadline: u64,
+        /// The grant's time and what was charged since at renewals (wall time).
+        granted: u64,
+        provisional: u64,
     },
     Draining {
         t: TenantId,
         generation: u32,
         since: u64,
         revoked_at: u64,
+        granted: u64,
+        provisional: u64,
     },
 }
 
@@ -271,19 +276,23 @@ impl Scheduler {
         now: u64,
     ) -> Vec<Action> {
         let mut out = Vec::new();
-        let since = match self.st {
+        let (since, granted, provisional) = match self.st {
             St::Holding {
                 t,
                 generation: g,
                 since,
+                granted,
+                provisional,
                 ..
             }
             | St::Draining {
                 t,
                 generation: g,
                 since,
+                granted,
+                provisional,
                 ..
-            } if t == id && g == generation => since,
+            } if t == id && g == generation => (since, granted, provisional),
             _ => return out,
         };
         let end = if end_ns == 0 {
@@ -291,8 +300,23 @@ impl Scheduler {
         } else {
             end_ns.clamp(since, now)
         };
-        let charged = slice_charge(end - since, busy_ns, self.p.min_charge_pct);
-        self.charge(id, charged, end);
+        let pct = self.p.min_charge_pct;
+        match busy_ns {
+            // The busy time covers the whole grant: what renewals charged as wall time
+            // is settled against it.
+            Some(_) => {
+                let total = slice_charge(end - granted, now - granted, busy_ns, pct);
+                if total >= provisional {
+                    self.charge(id, total - provisional, end);
+                } else {
+                    self.refund(id, provisional - total);
+                }
+            }
+            None => {
+                let charged = slice_charge(end - since, now - since, None, pct);
+                self.charge(id, charged, end);
+            }
+        }
         self.st = St::Idle;
         if let Some(t) = self.tenants.get_mut(&id) {
             t.demand_since = waiting.then_some(now);
@@ -409,6 +433,16 @@ impl Scheduler {
         }
     }
 
+    /// Gives back `ns` charged provisionally (renewals) beyond what the grant cost.
+    fn refund(&mut self, id: TenantId, ns: u64) {
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.used_ns = t.used_ns.saturating_sub(ns);
+            t.vtime -= ns as f64 * 100.0 / f64::from(t.settings.share_pct.max(1));
+            t.bucket_ns = (t.bucket_ns + ns as f64).min(self.p.quantum_ns as f64);
+            self.scheduled_ns = self.scheduled_ns.saturating_sub(ns);
+        }
+    }
+
     /// Class rank for the choice: latency-sensitive first unless it ran too far ahead.
     fn rank(&self, id: TenantId, t: &T) -> u8 {
         if t.settings.priority != Priority::LatencySensitive {
@@ -502,6 +536,8 @@ impl Scheduler {
             generation,
             since: now,
             deadline: now + slice,
+            granted: now,
+            provisional: 0,
         };
         out.push(Action::Grant {
             tenant: id,
@@ -514,6 +550,8 @@ impl Scheduler {
             t,
             generation,
             since,
+            granted,
+            provisional,
             ..
         } = self.st
         {
@@ -522,6 +560,8 @@ impl Scheduler {
                 generation,
                 since,
                 revoked_at: now,
+                granted,
+                provisional,
             };
             out.push(Action::Revoke {
                 tenant: t,
@@ -558,6 +598,8 @@ impl Scheduler {
                 generation,
                 since,
                 deadline,
+                granted,
+                provisional,
             } if now >= deadline => {
                 self.refill(now);
                 let others = self
@@ -571,8 +613,9 @@ impl Scheduler {
                 if others || capped {
                     self.revoke(now, out);
                 } else {
-                    // Alone and allowed: the slice goes on; what it used so far is
-                    // charged now (time-sliced exclusively, so wall time is GPU time).
+                    // Alone and allowed: the slice goes on; what it held so far is
+                    // charged now, provisionally (settled against the device time the
+                    // tenant reports when the grant ends).
                     self.charge(t, now - since, now);
                     let q = self.p.quantum_ns;
                     let min_slice = self.min_slice();
@@ -590,6 +633,8 @@ impl Scheduler {
                         generation,
                         since: now,
                         deadline: now + slice,
+                        granted,
+                        provisional: provisional + (now - since),
                     };
                 }
             }
@@ -612,14 +657,18 @@ impl Scheduler {
     }
 }
 
-/// What a slice of `wall_ns` (grant → drain) costs a tenant whose processes measured
-/// `busy_ns` of device time occupied in it: the busy time, at most the slice and at
-/// least `min_pct` percent of it; the whole slice when not measured. The GPU idling in a
-/// slice because the tenant's launcher was starved of CPU (or throttled) is then not
-/// charged as its share, and the time a tenant can hold the GPU idle is still bounded.
-pub fn slice_charge(wall_ns: u64, busy_ns: Option<u64>, min_pct: u32) -> u64 {
-    let floor = (u128::from(wall_ns) * u128::from(min_pct.min(100)) / 100) as u64;
-    busy_ns.map_or(wall_ns, |b| b.clamp(floor, wall_ns))
+/// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
+/// most the slice as they report it (`reported_ns`, grant → their drain end; all of it
+/// when not measured), and at least `min_pct` percent of the slice as the daemon saw it
+/// (`held_ns`, grant → the drain's report arriving). The GPU idling in a slice because
+/// the tenant's launcher was starved of CPU (or throttled) is then not charged as its
+/// share; what the tenant reports cannot bring the charge under the floor, so the time
+/// a tenant can hold the GPU idle, or lie about, stays bounded.
+pub fn slice_charge(reported_ns: u64, held_ns: u64, busy_ns: Option<u64>, min_pct: u32) -> u64 {
+    let floor = (u128::from(held_ns) * u128::from(min_pct.min(100)) / 100) as u64;
+    busy_ns
+        .map_or(reported_ns, |b| b.min(reported_ns))
+        .max(floor)
 }
 
 /// A capped tenant's slice: its tokens last `bucket / (1 − rate)` while it runs, since
@@ -1025,7 +1074,7 @@ mod tests {
         let got = run_filled(p, &[(1, 20, 0.0), (2, 80, 1.0)], true, 20_000 * MS);
         let held = |id| got[&id].0 as f64;
         let pct = held(1) * 100.0 / (held(1) + held(2));
-        // Charged the floor (25 % of its slices): weight 20 / 0.25 = 80 against 80.
+        // Charged the floor (10 % of its slices): weight 20 / 0.1 = 200 against 80.
         let bound = 20.0 * 100.0 / f64::from(p.min_charge_pct);
         let expect = bound * 100.0 / (bound + 80.0);
         assert!(
@@ -1036,12 +1085,17 @@ mod tests {
 
     #[test]
     fn a_slice_is_charged_its_busy_time_within_the_floor_and_the_slice() {
-        assert_eq!(slice_charge(10 * MS, None, 25), 10 * MS, "not measured");
-        assert_eq!(slice_charge(10 * MS, Some(6 * MS), 25), 6 * MS);
-        assert_eq!(slice_charge(10 * MS, Some(0), 25), 2_500_000, "the floor");
-        assert_eq!(slice_charge(10 * MS, Some(u64::MAX), 25), 10 * MS, "the slice");
-        assert_eq!(slice_charge(10 * MS, Some(0), 250), 10 * MS, "a floor over 100 %");
-        assert_eq!(slice_charge(u64::MAX, Some(0), 100), u64::MAX, "no overflow");
+        let q = 10 * MS;
+        assert_eq!(slice_charge(q, q, None, 25), q, "not measured");
+        assert_eq!(slice_charge(q, q, Some(6 * MS), 25), 6 * MS);
+        assert_eq!(slice_charge(q, q, Some(0), 25), 2_500_000, "the floor");
+        assert_eq!(slice_charge(q, q, Some(u64::MAX), 25), q, "the slice");
+        assert_eq!(slice_charge(q, q, Some(0), 250), q, "a floor over 100 %");
+        assert_eq!(slice_charge(u64::MAX, u64::MAX, Some(0), 100), u64::MAX);
+        // A drain end reported at the grant (charged nothing before) gets the floor of
+        // the slice the daemon saw.
+        assert_eq!(slice_charge(0, q, None, 25), 2_500_000);
+        assert_eq!(slice_charge(0, q, Some(0), 10), MS);
     }
 
     #[test]
