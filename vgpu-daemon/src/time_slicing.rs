@@ -303,9 +303,11 @@ impl Scheduler {
         let pct = self.p.min_charge_pct;
         match busy_ns {
             // The busy time covers the whole grant: what renewals charged as wall time
-            // is settled against it.
+            // is settled against it. The floor is a part of the slice as reported, not
+            // as a starved daemon read it late (a floor on the daemon's reading,
+            // tried, made the starved-daemon test fail 3 runs in 8 instead of 1).
             Some(_) => {
-                let total = slice_charge(end - granted, now - granted, busy_ns, pct);
+                let total = slice_charge(end - granted, end - granted, busy_ns, pct);
                 if total >= provisional {
                     self.charge(id, total - provisional, end);
                 } else {
