@@ -59,8 +59,8 @@ pub struct Params {
     pub regrant_grace_ns: u64,
     /// Least charge of a slice, percent of its time from grant to drain, whatever
     /// device time the tenant reports: bounds what a tenant that holds the GPU idle
-    /// (or under-reports) costs the others to `100 / min_charge_pct` times its share
-    /// of the GPU's time.
+    /// (or under-reports its busy time) costs the others to about `100 /
+    /// min_charge_pct` times its share of the GPU's time.
     pub min_charge_pct: u32,
 }
 
@@ -956,7 +956,11 @@ mod tests {
         );
         // Tenant 1 (owed: 3 ms at 80 % against 10 ms at 20 %) releases with nothing
         // blocked: the GPU waits for it, but only for the grace.
-        assert!(sched.release(1, 2, 13 * MS, None, false, 13 * MS).is_empty());
+        assert!(
+            sched
+                .release(1, 2, 13 * MS, None, false, 13 * MS)
+                .is_empty()
+        );
         assert_eq!(sched.holder(), None);
         let t = sched.next_deadline().expect("the grace ends");
         assert_eq!(t, 13 * MS + p.regrant_grace_ns);
@@ -1083,6 +1087,39 @@ mod tests {
             (pct - expect).abs() < 2.0,
             "a tenant reporting no busy time held {pct:.1} % of the GPU (bound {expect:.1} %)"
         );
+    }
+
+    #[test]
+    fn a_lone_holders_renewals_are_settled_against_its_busy_time() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        for k in 1..=3 {
+            assert!(sched.tick(k * 10 * MS).is_empty(), "alone: renewed");
+        }
+        assert_eq!(sched.stats(1, 30 * MS).expect("known").used_ns, 30 * MS);
+        sched.demand(2, 35 * MS);
+        assert_eq!(
+            sched.tick(40 * MS),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        // Its work occupied 12 ms of the 40 it held: the renewals' 30 ms are settled.
+        sched.release(1, 1, 40 * MS, Some(12 * MS), true, 40 * MS);
+        assert_eq!(sched.stats(1, 40 * MS).expect("known").used_ns, 12 * MS);
+        // Not measured: the whole grant, as before.
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        sched.tick(10 * MS);
+        sched.demand(2, 15 * MS);
+        sched.tick(20 * MS);
+        sched.release(1, 1, 20 * MS, None, true, 20 * MS);
+        assert_eq!(sched.stats(1, 20 * MS).expect("known").used_ns, 20 * MS);
     }
 
     #[test]

@@ -222,7 +222,10 @@ impl Bench {
             pids.iter()
                 .map(|p| b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0))
                 .collect(),
-            c1.iter().zip(&c0).map(|(a, b)| a.saturating_sub(*b)).collect(),
+            c1.iter()
+                .zip(&c0)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
             secs,
         ))
     }
