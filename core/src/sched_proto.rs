@@ -274,6 +274,11 @@ pub enum ShimMsg {
         launches: u64,
         /// Whether launchers are still waiting (demand continues).
         waiting: bool,
+        /// Device time this process's work occupied under this grant, ns, as the shim
+        /// measured it (absent: not measured yet; the daemon charges the whole slice).
+        /// Additive: an older daemon ignores it, an older shim does not send it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        busy_ns: Option<u64>,
     },
     /// Under grant `generation` the process launched nothing for a while, stopped using the
     /// grant (a later launch asks again with [`ShimMsg::Demand`]) and its work has
@@ -287,6 +292,9 @@ pub enum ShimMsg {
         end_ns: u64,
         /// Kernels launched under this grant.
         launches: u64,
+        /// Device time occupied under this grant, ns (as in [`ShimMsg::Drained`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        busy_ns: Option<u64>,
     },
     /// Memory in use by the container on `gpu` (periodic).
     Usage {
@@ -518,6 +526,24 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_report_without_busy_time_still_parses_and_none_is_not_sent() {
+        let old: ShimMsg = serde_json::from_str(
+            r#"{"Drained":{"gpu":0,"generation":3,"end_ns":5,"launches":2,"waiting":false}}"#,
+        )
+        .expect("an older shim's report");
+        assert!(matches!(old, ShimMsg::Drained { busy_ns: None, .. }));
+        let idle = ShimMsg::Idle {
+            gpu: 0,
+            generation: 3,
+            end_ns: 5,
+            launches: 2,
+            busy_ns: None,
+        };
+        let text = serde_json::to_string(&idle).expect("serializable");
+        assert!(!text.contains("busy_ns"), "{text}");
+    }
+
+    #[test]
     fn frames_round_trip_in_pieces() {
         let a = ShimMsg::Demand { gpu: 3 };
         let b = ShimMsg::Drained {
@@ -526,6 +552,7 @@ mod tests {
             end_ns: 99,
             launches: 12,
             waiting: true,
+            busy_ns: Some(40),
         };
         let mut wire = encode(&a);
         wire.extend(encode(&b));

@@ -185,7 +185,8 @@ pub(crate) fn sync_context(ctx: usize) {
     }
 }
 
-/// A new event without timing in the current context (None: the driver refused).
+/// A new event with timing in the current context (None: the driver refused): the gate
+/// thread measures the device time between two markers with it.
 pub(crate) fn create_event() -> Option<usize> {
     static P: OnceLock<usize> = OnceLock::new();
     let p = extra(&P, c"cuEventCreate");
@@ -195,8 +196,8 @@ pub(crate) fn create_event() -> Option<usize> {
     // SAFETY: `p` is the real cuEventCreate(CUevent*, unsigned int).
     let f = unsafe { std::mem::transmute::<usize, PFN_cuEventCreate>(p) };
     let mut e: CUevent = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; 2 = CU_EVENT_DISABLE_TIMING.
-    let r = unsafe { f(&mut e, 2) };
+    // SAFETY: a valid out-pointer; 0 = CU_EVENT_DEFAULT (timing on).
+    let r = unsafe { f(&mut e, 0) };
     (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
 }
 
@@ -212,6 +213,24 @@ pub(crate) fn record_event(event: usize, stream: usize) -> bool {
     // SAFETY: an event this shim created in the current context, and the stream the
     // application launched on.
     unsafe { f(event as CUevent, stream as CUstream) == CUDA_SUCCESS }
+}
+
+/// Device time from `start`'s completion to `end`'s, ns (None: not both complete, or the
+/// driver cannot time them). Both are events of this process's contexts on one device;
+/// the caller holds the context lock.
+pub(crate) fn event_elapsed_ns(start: usize, end: usize) -> Option<u64> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuEventElapsedTime");
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `p` is the real cuEventElapsedTime(float*, CUevent, CUevent).
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuEventElapsedTime>(p) };
+    let mut ms: f32 = 0.0;
+    // SAFETY: a valid out-pointer and two events of live contexts (the caller holds the
+    // context lock).
+    let r = unsafe { f(&mut ms, start as CUevent, end as CUevent) };
+    (r == CUDA_SUCCESS && ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
 }
 
 /// Whether `event` has completed (an error counts as completed: nothing to wait for).

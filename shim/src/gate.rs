@@ -136,15 +136,32 @@ pub struct Gate {
 }
 
 /// Marker events: recorded after a launch every `mark_every` launches, on the launch's
-/// own stream; the gate thread queries them to learn which launches completed.
+/// own stream; the gate thread queries them to learn which launches completed, and times
+/// them on the device to learn the device time per launch.
 #[derive(Debug, Default)]
 struct Markers {
-    /// Recorded, not yet seen complete: (context, event, launch count).
-    pending: std::collections::VecDeque<(usize, usize, u64)>,
+    /// Recorded, not yet seen complete.
+    pending: std::collections::VecDeque<Marker>,
+    /// The last one seen complete, kept (not reused) until the next completes: the start
+    /// of the next device-time interval.
+    last: Option<Marker>,
     /// Completed, reusable: (context, event).
     free: Vec<(usize, usize)>,
     /// Events created so far.
     created: usize,
+}
+
+/// One recorded marker event.
+#[derive(Debug, Clone, Copy)]
+struct Marker {
+    ctx: usize,
+    event: usize,
+    /// The launch count it follows.
+    seq: u64,
+    /// The marker before it was still pending when this one was recorded: every launch
+    /// between the two was queued before the earlier one completed, so the device had
+    /// this process's work all along between their completions (no idle gap in it).
+    contiguous: bool,
 }
 
 /// Most marker events per gate.
@@ -188,7 +205,13 @@ impl Gate {
     fn all_completed(&self) {
         {
             let mut m = self.markers();
-            let done: Vec<(usize, usize)> = m.pending.drain(..).map(|(c, e, _)| (c, e)).collect();
+            let last = m.last.take();
+            let done: Vec<(usize, usize)> = m
+                .pending
+                .drain(..)
+                .chain(last)
+                .map(|k| (k.ctx, k.event))
+                .collect();
             m.free.extend(done);
         }
         self.completed
@@ -250,8 +273,18 @@ impl Gate {
         };
         // A per-thread-default-stream launch on stream 0 used this thread's stream.
         let stream = if ptsz && stream == 0 { 2 } else { stream };
+        let before = self.markers().pending.back().map(|k| k.event);
+        let contiguous = before.is_some_and(|e| {
+            let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+            !crate::driver::event_done(e)
+        });
         if crate::driver::record_event(event, stream) {
-            self.markers().pending.push_back((ctx, event, n));
+            self.markers().pending.push_back(Marker {
+                ctx,
+                event,
+                seq: n,
+                contiguous,
+            });
         } else {
             self.markers().free.push((ctx, event));
         }
@@ -511,10 +544,13 @@ pub fn forget_context(ctx: usize) {
     let Some(Some(g)) = GATES.get() else { return };
     for gate in &g.gates {
         let mut m = gate.markers();
-        let before = m.pending.len() + m.free.len();
-        m.pending.retain(|(c, _, _)| *c != ctx);
+        let before = m.pending.len() + m.free.len() + usize::from(m.last.is_some());
+        m.pending.retain(|k| k.ctx != ctx);
         m.free.retain(|(c, _)| *c != ctx);
-        let gone = before - m.pending.len() - m.free.len();
+        if m.last.is_some_and(|k| k.ctx == ctx) {
+            m.last = None;
+        }
+        let gone = before - m.pending.len() - m.free.len() - usize::from(m.last.is_some());
         m.created -= gone.min(m.created);
     }
 }

@@ -90,6 +90,13 @@ impl Config {
                 "out of range (0–60000)",
             ));
         }
+        if !(1..=100).contains(&self.params.min_charge_pct) {
+            return Err(bad(
+                "--min-charge-pct",
+                self.params.min_charge_pct.to_string(),
+                "out of range (1–100)",
+            ));
+        }
         if self.queue_ahead_us > 10_000_000 {
             return Err(bad(
                 "--queue-ahead-us",
@@ -210,6 +217,8 @@ struct Drain {
     /// Connections still to report.
     pending: HashSet<u64>,
     end: u64,
+    /// Device time the reporting processes measured (None once one did not measure).
+    busy: Option<u64>,
     waiting: bool,
 }
 
@@ -430,13 +439,15 @@ impl Daemon {
     }
 
     /// A process reports its work drained after a revoke, or that it yielded its grant
-    /// (an `Idle`, with `waiting` false).
+    /// (an `Idle`, with `waiting` false), with the device time its work occupied
+    /// (`busy_ns`, None: not measured).
     pub fn released(
         &self,
         conn: u64,
         gpu: u32,
         generation: u32,
         end_ns: u64,
+        busy_ns: Option<u64>,
         waiting: bool,
     ) -> Result<(), DaemonError> {
         let now = mono_ns();
@@ -467,6 +478,7 @@ impl Daemon {
             tenant: tid,
             pending: tenant_conns,
             end: 0,
+            busy: Some(0),
             waiting: false,
         });
         if d.generation != generation {
@@ -474,6 +486,9 @@ impl Daemon {
         }
         d.pending.remove(&conn);
         d.end = d.end.max(end_ns);
+        // The tenant's processes share the slice: their busy times add up (the
+        // scheduler bounds the sum by the slice).
+        d.busy = d.busy.zip(busy_ns).map(|(a, b)| a.saturating_add(b));
         d.waiting |= waiting;
         let acts = finish_drain(rec, now);
         if rec.drain.is_none() {
@@ -589,6 +604,8 @@ impl Daemon {
             } else if let Some(d) = rec.drain.as_mut() {
                 d.pending.remove(&conn);
                 d.end = d.end.max(now);
+                // What the closed process ran is unknown: the slice is charged whole.
+                d.busy = None;
                 acts.extend(finish_drain(rec, now));
             }
             apply(&mut g, uuid, acts, now);
@@ -832,7 +849,7 @@ fn finish_drain(rec: &mut GpuRec, now: u64) -> Vec<Action> {
     rec.grant = None;
     let end = if d.end == 0 { now } else { d.end };
     rec.sched
-        .release(d.tenant, d.generation, end, d.waiting, now)
+        .release(d.tenant, d.generation, end, d.busy, d.waiting, now)
 }
 
 /// Carries out a scheduler's decisions: board words, then messages.
@@ -898,6 +915,7 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                 tenant: tid,
                 pending: conns.into_iter().collect(),
                 end: 0,
+                busy: Some(0),
                 waiting: false,
             });
             // No process to drain: the GPU is free now.

@@ -34,6 +34,10 @@ struct Args {
     /// Longest a revoked tenant may take to drain before the GPU moves on, milliseconds.
     #[arg(long, default_value_t = 500)]
     drain_timeout_ms: u64,
+    /// Least charge of a time slice, percent of the slice, whatever device time the
+    /// tenant reports it used (bounds what holding the GPU idle costs the others).
+    #[arg(long, default_value_t = Params::default().min_charge_pct)]
+    min_charge_pct: u32,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -98,6 +102,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
             params: Params {
                 quantum_ns: (a.quantum_ms * 1e6) as u64,
                 drain_timeout_ns: a.drain_timeout_ms.saturating_mul(1_000_000),
+                min_charge_pct: a.min_charge_pct,
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

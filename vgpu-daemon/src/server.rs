@@ -162,14 +162,16 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     generation,
                     end_ns,
                     waiting,
+                    busy_ns,
                     ..
-                } => daemon.released(conn, gpu, generation, end_ns, waiting),
+                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, waiting),
                 ShimMsg::Idle {
                     gpu,
                     generation,
                     end_ns,
+                    busy_ns,
                     ..
-                } => daemon.released(conn, gpu, generation, end_ns, false),
+                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, false),
                 ShimMsg::Usage {
                     gpu,
                     memory_used,

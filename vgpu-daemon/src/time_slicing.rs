@@ -6,8 +6,13 @@
 //! The GPU runs one tenant at a time (time-slicing, as the hardware does between
 //! contexts). A tenant *holds* the GPU under a numbered grant; when the grant is
 //! revoked, its processes stop launching, wait for their queued work to finish and
-//! report when it did (*drained*). The scheduler charges the tenant the measured time
-//! from the grant to the drain: GPU time really occupied, overrun included.
+//! report when it did (*drained*). The scheduler charges the tenant the device time its
+//! work occupied during the slice, as its processes measured it (`busy_ns` of their
+//! reports), overrun included; never more than the time from the grant to the drain,
+//! never less than [`Params::min_charge_pct`] of it ([`slice_charge`]). A process that
+//! does not measure is charged the whole slice. (Charging grant → drain alone charged
+//! a tenant whose launcher was starved of CPU for the GPU idling in its slice: its share
+//! of device time fell below its configured one by that idle, issue 16, ADR 0024.)
 //!
 //! Choice (stride scheduling over measured time):
 //! - each tenant has a virtual time `vtime`, advanced by `charged_ns * 100 / share`;
@@ -52,6 +57,11 @@ pub struct Params {
     /// How long the GPU stays free for a releasing tenant that is still owed time, ns
     /// (0: hand it on at once).
     pub regrant_grace_ns: u64,
+    /// Least charge of a slice, percent of its time from grant to drain, whatever
+    /// device time the tenant reports: bounds what a tenant that holds the GPU idle
+    /// (or under-reports its busy time) costs the others to about `100 /
+    /// min_charge_pct` times its share of the GPU's time.
+    pub min_charge_pct: u32,
 }
 
 impl Default for Params {
@@ -61,6 +71,7 @@ impl Default for Params {
             drain_timeout_ns: 500_000_000,
             window_ns: 10_000_000_000,
             regrant_grace_ns: 2_000_000,
+            min_charge_pct: 10,
         }
     }
 }
@@ -124,12 +135,17 @@ enum St {
         generation: u32,
         since: u64,
         deadline: u64,
+        /// The grant's time and what was charged since at renewals (wall time).
+        granted: u64,
+        provisional: u64,
     },
     Draining {
         t: TenantId,
         generation: u32,
         since: u64,
         revoked_at: u64,
+        granted: u64,
+        provisional: u64,
     },
 }
 
@@ -248,29 +264,35 @@ impl Scheduler {
     }
 
     /// The tenant's processes report the grant `generation` over: work drained at `end_ns`
-    /// (0: unknown, taken as `now`). `waiting`: launches are still blocked.
+    /// (0: unknown, taken as `now`), having occupied the GPU `busy_ns` (None: not
+    /// measured; see [`slice_charge`]). `waiting`: launches are still blocked.
     pub fn release(
         &mut self,
         id: TenantId,
         generation: u32,
         end_ns: u64,
+        busy_ns: Option<u64>,
         waiting: bool,
         now: u64,
     ) -> Vec<Action> {
         let mut out = Vec::new();
-        let since = match self.st {
+        let (since, granted, provisional) = match self.st {
             St::Holding {
                 t,
                 generation: g,
                 since,
+                granted,
+                provisional,
                 ..
             }
             | St::Draining {
                 t,
                 generation: g,
                 since,
+                granted,
+                provisional,
                 ..
-            } if t == id && g == generation => since,
+            } if t == id && g == generation => (since, granted, provisional),
             _ => return out,
         };
         let end = if end_ns == 0 {
@@ -278,7 +300,25 @@ impl Scheduler {
         } else {
             end_ns.clamp(since, now)
         };
-        self.charge(id, end - since, end);
+        let pct = self.p.min_charge_pct;
+        match busy_ns {
+            // The busy time covers the whole grant: what renewals charged as wall time
+            // is settled against it. The floor is a part of the slice as reported, not
+            // as a starved daemon read it late (a floor on the daemon's reading,
+            // tried, made the starved-daemon test fail 3 runs in 8 instead of 1).
+            Some(_) => {
+                let total = slice_charge(end - granted, end - granted, busy_ns, pct);
+                if total >= provisional {
+                    self.charge(id, total - provisional, end);
+                } else {
+                    self.refund(id, provisional - total);
+                }
+            }
+            None => {
+                let charged = slice_charge(end - since, now - since, None, pct);
+                self.charge(id, charged, end);
+            }
+        }
         self.st = St::Idle;
         if let Some(t) = self.tenants.get_mut(&id) {
             t.demand_since = waiting.then_some(now);
@@ -395,6 +435,16 @@ impl Scheduler {
         }
     }
 
+    /// Gives back `ns` charged provisionally (renewals) beyond what the grant cost.
+    fn refund(&mut self, id: TenantId, ns: u64) {
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.used_ns = t.used_ns.saturating_sub(ns);
+            t.vtime -= ns as f64 * 100.0 / f64::from(t.settings.share_pct.max(1));
+            t.bucket_ns = (t.bucket_ns + ns as f64).min(self.p.quantum_ns as f64);
+            self.scheduled_ns = self.scheduled_ns.saturating_sub(ns);
+        }
+    }
+
     /// Class rank for the choice: latency-sensitive first unless it ran too far ahead.
     fn rank(&self, id: TenantId, t: &T) -> u8 {
         if t.settings.priority != Priority::LatencySensitive {
@@ -488,6 +538,8 @@ impl Scheduler {
             generation,
             since: now,
             deadline: now + slice,
+            granted: now,
+            provisional: 0,
         };
         out.push(Action::Grant {
             tenant: id,
@@ -500,6 +552,8 @@ impl Scheduler {
             t,
             generation,
             since,
+            granted,
+            provisional,
             ..
         } = self.st
         {
@@ -508,6 +562,8 @@ impl Scheduler {
                 generation,
                 since,
                 revoked_at: now,
+                granted,
+                provisional,
             };
             out.push(Action::Revoke {
                 tenant: t,
@@ -544,6 +600,8 @@ impl Scheduler {
                 generation,
                 since,
                 deadline,
+                granted,
+                provisional,
             } if now >= deadline => {
                 self.refill(now);
                 let others = self
@@ -557,8 +615,9 @@ impl Scheduler {
                 if others || capped {
                     self.revoke(now, out);
                 } else {
-                    // Alone and allowed: the slice goes on; what it used so far is
-                    // charged now (time-sliced exclusively, so wall time is GPU time).
+                    // Alone and allowed: the slice goes on; what it held so far is
+                    // charged now, provisionally (settled against the device time the
+                    // tenant reports when the grant ends).
                     self.charge(t, now - since, now);
                     let q = self.p.quantum_ns;
                     let min_slice = self.min_slice();
@@ -576,6 +635,8 @@ impl Scheduler {
                         generation,
                         since: now,
                         deadline: now + slice,
+                        granted,
+                        provisional: provisional + (now - since),
                     };
                 }
             }
@@ -589,13 +650,27 @@ impl Scheduler {
                     .tenants
                     .get(&t)
                     .is_some_and(|x| x.demand_since.is_some());
-                let mut more = self.release(t, generation, now, waiting, now);
+                let mut more = self.release(t, generation, now, None, waiting, now);
                 out.append(&mut more);
             }
             St::Idle => self.pick(now, out),
             _ => {}
         }
     }
+}
+
+/// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
+/// most the slice as they report it (`reported_ns`, grant → their drain end; all of it
+/// when not measured), and at least `min_pct` percent of the slice as the daemon saw it
+/// (`held_ns`, grant → the drain's report arriving). The GPU idling in a slice because
+/// the tenant's launcher was starved of CPU (or throttled) is then not charged as its
+/// share; what the tenant reports cannot bring the charge under the floor, so the time
+/// a tenant can hold the GPU idle, or lie about, stays bounded.
+pub fn slice_charge(reported_ns: u64, held_ns: u64, busy_ns: Option<u64>, min_pct: u32) -> u64 {
+    let floor = (u128::from(held_ns) * u128::from(min_pct.min(100)) / 100) as u64;
+    busy_ns
+        .map_or(reported_ns, |b| b.min(reported_ns))
+        .max(floor)
 }
 
 /// A capped tenant's slice: its tokens last `bucket / (1 − rate)` while it runs, since
@@ -652,7 +727,7 @@ mod tests {
                 None => sched.next_deadline().expect("a holder has a deadline"),
             };
             let acts = if let Some((t, generation, at)) = pending.take() {
-                sched.release(t, generation, at, true, at)
+                sched.release(t, generation, at, None, true, at)
             } else {
                 sched.tick(now)
             };
@@ -765,7 +840,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            sched.release(1, 1, 2 * MS, true, 2 * MS),
+            sched.release(1, 1, 2 * MS, None, true, 2 * MS),
             vec![Action::Grant {
                 tenant: 2,
                 generation: 2
@@ -823,7 +898,7 @@ mod tests {
                 if let Action::Revoke { tenant, generation } = a {
                     // Drains at once; tenant 1 reports nothing waiting.
                     let waiting = tenant == 2;
-                    let more = sched.release(tenant, generation, now, waiting, now);
+                    let more = sched.release(tenant, generation, now, None, waiting, now);
                     if tenant == 1 {
                         redemand = Some(now + back);
                     }
@@ -873,7 +948,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            sched.release(2, 1, 10 * MS, true, 10 * MS),
+            sched.release(2, 1, 10 * MS, None, true, 10 * MS),
             vec![Action::Grant {
                 tenant: 1,
                 generation: 2
@@ -881,7 +956,11 @@ mod tests {
         );
         // Tenant 1 (owed: 3 ms at 80 % against 10 ms at 20 %) releases with nothing
         // blocked: the GPU waits for it, but only for the grace.
-        assert!(sched.release(1, 2, 13 * MS, false, 13 * MS).is_empty());
+        assert!(
+            sched
+                .release(1, 2, 13 * MS, None, false, 13 * MS)
+                .is_empty()
+        );
         assert_eq!(sched.holder(), None);
         let t = sched.next_deadline().expect("the grace ends");
         assert_eq!(t, 13 * MS + p.regrant_grace_ns);
@@ -897,7 +976,7 @@ mod tests {
         sched.demand(1, t + MS);
         sched.tick(t + 10 * MS);
         assert_eq!(
-            sched.release(2, 3, t + 10 * MS, true, t + 10 * MS),
+            sched.release(2, 3, t + 10 * MS, None, true, t + 10 * MS),
             vec![Action::Grant {
                 tenant: 1,
                 generation: 4
@@ -905,7 +984,7 @@ mod tests {
         );
         assert!(
             sched
-                .release(1, 4, t + 11 * MS, false, t + 11 * MS)
+                .release(1, 4, t + 11 * MS, None, false, t + 11 * MS)
                 .is_empty()
         );
         assert_eq!(
@@ -917,6 +996,147 @@ mod tests {
         );
     }
 
+    /// Saturating tenants, each filling a fraction of every slice it holds with device
+    /// work (`fill`, the rest the GPU idles: a launcher starved of CPU) and reporting
+    /// that busy time when `report`. Returns (held time, device time) per tenant.
+    fn run_filled(
+        p: Params,
+        tenants: &[(TenantId, u32, f64)],
+        report: bool,
+        total: u64,
+    ) -> BTreeMap<TenantId, (u64, u64)> {
+        let mut sched = Scheduler::new(p);
+        for &(i, share, _) in tenants {
+            sched.add(i, burst(share), 0);
+        }
+        let fill: BTreeMap<TenantId, f64> = tenants.iter().map(|&(i, _, f)| (i, f)).collect();
+        let mut out: BTreeMap<TenantId, (u64, u64)> = BTreeMap::new();
+        let mut grant: Option<(TenantId, u64)> = None;
+        let mut now = 0;
+        for &(i, _, _) in tenants {
+            for a in sched.demand(i, now) {
+                if let Action::Grant { tenant, .. } = a {
+                    grant = Some((tenant, now));
+                }
+            }
+        }
+        while now < total {
+            now = sched.next_deadline().expect("a holder has a deadline");
+            let mut acts = sched.tick(now);
+            while let Some(a) = acts.pop() {
+                match a {
+                    Action::Revoke { tenant, generation } => {
+                        let (h, g0) = grant.take().expect("revoked a holder");
+                        assert_eq!(h, tenant);
+                        let wall = now - g0;
+                        let busy = (wall as f64 * fill[&tenant]) as u64;
+                        let e = out.entry(tenant).or_insert((0, 0));
+                        e.0 += wall;
+                        e.1 += busy;
+                        acts.extend(sched.release(
+                            tenant,
+                            generation,
+                            now,
+                            report.then_some(busy),
+                            true,
+                            now,
+                        ));
+                    }
+                    Action::Grant { tenant, .. } => grant = Some((tenant, now)),
+                }
+            }
+        }
+        out
+    }
+
+    fn device_share(got: &BTreeMap<TenantId, (u64, u64)>, id: TenantId) -> f64 {
+        let total: u64 = got.values().map(|v| v.1).sum();
+        got[&id].1 as f64 * 100.0 / total as f64
+    }
+
+    #[test]
+    fn a_tenant_that_fills_part_of_its_slices_gets_its_share_of_device_time() {
+        // Tenant 1's launcher keeps the GPU busy 40 % of its slices, tenant 2's 90 %.
+        let tenants = [(1, 25, 0.4), (2, 75, 0.9)];
+        let got = run_filled(Params::default(), &tenants, true, 20_000 * MS);
+        let share = device_share(&got, 1);
+        assert!(
+            (share - 25.0).abs() < 1.0,
+            "charged by busy time, the 25 % tenant got {share:.1} % of device time"
+        );
+        // The mechanism: charged grant → drain, its idle GPU counts as its share.
+        let wall = run_filled(Params::default(), &tenants, false, 20_000 * MS);
+        let share = device_share(&wall, 1);
+        assert!(
+            share < 16.0,
+            "charged by slice time, the 25 % tenant got {share:.1} % of device time"
+        );
+    }
+
+    #[test]
+    fn a_tenant_reporting_no_busy_time_holds_at_most_its_share_over_the_floor() {
+        let p = Params::default();
+        // Tenant 1 (20 %) holds the GPU and says it used none of it.
+        let got = run_filled(p, &[(1, 20, 0.0), (2, 80, 1.0)], true, 20_000 * MS);
+        let held = |id| got[&id].0 as f64;
+        let pct = held(1) * 100.0 / (held(1) + held(2));
+        // Charged the floor (10 % of its slices): weight 20 / 0.1 = 200 against 80.
+        let bound = 20.0 * 100.0 / f64::from(p.min_charge_pct);
+        let expect = bound * 100.0 / (bound + 80.0);
+        assert!(
+            (pct - expect).abs() < 2.0,
+            "a tenant reporting no busy time held {pct:.1} % of the GPU (bound {expect:.1} %)"
+        );
+    }
+
+    #[test]
+    fn a_lone_holders_renewals_are_settled_against_its_busy_time() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        for k in 1..=3 {
+            assert!(sched.tick(k * 10 * MS).is_empty(), "alone: renewed");
+        }
+        assert_eq!(sched.stats(1, 30 * MS).expect("known").used_ns, 30 * MS);
+        sched.demand(2, 35 * MS);
+        assert_eq!(
+            sched.tick(40 * MS),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        // Its work occupied 12 ms of the 40 it held: the renewals' 30 ms are settled.
+        sched.release(1, 1, 40 * MS, Some(12 * MS), true, 40 * MS);
+        assert_eq!(sched.stats(1, 40 * MS).expect("known").used_ns, 12 * MS);
+        // Not measured: the whole grant, as before.
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        sched.tick(10 * MS);
+        sched.demand(2, 15 * MS);
+        sched.tick(20 * MS);
+        sched.release(1, 1, 20 * MS, None, true, 20 * MS);
+        assert_eq!(sched.stats(1, 20 * MS).expect("known").used_ns, 20 * MS);
+    }
+
+    #[test]
+    fn a_slice_is_charged_its_busy_time_within_the_floor_and_the_slice() {
+        let q = 10 * MS;
+        assert_eq!(slice_charge(q, q, None, 25), q, "not measured");
+        assert_eq!(slice_charge(q, q, Some(6 * MS), 25), 6 * MS);
+        assert_eq!(slice_charge(q, q, Some(0), 25), 2_500_000, "the floor");
+        assert_eq!(slice_charge(q, q, Some(u64::MAX), 25), q, "the slice");
+        assert_eq!(slice_charge(q, q, Some(0), 250), q, "a floor over 100 %");
+        assert_eq!(slice_charge(u64::MAX, u64::MAX, Some(0), 100), u64::MAX);
+        // A drain end reported at the grant (charged nothing before) gets the floor of
+        // the slice the daemon saw.
+        assert_eq!(slice_charge(0, q, None, 25), 2_500_000);
+        assert_eq!(slice_charge(0, q, Some(0), 10), MS);
+    }
+
     #[test]
     fn stale_or_foreign_releases_are_ignored_and_drains_time_out() {
         let mut sched = Scheduler::new(Params::default());
@@ -925,11 +1145,11 @@ mod tests {
         sched.demand(1, 0);
         sched.demand(2, 0);
         assert!(
-            sched.release(2, 1, 5, true, 5).is_empty(),
+            sched.release(2, 1, 5, None, true, 5).is_empty(),
             "2 does not hold"
         );
         assert!(
-            sched.release(1, 9, 5, true, 5).is_empty(),
+            sched.release(1, 9, 5, None, true, 5).is_empty(),
             "wrong generation"
         );
         assert_eq!(

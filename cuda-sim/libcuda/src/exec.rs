@@ -148,6 +148,9 @@ pub struct Worker {
     cv: Condvar,
     done_cv: Condvar,
     done: AtomicU64,
+    /// Engine-clock time by which the work taken off the queue so far completes
+    /// (`u64::MAX`: not known, e.g. waiting for the engine or running a copy).
+    ahead: AtomicU64,
 }
 
 struct Engine {
@@ -169,6 +172,7 @@ impl Worker {
             cv: Condvar::new(),
             done_cv: Condvar::new(),
             done: AtomicU64::new(0),
+            ahead: AtomicU64::new(0),
         });
         let w2 = w.clone();
         let spawned = std::thread::Builder::new()
@@ -198,6 +202,37 @@ impl Worker {
     /// Whether the work with sequence number `seq` has completed.
     pub fn is_done(&self, seq: u64) -> bool {
         self.done.load(Ordering::Acquire) >= seq
+    }
+
+    /// Whether the work with sequence number `seq` has completed on the device's clock,
+    /// even if this worker thread, starved of host CPU, has not caught up with it yet:
+    /// what a query of a real GPU answers. Kernels and event records are timed from the
+    /// queue (each starts when the engine and its submission are there); any other work
+    /// before `seq` still waits for the worker.
+    pub fn is_done_on_device(&self, seq: u64) -> bool {
+        if self.is_done(seq) {
+            return true;
+        }
+        // Another process waiting for the engine may take it between kernels: not
+        // predictable from this queue.
+        if self.drv.state.engine_contended(self.dev) {
+            return false;
+        }
+        let q = self.lock();
+        let mut pos = self.ahead.load(Ordering::Acquire);
+        if pos == u64::MAX {
+            return false;
+        }
+        for (s, at, w) in &q.ops {
+            if *s > seq {
+                break;
+            }
+            match predicted_end(w, pos, *at) {
+                Some(end) => pos = end,
+                None => return false,
+            }
+        }
+        pos <= mono_ns()
     }
 
     /// Blocks until the work with sequence number `seq` has completed.
@@ -241,9 +276,11 @@ impl Worker {
                     q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
+            self.ahead.store(u64::MAX, Ordering::Release);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.execute(&work, at, &mut eng)
             }));
+            self.ahead.store(eng.pos, Ordering::Release);
             if r.is_err() {
                 eprintln!("vgpu cuda-sim: internal error while executing device work (skipped)");
             }
@@ -380,6 +417,9 @@ impl Worker {
             let left_in_slice = (eng.slice_start + slice).saturating_sub(start).max(1000);
             let chunk = remaining.min(left_in_slice);
             let end = start + chunk;
+            if chunk == remaining {
+                self.ahead.store(end, Ordering::Release);
+            }
             wait_until(end);
             st.add_busy(self.drv.slot, self.dev, start, end);
             eng.pos = end;
@@ -393,6 +433,17 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// When queued work `w` submitted at `at` would end on the engine's clock if it starts
+/// at `pos` (None: not predictable from the queue, such as a copy or a host function).
+fn predicted_end(w: &Work, pos: u64, at: u64) -> Option<u64> {
+    match w {
+        Work::Kernel { ns } => Some(pos.max(at) + (*ns).max(1)),
+        Work::EventRecord { .. } => Some(pos.max(at)),
+        Work::Batch(b) => b.iter().try_fold(pos, |p, x| predicted_end(x, p, at)),
+        _ => None,
     }
 }
 
@@ -687,7 +738,7 @@ impl Event {
     pub fn query(&self, drv: &'static Driver) -> CuResult<()> {
         match self.rec() {
             None => Ok(()),
-            Some((d, seq)) if drv.worker(d).is_done(seq) => Ok(()),
+            Some((d, seq)) if drv.worker(d).is_done_on_device(seq) => Ok(()),
             Some(_) => Err(CUDA_ERROR_NOT_READY),
         }
     }
@@ -714,6 +765,10 @@ impl Event {
         }
         start.query(drv)?;
         end.query(drv)?;
+        // Complete on the device's clock; the worker may still be catching up with
+        // writing their times.
+        start.synchronize(drv);
+        end.synchronize(drv);
         let (a, b) = (
             start.time.load(Ordering::Acquire),
             end.time.load(Ordering::Acquire),

@@ -42,8 +42,15 @@ struct Dev {
     launched_at_grant: u64,
     last_launched: u64,
     idle_ticks: u32,
-    /// Measured GPU time per launch, ns (0: unknown yet), from marker completions.
+    /// Measured GPU time per launch, ns (0: unknown yet), from marker completions as
+    /// the gate thread polls them (the queue-ahead bound's estimate).
     per_launch_ns: f64,
+    /// Device time per launch, ns (0: unknown yet), from the device's timestamps of two
+    /// markers with no idle gap between them (the busy time reported at a drain).
+    device_per_launch_ns: f64,
+    /// Launch count when the last grant ended (or at registration): launches after it
+    /// belong to the next grant, even those made before the gate thread saw it.
+    launched_at_release: u64,
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
     /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
@@ -116,6 +123,8 @@ impl Runner {
                     last_launched: 0,
                     idle_ticks: 0,
                     per_launch_ns: 0.0,
+                    device_per_launch_ns: 0.0,
+                    launched_at_release: 0,
                     last_obs: None,
                     queue_ahead_ns: 2_000_000,
                     closed_until: 0,
@@ -358,6 +367,7 @@ impl Runner {
             let launched = gate.launched.load(Ordering::Relaxed);
             gate.completed.fetch_max(launched, Ordering::Relaxed);
             gate.next_mark.store(launched + 1, Ordering::Relaxed);
+            d.launched_at_release = launched;
             let old = gate.word();
             gate.word.store(p, Ordering::Release);
             // Launchers waiting on the local word look again, at the board.
@@ -649,8 +659,10 @@ impl Runner {
                 let gate = &self.g.gates[i];
                 d.holding = Some(generation);
                 d.grant_at = mono_ns();
-                d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
-                d.last_launched = d.launched_at_grant;
+                d.launched_at_grant = d
+                    .launched_at_release
+                    .min(gate.launched.load(Ordering::Relaxed));
+                d.last_launched = gate.launched.load(Ordering::Relaxed);
                 d.idle_ticks = 0;
             }
             DaemonMsg::Revoke { gpu, generation } => {

@@ -193,20 +193,71 @@ impl Bench {
 
     /// Busy time per pid over the measurement window that starts `warmup` after `at`.
     fn window_busy(&self, at: u64, pids: &[u32]) -> Result<(Vec<u64>, f64)> {
+        let (busy, _, secs) = self.window_busy_charged(at, pids, None)?;
+        Ok((busy, secs))
+    }
+
+    /// [`Bench::window_busy`], with the GPU time `d` charged each tenant of `keys` over
+    /// the same window (what the scheduler believes it gave).
+    fn window_busy_charged(
+        &self,
+        at: u64,
+        pids: &[u32],
+        charged: Option<(&Daemon, &[String])>,
+    ) -> Result<(Vec<u64>, Vec<u64>, f64)> {
         let st = self.state()?;
         let start = at + self.warmup.as_millis() as u64;
         std::thread::sleep(Duration::from_millis(start.saturating_sub(now_ms())));
         let t0 = Instant::now();
         let b0 = self.busy(&st);
+        let c0 = match charged {
+            Some((d, keys)) => self.charged(d, keys)?,
+            None => Vec::new(),
+        };
         std::thread::sleep(self.window);
         let b1 = self.busy(&st);
+        let c1 = match charged {
+            Some((d, keys)) => self.charged(d, keys)?,
+            None => Vec::new(),
+        };
         let secs = t0.elapsed().as_secs_f64();
         Ok((
             pids.iter()
                 .map(|p| b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0))
                 .collect(),
+            c1.iter()
+                .zip(&c0)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
             secs,
         ))
+    }
+
+    /// GPU time the daemon has charged each tenant of `keys`, ns (`vgpuctl --json tenants`).
+    fn charged(&self, d: &Daemon, keys: &[String]) -> Result<Vec<u64>> {
+        let out = Command::new(self.bin_dir.join("vgpuctl"))
+            .arg("--api-socket")
+            .arg(&d.api)
+            .args(["--json", "tenants"])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "vgpuctl tenants failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let empty = Vec::new();
+        let ts = v["tenants"].as_array().unwrap_or(&empty);
+        Ok(keys
+            .iter()
+            .map(|k| {
+                ts.iter()
+                    .find(|t| t["key"] == k.as_str())
+                    .and_then(|t| t["gpus"][0]["gpu_time_ns"].as_u64())
+                    .unwrap_or(0)
+            })
+            .collect())
     }
 }
 
@@ -251,24 +302,28 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
         )?);
     }
     let pids: Vec<u32> = ts.iter().map(|t| t.child.id()).collect();
-    let (busy, secs) = b.window_busy(at, &pids)?;
+    let keys: Vec<String> = ts.iter().map(|t| t.name.clone()).collect();
+    let (busy, charged, secs) = b.window_busy_charged(at, &pids, Some((&d, &keys)))?;
     let total: u64 = busy.iter().sum();
     let sum_shares: u32 = shares.iter().sum();
     let mut worst: f64 = 0.0;
     let mut parts = Vec::new();
-    for (t, ns) in ts.iter().zip(&busy) {
+    let mut filled = Vec::new();
+    for ((t, ns), c) in ts.iter().zip(&busy).zip(&charged) {
         let got = *ns as f64 * 100.0 / total.max(1) as f64;
         let want = f64::from(t.share) * 100.0 / f64::from(sum_shares);
         worst = worst.max((got - want).abs());
         parts.push(format!("{}→{got:.1}", t.share));
+        filled.push(format!("{:.0}", *ns as f64 * 100.0 / (*c).max(1) as f64));
     }
     let util = total as f64 / 1e9 / secs;
     r.say(format!(
-        "  {} tenants, {} kernels: configured→achieved % of GPU time [{}]; worst error {worst:.2} pp; GPU busy {:.1} % of the window",
+        "  {} tenants, {} kernels: configured→achieved % of GPU time [{}]; worst error {worst:.2} pp; GPU busy {:.1} % of the window; device time per charged time [{}] %",
         shares.len(),
         if kernel_ns < 100_000 { "10 µs" } else { "5 ms" },
         parts.join(", "),
-        util * 100.0
+        util * 100.0,
+        filled.join(", ")
     ));
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);

@@ -22,22 +22,44 @@ impl Runner {
             let mut advanced = false;
             loop {
                 let front = gate.markers().pending.front().copied();
-                let Some((ctx, event, seq)) = front else {
+                let Some(k) = front else {
                     break;
                 };
-                let done = {
+                let seq = k.seq;
+                let (done, device) = {
                     let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-                    crate::driver::event_done(event)
+                    let done = crate::driver::event_done(k.event);
+                    let last = gate.markers().last;
+                    // Device time between the previous marker's completion and this one's,
+                    // where no idle gap can be in it (see `Marker::contiguous`).
+                    let device = match last {
+                        Some(a) if done && k.contiguous && k.seq > a.seq => {
+                            crate::driver::event_elapsed_ns(a.event, k.event)
+                                .map(|ns| ns as f64 / (k.seq - a.seq) as f64)
+                        }
+                        _ => None,
+                    };
+                    (done, device)
                 };
                 if !done {
                     break;
                 }
                 {
                     let mut m = gate.markers();
-                    if m.pending.front().is_some_and(|f| f.1 == event) {
+                    if m.pending.front().is_some_and(|f| f.event == k.event) {
                         m.pending.pop_front();
-                        m.free.push((ctx, event));
+                        if let Some(a) = m.last.replace(k) {
+                            m.free.push((a.ctx, a.event));
+                        }
                     }
+                }
+                if let Some(sample) = device {
+                    let d = &mut self.devs[i];
+                    d.device_per_launch_ns = if d.device_per_launch_ns <= 0.0 {
+                        sample
+                    } else {
+                        0.8 * d.device_per_launch_ns + 0.2 * sample
+                    };
                 }
                 let now = mono_ns();
                 let d = &mut self.devs[i];
@@ -121,11 +143,28 @@ impl Runner {
         {
             std::thread::sleep(INFLIGHT_POLL);
         }
+        let inflight_wait = t0.elapsed();
         sync_device(self.shim, i);
         let end = mono_ns();
+        let sync_wait = t0.elapsed() - inflight_wait;
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
         let launches = launched.saturating_sub(d.launched_at_grant);
+        let held = end.saturating_sub(d.grant_at);
+        let busy_ns = occupied_ns(launches, d.device_per_launch_ns, held);
+        let per = d.device_per_launch_ns;
+        crate::process::log(self.shim, || {
+            format!(
+                "GPU {i} slice {generation}: held {} µs, {launches} launches at {per:.0} ns of device time, busy {:?} µs; drain waited {} µs for launches in flight, {} µs to synchronize{}",
+                held / 1000,
+                busy_ns.map(|b| b / 1000),
+                inflight_wait.as_micros(),
+                sync_wait.as_micros(),
+                if idle { " (yielded)" } else { "" }
+            )
+        });
+        // Launches from now on belong to the next grant (none happen before it).
+        d.launched_at_release = launched;
         gate.all_completed();
         d.last_obs = None;
         d.holding = None;
@@ -141,6 +180,7 @@ impl Runner {
                 generation,
                 end_ns: end,
                 launches,
+                busy_ns,
             }
         } else {
             ShimMsg::Drained {
@@ -149,6 +189,7 @@ impl Runner {
                 end_ns: end,
                 launches,
                 waiting,
+                busy_ns,
             }
         };
         if let Some(w) = ctl.as_mut() {
@@ -205,5 +246,32 @@ impl Runner {
                 _ => {}
             }
         }
+    }
+}
+
+/// Device time `launches` launches occupied, at `per_launch_ns` each (measured on the
+/// device between marker events with no idle gap between them; 0: not measured yet,
+/// None), at most the slice they ran in (`held_ns`). Every launch under a grant ran
+/// within it: the drain completed them all before the report. The GPU idling between
+/// them (a launcher starved of CPU, a throttled container) is not in it.
+pub(super) fn occupied_ns(launches: u64, per_launch_ns: f64, held_ns: u64) -> Option<u64> {
+    if per_launch_ns <= 0.0 || !per_launch_ns.is_finite() {
+        return None;
+    }
+    let busy = (launches as f64 * per_launch_ns).min(held_ns as f64);
+    Some(busy as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::occupied_ns;
+
+    #[test]
+    fn occupied_time_is_launches_at_their_device_time_within_the_slice() {
+        assert_eq!(occupied_ns(100, 10_000.0, 10_000_000), Some(1_000_000));
+        assert_eq!(occupied_ns(5_000, 10_000.0, 10_000_000), Some(10_000_000));
+        assert_eq!(occupied_ns(0, 10_000.0, 10_000_000), Some(0));
+        assert_eq!(occupied_ns(100, 0.0, 10_000_000), None, "not measured");
+        assert_eq!(occupied_ns(100, f64::NAN, 10_000_000), None);
     }
 }
