@@ -125,7 +125,9 @@ struct RunArgs {
     #[arg(long, default_value = "/var/lib/vgpu/daemon-api/api.sock")]
     daemon_api_socket: String,
     /// Namespaces whose pods may ask for vgpu.io/priority: latency-sensitive
-    /// (comma-separated; "*": every namespace).
+    /// (comma-separated; "*": every namespace). Deprecated: write
+    /// `spec.limits.priorityClasses` in a VgpuQuotaPolicy, which the scheduler extender
+    /// enforces before the pod is placed; kept as a fallback check at container start.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     latency_sensitive_namespaces: Vec<String>,
     /// Seconds between checks that every GPU process has the shim loaded (0: never).
@@ -184,6 +186,9 @@ impl RunArgs {
             if self.latency_sensitive_namespaces.iter().any(|n| n == "*") {
                 None
             } else {
+                tracing::warn!(
+                    "--latency-sensitive-namespaces is deprecated: write spec.limits.priorityClasses in a VgpuQuotaPolicy per namespace (the scheduler extender enforces it before placing the pod); the flag is still checked at container start as a fallback"
+                );
                 Some(
                     self.latency_sensitive_namespaces
                         .iter()

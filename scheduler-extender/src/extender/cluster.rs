@@ -60,6 +60,7 @@ use super::types::{
     MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
 };
 
+mod quota_check;
 mod verbs;
 
 /// Settings of the state.
@@ -282,6 +283,8 @@ pub struct State {
     pending: Mutex<HashMap<String, Pending>>,
     config: StateConfig,
     policy: ExtenderPolicy,
+    /// The namespaces' quota policies (ADR 0022; checked in `cluster/quota_check.rs`).
+    quota: crate::extender::quota::QuotaBook,
 }
 
 /// Why filter rejects a node.
@@ -516,6 +519,7 @@ impl State {
             pending: Mutex::new(HashMap::new()),
             config,
             policy,
+            quota: crate::extender::quota::QuotaBook::default(),
         }
     }
 
