@@ -66,7 +66,10 @@ impl Instance {
     async fn filter(&self, pod: &Value, nodes: &[&str]) -> Value {
         let (status, ans) = self
             .served
-            .post_json("/scheduler/filter", &json!({"Pod": pod, "NodeNames": nodes}))
+            .post_json(
+                "/scheduler/filter",
+                &json!({"Pod": pod, "NodeNames": nodes}),
+            )
             .await;
         assert_eq!(status, 200, "{ans}");
         ans
@@ -101,7 +104,10 @@ impl Drop for Instance {
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let end = tokio::time::Instant::now() + DEADLINE;
     while !cond() {
-        assert!(tokio::time::Instant::now() < end, "timed out after {DEADLINE:?} waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {DEADLINE:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -147,10 +153,16 @@ fn the_shipped_crd_is_what_the_type_generates() {
     assert_eq!(crd["spec"]["names"]["plural"], "vgpuquotapolicies");
     let v = &crd["spec"]["versions"][0];
     assert_eq!(v["name"], "v1alpha1");
-    assert!(v["subresources"]["status"].is_object(), "status subresource");
+    assert!(
+        v["subresources"]["status"].is_object(),
+        "status subresource"
+    );
     let props = &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     for field in ["defaults", "limits", "totals"] {
-        assert!(props[field].is_object(), "spec.{field} in the schema: {props}");
+        assert!(
+            props[field].is_object(),
+            "spec.{field} in the schema: {props}"
+        );
     }
 }
 
@@ -161,7 +173,9 @@ async fn pods_racing_for_the_last_of_a_total_only_as_many_as_fit_are_placed() {
     fake.put_node(gpu_node("node-b", 4, "A100", 81920));
     // 100 % of compute for the namespace: five pods of 20 % fit, not ten.
     fake.put_quota_policy(policy("gpu", json!({"totals": {"computePercent": 100}})));
-    let pods: Vec<Value> = (0..10).map(|i| team_pod(&format!("p{i}"), slices(2))).collect();
+    let pods: Vec<Value> = (0..10)
+        .map(|i| team_pod(&format!("p{i}"), slices(2)))
+        .collect();
     for p in &pods {
         fake.put_pod(p.clone());
     }
@@ -179,7 +193,8 @@ async fn pods_racing_for_the_last_of_a_total_only_as_many_as_fit_are_placed() {
             let inst = inst.clone();
             let p = p.clone();
             tokio::spawn(async move {
-                inst.bind(&p, if i % 2 == 0 { "node-a" } else { "node-b" }).await
+                inst.bind(&p, if i % 2 == 0 { "node-a" } else { "node-b" })
+                    .await
             })
         })
         .collect();
@@ -205,12 +220,20 @@ async fn pods_racing_for_the_last_of_a_total_only_as_many_as_fit_are_placed() {
     assert_eq!(bound, 5);
     // Once the watch shows them, the use is the five pods' 100 %.
     eventually("use of 100 %", || {
-        inst.state().quota_usage().get("team").map(|u| u.compute_milli) == Some(1000)
+        inst.state()
+            .quota_usage()
+            .get("team")
+            .map(|u| u.compute_milli)
+            == Some(1000)
     })
     .await;
     // Each refused pod got one event naming the policy.
     fake.wait_for_calls("five events", DEADLINE, |calls| {
-        calls.iter().filter(|c| c.method == "POST" && c.path.ends_with("/events")).count() >= 5
+        calls
+            .iter()
+            .filter(|c| c.method == "POST" && c.path.ends_with("/events"))
+            .count()
+            >= 5
     })
     .await;
     let events = fake.events();
@@ -221,9 +244,16 @@ async fn pods_racing_for_the_last_of_a_total_only_as_many_as_fit_are_placed() {
     told.sort_unstable();
     told.dedup();
     assert_eq!(told.len(), 5, "one event per refused pod: {events:#?}");
-    assert!(events.iter().all(|e| e["reason"] == "VgpuQuotaPolicyExceeded"
-        && e["type"] == "Warning"
-        && e["message"].as_str().is_some_and(|m| m.contains("quota policy team/gpu"))), "{events:#?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["reason"] == "VgpuQuotaPolicyExceeded"
+                && e["type"] == "Warning"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("quota policy team/gpu"))),
+        "{events:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -231,20 +261,39 @@ async fn two_pods_racing_for_the_last_share_exactly_one_is_placed() {
     for round in 0..5 {
         let fake = FakeApi::start().await.expect("fake API");
         fake.put_node(gpu_node("node-a", 2, "A100", 81920));
-        fake.put_quota_policy(policy("gpu", json!({"totals": {"memory": "40Gi", "gpus": 2}})));
+        fake.put_quota_policy(policy(
+            "gpu",
+            json!({"totals": {"memory": "40Gi", "gpus": 2}}),
+        ));
         // 30 GiB held already; two pods ask 8 GiB each; 10 GiB left.
-        let held = team_pod("held", json!({"vgpu.io/gpu": "3", "vgpu.io/gpu-memory": "30720"}));
+        let held = team_pod(
+            "held",
+            json!({"vgpu.io/gpu": "3", "vgpu.io/gpu-memory": "30720"}),
+        );
         fake.put_pod(held.clone());
-        let a = team_pod("a", json!({"vgpu.io/gpu": "1", "vgpu.io/gpu-memory": "8192"}));
-        let b = team_pod("b", json!({"vgpu.io/gpu": "1", "vgpu.io/gpu-memory": "8192"}));
+        let a = team_pod(
+            "a",
+            json!({"vgpu.io/gpu": "1", "vgpu.io/gpu-memory": "8192"}),
+        );
+        let b = team_pod(
+            "b",
+            json!({"vgpu.io/gpu": "1", "vgpu.io/gpu-memory": "8192"}),
+        );
         fake.put_pod(a.clone());
         fake.put_pod(b.clone());
         let inst = Arc::new(Instance::start(&fake).await);
         policies_seen(&inst, 1, 0).await;
-        assert_eq!(inst.filter(&held, &["node-a"]).await["NodeNames"], json!(["node-a"]));
+        assert_eq!(
+            inst.filter(&held, &["node-a"]).await["NodeNames"],
+            json!(["node-a"])
+        );
         assert_eq!(inst.bind(&held, "node-a").await, "");
         for p in [&a, &b] {
-            assert_eq!(inst.filter(p, &["node-a"]).await["NodeNames"], json!(["node-a"]), "round {round}");
+            assert_eq!(
+                inst.filter(p, &["node-a"]).await["NodeNames"],
+                json!(["node-a"]),
+                "round {round}"
+            );
         }
         let (ra, rb) = tokio::join!(inst.bind(&a, "node-a"), inst.bind(&b, "node-a"));
         let refused: Vec<&String> = [&ra, &rb].into_iter().filter(|e| !e.is_empty()).collect();
@@ -267,7 +316,10 @@ async fn status_shows_use_a_bad_policy_names_its_field_and_blocks_new_pods() {
     ));
     let inst = Instance::start(&fake).await;
     policies_seen(&inst, 1, 0).await;
-    let p1 = team_pod("p1", json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}));
+    let p1 = team_pod(
+        "p1",
+        json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}),
+    );
     fake.put_pod(p1.clone());
     inst.filter(&p1, &["node-a"]).await;
     assert_eq!(inst.bind(&p1, "node-a").await, "");
@@ -298,14 +350,19 @@ async fn status_shows_use_a_bad_policy_names_its_field_and_blocks_new_pods() {
     fake.put_pod(p2.clone());
     let ans = inst.filter(&p2, &["node-a"]).await;
     assert_eq!(ans["NodeNames"], json!([]), "{ans}");
-    let reason = ans["FailedAndUnresolvableNodes"]["node-a"].as_str().expect("reason");
+    let reason = ans["FailedAndUnresolvableNodes"]["node-a"]
+        .as_str()
+        .expect("reason");
     assert!(
         reason.contains("quota policy team/broken: the policy is invalid")
             && reason.contains("spec.limits.memory = \"32Gi\""),
         "{reason}"
     );
     // The running pod is untouched.
-    assert_eq!(fake.pod("team", "p1").expect("p1")["spec"]["nodeName"], "node-a");
+    assert_eq!(
+        fake.pod("team", "p1").expect("p1")["spec"]["nodeName"],
+        "node-a"
+    );
     assert!(fake.calls_matching("DELETE", "").is_empty());
     // Unparseable: a string where a number belongs.
     fake.put_quota_policy(policy("broken", json!({"totals": {"gpus": "two"}})));
@@ -333,21 +390,34 @@ async fn a_policy_change_applies_to_new_pods_at_once_and_never_evicts_running_on
         assert_eq!(inst.bind(&p, "node-a").await, "");
     }
     eventually("80 % held", || {
-        inst.state().quota_usage().get("team").map(|u| u.compute_milli) == Some(800)
+        inst.state()
+            .quota_usage()
+            .get("team")
+            .map(|u| u.compute_milli)
+            == Some(800)
     })
     .await;
     // Lowered below what runs: the running pods stay, a new one is refused at once.
     fake.put_quota_policy(policy("gpu", json!({"totals": {"computePercent": 50}})));
     eventually("the lowered total", || {
-        inst.state().quota().namespace("team").valid.first().and_then(|r| r.total_compute_milli) == Some(500)
+        inst.state()
+            .quota()
+            .namespace("team")
+            .valid
+            .first()
+            .and_then(|r| r.total_compute_milli)
+            == Some(500)
     })
     .await;
     let p3 = team_pod("p3", slices(1));
     fake.put_pod(p3.clone());
     let ans = inst.filter(&p3, &["node-a"]).await;
-    let reason = ans["FailedAndUnresolvableNodes"]["node-a"].as_str().unwrap_or_default();
+    let reason = ans["FailedAndUnresolvableNodes"]["node-a"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
-        reason.contains("namespace compute 80% in use + 10% asked > spec.totals.computePercent 50%"),
+        reason
+            .contains("namespace compute 80% in use + 10% asked > spec.totals.computePercent 50%"),
         "{ans}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -361,10 +431,19 @@ async fn a_policy_change_applies_to_new_pods_at_once_and_never_evicts_running_on
     // Raised again: the same pod fits at once.
     fake.put_quota_policy(policy("gpu", json!({"totals": {"computePercent": 200}})));
     eventually("the raised total", || {
-        inst.state().quota().namespace("team").valid.first().and_then(|r| r.total_compute_milli) == Some(2000)
+        inst.state()
+            .quota()
+            .namespace("team")
+            .valid
+            .first()
+            .and_then(|r| r.total_compute_milli)
+            == Some(2000)
     })
     .await;
-    assert_eq!(inst.filter(&p3, &["node-a"]).await["NodeNames"], json!(["node-a"]));
+    assert_eq!(
+        inst.filter(&p3, &["node-a"]).await["NodeNames"],
+        json!(["node-a"])
+    );
     assert_eq!(inst.bind(&p3, "node-a").await, "");
 }
 
@@ -384,22 +463,34 @@ async fn defaults_limits_and_classes_apply_per_container() {
     // Only slices: the defaults, recorded in the assignment the device plugin reads.
     let p = team_pod("slices-only", slices(3));
     fake.put_pod(p.clone());
-    assert_eq!(inst.filter(&p, &["node-a"]).await["NodeNames"], json!(["node-a"]));
+    assert_eq!(
+        inst.filter(&p, &["node-a"]).await["NodeNames"],
+        json!(["node-a"])
+    );
     assert_eq!(inst.bind(&p, "node-a").await, "");
     let stored = fake.pod("team", "slices-only").expect("pod");
     let a = Assignment::from_json(
-        stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT].as_str().expect("record"),
+        stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT]
+            .as_str()
+            .expect("record"),
     )
     .expect("valid record");
     assert_eq!(a.containers[0].gpus[0].memory_mib, 4096);
     assert_eq!(a.containers[0].gpus[0].compute_milli, 150);
-    // Above the per-container limit (proportional memory: 5 slices of 80 GiB).
-    let big = team_pod("big", slices(5));
+    // Above the per-container limits: compute given explicitly, then memory.
+    let big = team_pod(
+        "big",
+        json!({"vgpu.io/gpu": "6", "vgpu.io/gpu-compute": "60"}),
+    );
     let ans = inst.filter(&big, &["node-a"]).await;
-    assert_eq!(ans["NodeNames"], json!([]), "{ans}");
-    // 5 slices with the default 4 GiB; compute from the slices is 50 %: within. So ask
-    // memory explicitly above the limit instead.
-    let big = team_pod("big2", json!({"vgpu.io/gpu": "2", "vgpu.io/gpu-memory": "20480"}));
+    assert_eq!(
+        ans["FailedAndUnresolvableNodes"]["node-a"],
+        "quota policy team/gpu: container \"main\" asks 60% of compute per GPU, above spec.limits.computePercent (50%)"
+    );
+    let big = team_pod(
+        "big2",
+        json!({"vgpu.io/gpu": "2", "vgpu.io/gpu-memory": "20480"}),
+    );
     let ans = inst.filter(&big, &["node-a"]).await;
     assert_eq!(
         ans["FailedAndUnresolvableNodes"]["node-a"],
@@ -415,17 +506,26 @@ async fn defaults_limits_and_classes_apply_per_container() {
     // Another namespace is not bound by team's policy.
     let mut other = gpu_pod("free", "uid-free", slices(1));
     other["metadata"]["annotations"] = json!({ANNOTATION_PRIORITY: "latency-sensitive"});
-    assert_eq!(inst.filter(&other, &["node-a"]).await["NodeNames"], json!(["node-a"]));
+    assert_eq!(
+        inst.filter(&other, &["node-a"]).await["NodeNames"],
+        json!(["node-a"])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_each_namespaces_use_against_its_policy_totals() {
     let fake = FakeApi::start().await.expect("fake API");
     fake.put_node(gpu_node("node-a", 2, "A100", 81920));
-    fake.put_quota_policy(policy("gpu", json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}})));
+    fake.put_quota_policy(policy(
+        "gpu",
+        json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}}),
+    ));
     let inst = Instance::start(&fake).await;
     policies_seen(&inst, 1, 0).await;
-    let p = team_pod("p1", json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}));
+    let p = team_pod(
+        "p1",
+        json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}),
+    );
     fake.put_pod(p.clone());
     inst.filter(&p, &["node-a"]).await;
     assert_eq!(inst.bind(&p, "node-a").await, "");
@@ -440,7 +540,10 @@ async fn metrics_show_each_namespaces_use_against_its_policy_totals() {
         "vgpu_quota_policy_gpus_total{namespace=\"team\",policy=\"gpu\"} 2",
         "vgpu_quota_policy_valid{namespace=\"team\",policy=\"gpu\"} 1",
     ] {
-        assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing in:\n{text}"
+        );
     }
     // Served at /metrics.
     assert_eq!(inst.served.get("/metrics").await, 200);

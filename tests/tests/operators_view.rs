@@ -493,7 +493,8 @@ fn the_extenders_quota_metrics_pass_promtool() {
     let text = vgpu_scheduler_extender::extender::quota::metrics::render(&state);
     assert!(
         text.contains("vgpu_quota_policy_valid{namespace=\"team\",policy=\"broken\"} 0")
-            && text.contains("vgpu_quota_policy_refusals_total{namespace=\"team\",policy=\"gpu\"} 1"),
+            && text
+                .contains("vgpu_quota_policy_refusals_total{namespace=\"team\",policy=\"gpu\"} 1"),
         "{text}"
     );
     promtool_check("scheduler extender", &text);

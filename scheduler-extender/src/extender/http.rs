@@ -338,7 +338,10 @@ async fn preempt_route(AxumState(http): AxumState<Http>, req: Request) -> Respon
 async fn metrics(AxumState(http): AxumState<Http>) -> Response {
     let text = super::quota::metrics::render(&http.ext.state);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response()

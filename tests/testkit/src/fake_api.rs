@@ -238,7 +238,9 @@ impl FakeApi {
         let key = pod_key(&policy);
         let old = inner.quota_policies.get(&key);
         let generation = match old {
-            Some(o) if o["spec"] == policy["spec"] => o["metadata"]["generation"].as_i64().unwrap_or(1),
+            Some(o) if o["spec"] == policy["spec"] => {
+                o["metadata"]["generation"].as_i64().unwrap_or(1)
+            }
             Some(o) => o["metadata"]["generation"].as_i64().unwrap_or(1) + 1,
             None => 1,
         };

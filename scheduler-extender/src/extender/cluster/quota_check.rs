@@ -12,6 +12,10 @@ use super::*;
 use crate::extender::quota::rules::{Usage, Violation, apply_defaults};
 use crate::extender::quota::{NamespaceRules, Notice};
 
+/// A policy's verdict on a node (the reason, once written), by the node's smallest GPU
+/// memory and the GPUs the pod would add there: nodes alike share it.
+type NodeVerdict = Option<(Arc<str>, Violation)>;
+
 /// The namespace of a `namespace/name` key.
 fn namespace_of(key: &str) -> &str {
     key.split_once('/').map_or("", |(ns, _)| ns)
@@ -124,7 +128,11 @@ impl State {
 
     /// The pod's request with its namespace's defaults applied (the first valid policy,
     /// by name, that sets them).
-    pub(super) fn with_quota_defaults(&self, pod: &Pod, mut request: PodGpuRequest) -> PodGpuRequest {
+    pub(super) fn with_quota_defaults(
+        &self,
+        pod: &Pod,
+        mut request: PodGpuRequest,
+    ) -> PodGpuRequest {
         if request.is_empty() {
             return request;
         }
@@ -185,7 +193,7 @@ impl State {
             return;
         }
         let (used, touched) = inner.namespace_usage(ns);
-        let mut reasons: HashMap<(u64, u64), Option<(Arc<str>, Violation)>> = HashMap::new();
+        let mut reasons: HashMap<(u64, u64), NodeVerdict> = HashMap::new();
         let mut kept = Vec::with_capacity(outcome.feasible.len());
         for &i in &outcome.feasible {
             let Ok((slot, _)) = inner.locate(candidates.names[i]) else {

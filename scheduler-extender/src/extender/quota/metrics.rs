@@ -29,10 +29,26 @@ pub fn render(state: &State) -> String {
     let mut out = String::new();
     type Pick = fn(&super::rules::Usage) -> String;
     let used: [(&str, &str, Pick); 4] = [
-        ("vgpu_namespace_gpu_memory_used_bytes", "GPU memory the namespace's pods hold (bound or being bound), bytes", |u| (u.memory_mib * MIB).to_string()),
-        ("vgpu_namespace_gpu_compute_used_ratio", "compute the namespace's pods hold over all GPUs, in GPUs (1 = one whole GPU)", |u| (u.compute_milli as f64 / 1000.0).to_string()),
-        ("vgpu_namespace_gpus_used", "distinct GPUs the namespace's pods hold a share of", |u| u.gpus.to_string()),
-        ("vgpu_namespace_gpu_pods", "the namespace's pods holding GPUs", |u| u.pods.to_string()),
+        (
+            "vgpu_namespace_gpu_memory_used_bytes",
+            "GPU memory the namespace's pods hold (bound or being bound), bytes",
+            |u| (u.memory_mib * MIB).to_string(),
+        ),
+        (
+            "vgpu_namespace_gpu_compute_used_ratio",
+            "compute the namespace's pods hold over all GPUs, in GPUs (1 = one whole GPU)",
+            |u| (u.compute_milli as f64 / 1000.0).to_string(),
+        ),
+        (
+            "vgpu_namespace_gpus_used",
+            "distinct GPUs the namespace's pods hold a share of",
+            |u| u.gpus.to_string(),
+        ),
+        (
+            "vgpu_namespace_gpu_pods",
+            "the namespace's pods holding GPUs",
+            |u| u.pods.to_string(),
+        ),
     ];
     for (name, help, pick) in used {
         family(&mut out, name, "gauge", help);
@@ -42,30 +58,71 @@ pub fn render(state: &State) -> String {
     }
     type Total = fn(&super::rules::Rules) -> Option<String>;
     let totals: [(&str, &str, Total); 3] = [
-        ("vgpu_quota_policy_memory_total_bytes", "a quota policy's namespace total of GPU memory, bytes (spec.totals.memory)", |r| r.total_memory_mib.map(|m| (m * MIB).to_string())),
-        ("vgpu_quota_policy_compute_total_ratio", "a quota policy's namespace total of compute, in GPUs (spec.totals.computePercent / 100)", |r| r.total_compute_milli.map(|m| (m as f64 / 1000.0).to_string())),
-        ("vgpu_quota_policy_gpus_total", "a quota policy's namespace total of distinct GPUs (spec.totals.gpus)", |r| r.total_gpus.map(|g| g.to_string())),
+        (
+            "vgpu_quota_policy_memory_total_bytes",
+            "a quota policy's namespace total of GPU memory, bytes (spec.totals.memory)",
+            |r| r.total_memory_mib.map(|m| (m * MIB).to_string()),
+        ),
+        (
+            "vgpu_quota_policy_compute_total_ratio",
+            "a quota policy's namespace total of compute, in GPUs (spec.totals.computePercent / 100)",
+            |r| {
+                r.total_compute_milli
+                    .map(|m| (m as f64 / 1000.0).to_string())
+            },
+        ),
+        (
+            "vgpu_quota_policy_gpus_total",
+            "a quota policy's namespace total of distinct GPUs (spec.totals.gpus)",
+            |r| r.total_gpus.map(|g| g.to_string()),
+        ),
     ];
     for (name, help, pick) in totals {
         family(&mut out, name, "gauge", help);
         for (ns, list) in &policies {
             for e in list {
                 if let Some(v) = e.rules.as_ref().ok().and_then(pick) {
-                    let _ = writeln!(out, "{name}{{namespace=\"{}\",policy=\"{}\"}} {v}", escape(ns), escape(&e.name));
+                    let _ = writeln!(
+                        out,
+                        "{name}{{namespace=\"{}\",policy=\"{}\"}} {v}",
+                        escape(ns),
+                        escape(&e.name)
+                    );
                 }
             }
         }
     }
-    family(&mut out, "vgpu_quota_policy_valid", "gauge", "1 if the quota policy is valid, 0 if a field is bad (the namespace then takes no new GPU pod)");
+    family(
+        &mut out,
+        "vgpu_quota_policy_valid",
+        "gauge",
+        "1 if the quota policy is valid, 0 if a field is bad (the namespace then takes no new GPU pod)",
+    );
     for (ns, list) in &policies {
         for e in list {
-            let _ = writeln!(out, "vgpu_quota_policy_valid{{namespace=\"{}\",policy=\"{}\"}} {}", escape(ns), escape(&e.name), u8::from(e.rules.is_ok()));
+            let _ = writeln!(
+                out,
+                "vgpu_quota_policy_valid{{namespace=\"{}\",policy=\"{}\"}} {}",
+                escape(ns),
+                escape(&e.name),
+                u8::from(e.rules.is_ok())
+            );
         }
     }
-    family(&mut out, "vgpu_quota_policy_refusals_total", "counter", "filter and bind decisions that refused a pod because of the quota policy");
+    family(
+        &mut out,
+        "vgpu_quota_policy_refusals_total",
+        "counter",
+        "filter and bind decisions that refused a pod because of the quota policy",
+    );
     for (key, n) in &refusals {
         let (ns, name) = key.split_once('/').unwrap_or(("", key));
-        let _ = writeln!(out, "vgpu_quota_policy_refusals_total{{namespace=\"{}\",policy=\"{}\"}} {n}", escape(ns), escape(name));
+        let _ = writeln!(
+            out,
+            "vgpu_quota_policy_refusals_total{{namespace=\"{}\",policy=\"{}\"}} {n}",
+            escape(ns),
+            escape(name)
+        );
     }
     out
 }

@@ -94,7 +94,11 @@ pub fn read_policy(obj: &DynamicObject) -> Option<(String, PolicyEntry)> {
     let namespace = obj.metadata.namespace.clone()?;
     let name = obj.metadata.name.clone()?;
     let key = format!("{namespace}/{name}");
-    let spec = obj.data.get("spec").cloned().unwrap_or(serde_json::Value::Null);
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
     let rules = if spec.is_null() {
         Ok(Rules {
             policy: key.clone(),
@@ -132,8 +136,12 @@ impl QuotaBook {
 
     fn log(entry: &PolicyEntry, namespace: &str) {
         match &entry.rules {
-            Ok(_) => info!(policy = %format!("{namespace}/{}", entry.name), "quota policy accepted"),
-            Err(e) => warn!(error = %e, "quota policy refused: the namespace takes no new GPU pod until it is fixed"),
+            Ok(_) => {
+                info!(policy = %format!("{namespace}/{}", entry.name), "quota policy accepted")
+            }
+            Err(e) => {
+                warn!(error = %e, "quota policy refused: the namespace takes no new GPU pod until it is fixed")
+            }
         }
     }
 
@@ -159,7 +167,9 @@ impl QuotaBook {
         let mut all = self.write();
         let list = all.entry(ns.clone()).or_default();
         let old = list.iter().position(|e| e.name == entry.name);
-        if old.is_none_or(|i| list[i].generation != entry.generation || list[i].rules != entry.rules) {
+        if old
+            .is_none_or(|i| list[i].generation != entry.generation || list[i].rules != entry.rules)
+        {
             Self::log(&entry, &ns);
         }
         match old {
@@ -228,10 +238,14 @@ impl QuotaBook {
         let mut n = self.notices();
         *n.refusals.entry(notice.policy.clone()).or_default() += 1;
         let key = (notice.uid.clone(), notice.policy.clone());
-        if n.last.get(&key).is_some_and(|&t| now.duration_since(t) < Self::NOTICE_EVERY) {
+        if n.last
+            .get(&key)
+            .is_some_and(|&t| now.duration_since(t) < Self::NOTICE_EVERY)
+        {
             return;
         }
-        n.last.retain(|_, t| now.duration_since(*t) < Self::NOTICE_EVERY);
+        n.last
+            .retain(|_, t| now.duration_since(*t) < Self::NOTICE_EVERY);
         n.last.insert(key, now);
         n.queue.push(notice);
         drop(n);
@@ -287,6 +301,9 @@ mod tests {
         let (ns, e) = read_policy(&obj).expect("named");
         assert_eq!(ns, "team");
         let err = e.rules.expect_err("does not parse").to_string();
-        assert!(err.contains("policy team/q: spec") && err.contains("\"four\""), "{err}");
+        assert!(
+            err.contains("policy team/q: spec") && err.contains("\"four\""),
+            "{err}"
+        );
     }
 }

@@ -164,7 +164,12 @@ impl Rules {
             if let Some(m) = &d.memory {
                 let v = memory_field(policy, "spec.defaults.memory", m)?;
                 if v == 0 {
-                    return Err(contradiction(policy, "spec.defaults.memory", m, "must be at least 1Mi"));
+                    return Err(contradiction(
+                        policy,
+                        "spec.defaults.memory",
+                        m,
+                        "must be at least 1Mi",
+                    ));
                 }
                 r.default_memory_mib = Some(v);
             }
@@ -177,7 +182,12 @@ impl Rules {
             if let Some(m) = &l.memory {
                 let v = memory_field(policy, "spec.limits.memory", m)?;
                 if v == 0 {
-                    return Err(contradiction(policy, "spec.limits.memory", m, "must be at least 1Mi"));
+                    return Err(contradiction(
+                        policy,
+                        "spec.limits.memory",
+                        m,
+                        "must be at least 1Mi",
+                    ));
                 }
                 r.limit_memory_mib = Some(v);
             }
@@ -223,24 +233,78 @@ impl Rules {
             })
         };
         let checks = [
-            self.limit_memory_mib.zip(self.total_memory_mib).and_then(|(a, b)| {
-                over("spec.limits.memory", text(l.memory.as_ref()), "spec.totals.memory", a, b, "MiB")
-            }),
-            self.limit_compute_milli.zip(self.total_compute_milli).and_then(|(a, b)| {
-                over("spec.limits.computePercent", format!("{}", a / 10), "spec.totals.computePercent", u64::from(a) / 10, b / 10, "%")
-            }),
-            self.default_memory_mib.zip(self.limit_memory_mib).and_then(|(a, b)| {
-                over("spec.defaults.memory", text(d.memory.as_ref()), "spec.limits.memory", a, b, "MiB")
-            }),
-            self.default_memory_mib.zip(self.total_memory_mib).and_then(|(a, b)| {
-                over("spec.defaults.memory", text(d.memory.as_ref()), "spec.totals.memory", a, b, "MiB")
-            }),
-            self.default_compute_milli.zip(self.limit_compute_milli).and_then(|(a, b)| {
-                over("spec.defaults.computePercent", format!("{}", a / 10), "spec.limits.computePercent", u64::from(a) / 10, u64::from(b) / 10, "%")
-            }),
-            self.default_compute_milli.zip(self.total_compute_milli).and_then(|(a, b)| {
-                over("spec.defaults.computePercent", format!("{}", a / 10), "spec.totals.computePercent", u64::from(a) / 10, b / 10, "%")
-            }),
+            self.limit_memory_mib
+                .zip(self.total_memory_mib)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.limits.memory",
+                        text(l.memory.as_ref()),
+                        "spec.totals.memory",
+                        a,
+                        b,
+                        "MiB",
+                    )
+                }),
+            self.limit_compute_milli
+                .zip(self.total_compute_milli)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.limits.computePercent",
+                        format!("{}", a / 10),
+                        "spec.totals.computePercent",
+                        u64::from(a) / 10,
+                        b / 10,
+                        "%",
+                    )
+                }),
+            self.default_memory_mib
+                .zip(self.limit_memory_mib)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.defaults.memory",
+                        text(d.memory.as_ref()),
+                        "spec.limits.memory",
+                        a,
+                        b,
+                        "MiB",
+                    )
+                }),
+            self.default_memory_mib
+                .zip(self.total_memory_mib)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.defaults.memory",
+                        text(d.memory.as_ref()),
+                        "spec.totals.memory",
+                        a,
+                        b,
+                        "MiB",
+                    )
+                }),
+            self.default_compute_milli
+                .zip(self.limit_compute_milli)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.defaults.computePercent",
+                        format!("{}", a / 10),
+                        "spec.limits.computePercent",
+                        u64::from(a) / 10,
+                        u64::from(b) / 10,
+                        "%",
+                    )
+                }),
+            self.default_compute_milli
+                .zip(self.total_compute_milli)
+                .and_then(|(a, b)| {
+                    over(
+                        "spec.defaults.computePercent",
+                        format!("{}", a / 10),
+                        "spec.totals.computePercent",
+                        u64::from(a) / 10,
+                        b / 10,
+                        "%",
+                    )
+                }),
         ];
         match checks.into_iter().flatten().next() {
             Some(e) => Err(e),
@@ -367,7 +431,11 @@ pub fn apply_defaults(
         if c.demand.is_whole() {
             continue;
         }
-        let set = |name: &str| given.get(&c.name).is_some_and(|v| v.iter().any(|n| n == name));
+        let set = |name: &str| {
+            given
+                .get(&c.name)
+                .is_some_and(|v| v.iter().any(|n| n == name))
+        };
         if let Some(mib) = rules.default_memory_mib
             && !set(RESOURCE_GPU_MEMORY)
         {
@@ -399,14 +467,21 @@ mod tests {
         let r = Rules::from_spec(
             "team/q",
             &spec(
-                QuotaDefaults { memory: Some("4Gi".into()), compute_percent: Some(20) },
+                QuotaDefaults {
+                    memory: Some("4Gi".into()),
+                    compute_percent: Some(20),
+                },
                 ContainerLimits {
                     memory: Some("16Gi".into()),
                     compute_percent: Some(50),
                     compute_policies: Some(vec!["cap".into()]),
                     priority_classes: Some(vec!["best-effort".into()]),
                 },
-                NamespaceTotals { memory: Some("64Gi".into()), compute_percent: Some(250), gpus: Some(4) },
+                NamespaceTotals {
+                    memory: Some("64Gi".into()),
+                    compute_percent: Some(250),
+                    gpus: Some(4),
+                },
             ),
         )
         .expect("valid");
@@ -425,52 +500,131 @@ mod tests {
     fn bad_policies_name_the_field_and_the_value() {
         let cases: Vec<(VgpuQuotaPolicySpec, &str, &str)> = vec![
             (
-                spec(QuotaDefaults::default(), ContainerLimits::default(), NamespaceTotals { memory: Some("-1Gi".into()), ..Default::default() }),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits::default(),
+                    NamespaceTotals {
+                        memory: Some("-1Gi".into()),
+                        ..Default::default()
+                    },
+                ),
                 "spec.totals.memory",
                 "negative",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits::default(), NamespaceTotals { memory: Some("16GB".into()), ..Default::default() }),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits::default(),
+                    NamespaceTotals {
+                        memory: Some("16GB".into()),
+                        ..Default::default()
+                    },
+                ),
                 "spec.totals.memory",
                 "\"16GB\"",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits::default(), NamespaceTotals { memory: Some("8192".into()), ..Default::default() }),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits::default(),
+                    NamespaceTotals {
+                        memory: Some("8192".into()),
+                        ..Default::default()
+                    },
+                ),
                 "spec.totals.memory",
                 "less than 1 MiB",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits::default(), NamespaceTotals { gpus: Some(-2), ..Default::default() }),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits::default(),
+                    NamespaceTotals {
+                        gpus: Some(-2),
+                        ..Default::default()
+                    },
+                ),
                 "spec.totals.gpus",
                 "negative",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits { compute_percent: Some(150), ..Default::default() }, NamespaceTotals::default()),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits {
+                        compute_percent: Some(150),
+                        ..Default::default()
+                    },
+                    NamespaceTotals::default(),
+                ),
                 "spec.limits.computePercent",
                 "1 to 100",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits { priority_classes: Some(vec!["best-effort".into(), "urgent".into()]), ..Default::default() }, NamespaceTotals::default()),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits {
+                        priority_classes: Some(vec!["best-effort".into(), "urgent".into()]),
+                        ..Default::default()
+                    },
+                    NamespaceTotals::default(),
+                ),
                 "spec.limits.priorityClasses[1]",
                 "\"urgent\"",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits { compute_policies: Some(vec![]), ..Default::default() }, NamespaceTotals::default()),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits {
+                        compute_policies: Some(vec![]),
+                        ..Default::default()
+                    },
+                    NamespaceTotals::default(),
+                ),
                 "spec.limits.computePolicies",
                 "empty",
             ),
             (
-                spec(QuotaDefaults::default(), ContainerLimits { memory: Some("32Gi".into()), ..Default::default() }, NamespaceTotals { memory: Some("16Gi".into()), ..Default::default() }),
+                spec(
+                    QuotaDefaults::default(),
+                    ContainerLimits {
+                        memory: Some("32Gi".into()),
+                        ..Default::default()
+                    },
+                    NamespaceTotals {
+                        memory: Some("16Gi".into()),
+                        ..Default::default()
+                    },
+                ),
                 "spec.limits.memory",
                 "32768 MiB is above spec.totals.memory (16384 MiB)",
             ),
             (
-                spec(QuotaDefaults { compute_percent: Some(60), ..Default::default() }, ContainerLimits { compute_percent: Some(50), ..Default::default() }, NamespaceTotals::default()),
+                spec(
+                    QuotaDefaults {
+                        compute_percent: Some(60),
+                        ..Default::default()
+                    },
+                    ContainerLimits {
+                        compute_percent: Some(50),
+                        ..Default::default()
+                    },
+                    NamespaceTotals::default(),
+                ),
                 "spec.defaults.computePercent",
                 "60 % is above spec.limits.computePercent (50 %)",
             ),
             (
-                spec(QuotaDefaults { memory: Some("20Gi".into()), ..Default::default() }, ContainerLimits { memory: Some("16Gi".into()), ..Default::default() }, NamespaceTotals::default()),
+                spec(
+                    QuotaDefaults {
+                        memory: Some("20Gi".into()),
+                        ..Default::default()
+                    },
+                    ContainerLimits {
+                        memory: Some("16Gi".into()),
+                        ..Default::default()
+                    },
+                    NamespaceTotals::default(),
+                ),
                 "spec.defaults.memory",
                 "above spec.limits.memory",
             ),
@@ -479,7 +633,10 @@ mod tests {
             let e = Rules::from_spec("team/q", &s).expect_err(field);
             assert_eq!(e.field, field, "{e}");
             let text = e.to_string();
-            assert!(text.contains("policy team/q") && text.contains(field) && text.contains(needle), "{text}");
+            assert!(
+                text.contains("policy team/q") && text.contains(field) && text.contains(needle),
+                "{text}"
+            );
         }
     }
 
@@ -494,24 +651,88 @@ mod tests {
             priority_classes: Some(vec![Priority::BestEffort]),
             ..Rules::default()
         };
-        let e = r.check_container("main", 300, 10240).expect_err("memory").to_string();
-        assert_eq!(e, "quota policy team/q: container \"main\" asks 10240 MiB of GPU memory per GPU, above spec.limits.memory (8192 MiB)");
-        let used = Usage { memory_mib: 16384, compute_milli: 800, gpus: 2, pods: 3 };
-        let e = r.check_totals(&used, &Usage { memory_mib: 8192, ..Usage::default() }).expect_err("total").to_string();
-        assert_eq!(e, "quota policy team/q: namespace GPU memory 16384 MiB in use + 8192 MiB asked > spec.totals.memory 20480 MiB");
-        let e = r.check_totals(&used, &Usage { compute_milli: 205, ..Usage::default() }).expect_err("compute").to_string();
-        assert!(e.contains("80% in use + 20.5% asked > spec.totals.computePercent 100%"), "{e}");
-        let e = r.check_totals(&used, &Usage { gpus: 1, ..Usage::default() }).expect_err("gpus").to_string();
-        assert!(e.contains("GPUs 2 in use + 1 more asked > spec.totals.gpus 2"), "{e}");
-        assert!(r.check_totals(&used, &Usage { memory_mib: 4096, compute_milli: 200, ..Usage::default() }).is_ok());
-        let e = r.check_class(ComputePolicy::Burst, Priority::LatencySensitive).expect_err("class").to_string();
+        let e = r
+            .check_container("main", 300, 10240)
+            .expect_err("memory")
+            .to_string();
+        assert_eq!(
+            e,
+            "quota policy team/q: container \"main\" asks 10240 MiB of GPU memory per GPU, above spec.limits.memory (8192 MiB)"
+        );
+        let used = Usage {
+            memory_mib: 16384,
+            compute_milli: 800,
+            gpus: 2,
+            pods: 3,
+        };
+        let e = r
+            .check_totals(
+                &used,
+                &Usage {
+                    memory_mib: 8192,
+                    ..Usage::default()
+                },
+            )
+            .expect_err("total")
+            .to_string();
+        assert_eq!(
+            e,
+            "quota policy team/q: namespace GPU memory 16384 MiB in use + 8192 MiB asked > spec.totals.memory 20480 MiB"
+        );
+        let e = r
+            .check_totals(
+                &used,
+                &Usage {
+                    compute_milli: 205,
+                    ..Usage::default()
+                },
+            )
+            .expect_err("compute")
+            .to_string();
+        assert!(
+            e.contains("80% in use + 20.5% asked > spec.totals.computePercent 100%"),
+            "{e}"
+        );
+        let e = r
+            .check_totals(
+                &used,
+                &Usage {
+                    gpus: 1,
+                    ..Usage::default()
+                },
+            )
+            .expect_err("gpus")
+            .to_string();
+        assert!(
+            e.contains("GPUs 2 in use + 1 more asked > spec.totals.gpus 2"),
+            "{e}"
+        );
+        assert!(
+            r.check_totals(
+                &used,
+                &Usage {
+                    memory_mib: 4096,
+                    compute_milli: 200,
+                    ..Usage::default()
+                }
+            )
+            .is_ok()
+        );
+        let e = r
+            .check_class(ComputePolicy::Burst, Priority::LatencySensitive)
+            .expect_err("class")
+            .to_string();
         assert!(e.contains("vgpu.io/priority latency-sensitive is not allowed (spec.limits.priorityClasses: best-effort)"), "{e}");
     }
 
     #[test]
     fn defaults_apply_only_to_what_a_fractional_container_leaves_out() {
         use vgpu_core::resources::{ContainerDemand, ContainerKind, GpuDemand};
-        let r = Rules { default_memory_mib: Some(2048), default_compute_milli: Some(150), ..Rules::default() };
+        let r = Rules {
+            default_memory_mib: Some(2048),
+            default_compute_milli: Some(150),
+            ..Rules::default()
+        };
         let share = |slices: u32| GpuDemand {
             count: 1,
             compute_milli: slices * 100,
@@ -520,9 +741,21 @@ mod tests {
         };
         let mut req = PodGpuRequest {
             containers: vec![
-                ContainerDemand { name: "a".into(), demand: share(3), kind: ContainerKind::App },
-                ContainerDemand { name: "b".into(), demand: share(3), kind: ContainerKind::App },
-                ContainerDemand { name: "w".into(), demand: GpuDemand::whole(1), kind: ContainerKind::App },
+                ContainerDemand {
+                    name: "a".into(),
+                    demand: share(3),
+                    kind: ContainerKind::App,
+                },
+                ContainerDemand {
+                    name: "b".into(),
+                    demand: share(3),
+                    kind: ContainerKind::App,
+                },
+                ContainerDemand {
+                    name: "w".into(),
+                    demand: GpuDemand::whole(1),
+                    kind: ContainerKind::App,
+                },
             ],
             ..PodGpuRequest::default()
         };
@@ -530,7 +763,11 @@ mod tests {
         apply_defaults(&r, &given, &mut req);
         assert_eq!(req.containers[0].demand.memory, MemoryDemand::Mib(2048));
         assert_eq!(req.containers[0].demand.compute_milli, 150);
-        assert_eq!(req.containers[1].demand.memory, MemoryDemand::FractionMilli(300), "set by the pod");
+        assert_eq!(
+            req.containers[1].demand.memory,
+            MemoryDemand::FractionMilli(300),
+            "set by the pod"
+        );
         assert_eq!(req.containers[1].demand.compute_milli, 150);
         assert_eq!(req.containers[2].demand, GpuDemand::whole(1));
     }

@@ -127,7 +127,8 @@ async fn write_status(client: Client, state: Arc<State>, every: Duration) {
         let usage = state.quota_usage();
         let all = state.quota().all();
         written.retain(|(ns, name), _| {
-            all.get(ns).is_some_and(|l| l.iter().any(|e| &e.name == name))
+            all.get(ns)
+                .is_some_and(|l| l.iter().any(|e| &e.name == name))
         });
         for (ns, list) in &all {
             let used = usage.get(ns).copied().unwrap_or_default();
@@ -145,7 +146,11 @@ async fn write_status(client: Client, state: Arc<State>, every: Duration) {
                 }
                 let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
                 match api
-                    .patch_status(&entry.name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+                    .patch_status(
+                        &entry.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": status})),
+                    )
                     .await
                 {
                     Ok(_) => {
