@@ -548,3 +548,37 @@ async fn metrics_show_each_namespaces_use_against_its_policy_totals() {
     // Served at /metrics.
     assert_eq!(inst.served.get("/metrics").await, 200);
 }
+
+/// What a ResourceQuota `requests.vgpu.io/gpu: 20` admits at creation (20 slices) is
+/// what `totals.computePercent: 200` admits at placement when pods give only slices:
+/// the two can be set to the same figure and agree (docs/operations.md). The
+/// ResourceQuota itself is the API server's (admission), which the fake does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_count_alike_in_a_resource_quota_and_a_compute_total() {
+    let fake = FakeApi::start().await.expect("fake API");
+    fake.put_node(gpu_node("node-a", 4, "A100", 81920));
+    fake.put_quota_policy(policy("gpu", json!({"totals": {"computePercent": 200}})));
+    let inst = Instance::start(&fake).await;
+    policies_seen(&inst, 1, 0).await;
+    let mut slices_placed = 0;
+    for (i, n) in [5u32, 3, 7, 5].into_iter().enumerate() {
+        let p = team_pod(&format!("p{i}"), slices(n));
+        fake.put_pod(p.clone());
+        inst.filter(&p, &["node-a"]).await;
+        assert_eq!(inst.bind(&p, "node-a").await, "", "pod {i}");
+        slices_placed += n;
+    }
+    assert_eq!(slices_placed, 20);
+    let extra = team_pod("extra", slices(1));
+    fake.put_pod(extra.clone());
+    let ans = inst.filter(&extra, &["node-a"]).await;
+    let reason = ans["FailedAndUnresolvableNodes"]["node-a"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains(
+            "namespace compute 200% in use + 10% asked > spec.totals.computePercent 200%"
+        ),
+        "{ans}"
+    );
+}
