@@ -537,7 +537,7 @@ async fn metrics_show_each_namespaces_use_against_its_policy_totals() {
         "vgpu_namespace_gpu_pods{namespace=\"team\"} 1",
         "vgpu_quota_policy_memory_total_bytes{namespace=\"team\",policy=\"gpu\"} 68719476736",
         "vgpu_quota_policy_compute_total_ratio{namespace=\"team\",policy=\"gpu\"} 1.5",
-        "vgpu_quota_policy_gpus_total{namespace=\"team\",policy=\"gpu\"} 2",
+        "vgpu_quota_policy_total_gpus{namespace=\"team\",policy=\"gpu\"} 2",
         "vgpu_quota_policy_valid{namespace=\"team\",policy=\"gpu\"} 1",
     ] {
         assert!(

@@ -488,7 +488,7 @@ fn the_extenders_quota_metrics_pass_promtool() {
             policy: "team/gpu".into(),
             message: "m".into(),
         },
-        std::time::Instant::now(),
+        Instant::now(),
     );
     let text = vgpu_scheduler_extender::extender::quota::metrics::render(&state);
     assert!(

@@ -72,7 +72,7 @@ pub fn render(state: &State) -> String {
             },
         ),
         (
-            "vgpu_quota_policy_gpus_total",
+            "vgpu_quota_policy_total_gpus",
             "a quota policy's namespace total of distinct GPUs (spec.totals.gpus)",
             |r| r.total_gpus.map(|g| g.to_string()),
         ),
