@@ -126,7 +126,9 @@ struct RunArgs {
     #[arg(long, default_value = "/var/lib/vgpu/daemon-api/api.sock")]
     daemon_api_socket: String,
     /// Namespaces whose pods may ask for vgpu.io/priority: latency-sensitive
-    /// (comma-separated; "*": every namespace).
+    /// (comma-separated; "*": every namespace). Deprecated: write
+    /// `spec.limits.priorityClasses` in a VgpuQuotaPolicy, which the scheduler extender
+    /// enforces before the pod is placed; kept as a fallback check at container start.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     latency_sensitive_namespaces: Vec<String>,
     /// Seconds between checks that every GPU process has the shim loaded (0: never).
@@ -185,18 +187,24 @@ impl RunArgs {
             "" | "off" => None,
             p => Some(PathBuf::from(p)),
         };
-        c.latency_sensitive_namespaces =
-            if self.latency_sensitive_namespaces.iter().any(|n| n == "*") {
-                None
-            } else {
-                Some(
-                    self.latency_sensitive_namespaces
-                        .iter()
-                        .map(|n| n.trim().to_owned())
-                        .filter(|n| !n.is_empty())
-                        .collect(),
-                )
-            };
+        c.latency_sensitive_namespaces = if self
+            .latency_sensitive_namespaces
+            .iter()
+            .any(|n| n == "*")
+        {
+            None
+        } else {
+            tracing::warn!(
+                "--latency-sensitive-namespaces is deprecated: write spec.limits.priorityClasses in a VgpuQuotaPolicy per namespace (the scheduler extender enforces it before placing the pod); the flag is still checked at container start as a fallback"
+            );
+            Some(
+                self.latency_sensitive_namespaces
+                    .iter()
+                    .map(|n| n.trim().to_owned())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+            )
+        };
         let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
         c.audit_interval = secs(self.audit_interval_s);
         c.gc_interval = secs(self.gc_interval_s);

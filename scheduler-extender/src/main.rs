@@ -19,6 +19,8 @@ enum Command {
     Serve(extender::run::ServeArgs),
     /// Measure the extender's filter/prioritize/bind latency at scale (in memory).
     BenchExtender(extender::bench::BenchArgs),
+    /// Print the VgpuQuotaPolicy CustomResourceDefinition (JSON) generated from its type.
+    Crd,
 }
 
 /// Installs the tracing subscriber (RUST_LOG, default info) for the long-running service.
@@ -41,6 +43,10 @@ fn main() -> std::process::ExitCode {
         Command::Replay(args) => replay::run(&args).map_err(Into::into),
         Command::Serve(args) => serve(args),
         Command::BenchExtender(args) => extender::bench::run(&args).map_err(Into::into),
+        Command::Crd => {
+            print!("{}", extender::quota::crd::crd_json());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -11,7 +11,7 @@
 //!   `prometheus` package; SKIPPED without it, a failure under `VGPU_REQUIRE_TOOLS=1`, as
 //!   `.ci/run` sets).
 //! - Every PromQL query of the Grafana dashboard (`deploy/grafana/vgpu-dashboard.json`)
-//!   names only metrics that the daemon and the plugin render.
+//!   names only metrics that the daemon, the plugin and the scheduler extender render.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -269,6 +269,16 @@ fn exported() -> BTreeSet<String> {
     names.extend(declared(
         &vgpu_device_plugin::metrics::Metrics::new(rx).render(),
     ));
+    // The scheduler extender's: namespaces' use and quota policies' totals.
+    let state = vgpu_scheduler_extender::extender::State::new(
+        vgpu_scheduler_extender::extender::StateConfig::default(),
+        vgpu_scheduler_extender::extender::policy::ExtenderPolicy::new(
+            vgpu_core::packing::PolicyName::Vgpu,
+        ),
+    );
+    names.extend(declared(
+        &vgpu_scheduler_extender::extender::quota::metrics::render(&state),
+    ));
     names
 }
 
@@ -410,7 +420,9 @@ fn every_dashboard_query_names_only_exported_metrics() {
     let exported = exported();
     assert!(
         exported.contains("vgpu_tenant_gpu_time_seconds_total")
-            && exported.contains("vgpu_plugin_unenforced_processes"),
+            && exported.contains("vgpu_plugin_unenforced_processes")
+            && exported.contains("vgpu_namespace_gpu_memory_used_bytes")
+            && exported.contains("vgpu_quota_policy_memory_total_bytes"),
         "{exported:?}"
     );
     let queries = dashboard_queries(&d);
@@ -422,7 +434,7 @@ fn every_dashboard_query_names_only_exported_metrics() {
         for n in names {
             assert!(
                 exported.contains(&n),
-                "the dashboard's query {q:?} names {n}, which neither the daemon nor the plugin exports"
+                "the dashboard's query {q:?} names {n}, which none of the daemon, the plugin and the extender exports"
             );
             used.insert(n);
         }
@@ -443,4 +455,47 @@ fn every_dashboard_query_names_only_exported_metrics() {
         "the dashboard uses {} exported metrics: {used:?}",
         used.len()
     );
+}
+
+#[test]
+fn the_extenders_quota_metrics_pass_promtool() {
+    use vgpu_scheduler_extender::extender::quota::Notice;
+    let state = vgpu_scheduler_extender::extender::State::new(
+        vgpu_scheduler_extender::extender::StateConfig::default(),
+        vgpu_scheduler_extender::extender::policy::ExtenderPolicy::new(
+            vgpu_core::packing::PolicyName::Vgpu,
+        ),
+    );
+    for (name, spec) in [
+        (
+            "gpu",
+            serde_json::json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}}),
+        ),
+        ("broken", serde_json::json!({"totals": {"gpus": -1}})),
+    ] {
+        let obj = serde_json::from_value(serde_json::json!({
+            "apiVersion": "vgpu.io/v1alpha1", "kind": "VgpuQuotaPolicy",
+            "metadata": {"name": name, "namespace": "team"}, "spec": spec,
+        }))
+        .expect("a policy object");
+        state.quota().apply(&obj);
+    }
+    state.quota().refused(
+        Notice {
+            namespace: "team".into(),
+            pod: "p".into(),
+            uid: "u".into(),
+            policy: "team/gpu".into(),
+            message: "m".into(),
+        },
+        Instant::now(),
+    );
+    let text = vgpu_scheduler_extender::extender::quota::metrics::render(&state);
+    assert!(
+        text.contains("vgpu_quota_policy_valid{namespace=\"team\",policy=\"broken\"} 0")
+            && text
+                .contains("vgpu_quota_policy_refusals_total{namespace=\"team\",policy=\"gpu\"} 1"),
+        "{text}"
+    );
+    promtool_check("scheduler extender", &text);
 }

@@ -61,6 +61,7 @@ use super::types::{
     MAX_EXTENDER_PRIORITY, MetaPod, MetaVictims,
 };
 
+mod quota_check;
 mod verbs;
 
 /// Settings of the state.
@@ -285,6 +286,8 @@ pub struct State {
     pending: Mutex<HashMap<String, Pending>>,
     config: StateConfig,
     policy: ExtenderPolicy,
+    /// The namespaces' quota policies (ADR 0022; checked in `cluster/quota_check.rs`).
+    quota: crate::extender::quota::QuotaBook,
 }
 
 /// Why filter rejects a node.
@@ -539,6 +542,7 @@ impl State {
             pending: Mutex::new(HashMap::new()),
             config,
             policy,
+            quota: crate::extender::quota::QuotaBook::default(),
         }
     }
 

@@ -334,6 +334,19 @@ async fn preempt_route(AxumState(http): AxumState<Http>, req: Request) -> Respon
     }
 }
 
+/// `GET /metrics`: namespaces' use and quota policies' totals (`quota::metrics`).
+async fn metrics(AxumState(http): AxumState<Http>) -> Response {
+    let text = super::quota::metrics::render(&http.ext.state);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -352,7 +365,7 @@ pub fn router(extender: Extender, url_prefix: &str) -> Router {
 }
 
 /// The router: `POST {url_prefix}/{filter,prioritize,bind,preempt}`, plus
-/// `GET /healthz` (alive) and `GET /readyz` (state synced).
+/// `GET /healthz` (alive), `GET /readyz` (state synced) and `GET /metrics`.
 ///
 /// Request bodies are read within `limits` (size, deadline, shared memory budget):
 /// with `nodeCacheCapable: false` kube-scheduler sends every candidate Node in full
@@ -366,6 +379,7 @@ pub fn router_with(extender: Extender, url_prefix: &str, limits: HttpLimits) -> 
         .route(&format!("{prefix}/preempt"), post(preempt_route))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::disable())
         .with_state(Http {
             ext: extender,

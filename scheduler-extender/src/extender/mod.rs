@@ -12,6 +12,8 @@
 //! - `filter_reasons`: filter's allocation-free fit and reasons, and which rejections
 //!   preemption can resolve.
 //! - [`policy`]: the policy core as the live extender drives it.
+//! - [`quota`]: quota policies per namespace (the `VgpuQuotaPolicy` resource, its
+//!   checks, status, events and metrics; ADR 0022).
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
 //! - [`sync`]: Node and Pod watches feeding [`cluster::State`].
 //! - [`run`]: the `serve` subcommand's configuration and its entry point (the
@@ -30,6 +32,7 @@ pub mod http;
 pub mod limits;
 mod names;
 pub mod policy;
+pub mod quota;
 pub mod run;
 pub mod sync;
 pub mod types;

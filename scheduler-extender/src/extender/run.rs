@@ -163,6 +163,11 @@ pub async fn run_with_client(
             ..SyncConfig::default()
         },
     ));
+    let quota_task = tokio::spawn(super::quota::watch::run(
+        client.clone(),
+        state.clone(),
+        super::quota::watch::QuotaSyncConfig::default(),
+    ));
     let extender = Extender::new(state, Arc::new(KubeBinder::new(client)));
     let result = serve_on(
         listener,
@@ -173,6 +178,7 @@ pub async fn run_with_client(
     .await
     .map_err(|source| ServeError::Serve { addr, source });
     sync_task.abort();
+    quota_task.abort();
     result
 }
 

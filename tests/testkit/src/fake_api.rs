@@ -3,7 +3,9 @@
 //!
 //! It serves what their kube-rs sides use: list and watch of Nodes and Pods
 //! (newline-delimited watch events with resource versions), `GET` of one pod or node,
-//! merge patches of a pod or a node, the `pods/binding` subresource and event creation.
+//! merge patches of a pod or a node, the `pods/binding` subresource and event creation;
+//! and the extender's `VgpuQuotaPolicy` custom resource (list, watch, merge patch of its
+//! `status` subresource, which leaves the spec and the generation alone).
 //! Every request is recorded; tests wait for calls with a deadline
 //! ([`FakeApi::wait_for_calls`]), so a call that never comes fails the test fast instead
 //! of hanging it. Failures and delays can be scripted.
@@ -37,7 +39,11 @@ pub struct Call {
 enum Kind {
     Node,
     Pod,
+    QuotaPolicy,
 }
+
+/// The path of `VgpuQuotaPolicy` objects (group `vgpu.io`, version `v1alpha1`).
+const QUOTA_POLICIES: &str = "/apis/vgpu.io/v1alpha1/vgpuquotapolicies";
 
 #[derive(Debug, Clone)]
 struct WatchEvent {
@@ -52,6 +58,7 @@ struct Inner {
     rv: u64,
     nodes: BTreeMap<String, Value>,
     pods: BTreeMap<(String, String), Value>,
+    quota_policies: BTreeMap<(String, String), Value>,
     log: Vec<WatchEvent>,
     calls: Vec<Call>,
     events: Vec<Value>,
@@ -104,6 +111,11 @@ impl FakeApi {
                 post(create_binding),
             )
             .route("/api/v1/namespaces/{ns}/events", post(create_event))
+            .route(QUOTA_POLICIES, get(list_or_watch_quota_policies))
+            .route(
+                "/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status",
+                axum::routing::patch(patch_quota_policy_status),
+            )
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -214,6 +226,43 @@ impl FakeApi {
         self.put_pod(pod);
     }
 
+    /// Adds or replaces a `VgpuQuotaPolicy` (a watch event follows); its
+    /// `metadata.generation` goes up by one when its spec changes, as the API server's.
+    pub fn put_quota_policy(&self, mut policy: Value) {
+        let mut inner = lock(&self.inner);
+        inner.rv += 1;
+        let rv = inner.rv;
+        policy["apiVersion"] = json!("vgpu.io/v1alpha1");
+        policy["kind"] = json!("VgpuQuotaPolicy");
+        policy["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let key = pod_key(&policy);
+        let old = inner.quota_policies.get(&key);
+        let generation = match old {
+            Some(o) if o["spec"] == policy["spec"] => {
+                o["metadata"]["generation"].as_i64().unwrap_or(1)
+            }
+            Some(o) => o["metadata"]["generation"].as_i64().unwrap_or(1) + 1,
+            None => 1,
+        };
+        if let Some(o) = old
+            && policy.get("status").is_none()
+        {
+            policy["status"] = o["status"].clone();
+        }
+        policy["metadata"]["generation"] = json!(generation);
+        let event = if old.is_some() { "MODIFIED" } else { "ADDED" };
+        inner.quota_policies.insert(key, policy.clone());
+        self.emit(&mut inner, Kind::QuotaPolicy, event, policy);
+    }
+
+    /// The stored `VgpuQuotaPolicy` (with the status written to it).
+    pub fn quota_policy(&self, namespace: &str, name: &str) -> Option<Value> {
+        lock(&self.inner)
+            .quota_policies
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
     /// The events created so far.
     pub fn events(&self) -> Vec<Value> {
         lock(&self.inner).events.clone()
@@ -291,9 +340,13 @@ impl FakeApi {
         let (items, list_kind): (Vec<Value>, &str) = match kind {
             Kind::Node => (inner.nodes.values().cloned().collect(), "NodeList"),
             Kind::Pod => (inner.pods.values().cloned().collect(), "PodList"),
+            Kind::QuotaPolicy => (
+                inner.quota_policies.values().cloned().collect(),
+                "VgpuQuotaPolicyList",
+            ),
         };
         json!({
-            "apiVersion": "v1",
+            "apiVersion": if kind == Kind::QuotaPolicy { "vgpu.io/v1alpha1" } else { "v1" },
             "kind": list_kind,
             "metadata": {"resourceVersion": inner.rv.to_string()},
             "items": items,
@@ -423,6 +476,48 @@ async fn list_or_watch_pods(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
     list_or_watch(fake, Kind::Pod, "/api/v1/pods", q).await
+}
+
+async fn list_or_watch_quota_policies(
+    State(fake): State<FakeApi>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    list_or_watch(fake, Kind::QuotaPolicy, QUOTA_POLICIES, q).await
+}
+
+/// `PATCH …/vgpuquotapolicies/{name}/status`: only `status` of the patch applies.
+async fn patch_quota_policy_status(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    fake.record(
+        "PATCH",
+        format!("/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status"),
+        value,
+    );
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(refused) => return *refused,
+    };
+    let mut inner = lock(&fake.inner);
+    let key = (ns, name.clone());
+    let Some(mut policy) = inner.quota_policies.get(&key).cloned() else {
+        return not_found("vgpuquotapolicies.vgpu.io", &name);
+    };
+    if let Some(st) = patch.get("status") {
+        if !policy["status"].is_object() {
+            policy["status"] = json!({});
+        }
+        merge(&mut policy["status"], st);
+    }
+    inner.rv += 1;
+    policy["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.quota_policies.insert(key, policy.clone());
+    fake.emit(&mut inner, Kind::QuotaPolicy, "MODIFIED", policy.clone());
+    axum::Json(policy).into_response()
 }
 
 async fn get_pod(

@@ -7,7 +7,7 @@ use super::*;
 
 impl State {
     fn request_for(&self, pod: &Pod) -> Result<PodGpuRequest, ExtenderError> {
-        let request = pod_request(pod)?;
+        let request = self.with_quota_defaults(pod, pod_request(pod)?);
         let topology = topology_requirement(pod)?;
         if let Some(uid) = pod.metadata.uid.clone() {
             self.pending().insert(
@@ -69,6 +69,7 @@ impl State {
                 }
             }
         }
+        self.quota_filter(&inner, pod, &request, &task, candidates, &mut outcome);
         Ok(outcome)
     }
 
@@ -224,6 +225,16 @@ impl State {
                 })
                 .collect(),
         };
+        // The namespace's quota policies, on these exact grants (ADR 0022).
+        self.quota_admit(
+            &inner,
+            &key,
+            &args.pod_uid,
+            &args.node,
+            node_index,
+            &grants,
+            &assignment,
+        )?;
         // The commit re-checks every GPU: the decision and its reservation are one
         // step under the write lock.
         inner
