@@ -194,8 +194,6 @@ pub type PFN_cuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUres
 pub type PFN_cuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 /// `cuEventQuery(CUevent hEvent)`.
 pub type PFN_cuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
-/// `cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)`.
-pub type PFN_cuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
 /// `cuEventSynchronize(CUevent hEvent)`.
 pub type PFN_cuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
 /// `cuLaunchKernel(CUfunction f, unsigned int gridDimX, gridDimY, gridDimZ,
