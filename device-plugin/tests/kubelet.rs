@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tonic::Code;
-use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::{GpuInfo, NodeInventory};
 use vgpu_core::packing::{GpuSpec, Ledger, NodeSpec, Task, reuse};
 use vgpu_core::pod_request::parse_pod_request;
@@ -17,17 +16,6 @@ use vgpu_testkit::fake_kubelet::{FakeKubelet, FakeKubeletError};
 use vgpu_testkit::node::{NODE, PodContainer, TestNode, fake_containers, gpus, pod_json};
 
 const T: Duration = Duration::from_secs(10);
-
-fn read_quota(node: &TestNode, ids: &[String]) -> Option<ContainerQuota> {
-    let dir = node
-        .handshake
-        .allocation_dir(ids.iter().map(String::as_str));
-    let text = std::fs::read_to_string(dir.join(QUOTA_FILE)).ok()?;
-    if text.is_empty() {
-        return None;
-    }
-    Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
-}
 
 fn grant(uuid: &str, mem: u64, milli: u32, slices: u32) -> Vec<(String, u64, u32, u32)> {
     vec![(uuid.to_owned(), mem, milli, slices)]
@@ -236,7 +224,7 @@ async fn fifty_pods(interleaved: bool) {
     );
     let mut mismatches = Vec::new();
     for (name, ids) in &all {
-        let q = read_quota(&node, ids).expect("quota written");
+        let q = node.read_quota(ids).expect("quota written");
         let (mem, milli, uuid) = &expected[name];
         let ok = q.pod == *name
             && q.container == "main"
@@ -255,7 +243,7 @@ async fn fifty_pods(interleaved: bool) {
     FakeKubelet::prestart(&mut node.client, ids)
         .await
         .expect("again");
-    assert_eq!(read_quota(&node, ids).expect("quota").pod, *name);
+    assert_eq!(node.read_quota(ids).expect("quota").pod, *name);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,14 +290,14 @@ async fn allocate_mounts_the_directory_the_shim_and_a_generated_preload() {
     assert_eq!(r.devices.len(), 1);
     assert_eq!(r.devices[0].container_path, "/dev/nvidia1");
     assert_eq!(
-        read_quota(&node, ids),
+        node.read_quota(ids),
         None,
         "no quota before PreStartContainer"
     );
     FakeKubelet::prestart(&mut node.client, ids)
         .await
         .expect("prestart");
-    let q = read_quota(&node, ids).expect("quota");
+    let q = node.read_quota(ids).expect("quota");
     assert_eq!((q.gpus[0].memory_mib, q.gpus[0].compute_milli), (4096, 200));
 }
 
@@ -355,7 +343,7 @@ async fn a_container_sees_its_gpus_by_uuid_in_the_quota_files_order() {
         FakeKubelet::prestart(&mut node.client, &ids)
             .await
             .expect("prestart");
-        let q = read_quota(&node, &ids).expect("quota");
+        let q = node.read_quota(&ids).expect("quota");
         let got: Vec<(String, u64)> = q
             .gpus
             .iter()
@@ -449,7 +437,7 @@ async fn a_pod_deleted_between_bind_and_allocate_gets_nothing_and_its_devices_ar
         "{}",
         e.message()
     );
-    assert_eq!(read_quota(&node, &ids), None);
+    assert_eq!(node.read_quota(&ids), None);
     // Kubelet drops it; a new pod gets the same device IDs and its own quota.
     node.kubelet.remove_pod("ns", "gone");
     let e = FakeKubelet::prestart(&mut node.client, &ids)
@@ -469,7 +457,7 @@ async fn a_pod_deleted_between_bind_and_allocate_gets_nothing_and_its_devices_ar
     FakeKubelet::prestart(&mut node.client, &ids)
         .await
         .expect("prestart");
-    let q = read_quota(&node, &ids).expect("quota");
+    let q = node.read_quota(&ids).expect("quota");
     assert_eq!((q.pod.as_str(), q.gpus[0].memory_mib), ("next", 2048));
 }
 
@@ -510,7 +498,7 @@ async fn multi_container_and_init_container_pods() {
     FakeKubelet::prestart(&mut node.client, &ids["setup"])
         .await
         .expect("init prestart");
-    let q = read_quota(&node, &ids["setup"]).expect("init quota");
+    let q = node.read_quota(&ids["setup"]).expect("init quota");
     assert_eq!(
         (q.container.as_str(), q.init, q.gpus[0].memory_mib),
         ("setup", true, 1000)
@@ -521,7 +509,7 @@ async fn multi_container_and_init_container_pods() {
         FakeKubelet::prestart(&mut node.client, &ids[name])
             .await
             .expect("app prestart");
-        let q = read_quota(&node, &ids[name]).expect("app quota");
+        let q = node.read_quota(&ids[name]).expect("app quota");
         assert_eq!(
             (q.container.as_str(), q.init, q.gpus[0].memory_mib),
             (name, false, mem)
@@ -547,7 +535,7 @@ async fn multi_container_and_init_container_pods() {
     FakeKubelet::prestart(&mut node.client, &shared_ids)
         .await
         .expect("init");
-    let q = read_quota(&node, &shared_ids).expect("quota");
+    let q = node.read_quota(&shared_ids).expect("quota");
     assert_eq!((q.container.as_str(), q.gpus[0].memory_mib), ("init", 500));
     // The init container finished, but its status reaches the API server only after
     // kubelet already asks for the app container: the plugin waits for it.
@@ -559,7 +547,7 @@ async fn multi_container_and_init_container_pods() {
     mark_init_done(&node, "ns", "same", "init");
     call.await.expect("task").expect("main");
     assert!(t0.elapsed() >= Duration::from_millis(300));
-    let q = read_quota(&node, &shared_ids).expect("quota");
+    let q = node.read_quota(&shared_ids).expect("quota");
     assert_eq!(
         (q.container.as_str(), q.init, q.gpus[0].memory_mib),
         ("main", false, 700)
@@ -568,7 +556,7 @@ async fn multi_container_and_init_container_pods() {
         .await
         .expect("main restarts");
     assert_eq!(
-        read_quota(&node, &shared_ids).expect("quota").container,
+        node.read_quota(&shared_ids).expect("quota").container,
         "main"
     );
 
@@ -593,7 +581,7 @@ async fn multi_container_and_init_container_pods() {
         .await
         .expect_err("cannot tell");
     assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
-    assert_eq!(read_quota(&node, &ids).expect("quota").container, "init");
+    assert_eq!(node.read_quota(&ids).expect("quota").container, "init");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -696,7 +684,7 @@ async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_on
         match want {
             Ok((policy, priority)) => {
                 r.unwrap_or_else(|e| panic!("{ns}/{name}: {e:?}"));
-                let q = read_quota(&node, &ids).expect("quota written");
+                let q = node.read_quota(&ids).expect("quota written");
                 assert_eq!((q.namespace.as_str(), q.pod.as_str()), (ns, name));
                 assert_eq!(q.gpus[0].compute_policy, policy, "{ns}/{name}");
                 assert_eq!(q.gpus[0].priority, priority, "{ns}/{name}");
@@ -712,7 +700,7 @@ async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_on
                     );
                 }
                 assert!(
-                    read_quota(&node, &ids).is_none(),
+                    node.read_quota(&ids).is_none(),
                     "no quota for a refused start"
                 );
             }
@@ -917,7 +905,7 @@ async fn init_and_app_containers_start_on_the_extenders_gpus_whatever_kubelet_re
         );
         seen_draws.insert(ids["train"].clone());
         let quota = |cname: &str| {
-            let q = read_quota(&node, &ids[cname]).expect("quota");
+            let q = node.read_quota(&ids[cname]).expect("quota");
             let got: Vec<(String, u64, u32, u32)> = q
                 .gpus
                 .iter()
@@ -994,7 +982,7 @@ async fn an_app_container_the_size_of_an_init_container_whose_status_lags_gets_i
     FakeKubelet::prestart(&mut node.client, &ids["b"])
         .await
         .expect("b");
-    let q = read_quota(&node, &ids["b"]).expect("quota");
+    let q = node.read_quota(&ids["b"]).expect("quota");
     assert_eq!(
         (q.container.as_str(), q.init, q.gpus[0].memory_mib),
         ("b", false, 5000),
@@ -1012,7 +1000,7 @@ async fn an_app_container_the_size_of_an_init_container_whose_status_lags_gets_i
     FakeKubelet::prestart(&mut node.client, &ids["a"])
         .await
         .expect("a");
-    let q = read_quota(&node, &ids["a"]).expect("quota");
+    let q = node.read_quota(&ids["a"]).expect("quota");
     assert_eq!(
         (q.container.as_str(), q.init, q.gpus[0].memory_mib),
         ("a", false, 3000)
@@ -1062,7 +1050,7 @@ async fn a_sidecar_with_gpu_slices_gets_its_own_quota_beside_init_and_app_contai
             FakeKubelet::prestart(&mut node.client, &ids[who])
                 .await
                 .unwrap_or_else(|e| panic!("seed {seed}: {who}: {e}"));
-            let q = read_quota(&node, &ids[who]).expect("quota");
+            let q = node.read_quota(&ids[who]).expect("quota");
             assert_eq!(
                 (q.container.as_str(), q.init, q.gpus[0].memory_mib),
                 (who, init, mem),
@@ -1074,7 +1062,7 @@ async fn a_sidecar_with_gpu_slices_gets_its_own_quota_beside_init_and_app_contai
             .await
             .expect("proxy restarts");
         assert_eq!(
-            read_quota(&node, &ids["proxy"]).expect("quota").container,
+            node.read_quota(&ids["proxy"]).expect("quota").container,
             "proxy"
         );
         node.kubelet.remove_pod("ns", &name);

@@ -8,23 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tonic::Code;
-use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
 use vgpu_testkit::fake_kubelet::FakeKubelet;
 use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, gpus, pod_json};
 
 const T: Duration = Duration::from_secs(10);
-
-fn read_quota(node: &TestNode, ids: &[String]) -> Option<ContainerQuota> {
-    let dir = node
-        .handshake
-        .allocation_dir(ids.iter().map(String::as_str));
-    let text = std::fs::read_to_string(dir.join(QUOTA_FILE)).ok()?;
-    if text.is_empty() {
-        return None;
-    }
-    Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
@@ -64,7 +52,7 @@ async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
         FakeKubelet::prestart(&mut client, &ids)
             .await
             .unwrap_or_else(|s| panic!("PreStartContainer for {name}: {s}"));
-        let q = read_quota(&node, &ids).expect("quota written");
+        let q = node.read_quota(&ids).expect("quota written");
         assert_eq!(
             (
                 q.pod.as_str(),
@@ -93,7 +81,7 @@ async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
         .await
         .expect_err("a container on a GPU it was not granted is refused");
     assert_eq!(s.code(), Code::FailedPrecondition, "{s}");
-    assert!(read_quota(&node, &ids).is_none());
+    assert!(node.read_quota(&ids).is_none());
     node.kubelet.remove_pod("ns", "nb-100");
 
     // One container leaves GPU 0; a pod the extender never placed (no assignment)
@@ -119,11 +107,11 @@ async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
         s.message().contains("no vgpu.io/assignment annotation"),
         "{s}"
     );
-    assert!(read_quota(&node, &ids).is_none(), "no quota for it");
+    assert!(node.read_quota(&ids).is_none(), "no quota for it");
 
     // The 99 containers still there each still hold their own quota.
     for (i, ids) in started.iter().enumerate().skip(1) {
-        let q = read_quota(&node, ids).expect("quota kept");
+        let q = node.read_quota(ids).expect("quota kept");
         assert_eq!(q.pod, format!("nb-{i}"));
     }
 }

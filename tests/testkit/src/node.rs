@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
+use vgpu_core::container_quota::{ContainerQuota, QUOTA_FILE};
 use vgpu_core::inventory::GpuInfo;
 use vgpu_core::resources::{
     ASSIGNMENT_VERSION, Assignment, ContainerAssignment, GpuGrant, RESOURCE_GPU,
@@ -203,6 +204,19 @@ impl TestNode {
 
     /// Puts a pod on the API server and waits (at most 10 s) until the plugin's pod watch
     /// has it, as it would long before kubelet admits the pod.
+    /// The quota record the plugin wrote for the container holding `ids` (`vgpu.conf` in
+    /// its allocation directory); `None` while it is absent or empty (not started yet).
+    pub fn read_quota(&self, ids: &[String]) -> Option<ContainerQuota> {
+        let dir = self
+            .handshake
+            .allocation_dir(ids.iter().map(String::as_str));
+        let text = std::fs::read_to_string(dir.join(QUOTA_FILE)).ok()?;
+        if text.is_empty() {
+            return None;
+        }
+        Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
+    }
+
     pub async fn put_pod(&self, pod: Value) -> anyhow::Result<()> {
         let ns = pod["metadata"]["namespace"]
             .as_str()
