@@ -20,7 +20,9 @@
 //!   charged times are proportional to the shares, and an overrun (a slice that
 //!   drained late) is a deficit repaid by waiting longer next round;
 //! - a tenant that wakes up is brought forward to at most one slice of credit before
-//!   the current virtual clock (no banking of idle time, but waking tenants go first);
+//!   the current virtual clock (no banking of idle time, but waking tenants go first),
+//!   or to the lag it had when it stopped asking if that is more (time it was owed for
+//!   having waited is not forfeited by a short absence);
 //! - latency-sensitive tenants go before best-effort ones, and a waking
 //!   latency-sensitive tenant revokes a best-effort holder at once, as long as it is not
 //!   more than two of its own slices ahead of the best-effort tenants (so priority
@@ -125,6 +127,9 @@ struct T {
     recent: VecDeque<(u64, u64)>,
     /// When it last stopped demanding.
     idle_since: u64,
+    /// Its lag then (virtual clock minus its virtual time, at least 0): time it was owed
+    /// for having waited, which a sleep does not forfeit.
+    idle_lag: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +201,7 @@ impl Scheduler {
             grants: 0,
             recent: VecDeque::new(),
             idle_since: 0,
+            idle_lag: 0.0,
         });
     }
 
@@ -251,7 +257,7 @@ impl Scheduler {
             // one that merely paused between batches keeps its lag (or its lead).
             if now.saturating_sub(t.idle_since) > self.p.quantum_ns {
                 let credit = q * 100.0 / f64::from(t.settings.share_pct.max(1));
-                t.vtime = t.vtime.max(vclock - credit);
+                t.vtime = t.vtime.max(vclock - wake_lag(credit, t.idle_lag));
             }
             t.demand_since = Some(now);
         }
@@ -320,9 +326,23 @@ impl Scheduler {
             }
         }
         self.st = St::Idle;
+        // What it is owed if it stops asking now: how far its virtual time is behind
+        // the clock, or behind the least advanced other tenant waiting if that is more.
+        let waiters_min = self
+            .tenants
+            .iter()
+            .filter(|(k, o)| **k != id && o.demand_since.is_some())
+            .map(|(_, o)| o.vtime)
+            .fold(f64::INFINITY, f64::min);
+        let reference = if waiters_min.is_finite() {
+            self.vclock.max(waiters_min)
+        } else {
+            self.vclock
+        };
         if let Some(t) = self.tenants.get_mut(&id) {
             t.demand_since = waiting.then_some(now);
             t.idle_since = now;
+            t.idle_lag = (reference - t.vtime).max(0.0);
         }
         self.reserved = None;
         if !waiting && self.p.regrant_grace_ns > 0 && self.owed(id, now) {
@@ -673,6 +693,17 @@ pub fn slice_charge(reported_ns: u64, held_ns: u64, busy_ns: Option<u64>, min_pc
         .max(floor)
 }
 
+/// The most a waking tenant may lag the virtual clock: one slice of credit (`credit`,
+/// in its virtual time), or the lag it had when it stopped asking (`idle_lag`), if
+/// larger. A sleep earns no credit, but it does not forfeit time the tenant was owed for
+/// having waited while others ran over (a slice that a starved daemon ended late):
+/// forfeiting it cost a 75 % tenant 3 ms of device time per 1 ms its 25 % neighbour
+/// overran, and the 25 % tenant of `shares_hold_when_the_daemon_is_starved` got up to
+/// 48 % (ADR 0024).
+fn wake_lag(credit: f64, idle_lag: f64) -> f64 {
+    credit.max(idle_lag)
+}
+
 /// A capped tenant's slice: its tokens last `bucket / (1 − rate)` while it runs, since
 /// they keep accruing at `rate` meanwhile (at most a quantum).
 fn cap_slice(t: &T, min_slice: f64, q: u64) -> u64 {
@@ -930,6 +961,77 @@ mod tests {
         };
         let got = late_redemand_share(none, 100_000);
         assert!(got < 60.0, "without grace the 80 % tenant got {got:.1} %");
+    }
+
+    /// Grants and releases of two saturating tenants from `now` to `until`: every slice
+    /// ends at its deadline, drains at once, fully busy, launches still blocked.
+    fn saturate_until(sched: &mut Scheduler, mut now: u64, until: u64) {
+        while now < until {
+            let deadline = sched.next_deadline().expect("a holder or a grace");
+            now = deadline.max(now);
+            for a in sched.tick(now) {
+                if let Action::Revoke { tenant, generation } = a {
+                    sched.release(tenant, generation, now, Some(MS * 10), true, now);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_sleep_does_not_forfeit_time_owed_for_a_neighbours_overrun() {
+        // The starved-daemon case (ADR 0024): the 25 % tenant's slice ends 300 ms late
+        // (the daemon's timer did not run), fully busy, charged as such, while the 75 %
+        // tenant waited. The 75 % tenant then runs, drains between two launches and asks
+        // again 16 ms later (its launcher starved of CPU); the daemon, late, has given
+        // the GPU to the 25 % tenant meanwhile. The 75 % tenant is owed 900 ms; a sleep
+        // of 16 ms must not cancel that debt.
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(25), 0);
+        sched.add(2, burst(75), 0);
+        assert_eq!(sched.demand(1, 0).len(), 1);
+        sched.demand(2, 0);
+        let late = 300 * MS;
+        assert_eq!(
+            sched.tick(late),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        let acts = sched.release(1, 1, late, Some(late), true, late);
+        assert_eq!(
+            acts,
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+        let end = late + 10 * MS;
+        sched.tick(end);
+        assert!(
+            sched
+                .release(2, 2, end, Some(10 * MS), false, end)
+                .is_empty()
+        );
+        // The grace (2 ms) is over when the late daemon looks again.
+        assert_eq!(
+            sched.tick(end + 8 * MS),
+            vec![Action::Grant {
+                tenant: 1,
+                generation: 3
+            }]
+        );
+        sched.demand(2, end + 16 * MS);
+        saturate_until(&mut sched, end + 16 * MS, 2_000 * MS);
+        let now = 2_000 * MS;
+        let small = sched.stats(1, now).expect("known").used_ns as f64;
+        let big = sched.stats(2, now).expect("known").used_ns as f64;
+        let got = small * 100.0 / (small + big);
+        // Forfeiting the debt: 25 % of the time after the overrun on top of it, 37 %.
+        assert!(
+            (got - 25.0).abs() < 2.0,
+            "the 25 % tenant got {got:.1} % of the charged time"
+        );
     }
 
     #[test]
