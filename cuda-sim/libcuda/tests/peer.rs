@@ -94,8 +94,15 @@ fn copy_time(dst: c_int, src: c_int, n: usize) -> f64 {
     let secs = (0..5)
         .map(|_| {
             let t = Instant::now();
+            // Async, so that `e1` is queued right behind the copy: after a synchronous
+            // copy it would be queued only when the call returned, and the simulator's
+            // call returns after the host has moved the bytes (slower than the link on a
+            // loaded host), which would time the host, not the link.
             assert_eq!(cu!(cuEventRecord(e0, std::ptr::null_mut())), CUDA_SUCCESS);
-            assert_eq!(cu!(cuMemcpyPeer(d, dc, s, sc, n)), CUDA_SUCCESS);
+            assert_eq!(
+                cu!(cuMemcpyPeerAsync(d, dc, s, sc, n, std::ptr::null_mut())),
+                CUDA_SUCCESS
+            );
             assert_eq!(cu!(cuEventRecord(e1, std::ptr::null_mut())), CUDA_SUCCESS);
             assert_eq!(cu!(cuEventSynchronize(e1)), CUDA_SUCCESS);
             let wall = t.elapsed().as_secs_f64();
