@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use crate::inventory::NodeInventory;
 use crate::resources::{GpuDemand, MILLI_PER_GPU, ModelConstraint, SLICES_PER_GPU};
 use crate::topology::{LinkClass, NodeTopology, TopologyRequirement};
 
@@ -39,6 +40,30 @@ pub struct NodeSpec {
     /// to 100 on a node configured for fine sharing (ADR 0023). Every container holds at
     /// least one on each of its GPUs, so this is the most containers a GPU takes.
     pub slices_per_gpu: u32,
+}
+
+impl NodeSpec {
+    /// A node as its device plugin's GPU inventory describes it: each GPU's UUID, model
+    /// and memory by position, its topology and its slices per GPU; no CPU or memory of
+    /// the node (0). The one reading of an inventory into a node of the ledger.
+    pub fn from_inventory(name: String, inventory: &NodeInventory) -> NodeSpec {
+        NodeSpec {
+            topology: NodeTopology::by_position(inventory),
+            name,
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: inventory
+                .gpus
+                .iter()
+                .map(|g| GpuSpec {
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    memory_mib: g.memory_mib,
+                })
+                .collect(),
+            slices_per_gpu: inventory.slices_per_gpu,
+        }
+    }
 }
 
 /// What is free on one GPU.

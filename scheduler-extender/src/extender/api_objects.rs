@@ -10,14 +10,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tracing::warn;
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
-use vgpu_core::packing::{
-    ContextReserve, GpuSpec, Grant, NodeSpec, Placement, ReuseSlot, Task, reuse,
-};
+use vgpu_core::packing::{ContextReserve, Grant, NodeSpec, Placement, ReuseSlot, Task, reuse};
 use vgpu_core::pod_request::{PodGpuRequest, parse_pod_request};
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, Assignment, ContainerKind, GpuDemand, MemoryDemand, RESOURCE_GPU,
 };
-use vgpu_core::topology::{ANNOTATION_GPU_TOPOLOGY, NodeTopology, TopologyRequirement};
+use vgpu_core::topology::{ANNOTATION_GPU_TOPOLOGY, TopologyRequirement};
 
 use super::error::ExtenderError;
 
@@ -139,26 +137,12 @@ pub(super) fn node_spec(node: &Node, contexts: ContextReserve) -> Result<NodeSpe
     let inventory = NodeInventory::from_json(text).map_err(|e| super::error::error_chain(&e))?;
     // An unhealthy GPU keeps its index (pods already on it stay accounted) but
     // its model is marked, so that `effective_task` keeps new pods off it.
-    let spec = NodeSpec {
-        topology: NodeTopology::by_position(&inventory),
-        name,
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpus: inventory
-            .gpus
-            .iter()
-            .map(|g| GpuSpec {
-                uuid: g.uuid.clone(),
-                model: if g.healthy {
-                    g.model.clone()
-                } else {
-                    format!("{UNHEALTHY_PREFIX}{}", g.model)
-                },
-                memory_mib: g.memory_mib,
-            })
-            .collect(),
-        slices_per_gpu: inventory.slices_per_gpu,
-    };
+    let mut spec = NodeSpec::from_inventory(name, &inventory);
+    for (gpu, info) in spec.gpus.iter_mut().zip(&inventory.gpus) {
+        if !info.healthy {
+            gpu.model = format!("{UNHEALTHY_PREFIX}{}", gpu.model);
+        }
+    }
     contexts.node_spec(spec).map_err(|e| e.to_string())
 }
 

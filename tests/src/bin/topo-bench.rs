@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result, bail};
 use libloading::{Library, Symbol};
 use vgpu_core::inventory::NodeInventory;
-use vgpu_core::packing::{GpuSpec, Grant, Ledger, NodeSpec, Placement, Task};
+use vgpu_core::packing::{Grant, Ledger, NodeSpec, Placement, Task};
 use vgpu_core::resources::{GpuDemand, ModelConstraint};
 use vgpu_core::topology::NodeTopology;
 use vgpu_cuda_abi::cuda::{CUcontext, CUdeviceptr, CUevent, CUstream};
@@ -148,27 +148,12 @@ fn extender_set(
     count: usize,
     topology: bool,
 ) -> Result<Vec<u32>> {
-    let spec = NodeSpec {
-        name: "bench".into(),
-        cpu_milli: 1_000_000,
-        memory_mib: 1 << 30,
-        gpus: inv
-            .gpus
-            .iter()
-            .map(|g| GpuSpec {
-                uuid: g.uuid.clone(),
-                model: g.model.clone(),
-                memory_mib: g.memory_mib,
-            })
-            .collect(),
-        // As the extender's `node_spec` builds it from the Node's inventory.
-        topology: if topology {
-            NodeTopology::by_position(inv)
-        } else {
-            NodeTopology::default()
-        },
-        slices_per_gpu: inv.slices_per_gpu,
-    };
+    let mut spec = NodeSpec::from_inventory("bench".into(), inv);
+    spec.cpu_milli = 1_000_000;
+    spec.memory_mib = 1 << 30;
+    if !topology {
+        spec.topology = NodeTopology::default();
+    }
     let mut ledger = Ledger::new();
     ledger.add_node(spec)?;
     let whole = |n: u32| Task {

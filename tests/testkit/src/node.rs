@@ -202,8 +202,6 @@ impl TestNode {
         })
     }
 
-    /// Puts a pod on the API server and waits (at most 10 s) until the plugin's pod watch
-    /// has it, as it would long before kubelet admits the pod.
     /// The quota record the plugin wrote for the container holding `ids` (`vgpu.conf` in
     /// its allocation directory); `None` while it is absent or empty (not started yet).
     pub fn read_quota(&self, ids: &[String]) -> Option<ContainerQuota> {
@@ -217,6 +215,8 @@ impl TestNode {
         Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
     }
 
+    /// Puts a pod on the API server and waits (at most 10 s) until the plugin's pod watch
+    /// has it, as it would long before kubelet admits the pod.
     pub async fn put_pod(&self, pod: Value) -> anyhow::Result<()> {
         let ns = pod["metadata"]["namespace"]
             .as_str()
