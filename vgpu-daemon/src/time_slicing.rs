@@ -282,7 +282,8 @@ impl Scheduler {
         now: u64,
     ) -> Vec<Action> {
         let mut out = Vec::new();
-        let (since, granted, provisional) = match self.st {
+        // `revoked`: when the daemon took the grant back (None: the tenant yields it).
+        let (since, granted, provisional, revoked) = match self.st {
             St::Holding {
                 t,
                 generation: g,
@@ -290,30 +291,36 @@ impl Scheduler {
                 granted,
                 provisional,
                 ..
-            }
-            | St::Draining {
+            } if t == id && g == generation => (since, granted, provisional, None),
+            St::Draining {
                 t,
                 generation: g,
                 since,
                 granted,
                 provisional,
-                ..
-            } if t == id && g == generation => (since, granted, provisional),
+                revoked_at,
+            } if t == id && g == generation => (since, granted, provisional, Some(revoked_at)),
             _ => return out,
         };
+        // The tenant may launch until the daemon takes the grant back: a drain cannot
+        // end before the revoke, whatever the report says (a shim reporting its drain
+        // at the grant was charged nothing before).
         let end = if end_ns == 0 {
             now
         } else {
-            end_ns.clamp(since, now)
+            end_ns.clamp(since.max(revoked.unwrap_or(since)), now)
         };
         let pct = self.p.min_charge_pct;
         match busy_ns {
             // The busy time covers the whole grant: what renewals charged as wall time
-            // is settled against it. The floor is a part of the slice as reported, not
-            // as a starved daemon read it late (a floor on the daemon's reading,
-            // tried, made the starved-daemon test fail 3 runs in 8 instead of 1).
+            // is settled against it. The floor is a part of what the tenant held: up
+            // to its drain's end, or to the revoke if that was later; a yield, which
+            // the daemon alone ends, up to the daemon reading it. Not up to a drain's
+            // report as a starved daemon read it late: that floor, tried, made the
+            // starved-daemon test fail 3 runs in 8 instead of 1.
             Some(_) => {
-                let total = slice_charge(end - granted, end - granted, busy_ns, pct);
+                let held = if revoked.is_some() { end } else { now };
+                let total = slice_charge(end - granted, held - granted, busy_ns, pct);
                 if total >= provisional {
                     self.charge(id, total - provisional, end);
                 } else {
@@ -681,8 +688,9 @@ impl Scheduler {
 
 /// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
 /// most the slice as they report it (`reported_ns`, grant → their drain end; all of it
-/// when not measured), and at least `min_pct` percent of the slice as the daemon saw it
-/// (`held_ns`, grant → the drain's report arriving). The GPU idling in a slice because
+/// when not measured), and at least `min_pct` percent of the time the tenant held the
+/// grant as the daemon knows it (`held_ns`: grant → the drain's end, never before the
+/// daemon's revoke; for a yield, grant → the daemon reading it). The GPU idling in a slice because
 /// the tenant's launcher was starved of CPU (or throttled) is then not charged as its
 /// share; what the tenant reports cannot bring the charge under the floor, so the time
 /// a tenant can hold the GPU idle, or lie about, stays bounded.
@@ -1100,7 +1108,8 @@ mod tests {
 
     /// Saturating tenants, each filling a fraction of every slice it holds with device
     /// work (`fill`, the rest the GPU idles: a launcher starved of CPU) and reporting
-    /// that busy time when `report`. Returns (held time, device time) per tenant.
+    /// that busy time when `report`; one that fills none of it also reports its drain
+    /// at the grant. Returns (held time, device time) per tenant.
     fn run_filled(
         p: Params,
         tenants: &[(TenantId, u32, f64)],
@@ -1135,10 +1144,13 @@ mod tests {
                         let e = out.entry(tenant).or_insert((0, 0));
                         e.0 += wall;
                         e.1 += busy;
+                        // A tenant that does no work also says its drain ended at
+                        // its grant (the most a lying shim can claim).
+                        let end = if fill[&tenant] == 0.0 { g0 + 1 } else { now };
                         acts.extend(sched.release(
                             tenant,
                             generation,
-                            now,
+                            end,
                             report.then_some(busy),
                             true,
                             now,
@@ -1178,7 +1190,8 @@ mod tests {
     #[test]
     fn a_tenant_reporting_no_busy_time_holds_at_most_its_share_over_the_floor() {
         let p = Params::default();
-        // Tenant 1 (20 %) holds the GPU and says it used none of it.
+        // Tenant 1 (20 %) holds the GPU and says it used none of it, and that each of
+        // its slices drained at the grant.
         let got = run_filled(p, &[(1, 20, 0.0), (2, 80, 1.0)], true, 20_000 * MS);
         let held = |id| got[&id].0 as f64;
         let pct = held(1) * 100.0 / (held(1) + held(2));
@@ -1188,6 +1201,41 @@ mod tests {
         assert!(
             (pct - expect).abs() < 2.0,
             "a tenant reporting no busy time held {pct:.1} % of the GPU (bound {expect:.1} %)"
+        );
+    }
+
+    #[test]
+    fn a_drain_reported_before_the_revoke_is_charged_from_the_revoke() {
+        // Tenant 1 drains (its report says) at its grant, having used none of it: it is
+        // charged the floor of the slice it held up to the revoke, as a tenant reporting
+        // no busy time is, not nothing.
+        let p = Params::default();
+        let mut sched = Scheduler::new(p);
+        sched.add(1, burst(20), 0);
+        sched.add(2, burst(80), 0);
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        let revoke = sched.tick(10 * MS);
+        assert_eq!(
+            revoke,
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        sched.release(1, 1, 1, Some(0), true, 11 * MS);
+        let floor = 10 * MS * u64::from(p.min_charge_pct) / 100;
+        assert_eq!(sched.stats(1, 11 * MS).expect("known").used_ns, floor);
+        // The same lie in a yield: charged the floor of what it held until the daemon
+        // read the yield.
+        assert_eq!(sched.holder(), Some(2));
+        let mut sched = Scheduler::new(p);
+        sched.add(1, burst(20), 0);
+        sched.demand(1, 0);
+        sched.release(1, 1, 1, Some(0), false, 8 * MS);
+        assert_eq!(
+            sched.stats(1, 8 * MS).expect("known").used_ns,
+            8 * MS * u64::from(p.min_charge_pct) / 100
         );
     }
 
