@@ -8,7 +8,7 @@
 //! runs, decides.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ fn ask(path: &std::path::Path, deadline: Instant) -> std::io::Result<bool> {
     let mut buf = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || !wait_readable(s.as_raw_fd(), left)? {
+        if left.is_zero() || !wait_readable(s.as_fd(), left)? {
             return Ok(false);
         }
         let mut chunk = [0u8; 256];

@@ -8,6 +8,7 @@
 //!   ([`futex_wait`], [`futex_wake`]).
 //! - [`slot_lock`]: process-slot liveness from open-file-description locks: a slot's
 //!   owner holds a lock on byte *i* of a file, the kernel drops it when the owner dies.
+//! - [`poll`]: which descriptors have input to read ([`poll::readable`]).
 //! - [`publish`]: a shared file published complete or not at all (build it under a
 //!   private name, then `link(2)` it into place).
 //! - [`shm`]: shared memory: an anonymous sized file ([`shm::memfd`]), sealed against
@@ -26,6 +27,7 @@
 
 pub mod clock;
 pub mod futex;
+pub mod poll;
 pub mod publish;
 pub mod shm;
 pub mod slot_lock;

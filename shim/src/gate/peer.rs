@@ -3,7 +3,7 @@
 //! board's descriptor (`SCM_RIGHTS`).
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -71,26 +71,9 @@ pub(crate) fn connect_nonblocking(path: &std::path::Path) -> io::Result<UnixStre
 }
 
 /// Waits at most `timeout` for `fd` to be readable (or closed); false: timed out.
-pub(crate) fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis())
-        .unwrap_or(i32::MAX)
-        .max(1);
-    loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let ready = vgpu_sys::poll::readable(&[fd], timeout.max(Duration::from_millis(1)))?;
+    Ok(ready.first().copied().unwrap_or(false))
 }
 
 /// Receives bytes and at most one descriptor (`SCM_RIGHTS`).

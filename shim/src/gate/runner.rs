@@ -270,7 +270,7 @@ impl Runner {
                 break m;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !wait_readable(s.as_raw_fd(), left)? {
+            if left.is_zero() || !wait_readable(s.as_fd(), left)? {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("no answer to the registration within {HANDSHAKE_DEADLINE_MS} ms"),
@@ -567,29 +567,11 @@ impl Runner {
             .conn
             .as_mut()
             .ok_or_else(|| io::Error::other("no connection"))?;
-        let mut pfd = libc::pollfd {
-            fd: conn.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis())
-            .unwrap_or(i32::MAX)
-            .max(0);
-        let ms = if timeout < Duration::from_millis(1) {
-            1
-        } else {
-            ms
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(Vec::new())
-            } else {
-                Err(e)
-            };
-        }
+        let ready = vgpu_sys::poll::readable(
+            &[conn.stream.as_fd()],
+            timeout.max(Duration::from_millis(1)),
+        )?;
+        let r = i32::from(ready.first().copied().unwrap_or(false));
         let mut out = Vec::new();
         if r > 0 {
             let mut chunk = [0u8; 4096];
