@@ -9,7 +9,8 @@
 //! Registration (the quota file's rule, the node's GPUs, the bounds on client state, the
 //! containers' health records) lives in the child module `registration`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -168,6 +169,9 @@ struct Conn {
     /// Process GPU index → GPU UUID (None: not granted, not scheduled).
     gpus: Vec<Option<String>>,
     out: Outbox,
+    /// A duplicate of its socket, to see whether it sent what the daemon has not read
+    /// yet ([`Daemon::watch_input`]; None: not watched).
+    input: Option<OwnedFd>,
 }
 
 impl Conn {
@@ -373,9 +377,16 @@ impl Daemon {
             let now = mono_ns();
             let uuids: Vec<String> = g.gpus.keys().cloned().collect();
             let mut next = u64::MAX;
+            // Before deciding on a tenant's absence, what the tenants sent is looked at (not
+            // read).
+            let unread = if g.gpus.values().any(|r| r.sched.absence_due(now)) {
+                unread_tenants(&g)
+            } else {
+                BTreeSet::new()
+            };
             for u in uuids {
                 let acts = match g.gpus.get_mut(&u) {
-                    Some(r) => r.sched.tick(now),
+                    Some(r) => r.sched.tick_unread(now, &unread),
                     None => continue,
                 };
                 apply(&mut g, &u, acts, now);
@@ -393,6 +404,14 @@ impl Daemon {
                 .wait_timeout(g, wait)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+
+    /// Watches connection `conn`'s socket (`fd`, a duplicate) for input the daemon has
+    /// not read yet, which holds back the renewal of a neighbour's slice.
+    pub fn watch_input(&self, conn: u64, fd: OwnedFd) {
+        if let Some(c) = self.lock().conns.get_mut(&conn) {
+            c.input = Some(fd);
         }
     }
 
@@ -830,6 +849,26 @@ impl Daemon {
             },
         }
     }
+}
+
+/// The tenants with a connection whose socket holds input not read yet (or a hang-up
+/// not seen yet). A failed look says none.
+fn unread_tenants(g: &Inner) -> BTreeSet<TenantId> {
+    let watched: Vec<(&Conn, BorrowedFd<'_>)> = g
+        .conns
+        .values()
+        .filter_map(|c| c.input.as_ref().map(|fd| (c, fd.as_fd())))
+        .collect();
+    let fds: Vec<BorrowedFd<'_>> = watched.iter().map(|(_, fd)| *fd).collect();
+    let Ok(ready) = vgpu_sys::poll::readable(&fds, Duration::ZERO) else {
+        return BTreeSet::new();
+    };
+    watched
+        .iter()
+        .zip(ready)
+        .filter(|(_, r)| *r)
+        .filter_map(|((c, _), _)| g.tenants.get(&c.tenant).map(|t| t.id))
+        .collect()
 }
 
 fn holder_key(g: &Inner, uuid: &str) -> Option<String> {

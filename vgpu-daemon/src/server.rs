@@ -7,7 +7,7 @@
 //! answered by the connection's own task, at once.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +115,14 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         }
     };
     let conn = reg.conn;
+    // The scheduler looks at the socket (without reading it) before renewing a slice.
+    match stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => daemon.watch_input(conn, fd),
+        Err(e) => warn!(
+            pid,
+            conn, "cannot watch the connection for unread input: {e}"
+        ),
+    }
     let frame = encode(&reg.welcome);
     let sent = send_with_fd(&stream, &frame, reg.board.fd().as_raw_fd()).await;
     if let Err(e) = sent {

@@ -38,7 +38,7 @@
 //!   Without it, the owed time is only collectable when the demand happens to be present
 //!   at a decision, and a 80/20 split degrades towards 50/50 (issue 16).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
@@ -46,6 +46,10 @@ use crate::model::SliceState;
 
 /// A tenant on this GPU (assigned by the daemon).
 pub type TenantId = u64;
+
+/// How soon a lone holder's slice is looked at again when it was not renewed because
+/// another tenant had unread input ([`Scheduler::tick_unread`]), ns.
+pub const UNREAD_RECHECK_NS: u64 = 1_000_000;
 
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
@@ -165,6 +169,8 @@ pub struct Scheduler {
     scheduled_ns: u64,
     /// The GPU is kept free for this tenant until this time (it released while owed).
     reserved: Option<(TenantId, u64)>,
+    /// The latest a reservation may be extended to while its tenant has unread input.
+    reserved_limit: u64,
 }
 
 impl Scheduler {
@@ -178,6 +184,7 @@ impl Scheduler {
             vclock: 0.0,
             scheduled_ns: 0,
             reserved: None,
+            reserved_limit: 0,
         }
     }
 
@@ -239,7 +246,7 @@ impl Scheduler {
             t.bucket_ns = t.bucket_ns.min(cap);
         }
         self.preempt_if_needed(now, &mut out);
-        self.tick_into(now, &mut out);
+        self.tick_into(now, &BTreeSet::new(), &mut out);
         out
     }
 
@@ -354,6 +361,7 @@ impl Scheduler {
         self.reserved = None;
         if !waiting && self.p.regrant_grace_ns > 0 && self.owed(id, now) {
             self.reserved = Some((id, now + self.p.regrant_grace_ns));
+            self.reserved_limit = now + self.p.regrant_grace_ns + self.p.quantum_ns;
         }
         self.pick(now, &mut out);
         out
@@ -361,9 +369,32 @@ impl Scheduler {
 
     /// Time passes: ends slices, times out drains, lets capped tenants back in.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        self.tick_unread(now, &BTreeSet::new())
+    }
+
+    /// [`Scheduler::tick`], knowing which tenants have sent messages the daemon has not
+    /// read yet (`unread`). Two decisions rest on a tenant's absence, and are put off by
+    /// [`UNREAD_RECHECK_NS`] while that tenant may have asked already: a holder alone is
+    /// not renewed while another tenant has unread input (the slice goes on, uncharged
+    /// until it ends), and the GPU kept free for a releasing tenant that is owed time is
+    /// not given away while that tenant has unread input, for at most one quantum more
+    /// than the grace (a tenant that floods the daemon cannot keep the GPU idle longer).
+    /// A daemon starved of CPU read a tenant's demands 364 ms late while renewing its
+    /// neighbour, and the shares drifted (issue 16).
+    pub fn tick_unread(&mut self, now: u64, unread: &BTreeSet<TenantId>) -> Vec<Action> {
         let mut out = Vec::new();
-        self.tick_into(now, &mut out);
+        self.tick_into(now, unread, &mut out);
         out
+    }
+
+    /// Whether a tick at `now` would decide on a tenant's absence (renew a lone
+    /// holder's slice, or end a reservation), so that unread input matters.
+    pub fn absence_due(&self, now: u64) -> bool {
+        match self.st {
+            St::Holding { deadline, .. } => now >= deadline,
+            St::Idle => self.reserved.is_some_and(|(_, until)| now >= until),
+            St::Draining { .. } => false,
+        }
     }
 
     /// When [`Scheduler::tick`] must next run (None: only on an event).
@@ -620,7 +651,7 @@ impl Scheduler {
         }
     }
 
-    fn tick_into(&mut self, now: u64, out: &mut Vec<Action>) {
+    fn tick_into(&mut self, now: u64, unread: &BTreeSet<TenantId>, out: &mut Vec<Action>) {
         match self.st {
             St::Holding {
                 t,
@@ -639,8 +670,21 @@ impl Scheduler {
                     x.settings.policy == ComputePolicy::Cap
                         && x.bucket_ns - now.saturating_sub(since) as f64 <= 0.0
                 });
+                let maybe_others = unread
+                    .iter()
+                    .any(|u| *u != t && self.tenants.contains_key(u));
                 if others || capped {
                     self.revoke(now, out);
+                } else if maybe_others {
+                    // Read first, decide after.
+                    self.st = St::Holding {
+                        t,
+                        generation,
+                        since,
+                        deadline: now + UNREAD_RECHECK_NS,
+                        granted,
+                        provisional,
+                    };
                 } else {
                     // Alone and allowed: the slice goes on; what it held so far is
                     // charged now, provisionally (settled against the device time the
@@ -680,7 +724,17 @@ impl Scheduler {
                 let mut more = self.release(t, generation, now, None, waiting, now);
                 out.append(&mut more);
             }
-            St::Idle => self.pick(now, out),
+            St::Idle => {
+                if let Some((r, until)) = self.reserved
+                    && now >= until
+                    && now < self.reserved_limit
+                    && unread.contains(&r)
+                {
+                    self.reserved = Some((r, (now + UNREAD_RECHECK_NS).min(self.reserved_limit)));
+                    return;
+                }
+                self.pick(now, out)
+            }
             _ => {}
         }
     }
@@ -912,7 +966,10 @@ mod tests {
     /// Two saturating tenants where tenant 1's drain always reports nothing blocked
     /// (its launcher is between launches) and it asks again `back` ns later; tenant 2
     /// reports its launches blocked. Returns tenant 1's share of the charged time.
-    fn late_redemand_share(p: Params, back: u64) -> f64 {
+    /// The 80 % tenant's share when it drains with nothing blocked and asks again
+    /// `back` later, its demand read by the daemon `read_delay` after it was sent (a
+    /// starved daemon); `look`: the daemon sees the unread demand on the socket meanwhile.
+    fn late_redemand_share(p: Params, back: u64, read_delay: u64, look: bool) -> f64 {
         let mut sched = Scheduler::new(p);
         sched.add(1, burst(80), 0);
         sched.add(2, burst(20), 0);
@@ -920,6 +977,7 @@ mod tests {
         sched.demand(1, now);
         sched.demand(2, now);
         let mut redemand: Option<u64> = None;
+        let mut sent: Option<u64> = None;
         while now < 20_000 * MS {
             let next = [sched.next_deadline(), redemand]
                 .into_iter()
@@ -929,9 +987,15 @@ mod tests {
             now = next.max(now);
             let acts = if redemand == Some(now) {
                 redemand = None;
+                sent = None;
                 sched.demand(1, now)
             } else {
-                sched.tick(now)
+                let unread: BTreeSet<TenantId> = sent
+                    .filter(|s| look && now >= *s)
+                    .map(|_| 1)
+                    .into_iter()
+                    .collect();
+                sched.tick_unread(now, &unread)
             };
             for a in acts {
                 if let Action::Revoke { tenant, generation } = a {
@@ -939,7 +1003,8 @@ mod tests {
                     let waiting = tenant == 2;
                     let more = sched.release(tenant, generation, now, None, waiting, now);
                     if tenant == 1 {
-                        redemand = Some(now + back);
+                        sent = Some(now + back);
+                        redemand = Some(now + back + read_delay);
                     }
                     assert!(more.iter().all(|a| matches!(a, Action::Grant { .. })));
                 }
@@ -955,7 +1020,7 @@ mod tests {
         // 100 µs: what a launcher woken by the drain takes on an idle CPU; 1.5 ms: a
         // busy one.
         for back in [100_000, 1_500_000] {
-            let got = late_redemand_share(Params::default(), back);
+            let got = late_redemand_share(Params::default(), back, 0, false);
             assert!(
                 (got - 80.0).abs() < 2.0,
                 "80 % tenant asking again {back} ns after its drains got {got:.1} %"
@@ -967,8 +1032,26 @@ mod tests {
             regrant_grace_ns: 0,
             ..Params::default()
         };
-        let got = late_redemand_share(none, 100_000);
+        let got = late_redemand_share(none, 100_000, 0, false);
         assert!(got < 60.0, "without grace the 80 % tenant got {got:.1} %");
+    }
+
+    #[test]
+    fn a_demand_the_daemon_has_not_read_yet_keeps_the_gpu_for_its_tenant() {
+        // The demand is sent 100 µs after the drain and read 5 ms later (the daemon
+        // starved of CPU): past the 2 ms grace. Seeing it on the socket, the scheduler
+        // waits for it; not seeing it, it gives the GPU away at every slice.
+        let p = Params::default();
+        let got = late_redemand_share(p, 100_000, 5 * MS, true);
+        assert!(
+            (got - 80.0).abs() < 2.0,
+            "demand read 5 ms late, seen unread: the 80 % tenant got {got:.1} %"
+        );
+        let got = late_redemand_share(p, 100_000, 5 * MS, false);
+        assert!(got < 60.0, "demand read 5 ms late, unseen: {got:.1} %");
+        // Seen or not, a demand later than the grace plus a quantum is not waited for.
+        let got = late_redemand_share(p, 100_000, 30 * MS, true);
+        assert!(got < 60.0, "demand read 30 ms late: {got:.1} %");
     }
 
     /// Grants and releases of two saturating tenants from `now` to `until`: every slice
@@ -1237,6 +1320,41 @@ mod tests {
             sched.stats(1, 8 * MS).expect("known").used_ns,
             8 * MS * u64::from(p.min_charge_pct) / 100
         );
+    }
+
+    #[test]
+    fn a_lone_holder_is_not_renewed_while_another_tenant_has_unread_input() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(25), 0);
+        sched.add(2, burst(75), 0);
+        sched.demand(1, 0);
+        let unread = BTreeSet::from([2]);
+        // Tenant 2 has sent something the daemon has not read: the slice is looked at
+        // again shortly, not renewed for a whole quantum, and nothing is charged yet.
+        assert!(sched.tick_unread(10 * MS, &unread).is_empty());
+        assert_eq!(sched.next_deadline(), Some(10 * MS + UNREAD_RECHECK_NS));
+        assert_eq!(sched.stats(1, 10 * MS).expect("known").used_ns, 0);
+        // It was a demand: once read, the holder is revoked at the next look.
+        sched.demand(2, 10 * MS + 500_000);
+        assert_eq!(
+            sched.tick_unread(11 * MS, &BTreeSet::new()),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        // Unread input of the holder itself, or of a tenant not on this GPU, does not
+        // hold a renewal back.
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(25), 0);
+        sched.demand(1, 0);
+        assert!(
+            sched
+                .tick_unread(10 * MS, &BTreeSet::from([1, 7]))
+                .is_empty()
+        );
+        assert_eq!(sched.next_deadline(), Some(20 * MS), "renewed");
+        assert_eq!(sched.stats(1, 10 * MS).expect("known").used_ns, 10 * MS);
     }
 
     #[test]

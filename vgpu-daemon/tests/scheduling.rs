@@ -360,6 +360,7 @@ fn shares_hold_when_the_daemon_is_starved() {
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
     let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
+    eprintln!("starved daemon: the 25 % tenant got {share1:.1} % of device time");
     assert!(
         (share1 - 25.0).abs() < 8.0,
         "starved daemon: the 25 % tenant got {share1:.1} % ({busy:?} ns)"

@@ -256,6 +256,7 @@ impl Daemon {
                 tenant: tenant.clone(),
                 gpus: names,
                 out,
+                input: None,
             },
         );
         debug!(tenant = %tenant, pid, conn = conn_id, "process registered");
