@@ -26,8 +26,9 @@ mod testrun;
 
 use testrun::{Failures, Hogs, run_tests};
 
-/// The test targets that measure time or shares, by package: what `busy` runs (every
-/// test that asserts a share, a latency or a deadline with real processes).
+/// The test targets that measure time or shares, grouped by package (one run each; a
+/// name is unique across the workspace): what `busy` runs (every test that asserts a
+/// share, a latency or a deadline with real processes).
 const TIMING_TESTS: &[(&str, &[&str])] = &[
     ("vgpu-daemon", &["scheduling", "metrics", "peers"]),
     (
@@ -179,38 +180,30 @@ fn busy() -> Result<()> {
 }
 
 /// Builds the timing tests, then runs them with the hogs alongside (the build is not
-/// slowed down by them).
+/// slowed down by them). Each test is named across the whole workspace (the names are
+/// unique), not by its package: cargo then resolves features as for `cargo test
+/// --workspace`, so after the `tests` step nothing is rebuilt (by package, a second
+/// feature set rebuilt a third of the workspace and took its disk twice).
 fn busy_tests(f: &mut Failures) -> Result<()> {
-    let targets = |c: &mut Command, pkg: &str, names: &[&str]| {
-        c.args(["test", "--release", "--no-fail-fast", "-p", pkg]);
+    let targets = |c: &mut Command, names: &[&str]| {
+        c.args(["test", "--release", "--no-fail-fast", "--workspace"]);
         for n in names {
             c.args(["--test", n]);
         }
     };
-    // The programs the tests start (daemon, cuda-probe, libvgpu.so).
-    step(
-        f,
-        "busy (build)",
-        cargo().args([
-            "build",
-            "--release",
-            "-p",
-            "vgpu-daemon",
-            "-p",
-            "vgpu-shim",
-            "-p",
-            "vgpu-tests",
-        ]),
-    );
-    for (pkg, names) in TIMING_TESTS {
-        let mut build = cargo();
-        targets(&mut build, pkg, names);
-        step(f, "busy (build)", build.arg("--no-run"));
-    }
+    // The tests, and the programs they start: the daemon (a binary of the package of
+    // `scheduling`), `cuda-probe` and `libvgpu.so` (of `vgpu-tests` and its dependencies).
+    let all: Vec<&str> = TIMING_TESTS
+        .iter()
+        .flat_map(|(_, n)| n.iter().copied())
+        .collect();
+    let mut build = cargo();
+    targets(&mut build, &all);
+    step(f, "busy (build)", build.arg("--no-run"));
     let _hogs = Hogs::start()?;
-    for (pkg, names) in TIMING_TESTS {
+    for (_, names) in TIMING_TESTS {
         let mut c = cargo();
-        targets(&mut c, pkg, names);
+        targets(&mut c, names);
         run_tests("busy", c, f)?;
     }
     Ok(())
