@@ -51,6 +51,13 @@ pub type TenantId = u64;
 /// another tenant had unread input ([`Scheduler::tick_unread`]), ns.
 pub const UNREAD_RECHECK_NS: u64 = 1_000_000;
 
+/// How many times the GPU kept free for an owed tenant is kept free
+/// [`UNREAD_RECHECK_NS`] more because that tenant has unread input. Counted in looks,
+/// not in wall time: a daemon throttled for 80 ms does not look meanwhile, and its
+/// first look after it must not give the GPU away; a tenant that floods its socket
+/// keeps the GPU idle for at most this many rechecks (10 ms) past the grace.
+pub const RESERVATION_RECHECKS: u32 = 10;
+
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -169,8 +176,9 @@ pub struct Scheduler {
     scheduled_ns: u64,
     /// The GPU is kept free for this tenant until this time (it released while owed).
     reserved: Option<(TenantId, u64)>,
-    /// The latest a reservation may be extended to while its tenant has unread input.
-    reserved_limit: u64,
+    /// How many more times a reservation may be extended while its tenant has unread
+    /// input.
+    reserved_rechecks: u32,
 }
 
 impl Scheduler {
@@ -184,7 +192,7 @@ impl Scheduler {
             vclock: 0.0,
             scheduled_ns: 0,
             reserved: None,
-            reserved_limit: 0,
+            reserved_rechecks: 0,
         }
     }
 
@@ -361,7 +369,7 @@ impl Scheduler {
         self.reserved = None;
         if !waiting && self.p.regrant_grace_ns > 0 && self.owed(id, now) {
             self.reserved = Some((id, now + self.p.regrant_grace_ns));
-            self.reserved_limit = now + self.p.regrant_grace_ns + self.p.quantum_ns;
+            self.reserved_rechecks = RESERVATION_RECHECKS;
         }
         self.pick(now, &mut out);
         out
@@ -377,8 +385,9 @@ impl Scheduler {
     /// [`UNREAD_RECHECK_NS`] while that tenant may have asked already: a holder alone is
     /// not renewed while another tenant has unread input (the slice goes on, uncharged
     /// until it ends), and the GPU kept free for a releasing tenant that is owed time is
-    /// not given away while that tenant has unread input, for at most one quantum more
-    /// than the grace (a tenant that floods the daemon cannot keep the GPU idle longer).
+    /// not given away while that tenant has unread input, for at most
+    /// [`RESERVATION_RECHECKS`] looks (a tenant that floods the daemon cannot keep the
+    /// GPU idle longer).
     /// A daemon starved of CPU read a tenant's demands 364 ms late while renewing its
     /// neighbour, and the shares drifted (issue 16).
     pub fn tick_unread(&mut self, now: u64, unread: &BTreeSet<TenantId>) -> Vec<Action> {
@@ -727,10 +736,11 @@ impl Scheduler {
             St::Idle => {
                 if let Some((r, until)) = self.reserved
                     && now >= until
-                    && now < self.reserved_limit
+                    && self.reserved_rechecks > 0
                     && unread.contains(&r)
                 {
-                    self.reserved = Some((r, (now + UNREAD_RECHECK_NS).min(self.reserved_limit)));
+                    self.reserved_rechecks -= 1;
+                    self.reserved = Some((r, now + UNREAD_RECHECK_NS));
                     return;
                 }
                 self.pick(now, out)
@@ -1049,9 +1059,54 @@ mod tests {
         );
         let got = late_redemand_share(p, 100_000, 5 * MS, false);
         assert!(got < 60.0, "demand read 5 ms late, unseen: {got:.1} %");
-        // Seen or not, a demand later than the grace plus a quantum is not waited for.
+        // A daemon that does not look meanwhile (throttled) waits for a demand however
+        // late it reads it; one that looks every millisecond, for ten looks at most.
         let got = late_redemand_share(p, 100_000, 30 * MS, true);
-        assert!(got < 60.0, "demand read 30 ms late: {got:.1} %");
+        assert!(
+            got < 60.0,
+            "demand read 30 ms late, seen unread at every look: {got:.1} %"
+        );
+        // Throttled: the first look, 50 ms after the drain, finds the demand unread.
+        let mut sched = Scheduler::new(p);
+        sched.add(1, burst(80), 0);
+        sched.add(2, burst(20), 0);
+        sched.demand(2, 0);
+        sched.demand(1, 0);
+        assert_eq!(sched.tick(10 * MS).len(), 1, "2 revoked");
+        let grant1 = sched.release(2, 1, 10 * MS, None, true, 10 * MS);
+        assert_eq!(grant1.len(), 1, "{grant1:?}");
+        assert_eq!(sched.tick(20 * MS).len(), 1, "1 revoked");
+        // 1 drains with nothing blocked, still owed (80 % against 20 %): kept free.
+        assert!(
+            sched
+                .release(1, 2, 21 * MS, None, false, 21 * MS)
+                .is_empty()
+        );
+        assert!(sched.tick_unread(71 * MS, &BTreeSet::from([1])).is_empty());
+        assert_eq!(
+            sched.demand(1, 71 * MS + 100_000),
+            vec![Action::Grant {
+                tenant: 1,
+                generation: 3
+            }]
+        );
+        // The same look without the unread demand gives the GPU to 2.
+        let mut sched = Scheduler::new(p);
+        sched.add(1, burst(80), 0);
+        sched.add(2, burst(20), 0);
+        sched.demand(2, 0);
+        sched.demand(1, 0);
+        sched.tick(10 * MS);
+        sched.release(2, 1, 10 * MS, None, true, 10 * MS);
+        sched.tick(20 * MS);
+        sched.release(1, 2, 21 * MS, None, false, 21 * MS);
+        assert_eq!(
+            sched.tick_unread(71 * MS, &BTreeSet::new()),
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 3
+            }]
+        );
     }
 
     /// Grants and releases of two saturating tenants from `now` to `until`: every slice

@@ -183,6 +183,11 @@ fn tenant(api: &Path, k: &str) -> Option<Value> {
     tenants(api).into_iter().find(|t| t["key"] == k)
 }
 
+/// A tenant's charged GPU time on its first GPU, ns.
+fn gpu_time(t: &Value) -> u64 {
+    t["gpus"][0]["gpu_time_ns"].as_u64().expect("gpu_time_ns")
+}
+
 /// The daemon's health records (fallbacks, refusals) of every container.
 fn health(api: &Path) -> Vec<Value> {
     let out = vgpuctl(api, &["--json", "tenants"]);
@@ -281,11 +286,7 @@ fn saturating_tenants_get_their_shares() {
     );
     // What the daemon reports agrees with the simulator about who got more.
     let t = tenants(&d.api);
-    let used = |k: &str| {
-        t.iter().find(|x| x["key"] == k).expect("listed")["gpus"][0]["gpu_time_ns"]
-            .as_u64()
-            .expect("number")
-    };
+    let used = |k: &str| gpu_time(t.iter().find(|x| x["key"] == k).expect("listed"));
     assert!(used(&key(&c2)) > 2 * used(&key(&c1)), "{t:?}");
     finish(t1);
     finish(t2);
@@ -358,12 +359,21 @@ fn shares_hold_when_the_daemon_is_starved() {
     let t1 = node.tenant(&c1, &d.socket, &strs(&args));
     let t2 = node.tenant(&c2, &d.socket, &strs(&args));
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    // What the daemon charged over the same window: equal to the device share when the
+    // scheduler's decisions are what drifted, different when the busy times are.
+    let charged = || [&c1, &c2].map(|c| tenant(&d.api, &key(c)).map_or(0, |t| gpu_time(&t)));
+    let before = charged();
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
+    let after = charged();
+    let (u1, u2) = (after[0] - before[0], after[1] - before[1]);
+    let charged1 = u1 as f64 * 100.0 / (u1 + u2).max(1) as f64;
     let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
-    eprintln!("starved daemon: the 25 % tenant got {share1:.1} % of device time");
+    eprintln!(
+        "starved daemon: the 25 % tenant got {share1:.1} % of device time, charged {charged1:.1} %"
+    );
     assert!(
         (share1 - 25.0).abs() < 8.0,
-        "starved daemon: the 25 % tenant got {share1:.1} % ({busy:?} ns)"
+        "starved daemon: the 25 % tenant got {share1:.1} % ({busy:?} ns), charged {charged1:.1} %"
     );
     // A slow daemon is not a lost one: no tenant fell back to local enforcement.
     for c in [&c1, &c2] {
