@@ -297,16 +297,17 @@ impl Scheduler {
         now: u64,
     ) -> Vec<Action> {
         let mut out = Vec::new();
-        // `revoked`: when the daemon took the grant back (None: the tenant yields it).
-        let (since, granted, provisional, revoked) = match self.st {
+        // `revoked`: when the daemon took the grant back (None: the tenant yields it);
+        // `deadline`: the end of the slice it yields.
+        let (since, granted, provisional, revoked, deadline) = match self.st {
             St::Holding {
                 t,
                 generation: g,
                 since,
                 granted,
                 provisional,
-                ..
-            } if t == id && g == generation => (since, granted, provisional, None),
+                deadline,
+            } if t == id && g == generation => (since, granted, provisional, None, deadline),
             St::Draining {
                 t,
                 generation: g,
@@ -314,7 +315,7 @@ impl Scheduler {
                 granted,
                 provisional,
                 revoked_at,
-            } if t == id && g == generation => (since, granted, provisional, Some(revoked_at)),
+            } if t == id && g == generation => (since, granted, provisional, Some(revoked_at), now),
             _ => return out,
         };
         // The tenant may launch until the daemon takes the grant back: a drain cannot
@@ -330,11 +331,17 @@ impl Scheduler {
             // The busy time covers the whole grant: what renewals charged as wall time
             // is settled against it. The floor is a part of what the tenant held: up
             // to its drain's end, or to the revoke if that was later; a yield, which
-            // the daemon alone ends, up to the daemon reading it. Not up to a drain's
-            // report as a starved daemon read it late: that floor, tried, made the
-            // starved-daemon test fail 3 runs in 8 instead of 1.
+            // the daemon alone ends, up to the daemon reading it, but not past the
+            // slice's end (a yield read late by a starved daemon would otherwise be
+            // overcharged by its lateness). Not up to a drain's report as a starved
+            // daemon read it late: that floor, tried, made the starved-daemon test fail
+            // 3 runs in 8 instead of 1.
             Some(_) => {
-                let held = if revoked.is_some() { end } else { now };
+                let held = if revoked.is_some() {
+                    end
+                } else {
+                    now.min(deadline).max(end)
+                };
                 let total = slice_charge(end - granted, held - granted, busy_ns, pct);
                 if total >= provisional {
                     self.charge(id, total - provisional, end);
@@ -1374,6 +1381,16 @@ mod tests {
         assert_eq!(
             sched.stats(1, 8 * MS).expect("known").used_ns,
             8 * MS * u64::from(p.min_charge_pct) / 100
+        );
+        // A yield the daemon reads after the slice's end (starved) is floored at the
+        // slice, not at the daemon's lateness.
+        let mut sched = Scheduler::new(p);
+        sched.add(1, burst(20), 0);
+        sched.demand(1, 0);
+        sched.release(1, 1, 3 * MS, Some(0), false, 90 * MS);
+        assert_eq!(
+            sched.stats(1, 90 * MS).expect("known").used_ns,
+            10 * MS * u64::from(p.min_charge_pct) / 100
         );
     }
 
