@@ -408,7 +408,8 @@ impl Daemon {
     }
 
     /// Watches connection `conn`'s socket (`fd`, a duplicate) for input the daemon has
-    /// not read yet, which holds back the renewal of a neighbour's slice.
+    /// not read yet: the scheduler looks at it before deciding on a tenant's absence
+    /// ([`Scheduler::tick_unread`]).
     pub fn watch_input(&self, conn: u64, fd: OwnedFd) {
         if let Some(c) = self.lock().conns.get_mut(&conn) {
             c.input = Some(fd);

@@ -115,7 +115,8 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         }
     };
     let conn = reg.conn;
-    // The scheduler looks at the socket (without reading it) before renewing a slice.
+    // The scheduler looks at the socket (without reading it) before deciding on this
+    // tenant's absence.
     match stream.as_fd().try_clone_to_owned() {
         Ok(fd) => daemon.watch_input(conn, fd),
         Err(e) => warn!(
