@@ -176,12 +176,8 @@ async fn fifty_pods(interleaved: bool) {
         let name = format!("pod-{i}");
         let cs: Vec<PodContainer<'_>> =
             vec![("main", false, grant(&g[gi].uuid, mem, milli, slices))];
-        node.put_pod(pod_json("ns", &name, &format!("uid-{i}"), i, &cs))
-            .await
-            .expect("pod");
         let adm = node
-            .kubelet
-            .admit(&mut client, "ns", &name, &fake_containers(&cs))
+            .place(&mut client, ("ns", &name, &format!("uid-{i}"), i), &cs)
             .await
             .expect("admitted");
         let (_, _, ids, resp) = adm.containers.into_iter().next().expect("one container");

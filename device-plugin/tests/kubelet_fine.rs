@@ -39,12 +39,8 @@ async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
             false,
             vec![(g[0].uuid.clone(), 500 + u64::from(i), 10, 1)],
         )];
-        node.put_pod(pod_json("ns", &name, &format!("uid-{i}"), i, &cs))
-            .await
-            .expect("pod");
         let adm = node
-            .kubelet
-            .admit(&mut client, "ns", &name, &fake_containers(&cs))
+            .place(&mut client, ("ns", &name, &format!("uid-{i}"), i), &cs)
             .await
             .unwrap_or_else(|e| panic!("{name} admitted: {e}"));
         let (_, _, ids, _) = adm.containers.into_iter().next().expect("one container");
@@ -67,12 +63,8 @@ async fn one_hundred_containers_of_one_percent_share_a_gpu_and_not_one_more() {
     // A 101st container on GPU 0, even with a record that says so: kubelet has no device
     // of that GPU left and would have to use GPU 1, which the plugin refuses at start.
     let cs: Vec<PodContainer<'_>> = vec![("main", false, vec![(g[0].uuid.clone(), 500, 10, 1)])];
-    node.put_pod(pod_json("ns", "nb-100", "uid-100", 100, &cs))
-        .await
-        .expect("pod");
     let adm = node
-        .kubelet
-        .admit(&mut client, "ns", "nb-100", &fake_containers(&cs))
+        .place(&mut client, ("ns", "nb-100", "uid-100", 100), &cs)
         .await
         .expect("kubelet admits on the other GPU's devices");
     let (_, _, ids, _) = adm.containers.into_iter().next().expect("one container");

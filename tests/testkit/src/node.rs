@@ -20,7 +20,7 @@ use vgpu_device_plugin::kubelet::v1beta1::device_plugin_client::DevicePluginClie
 use vgpu_device_plugin::run::{Deps, prepare, start};
 
 use crate::fake_api::FakeApi;
-use crate::fake_kubelet::{FakeContainer, FakeKubelet};
+use crate::fake_kubelet::{Admitted, FakeContainer, FakeKubelet};
 
 /// The node's name in every test.
 pub const NODE: &str = "node-a";
@@ -213,6 +213,22 @@ impl TestNode {
             return None;
         }
         Some(ContainerQuota::from_json(&text).expect("a valid quota record"))
+    }
+
+    /// The way most tests start a pod: [`pod_json`] of `containers` put on the API server
+    /// ([`TestNode::put_pod`]), then kubelet's admission of it through `client`.
+    pub async fn place(
+        &self,
+        client: &mut DevicePluginClient<Channel>,
+        (namespace, name, uid, index): (&str, &str, &str, u32),
+        containers: &[PodContainer<'_>],
+    ) -> anyhow::Result<Admitted> {
+        self.put_pod(pod_json(namespace, name, uid, index, containers))
+            .await?;
+        Ok(self
+            .kubelet
+            .admit(client, namespace, name, &fake_containers(containers))
+            .await?)
     }
 
     /// Puts a pod on the API server and waits (at most 10 s) until the plugin's pod watch
