@@ -127,6 +127,27 @@ fn policy(name: &str, spec: Value) -> Value {
 }
 
 /// Waits until the extender holds `n` policies in namespace `team`.
+/// One A100 node, team's policy of 64 GiB / 150 % / 2 GPUs (seen by the extender), and
+/// team's pod `p1` (5 slices, 16 GiB) filtered and bound: the API and the extender.
+async fn team_with_one_pod_placed() -> (FakeApi, Instance) {
+    let fake = FakeApi::start().await.expect("fake API");
+    fake.put_node(gpu_node("node-a", 2, "A100", 81920));
+    fake.put_quota_policy(policy(
+        "gpu",
+        json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}}),
+    ));
+    let inst = Instance::start(&fake).await;
+    policies_seen(&inst, 1, 0).await;
+    let p1 = team_pod(
+        "p1",
+        json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}),
+    );
+    fake.put_pod(p1.clone());
+    inst.filter(&p1, &["node-a"]).await;
+    assert_eq!(inst.bind(&p1, "node-a").await, "");
+    (fake, inst)
+}
+
 async fn policies_seen(inst: &Instance, valid: usize, invalid: usize) {
     eventually("policies seen by the extender", || {
         let r = inst.state().quota().namespace("team");
@@ -308,21 +329,7 @@ async fn two_pods_racing_for_the_last_share_exactly_one_is_placed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_use_a_bad_policy_names_its_field_and_blocks_new_pods() {
-    let fake = FakeApi::start().await.expect("fake API");
-    fake.put_node(gpu_node("node-a", 2, "A100", 81920));
-    fake.put_quota_policy(policy(
-        "gpu",
-        json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}}),
-    ));
-    let inst = Instance::start(&fake).await;
-    policies_seen(&inst, 1, 0).await;
-    let p1 = team_pod(
-        "p1",
-        json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}),
-    );
-    fake.put_pod(p1.clone());
-    inst.filter(&p1, &["node-a"]).await;
-    assert_eq!(inst.bind(&p1, "node-a").await, "");
+    let (fake, inst) = team_with_one_pod_placed().await;
     eventually("status with the pod's use", || {
         let s = &fake.quota_policy("team", "gpu").expect("policy")["status"];
         s["used"] == json!({"memoryMiB": 16384, "computePercent": 50.0, "gpus": 1, "pods": 1})
@@ -514,21 +521,8 @@ async fn defaults_limits_and_classes_apply_per_container() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_each_namespaces_use_against_its_policy_totals() {
-    let fake = FakeApi::start().await.expect("fake API");
-    fake.put_node(gpu_node("node-a", 2, "A100", 81920));
-    fake.put_quota_policy(policy(
-        "gpu",
-        json!({"totals": {"memory": "64Gi", "computePercent": 150, "gpus": 2}}),
-    ));
-    let inst = Instance::start(&fake).await;
-    policies_seen(&inst, 1, 0).await;
-    let p = team_pod(
-        "p1",
-        json!({"vgpu.io/gpu": "5", "vgpu.io/gpu-memory": "16384"}),
-    );
-    fake.put_pod(p.clone());
-    inst.filter(&p, &["node-a"]).await;
-    assert_eq!(inst.bind(&p, "node-a").await, "");
+    // The fake API serves the extender while bound.
+    let (_fake, inst) = team_with_one_pod_placed().await;
     let text = quota::metrics::render(inst.state());
     for line in [
         "vgpu_namespace_gpu_memory_used_bytes{namespace=\"team\"} 17179869184",
