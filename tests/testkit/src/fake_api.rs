@@ -492,13 +492,8 @@ async fn patch_quota_policy_status(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    fake.record(
-        "PATCH",
-        format!("/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status"),
-        value,
-    );
-    let patch = match merge_patch(&headers, &body) {
+    let path = format!("/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status");
+    let patch = match recorded_merge_patch(&fake, path, &headers, &body) {
         Ok(p) => p,
         Err(refused) => return *refused,
     };
@@ -559,6 +554,18 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// A `PATCH` of `path`: recorded (its body as JSON, or null), then read as a merge patch.
+fn recorded_merge_patch(
+    fake: &FakeApi,
+    path: String,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Value, Box<Response>> {
+    let value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    fake.record("PATCH", path, value);
+    merge_patch(headers, body)
+}
+
 /// A merge patch body, or the answer that refuses it.
 fn merge_patch(headers: &HeaderMap, body: &Bytes) -> Result<Value, Box<Response>> {
     let content_type = headers
@@ -587,9 +594,8 @@ async fn patch_node(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    fake.record("PATCH", format!("/api/v1/nodes/{name}"), value);
-    let patch = match merge_patch(&headers, &body) {
+    let path = format!("/api/v1/nodes/{name}");
+    let patch = match recorded_merge_patch(&fake, path, &headers, &body) {
         Ok(p) => p,
         Err(refused) => return *refused,
     };
@@ -616,13 +622,8 @@ async fn patch_pod(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    fake.record(
-        "PATCH",
-        format!("/api/v1/namespaces/{ns}/pods/{name}"),
-        value,
-    );
-    let patch = match merge_patch(&headers, &body) {
+    let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
+    let patch = match recorded_merge_patch(&fake, path, &headers, &body) {
         Ok(p) => p,
         Err(refused) => return *refused,
     };
