@@ -10,7 +10,6 @@ use serde_json::json;
 use vgpu_core::packing::{ContextReserve, PolicyName};
 use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment};
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
 
 use common::Served;
@@ -68,12 +67,8 @@ async fn ten_one_slice_pods_on_one_gpu_can_each_allocate_their_full_quota() {
 /// Filters and binds 1-slice pods over HTTP on one 80 GiB GPU until one is refused;
 /// returns the quotas granted and the bound pods as the watch would show them.
 async fn bind_ten(config: StateConfig) -> (Vec<u64>, Vec<serde_json::Value>) {
-    let state = Arc::new(State::new(config, ExtenderPolicy::new(PolicyName::Vgpu)));
     let node = common::gpu_node("node-a", 1, "H100", GPU_MIB);
-    state.replace_nodes(&[serde_json::from_value(node).expect("node")]);
-    state.replace_pods(&[]);
-    state.mark_synced(WatchKind::Nodes);
-    state.mark_synced(WatchKind::Pods);
+    let state = common::synced_state(config, PolicyName::Vgpu, vec![node]);
     let binder = common::recording_binder();
     let served = Served::start(Extender::new(state.clone(), binder.clone())).await;
 

@@ -18,7 +18,6 @@ use vgpu_core::packing::{Ledger, PolicyName, Scheduler, Task};
 use vgpu_core::resources::ANNOTATION_ASSIGNMENT;
 use vgpu_scheduler_extender::extender::api_objects::pod_task;
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
 
 /// Sixteen nodes: twelve of 8 A100s, four of 4 L4s. With `topology`, their inventories
@@ -149,18 +148,7 @@ async fn warmed_up(
     rng: &mut StdRng,
     topology: bool,
 ) -> (Served, Arc<State>) {
-    let state = Arc::new(State::new(
-        StateConfig::default(),
-        ExtenderPolicy::new(policy),
-    ));
-    let nodes: Vec<_> = nodes(topology)
-        .into_iter()
-        .map(|n| serde_json::from_value(n).expect("node"))
-        .collect();
-    state.replace_nodes(&nodes);
-    state.replace_pods(&[]);
-    state.mark_synced(WatchKind::Nodes);
-    state.mark_synced(WatchKind::Pods);
+    let state = common::synced_state(StateConfig::default(), policy, nodes(topology));
     let binder = common::recording_binder();
     let served = Served::start(Extender::new(state.clone(), binder.clone())).await;
     let all: Vec<String> = names(&state.snapshot().0);

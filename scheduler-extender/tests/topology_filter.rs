@@ -4,14 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::Served;
 use serde_json::{Value, json};
 use vgpu_core::inventory::ANNOTATION_GPU_INVENTORY;
-use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::sync::WatchKind;
-use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
+use vgpu_scheduler_extender::extender::{Extender, StateConfig};
 
 /// An 8-GPU node: `nvlink` = two NVLink quads (0–3, 4–7); otherwise a PCIe server
 /// with two GPUs per switch and four per socket.
@@ -53,18 +49,11 @@ fn pod(name: &str, requests: Value, topology: Option<&str>) -> Value {
 }
 
 async fn served() -> Served {
-    let state = Arc::new(State::new(
+    let state = common::synced_state(
         StateConfig::default(),
-        ExtenderPolicy::new(vgpu_core::packing::PolicyName::Vgpu),
-    ));
-    let nodes: Vec<_> = [node("pcie", false), node("nvl", true)]
-        .into_iter()
-        .map(|n| serde_json::from_value(n).expect("node"))
-        .collect();
-    state.replace_nodes(&nodes);
-    state.replace_pods(&[]);
-    state.mark_synced(WatchKind::Nodes);
-    state.mark_synced(WatchKind::Pods);
+        vgpu_core::packing::PolicyName::Vgpu,
+        vec![node("pcie", false), node("nvl", true)],
+    );
     Served::start(Extender::new(state, common::recording_binder())).await
 }
 

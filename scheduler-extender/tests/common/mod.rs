@@ -10,9 +10,12 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, GpuInfo, INVENTORY_VERSION, NodeInventory};
+use vgpu_core::packing::PolicyName;
 use vgpu_scheduler_extender::extender::binder::{BindPlan, Binder, BoxFuture};
 use vgpu_scheduler_extender::extender::limits::HttpLimits;
-use vgpu_scheduler_extender::extender::{Extender, ExtenderError};
+use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
+use vgpu_scheduler_extender::extender::sync::WatchKind;
+use vgpu_scheduler_extender::extender::{Extender, ExtenderError, State, StateConfig};
 
 /// Deadline of every single HTTP exchange in tests: a missing answer fails fast.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -239,6 +242,21 @@ impl Served {
     pub async fn get(&self, path: &str) -> u16 {
         self.client.get(path).await
     }
+}
+
+/// The extender's state as after its first lists: `nodes` (Node objects as JSON), no
+/// pods, both watches synced.
+pub fn synced_state(config: StateConfig, policy: PolicyName, nodes: Vec<Value>) -> Arc<State> {
+    let state = Arc::new(State::new(config, ExtenderPolicy::new(policy)));
+    let nodes: Vec<_> = nodes
+        .into_iter()
+        .map(|n| serde_json::from_value(n).expect("node"))
+        .collect();
+    state.replace_nodes(&nodes);
+    state.replace_pods(&[]);
+    state.mark_synced(WatchKind::Nodes);
+    state.mark_synced(WatchKind::Pods);
+    state
 }
 
 /// Shared handle to a recording binder.
