@@ -61,6 +61,20 @@ struct Dev {
     word_index: usize,
 }
 
+impl Dev {
+    /// GPU time one launch costs, ns (0: unknown yet): the device's measure when there
+    /// is one, else the host-polled one. The device's is what a queue-ahead bound in
+    /// GPU time needs; the host-polled one holds the launcher's idle gaps, and a late
+    /// poll that finds several markers complete reads near zero (ADR 0024).
+    fn launch_cost_ns(&self) -> f64 {
+        if self.device_per_launch_ns > 0.0 {
+            self.device_per_launch_ns
+        } else {
+            self.per_launch_ns
+        }
+    }
+}
+
 pub(super) struct Conn {
     stream: UnixStream,
     buf: Vec<u8>,
@@ -669,12 +683,14 @@ impl Runner {
     /// measured GPU time per launch (2 until measured; unbounded if the bound is 0).
     fn set_allowed(&mut self, i: usize) {
         let gate = &self.g.gates[i];
-        let per = self.devs[i].per_launch_ns;
+        let per = self.devs[i].launch_cost_ns();
         let ahead = self.devs[i].queue_ahead_ns as f64;
         let (allowed, every) = if ahead <= 0.0 {
             (UNBOUNDED, u64::MAX / 4)
         } else if per <= 0.0 {
-            (UNMEASURED_ALLOWED, UNMEASURED_ALLOWED / 4)
+            // A marker after every launch until measured: two consecutive ones give
+            // the first sample, within one slice even for long kernels.
+            (UNMEASURED_ALLOWED, 1)
         } else {
             let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
             (a, (a / 4).max(1))

@@ -659,8 +659,8 @@ fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
 }
 
 /// The busy-node scenarios: CPUs saturated, then CPU-limited tenant containers.
-fn under_load(b: &Bench, r: &mut Report) -> Result<()> {
-    {
+fn under_load(b: &Bench, r: &mut Report, saturated: bool, limited: bool) -> Result<()> {
+    if saturated {
         let hogs = CpuHogs::saturate()?;
         r.say(format!(
             "under load: every CPU saturated ({} busy loops at normal priority beside the tenants and the daemon):",
@@ -668,6 +668,9 @@ fn under_load(b: &Bench, r: &mut Report) -> Result<()> {
         ));
         fidelity(b, r, "CPUs saturated")?;
         load_scenarios(b, r)?;
+    }
+    if !limited {
+        return Ok(());
     }
     match CpuLimited::unavailable() {
         Some(why) => r.say(format!(
@@ -704,7 +707,7 @@ fn main() -> Result<()> {
                 only = Some(v.split(',').map(str::to_owned).collect());
             }
             other => bail!(
-                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load,fidelity,fine)"
+                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,conserve,latency,overhead,load (= load-saturated,load-limited),fidelity,fine)"
             ),
         }
     }
@@ -743,7 +746,7 @@ fn main() -> Result<()> {
         "sched-bench: simulated H100, quantum 10 ms, queue-ahead 2 ms, {window_s} s windows; ground truth: the simulator's per-process device time"
     ));
     let mut util_2 = (0.0, 0.0);
-    if want("fidelity") || want("load") {
+    if want("fidelity") || want("load") || want("load-saturated") || want("load-limited") {
         fidelity(&b, &mut r, "idle")?;
     }
     if want("shares") {
@@ -781,8 +784,13 @@ fn main() -> Result<()> {
         latency(&b, &mut r, 1_000_000)?;
         latency(&b, &mut r, SHORT_NS)?;
     }
-    if want("load") {
-        under_load(&b, &mut r)?;
+    if want("load") || want("load-saturated") || want("load-limited") {
+        under_load(
+            &b,
+            &mut r,
+            want("load") || want("load-saturated"),
+            want("load") || want("load-limited"),
+        )?;
     }
     if want("fine") {
         fine::fine(&b, &mut r)?;

@@ -18,6 +18,17 @@ impl Runner {
     /// time per launch while the queue stayed busy.
     pub(super) fn poll_markers(&mut self) {
         for i in 0..self.devs.len() {
+            self.poll_markers_of(i, false);
+        }
+    }
+
+    /// [`Runner::poll_markers`] for GPU `i`. `synchronized`: called by a drain after its
+    /// synchronization, when every marker is complete at once: the device-time samples
+    /// of the slice's contiguous markers are taken (a slice of long kernels may end
+    /// before the gate thread saw two of them complete), the host-polled ones are not
+    /// (the poll time is the drain's, not the markers').
+    fn poll_markers_of(&mut self, i: usize, synchronized: bool) {
+        {
             let gate = &self.g.gates[i];
             let mut advanced = false;
             loop {
@@ -65,6 +76,7 @@ impl Runner {
                 let d = &mut self.devs[i];
                 if let Some((t0, s0, busy)) = d.last_obs
                     && busy
+                    && !synchronized
                     && seq > s0
                 {
                     let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
@@ -123,7 +135,7 @@ impl Runner {
                 d.last_launched = launched;
             }
             // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
-            let ticks = IDLE_TICKS.max((2.0 * d.per_launch_ns / TICK.as_nanos() as f64) as u32);
+            let ticks = IDLE_TICKS.max((2.0 * d.launch_cost_ns() / TICK.as_nanos() as f64) as u32);
             let _ = now;
             if d.idle_ticks >= ticks {
                 self.drain(i, generation, true);
@@ -147,6 +159,8 @@ impl Runner {
         sync_device(self.shim, i);
         let end = mono_ns();
         let sync_wait = t0.elapsed() - inflight_wait;
+        self.poll_markers_of(i, true);
+        let gate = &self.g.gates[i];
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
         let launches = launched.saturating_sub(d.launched_at_grant);
