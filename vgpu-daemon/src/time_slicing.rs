@@ -329,20 +329,22 @@ impl Scheduler {
         let pct = self.p.min_charge_pct;
         match busy_ns {
             // The busy time covers the whole grant: what renewals charged as wall time
-            // is settled against it. The floor is a part of what the tenant held: up
-            // to its drain's end, or to the revoke if that was later; a yield, which
-            // the daemon alone ends, up to the daemon reading it, but not past the
-            // slice's end (a yield read late by a starved daemon would otherwise be
-            // overcharged by its lateness). Not up to a drain's report as a starved
-            // daemon read it late: that floor, tried, made the starved-daemon test fail
-            // 3 runs in 8 instead of 1.
+            // is settled against it. The floor is a part of what the tenant held while
+            // another tenant waited for the GPU (holding it idle costs nobody else
+            // anything otherwise): up to its drain's end, or to the revoke if that was
+            // later; a yield, which the daemon alone ends, up to the daemon reading it,
+            // but not past the slice's end (a yield read late by a starved daemon would
+            // otherwise be overcharged by its lateness). Not up to a drain's report as
+            // a starved daemon read it late: that floor, tried, made the starved-daemon
+            // test fail 3 runs in 8 instead of 1.
             Some(_) => {
                 let held = if revoked.is_some() {
                     end
                 } else {
                     now.min(deadline).max(end)
                 };
-                let total = slice_charge(end - granted, held - granted, busy_ns, pct);
+                let contended = held - self.contended_from(id, granted).min(held);
+                let total = slice_charge(end - granted, contended, busy_ns, pct);
                 if total >= provisional {
                     self.charge(id, total - provisional, end);
                 } else {
@@ -574,6 +576,18 @@ impl Scheduler {
                 .all(|&(r, v)| r < rank || (r == rank && t.vtime <= v))
     }
 
+    /// Since when another tenant has been waiting for the GPU that `id` holds since
+    /// `granted` (`u64::MAX`: nobody waits). A demand is only taken back by its grant,
+    /// so a tenant waiting now has waited since its `demand_since`.
+    fn contended_from(&self, id: TenantId, granted: u64) -> u64 {
+        self.tenants
+            .iter()
+            .filter(|(k, _)| **k != id)
+            .filter_map(|(_, o)| o.demand_since)
+            .min()
+            .map_or(u64::MAX, |s| s.max(granted))
+    }
+
     fn pick(&mut self, now: u64, out: &mut Vec<Action>) {
         if !matches!(self.st, St::Idle) {
             return;
@@ -760,11 +774,12 @@ impl Scheduler {
 /// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
 /// most the slice as they report it (`reported_ns`, grant → their drain end; all of it
 /// when not measured), and at least `min_pct` percent of the time the tenant held the
-/// grant as the daemon knows it (`held_ns`: grant → the drain's end, never before the
-/// daemon's revoke; for a yield, grant → the daemon reading it). The GPU idling in a slice because
-/// the tenant's launcher was starved of CPU (or throttled) is then not charged as its
-/// share; what the tenant reports cannot bring the charge under the floor, so the time
-/// a tenant can hold the GPU idle, or lie about, stays bounded.
+/// grant, as the daemon knows it, while another tenant waited (`held_ns`: within grant →
+/// the drain's end, never before the daemon's revoke; for a yield, grant → the daemon
+/// reading it). The GPU idling in a slice because the tenant's launcher was starved of
+/// CPU (or throttled) is then not charged as its share; what the tenant reports cannot
+/// bring the charge under the floor, so the time a tenant can hold the GPU idle against
+/// waiting neighbours, or lie about, stays bounded.
 pub fn slice_charge(reported_ns: u64, held_ns: u64, busy_ns: Option<u64>, min_pct: u32) -> u64 {
     let floor = (u128::from(held_ns) * u128::from(min_pct.min(100)) / 100) as u64;
     busy_ns
@@ -1371,12 +1386,14 @@ mod tests {
         sched.release(1, 1, 1, Some(0), true, 11 * MS);
         let floor = 10 * MS * u64::from(p.min_charge_pct) / 100;
         assert_eq!(sched.stats(1, 11 * MS).expect("known").used_ns, floor);
-        // The same lie in a yield: charged the floor of what it held until the daemon
-        // read the yield.
+        // The same lie in a yield (tenant 2 waiting all along): charged the floor of
+        // what it held until the daemon read the yield.
         assert_eq!(sched.holder(), Some(2));
         let mut sched = Scheduler::new(p);
         sched.add(1, burst(20), 0);
+        sched.add(2, burst(80), 0);
         sched.demand(1, 0);
+        sched.demand(2, 0);
         sched.release(1, 1, 1, Some(0), false, 8 * MS);
         assert_eq!(
             sched.stats(1, 8 * MS).expect("known").used_ns,
@@ -1386,12 +1403,42 @@ mod tests {
         // slice, not at the daemon's lateness.
         let mut sched = Scheduler::new(p);
         sched.add(1, burst(20), 0);
+        sched.add(2, burst(80), 0);
         sched.demand(1, 0);
+        sched.demand(2, 0);
         sched.release(1, 1, 3 * MS, Some(0), false, 90 * MS);
         assert_eq!(
             sched.stats(1, 90 * MS).expect("known").used_ns,
             10 * MS * u64::from(p.min_charge_pct) / 100
         );
+    }
+
+    #[test]
+    fn holding_the_gpu_idle_costs_the_floor_only_while_another_tenant_waits() {
+        // Tenant 1 yields at 8 ms having kept the device busy 0.2 ms (a throttled
+        // launcher); the floor is 10 % of the part of its hold during which tenant 2
+        // waited for the GPU.
+        let p = Params::default();
+        let used_when = |waits_from: Option<u64>| {
+            let mut sched = Scheduler::new(p);
+            sched.add(1, burst(50), 0);
+            sched.add(2, burst(50), 0);
+            sched.demand(1, 0);
+            assert_eq!(sched.holder(), Some(1));
+            if let Some(t) = waits_from {
+                sched.demand(2, t);
+            }
+            sched.release(1, 1, 8 * MS, Some(MS / 5), false, 8 * MS);
+            sched.stats(1, 8 * MS).expect("known").used_ns
+        };
+        let pct = u64::from(p.min_charge_pct);
+        assert_eq!(used_when(None), MS / 5, "nobody waited: its device time");
+        assert_eq!(
+            used_when(Some(4 * MS)),
+            4 * MS * pct / 100,
+            "waited from 4 ms"
+        );
+        assert_eq!(used_when(Some(0)), 8 * MS * pct / 100, "waited throughout");
     }
 
     #[test]

@@ -204,7 +204,7 @@ impl Bench {
         at: u64,
         pids: &[u32],
         charged: Option<(&Daemon, &[String])>,
-    ) -> Result<(Vec<u64>, Vec<u64>, f64)> {
+    ) -> Result<(Vec<u64>, Vec<Account>, f64)> {
         let st = self.state()?;
         let start = at + self.warmup.as_millis() as u64;
         std::thread::sleep(Duration::from_millis(start.saturating_sub(now_ms())));
@@ -227,14 +227,18 @@ impl Bench {
                 .collect(),
             c1.iter()
                 .zip(&c0)
-                .map(|(a, b)| a.saturating_sub(*b))
+                .map(|(a, b)| Account {
+                    charged_ns: a.charged_ns.saturating_sub(b.charged_ns),
+                    waited_ns: a.waited_ns.saturating_sub(b.waited_ns),
+                })
                 .collect(),
             secs,
         ))
     }
 
-    /// GPU time the daemon has charged each tenant of `keys`, ns (`vgpuctl --json tenants`).
-    fn charged(&self, d: &Daemon, keys: &[String]) -> Result<Vec<u64>> {
+    /// GPU time the daemon has charged each tenant of `keys`, and the time each waited
+    /// for the GPU with launches blocked (`vgpuctl --json tenants`).
+    fn charged(&self, d: &Daemon, keys: &[String]) -> Result<Vec<Account>> {
         let out = Command::new(self.bin_dir.join("vgpuctl"))
             .arg("--api-socket")
             .arg(&d.api)
@@ -252,13 +256,27 @@ impl Bench {
         Ok(keys
             .iter()
             .map(|k| {
-                ts.iter()
+                let g = ts
+                    .iter()
                     .find(|t| t["key"] == k.as_str())
-                    .and_then(|t| t["gpus"][0]["gpu_time_ns"].as_u64())
-                    .unwrap_or(0)
+                    .map(|t| &t["gpus"][0]);
+                let field = |f: &str| g.and_then(|g| g[f].as_u64()).unwrap_or(0);
+                Account {
+                    charged_ns: field("gpu_time_ns"),
+                    waited_ns: field("throttled_ns"),
+                }
             })
             .collect())
     }
+}
+
+/// What the daemon says of one tenant (cumulative, or over a window).
+#[derive(Debug, Clone, Copy)]
+struct Account {
+    /// GPU time charged.
+    charged_ns: u64,
+    /// Time it waited for the GPU with launches blocked.
+    waited_ns: u64,
 }
 
 fn wait_all(children: Vec<Child>) {
@@ -309,21 +327,27 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
     let mut worst: f64 = 0.0;
     let mut parts = Vec::new();
     let mut filled = Vec::new();
+    let mut waited = Vec::new();
     for ((t, ns), c) in ts.iter().zip(&busy).zip(&charged) {
         let got = *ns as f64 * 100.0 / total.max(1) as f64;
         let want = f64::from(t.share) * 100.0 / f64::from(sum_shares);
         worst = worst.max((got - want).abs());
         parts.push(format!("{}→{got:.1}", t.share));
-        filled.push(format!("{:.0}", *ns as f64 * 100.0 / (*c).max(1) as f64));
+        filled.push(format!(
+            "{:.0}",
+            *ns as f64 * 100.0 / c.charged_ns.max(1) as f64
+        ));
+        waited.push(format!("{:.0}", c.waited_ns as f64 / 1e7 / secs));
     }
     let util = total as f64 / 1e9 / secs;
     r.say(format!(
-        "  {} tenants, {} kernels: configured→achieved % of GPU time [{}]; worst error {worst:.2} pp; GPU busy {:.1} % of the window; device time per charged time [{}] %",
+        "  {} tenants, {} kernels: configured→achieved % of GPU time [{}]; worst error {worst:.2} pp; GPU busy {:.1} % of the window; device time per charged time [{}] %; waited for the GPU [{}] % of the window",
         shares.len(),
         if kernel_ns < 100_000 { "10 µs" } else { "5 ms" },
         parts.join(", "),
         util * 100.0,
-        filled.join(", ")
+        filled.join(", "),
+        waited.join(", ")
     ));
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);
