@@ -461,12 +461,14 @@ fn daemon_restart_loses_no_tenant_and_the_fallback_holds_the_cap() {
     });
     std::thread::sleep(Duration::from_millis((at + 500).saturating_sub(now_ms())));
     drop(d); // SIGKILL
-    // Without the daemon, the shim enforces the cap locally.
+    // Without the daemon, the shim enforces the cap locally: its duty cycle (29.6–29.8 %
+    // measured, idle or with three CPU hogs; 21 % when the gate thread reopened the
+    // gate up to 20 ms late, 2 % when it then polled markers 20 ms late).
     std::thread::sleep(Duration::from_millis(300));
     let busy = window(&node, &[t.id()], Duration::from_secs(2));
     let frac = busy[0] as f64 / 2e9;
     assert!(
-        frac > 0.05 && frac < 0.45,
+        frac > 0.22 && frac < 0.38,
         "local fallback at a 30 % cap ran {:.0} % of the time",
         frac * 100.0
     );

@@ -515,11 +515,24 @@ impl Runner {
                 }
                 self.poll_markers();
                 self.fallback_tick();
+                // Whether a gate holds now: one the tick just opened needs its markers
+                // polled every tick too (its launchers wait for them once the
+                // queue-ahead budget is spent).
+                let holding = self.devs.iter().any(|d| d.holding.is_some());
                 let seq = self.g.doorbell.load(Ordering::Acquire);
                 let wait = if holding {
                     TICK
                 } else {
-                    Duration::from_millis(20)
+                    // Closed: reopen when the duty cycle says, not up to 20 ms late
+                    // (a late reopening lengthened every cycle: a 30 % cap ran 21 %).
+                    let now = mono_ns();
+                    let reopen = self
+                        .devs
+                        .iter()
+                        .map(|d| d.closed_until.saturating_sub(now))
+                        .min()
+                        .unwrap_or(u64::MAX);
+                    Duration::from_nanos(reopen.clamp(TICK.as_nanos() as u64, 20_000_000))
                 };
                 futex_wait(&self.g.doorbell, seq, wait);
                 continue;
