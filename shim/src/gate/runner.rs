@@ -693,7 +693,8 @@ impl Runner {
     }
 
     /// How many launches may be outstanding on GPU `i`: the queue-ahead bound over the
-    /// measured GPU time per launch (2 until measured; unbounded if the bound is 0).
+    /// measured GPU time per launch (`UNMEASURED_ALLOWED` until measured; unbounded if the
+    /// bound is 0).
     fn set_allowed(&mut self, i: usize) {
         let gate = &self.g.gates[i];
         let per = self.devs[i].launch_cost_ns();

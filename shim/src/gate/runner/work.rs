@@ -28,88 +28,86 @@ impl Runner {
     /// before the gate thread saw two of them complete), the host-polled ones are not
     /// (the poll time is the drain's, not the markers').
     fn poll_markers_of(&mut self, i: usize, synchronized: bool) {
-        {
-            let gate = &self.g.gates[i];
-            let mut advanced = false;
-            loop {
-                let front = gate.markers().pending.front().copied();
-                let Some(k) = front else {
-                    break;
+        let gate = &self.g.gates[i];
+        let mut advanced = false;
+        loop {
+            let front = gate.markers().pending.front().copied();
+            let Some(k) = front else {
+                break;
+            };
+            let seq = k.seq;
+            let (done, device) = {
+                let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                let done = crate::driver::event_done(k.event);
+                let last = gate.markers().last;
+                // Device time between the previous marker's completion and this one's,
+                // where no idle gap can be in it (see `Marker::contiguous`).
+                let device = match last {
+                    Some(a) if done && k.contiguous && k.seq > a.seq => {
+                        crate::driver::event_elapsed_ns(a.event, k.event)
+                            .map(|ns| ns as f64 / (k.seq - a.seq) as f64)
+                    }
+                    _ => None,
                 };
-                let seq = k.seq;
-                let (done, device) = {
-                    let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-                    let done = crate::driver::event_done(k.event);
-                    let last = gate.markers().last;
-                    // Device time between the previous marker's completion and this one's,
-                    // where no idle gap can be in it (see `Marker::contiguous`).
-                    let device = match last {
-                        Some(a) if done && k.contiguous && k.seq > a.seq => {
-                            crate::driver::event_elapsed_ns(a.event, k.event)
-                                .map(|ns| ns as f64 / (k.seq - a.seq) as f64)
-                        }
-                        _ => None,
-                    };
-                    (done, device)
-                };
-                if !done {
-                    break;
-                }
-                {
-                    let mut m = gate.markers();
-                    if m.pending.front().is_some_and(|f| f.event == k.event) {
-                        m.pending.pop_front();
-                        if let Some(a) = m.last.replace(k) {
-                            m.free.push((a.ctx, a.event));
-                        }
+                (done, device)
+            };
+            if !done {
+                break;
+            }
+            {
+                let mut m = gate.markers();
+                if m.pending.front().is_some_and(|f| f.event == k.event) {
+                    m.pending.pop_front();
+                    if let Some(a) = m.last.replace(k) {
+                        m.free.push((a.ctx, a.event));
                     }
                 }
-                if let Some(sample) = device {
-                    let d = &mut self.devs[i];
-                    d.device_per_launch_ns = if d.device_per_launch_ns <= 0.0 {
-                        sample
-                    } else {
-                        0.8 * d.device_per_launch_ns + 0.2 * sample
-                    };
-                }
-                let now = mono_ns();
+            }
+            if let Some(sample) = device {
                 let d = &mut self.devs[i];
-                if let Some((t0, s0, busy)) = d.last_obs
-                    && busy
-                    && !synchronized
-                    && seq > s0
-                {
-                    let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
-                    d.per_launch_ns = if d.per_launch_ns <= 0.0 {
-                        sample
-                    } else {
-                        0.8 * d.per_launch_ns + 0.2 * sample
-                    };
-                }
-                let launched = gate.launched.load(Ordering::Relaxed);
-                d.last_obs = Some((now, seq, launched > seq));
-                gate.completed.fetch_max(seq, Ordering::Relaxed);
-                advanced = true;
+                d.device_per_launch_ns = if d.device_per_launch_ns <= 0.0 {
+                    sample
+                } else {
+                    0.8 * d.device_per_launch_ns + 0.2 * sample
+                };
             }
-            if advanced {
-                self.set_allowed(i);
+            let now = mono_ns();
+            let d = &mut self.devs[i];
+            if let Some((t0, s0, busy)) = d.last_obs
+                && busy
+                && !synchronized
+                && seq > s0
+            {
+                let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
+                d.per_launch_ns = if d.per_launch_ns <= 0.0 {
+                    sample
+                } else {
+                    0.8 * d.per_launch_ns + 0.2 * sample
+                };
             }
-            if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
-                let m = gate.markers();
-                crate::say!(
-                    "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
-                    gate.launched.load(Ordering::Relaxed),
-                    gate.completed.load(Ordering::Relaxed),
-                    gate.allowed.load(Ordering::Relaxed),
-                    gate.budget.load(Ordering::Relaxed),
-                    gate.next_mark.load(Ordering::Relaxed),
-                    gate.mark_every.load(Ordering::Relaxed),
-                    m.pending.len(),
-                    m.free.len(),
-                    m.created,
-                    self.devs[i].per_launch_ns
-                );
-            }
+            let launched = gate.launched.load(Ordering::Relaxed);
+            d.last_obs = Some((now, seq, launched > seq));
+            gate.completed.fetch_max(seq, Ordering::Relaxed);
+            advanced = true;
+        }
+        if advanced {
+            self.set_allowed(i);
+        }
+        if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
+            let m = gate.markers();
+            crate::say!(
+                "gate dbg: launched {} completed {} allowed {} budget {} next_mark {} every {} pending {} free {} created {} per {:.0}",
+                gate.launched.load(Ordering::Relaxed),
+                gate.completed.load(Ordering::Relaxed),
+                gate.allowed.load(Ordering::Relaxed),
+                gate.budget.load(Ordering::Relaxed),
+                gate.next_mark.load(Ordering::Relaxed),
+                gate.mark_every.load(Ordering::Relaxed),
+                m.pending.len(),
+                m.free.len(),
+                m.created,
+                self.devs[i].per_launch_ns
+            );
         }
     }
 
