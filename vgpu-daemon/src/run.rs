@@ -51,8 +51,9 @@ impl Config {
 /// Why the daemon could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// A configuration value is invalid.
-    #[error("invalid configuration: {0}")]
+    /// A configuration value is invalid (the message is the source's: it is not
+    /// repeated here, since `main` prints the chain).
+    #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// The operators' settings saved by an earlier run could not be loaded.
     #[error("--state-file: {0}")]

@@ -348,6 +348,7 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
     for (args, needle) in [
         (vec!["--quantum-ms", "0.1"], "--quantum-ms 0.1"),
         (vec!["--default-share", "0"], "--default-share 0"),
+        (vec!["--min-charge-pct", "0"], "--min-charge-pct 0"),
         (vec!["--gpu", "not-a-gpu"], "--gpu not-a-gpu"),
         (
             vec!["--trusted-quota-file", "relative/vgpu.conf"],
@@ -367,6 +368,6 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
             .expect("run vgpu-daemon");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.matches(needle).count(), 1, "said once: {args:?}: {err}");
     }
 }
