@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use serde_json::{Value, json};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};
 use vgpu_core::packing::PolicyName;
 use vgpu_core::resources::{ANNOTATION_ASSIGNMENT, Assignment};
 use vgpu_scheduler_extender::extender::policy::ExtenderPolicy;
-use vgpu_scheduler_extender::extender::sync::WatchKind;
 use vgpu_scheduler_extender::extender::{Extender, State, StateConfig};
 
 use common::{RecordingBinder, Served};
@@ -86,18 +83,12 @@ async fn place(
 
 #[tokio::test]
 async fn a_fine_node_takes_one_hundred_one_percent_containers_per_gpu_and_a_coarse_one_ten() {
-    let state = Arc::new(State::new(
+    let node_objects = vec![node("fine", 100), node("coarse", 10)];
+    let state = common::synced_state(
         StateConfig::default(),
-        ExtenderPolicy::new(PolicyName::Vgpu),
-    ));
-    let nodes: Vec<_> = [node("fine", 100), node("coarse", 10)]
-        .into_iter()
-        .map(|n| serde_json::from_value(n).expect("node"))
-        .collect();
-    state.replace_nodes(&nodes);
-    state.replace_pods(&[]);
-    state.mark_synced(WatchKind::Nodes);
-    state.mark_synced(WatchKind::Pods);
+        PolicyName::Vgpu,
+        node_objects.clone(),
+    );
     let binder = common::recording_binder();
     let served = Served::start(Extender::new(state.clone(), binder.clone())).await;
 
@@ -149,6 +140,10 @@ async fn a_fine_node_takes_one_hundred_one_percent_containers_per_gpu_and_a_coar
         StateConfig::default(),
         ExtenderPolicy::new(PolicyName::Vgpu),
     );
+    let nodes: Vec<_> = node_objects
+        .into_iter()
+        .map(|n| serde_json::from_value(n).expect("node"))
+        .collect();
     rebuilt.replace_nodes(&nodes);
     let pods: Vec<_> = bound
         .into_iter()
