@@ -210,29 +210,56 @@ impl Worker {
     /// queue (each starts when the engine and its submission are there); any other work
     /// before `seq` still waits for the worker.
     pub fn is_done_on_device(&self, seq: u64) -> bool {
-        if self.is_done(seq) {
-            return true;
-        }
-        // Another process waiting for the engine may take it between kernels: not
-        // predictable from this queue.
+        self.is_done(seq) || self.done_on_device_at(seq).is_some_and(|t| t <= mono_ns())
+    }
+
+    /// When the work with sequence number `seq` completes on the device's clock, as
+    /// predicted from the queue (None: not predictable: a copy or host function before
+    /// it, the worker in the middle of one, or another process waiting for the engine,
+    /// which may take it between kernels).
+    fn done_on_device_at(&self, seq: u64) -> Option<u64> {
         if self.drv.state.engine_contended(self.dev) {
-            return false;
+            return None;
         }
         let q = self.lock();
-        let mut pos = self.ahead.load(Ordering::Acquire);
-        if pos == u64::MAX {
-            return false;
-        }
-        for (s, at, w) in &q.ops {
-            if *s > seq {
-                break;
+        predicted_done(self.ahead.load(Ordering::Acquire), &q.ops, seq)
+    }
+
+    /// Blocks until the work with sequence number `seq` has completed on the device's
+    /// clock: what a synchronization with a real GPU waits for (the device runs on
+    /// while the process's threads are off the CPU). Where the queue predicts it, the
+    /// caller sleeps until then, and does not wait for this worker thread, which a
+    /// starved or throttled process runs late; otherwise it waits for the worker.
+    /// The work's effects that the host can see (copies, host functions, frees) are not
+    /// predictable, so they are always waited for.
+    pub fn wait_on_device(&self, seq: u64) {
+        loop {
+            if self.is_done(seq) {
+                return;
             }
-            match predicted_end(w, pos, *at) {
-                Some(end) => pos = end,
-                None => return false,
+            match self.done_on_device_at(seq) {
+                Some(t) if t <= mono_ns() => return,
+                Some(t) => wait_until(t),
+                None => {
+                    let q = self.lock();
+                    if self.done.load(Ordering::Acquire) >= seq {
+                        return;
+                    }
+                    // Looked at again within a millisecond: the queue may become
+                    // predictable (the engine free again) before the worker catches up.
+                    let _ = self
+                        .done_cv
+                        .wait_timeout(q, std::time::Duration::from_millis(1));
+                }
             }
         }
-        pos <= mono_ns()
+    }
+
+    /// Blocks until everything queued so far has completed on the device's clock
+    /// ([`Worker::wait_on_device`]).
+    pub fn synchronize(&self) {
+        let seq = self.lock().next_seq;
+        self.wait_on_device(seq);
     }
 
     /// Blocks until the work with sequence number `seq` has completed.
@@ -247,6 +274,24 @@ impl Worker {
     pub fn drain(&self) {
         let seq = self.lock().next_seq;
         self.wait_for(seq);
+    }
+
+    /// [`Worker::drain`], giving up after `limit`.
+    pub fn drain_within(&self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut q = self.lock();
+        let seq = q.next_seq;
+        while self.done.load(Ordering::Acquire) < seq {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            q = self
+                .done_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// The sequence number of the last queued work.
@@ -434,6 +479,23 @@ impl Worker {
             }
         }
     }
+}
+
+/// When the queued work up to sequence number `seq` completes on the engine's clock, the
+/// work already taken off the queue completing at `ahead` (`u64::MAX`: not known); None
+/// when not predictable from the queue ([`predicted_end`]).
+fn predicted_done(ahead: u64, ops: &VecDeque<(u64, u64, Work)>, seq: u64) -> Option<u64> {
+    if ahead == u64::MAX {
+        return None;
+    }
+    let mut pos = ahead;
+    for (s, at, w) in ops {
+        if *s > seq {
+            break;
+        }
+        pos = predicted_end(w, pos, *at)?;
+    }
+    Some(pos)
 }
 
 /// When queued work `w` submitted at `at` would end on the engine's clock if it starts
@@ -625,7 +687,7 @@ impl Stream {
     pub fn synchronize(&self, drv: &'static Driver) -> CuResult<()> {
         self.check_not_capturing()?;
         drv.worker(self.dev)
-            .wait_for(self.last.load(Ordering::Acquire));
+            .wait_on_device(self.last.load(Ordering::Acquire));
         Ok(())
     }
 
@@ -634,7 +696,7 @@ impl Stream {
         self.check_not_capturing()?;
         if drv
             .worker(self.dev)
-            .is_done(self.last.load(Ordering::Acquire))
+            .is_done_on_device(self.last.load(Ordering::Acquire))
         {
             Ok(())
         } else {
@@ -746,7 +808,7 @@ impl Event {
     /// `cuEventSynchronize`.
     pub fn synchronize(&self, drv: &'static Driver) {
         if let Some((d, seq)) = self.rec() {
-            drv.worker(d).wait_for(seq);
+            drv.worker(d).wait_on_device(seq);
         }
     }
 
@@ -800,4 +862,50 @@ pub fn resolve_stream(drv: &'static Driver, h: CUstream) -> CuResult<Arc<Stream>
         .get(&id)
         .cloned()
         .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(seq: u64, at: u64, ns: u64) -> (u64, u64, Work) {
+        (seq, at, Work::Kernel { ns })
+    }
+
+    #[test]
+    fn queued_kernels_are_done_on_the_device_clock_however_late_the_worker_is() {
+        // The worker's work so far ends at 1000; two kernels were submitted at 500 and
+        // 5000: the first starts at 1000 (the engine), the second at its submission.
+        let ops: VecDeque<_> = [kernel(1, 500, 100), kernel(2, 5000, 300)].into();
+        assert_eq!(predicted_done(1000, &ops, 1), Some(1100));
+        assert_eq!(predicted_done(1000, &ops, 2), Some(5300));
+        // Work already done (seq 0) ends where the worker is.
+        assert_eq!(predicted_done(1000, &ops, 0), Some(1000));
+        // Unknown while the worker runs something it cannot predict.
+        assert_eq!(predicted_done(u64::MAX, &ops, 2), None);
+        // A copy before the work waited for: its effect is the host's, not predictable.
+        let mut with_copy = ops.clone();
+        with_copy.push_front((
+            0,
+            400,
+            Work::Copy {
+                dst: 0,
+                src: CopySrc::Ptr(0),
+                len: 0,
+            },
+        ));
+        assert_eq!(predicted_done(1000, &with_copy, 2), None);
+        // A copy after it does not matter.
+        let mut after = ops.clone();
+        after.push_back((
+            3,
+            6000,
+            Work::Copy {
+                dst: 0,
+                src: CopySrc::Ptr(0),
+                len: 0,
+            },
+        ));
+        assert_eq!(predicted_done(1000, &after, 2), Some(5300));
+    }
 }

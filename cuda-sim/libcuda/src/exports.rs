@@ -504,14 +504,14 @@ export! {
 
     fn cuCtxSynchronize() {
         let (d, c) = cur()?;
-        d.worker(c.dev).drain();
+        d.worker(c.dev).synchronize();
         Ok(())
     }
 
     fn cuCtxSynchronize_v2(ctx: CUcontext) {
         let d = driver()?;
         let c = if ctx.is_null() { d.current()? } else { d.ctx(from_ptr(ctx, Kind::Ctx).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?)? };
-        d.worker(c.dev).drain();
+        d.worker(c.dev).synchronize();
         Ok(())
     }
 

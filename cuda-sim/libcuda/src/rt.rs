@@ -140,6 +140,9 @@ pub fn init() -> CuResult<&'static Driver> {
                 primary: (0..n).map(|_| Primary::default()).collect(),
                 ..Objects::default()
             };
+            INIT_PID.store(std::process::id(), Ordering::Relaxed);
+            // SAFETY: registering a plain `extern "C" fn()` with the C library.
+            unsafe { libc::atexit(record_at_exit) };
             Ok(Driver {
                 state,
                 slot,
@@ -154,6 +157,25 @@ pub fn init() -> CuResult<&'static Driver> {
         })
         .as_ref()
         .map_err(|&e| e)
+}
+
+/// The process that initialized the driver (its workers are its threads).
+static INIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// At a normal exit, the work that already ran on the device's clock (a synchronize
+/// returns then, not when the worker thread gets to it: see `Worker::wait_on_device`) is
+/// recorded by the workers before the process goes, as a real GPU's accounting has it;
+/// at most 1 s per device, so that an exit never hangs on a stuck worker.
+extern "C" fn record_at_exit() {
+    // A forked child that exits has no worker threads (they stay in the parent).
+    if INIT_PID.load(Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    if let Some(Ok(d)) = DRIVER.get() {
+        for w in d.workers.iter().filter_map(OnceLock::get) {
+            w.drain_within(std::time::Duration::from_secs(1));
+        }
+    }
 }
 
 /// The driver, if `cuInit` succeeded.
