@@ -13,7 +13,8 @@
 //! convergence after a live share change; work conservation under `burst`; a `cap`
 //! tenant alone; a latency-sensitive tenant beside a saturating best-effort one;
 //! throughput lost to slicing; 100 tenants of 1 % (`fine`, in `sched-bench/fine.rs`). Under load (`load`, same run): shares for 3 and 10
-//! tenants and convergence after a live change, once with every CPU saturated by busy
+//! tenants, each followed by the same tenants without vgpu (the GPU's use unshared),
+//! and convergence after a live change, once with every CPU saturated by busy
 //! loops (one more than there are CPUs) and once with each tenant in its own CPU-limited
 //! container (a cgroup `cpu` quota of 0.5 CPU holding the tenant and a busy loop: cgroup2
 //! `cpu.max` where the node has it, else the v1 `cpu` controller).
@@ -354,6 +355,46 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
     Ok((worst, util))
 }
 
+/// The same `n` tenants as [`shares`] (each in its own CPU-limited group when the bench
+/// sets one), without vgpu: no shim, the simulated GPU time-slicing between their
+/// processes as the hardware does. How busy the GPU would be without sharing enforced:
+/// the figure beside which the GPU's use under vgpu is read. Returns the busy fraction
+/// of the window.
+fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<f64> {
+    let at = now_ms() + 2000;
+    let mut groups = Vec::new();
+    let mut children = Vec::new();
+    for i in 0..n {
+        let group = match b.cpu_limit.get() {
+            Some(m) => Some(CpuLimited::new(&format!("vgpu-bench-bare{i}"), m)?),
+            None => None,
+        };
+        let mut c = b.probe_in(group.as_ref());
+        children.push(
+            c.args(b.load_args(kernel_ns, at, 0))
+                .spawn()
+                .context("start cuda-probe")?,
+        );
+        groups.push(group);
+    }
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let (busy, secs) = b.window_busy(at, &pids)?;
+    wait_all(children);
+    drop(groups);
+    let total: u64 = busy.iter().sum();
+    let util = total as f64 / 1e9 / secs;
+    let parts: Vec<String> = busy
+        .iter()
+        .map(|ns| format!("{:.1}", *ns as f64 * 100.0 / total.max(1) as f64))
+        .collect();
+    r.say(format!(
+        "    the same {n} tenants without vgpu (no shim): GPU busy {:.1} % of the window; % of GPU time [{}]",
+        util * 100.0,
+        parts.join(", ")
+    ));
+    Ok(util)
+}
+
 fn bare_util(b: &Bench, kernel_ns: u64) -> Result<f64> {
     let at = now_ms() + 1000;
     let c = b.bare(&b.load_args(kernel_ns, at, 0))?;
@@ -692,8 +733,10 @@ fn fidelity(b: &Bench, r: &mut Report, label: &str) -> Result<()> {
 fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
     let mut worst: f64 = 0.0;
     for k in [SHORT_NS, LONG_NS] {
-        worst = worst.max(shares(b, r, &[20, 30, 50], k)?.0);
-        worst = worst.max(shares(b, r, &[4, 6, 8, 8, 10, 10, 12, 12, 14, 16], k)?.0);
+        for set in [&[20, 30, 50][..], &[4, 6, 8, 8, 10, 10, 12, 12, 14, 16]] {
+            worst = worst.max(shares(b, r, set, k)?.0);
+            unshared(b, r, set.len(), k)?;
+        }
     }
     r.say(format!(
         "  worst share error under this load: {worst:.2} pp (target ±2)"
