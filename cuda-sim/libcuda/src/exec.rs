@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use vgpu_cuda_abi::cuda::*;
 use vgpu_sys::mono_ns;
@@ -240,16 +241,10 @@ impl Worker {
             match self.done_on_device_at(seq) {
                 Some(t) if t <= mono_ns() => return,
                 Some(t) => wait_until(t),
+                // Looked at again within a millisecond: the queue may become
+                // predictable (the engine free again) before the worker catches up.
                 None => {
-                    let q = self.lock();
-                    if self.done.load(Ordering::Acquire) >= seq {
-                        return;
-                    }
-                    // Looked at again within a millisecond: the queue may become
-                    // predictable (the engine free again) before the worker catches up.
-                    let _ = self
-                        .done_cv
-                        .wait_timeout(q, std::time::Duration::from_millis(1));
+                    self.wait_done(seq, Some(Instant::now() + Duration::from_millis(1)));
                 }
             }
         }
@@ -264,9 +259,27 @@ impl Worker {
 
     /// Blocks until the work with sequence number `seq` has completed.
     pub fn wait_for(&self, seq: u64) {
+        self.wait_done(seq, None);
+    }
+
+    /// Blocks until this worker has completed the work with sequence number `seq`, or
+    /// `deadline` passes.
+    fn wait_done(&self, seq: u64, deadline: Option<Instant>) {
         let mut q = self.lock();
         while self.done.load(Ordering::Acquire) < seq {
-            q = self.done_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            q = match deadline {
+                None => self.done_cv.wait(q).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return;
+                    }
+                    self.done_cv
+                        .wait_timeout(q, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
         }
     }
 
@@ -277,21 +290,9 @@ impl Worker {
     }
 
     /// [`Worker::drain`], giving up after `limit`.
-    pub fn drain_within(&self, limit: std::time::Duration) {
-        let deadline = std::time::Instant::now() + limit;
-        let mut q = self.lock();
-        let seq = q.next_seq;
-        while self.done.load(Ordering::Acquire) < seq {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            q = self
-                .done_cv
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+    pub fn drain_within(&self, limit: Duration) {
+        let seq = self.lock().next_seq;
+        self.wait_done(seq, Some(Instant::now() + limit));
     }
 
     /// The sequence number of the last queued work.

@@ -139,6 +139,14 @@ impl Bench {
         c
     }
 
+    /// A tenant's CPU-limited container `name`, when the bench sets a limit.
+    fn container(&self, name: &str) -> Result<Option<CpuLimited>> {
+        self.cpu_limit
+            .get()
+            .map(|m| CpuLimited::new(name, m))
+            .transpose()
+    }
+
     /// A tenant process under the shim (its own container directory).
     fn tenant(
         &self,
@@ -151,10 +159,7 @@ impl Bench {
     ) -> Result<Tenant> {
         let dir = self.root.path().join("containers").join(name);
         std::fs::create_dir_all(&dir)?;
-        let cpu = match self.cpu_limit.get() {
-            Some(m) => Some(CpuLimited::new(&format!("vgpu-bench-{name}"), m)?),
-            None => None,
-        };
+        let cpu = self.container(&format!("vgpu-bench-{name}"))?;
         let mut c = self.probe_in(cpu.as_ref());
         c.env("LD_PRELOAD", self.bin_dir.join("libvgpu.so"))
             .env("VGPU_CONTAINER_DIR", &dir)
@@ -365,10 +370,7 @@ fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<f64> 
     let mut groups = Vec::new();
     let mut children = Vec::new();
     for i in 0..n {
-        let group = match b.cpu_limit.get() {
-            Some(m) => Some(CpuLimited::new(&format!("vgpu-bench-bare{i}"), m)?),
-            None => None,
-        };
+        let group = b.container(&format!("vgpu-bench-bare{i}"))?;
         let mut c = b.probe_in(group.as_ref());
         children.push(
             c.args(b.load_args(kernel_ns, at, 0))
