@@ -220,6 +220,12 @@ pub mod attr {
     pub const INTEGRATED: i32 = 18;
     pub const CAN_MAP_HOST_MEMORY: i32 = 19;
     pub const COMPUTE_MODE: i32 = 20;
+    pub const MAXIMUM_TEXTURE1D_WIDTH: i32 = 21;
+    pub const MAXIMUM_TEXTURE2D_WIDTH: i32 = 22;
+    pub const MAXIMUM_TEXTURE2D_HEIGHT: i32 = 23;
+    pub const MAXIMUM_TEXTURE3D_WIDTH: i32 = 24;
+    pub const MAXIMUM_TEXTURE3D_HEIGHT: i32 = 25;
+    pub const MAXIMUM_TEXTURE3D_DEPTH: i32 = 26;
     pub const CONCURRENT_KERNELS: i32 = 31;
     pub const ECC_ENABLED: i32 = 32;
     pub const PCI_BUS_ID: i32 = 33;
@@ -237,6 +243,9 @@ pub mod attr {
     pub const STREAM_PRIORITIES_SUPPORTED: i32 = 78;
     pub const GLOBAL_L1_CACHE_SUPPORTED: i32 = 79;
     pub const LOCAL_L1_CACHE_SUPPORTED: i32 = 80;
+    pub const MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: i32 = 73;
+    pub const MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: i32 = 74;
+    pub const MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: i32 = 77;
     pub const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: i32 = 81;
     pub const MAX_REGISTERS_PER_MULTIPROCESSOR: i32 = 82;
     pub const MANAGED_MEMORY: i32 = 83;

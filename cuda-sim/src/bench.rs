@@ -27,6 +27,33 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::Instant;
 
+/// The spin kernel every benchmark and probe launches, as PTX text (NUL-terminated for
+/// `cuModuleLoadData`). `vgpu_sim_spin(u64 ns)` keeps one thread busy until the GPU's
+/// global timer has advanced `ns` nanoseconds. The simulator does not run the body: it
+/// charges `ns` of device time for the entry by its name. On a real GPU the body runs, so
+/// the same probe saturates a real GPU for the same device time (the timer keeps running
+/// while another context holds the GPU: a kernel time-sliced out mid-way finishes early in
+/// work, not late in time).
+pub const SPIN_PTX: &std::ffi::CStr = c".version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry vgpu_sim_spin(.param .u64 vgpu_sim_spin_param_0)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [vgpu_sim_spin_param_0];
+    mov.u64 %rd2, %globaltimer;
+    add.s64 %rd3, %rd2, %rd1;
+$L_spin:
+    mov.u64 %rd4, %globaltimer;
+    setp.lt.u64 %p1, %rd4, %rd3;
+    @%p1 bra $L_spin;
+    ret;
+}
+";
+
 /// Per-call figures of one measured operation, in nanoseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stats {

@@ -242,6 +242,10 @@ struct Inner {
     conns: HashMap<u64, Conn>,
     next_id: u64,
     observations: Vec<GpuObservation>,
+    /// Host PID → tenant of every process registered while the observations were taken
+    /// (before the NVML reading, or when it was stored): a process that exits after the
+    /// reading is still in it, and is not a bypass.
+    observed_tenants: HashMap<u32, String>,
     overrides: Overrides,
     /// Fallbacks and refused registrations per container (tenant key).
     health: BTreeMap<String, ContainerHealth>,
@@ -721,9 +725,21 @@ impl Daemon {
         Ok(())
     }
 
-    /// Stores the NVML watcher's latest observations.
-    pub fn record_observations(&self, obs: Vec<GpuObservation>) {
-        self.lock().observations = obs;
+    /// Stores the NVML watcher's latest observations. `registered_before` are the
+    /// registered processes ([`Daemon::registered_pids`]) taken before the reading: with
+    /// those registered now, they attribute the reading's processes to tenants, so a
+    /// tenant's process that exits (and unregisters) between the reading and a view of it
+    /// is not shown as a bypass.
+    pub fn record_observations(
+        &self,
+        obs: Vec<GpuObservation>,
+        registered_before: HashMap<u32, String>,
+    ) {
+        let mut g = self.lock();
+        let mut tenants = registered_before;
+        tenants.extend(g.conns.values().map(|c| (c.pid, c.tenant.clone())));
+        g.observations = obs;
+        g.observed_tenants = tenants;
     }
 
     /// Host PIDs of every registered process.
@@ -780,11 +796,13 @@ impl Daemon {
             })
             .collect();
         tenants.sort_by(|a, b| a.key.cmp(&b.key));
-        let pid_tenant: HashMap<u32, &str> = g
-            .conns
-            .values()
-            .map(|c| (c.pid, c.tenant.as_str()))
+        // Registered now, else registered when the reading was taken.
+        let mut pid_tenant: HashMap<u32, &str> = g
+            .observed_tenants
+            .iter()
+            .map(|(pid, t)| (*pid, t.as_str()))
             .collect();
+        pid_tenant.extend(g.conns.values().map(|c| (c.pid, c.tenant.as_str())));
         let mut gpus: Vec<Gpu> = Vec::new();
         let mut seen = HashSet::new();
         for o in &g.observations {

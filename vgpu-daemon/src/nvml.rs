@@ -125,9 +125,11 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
         }
         let mut errors = ErrorLog::default();
         loop {
+            let before = daemon.registered_pids();
             match observe(&nvml, &mut errors) {
                 Ok(obs) => {
-                    let registered = daemon.registered_pids();
+                    let mut registered = daemon.registered_pids();
+                    registered.extend(before.iter().map(|(p, t)| (*p, t.clone())));
                     for (pid, uuid, bytes) in bypass.update(&obs, &registered) {
                         warn!(
                             pid,
@@ -136,7 +138,7 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
                             "bypass: a process uses GPU memory but no shim registered it"
                         );
                     }
-                    daemon.record_observations(obs);
+                    daemon.record_observations(obs, before);
                 }
                 Err(e) => {
                     warn!(lib, "NVML stopped answering ({e}): re-initialising");

@@ -56,28 +56,31 @@ async fn node() -> Node {
         ],
     );
     d.usage(web.reg.conn, 0, 1 << 30).expect("usage accepted");
-    d.record_observations(vec![
-        GpuObservation {
-            uuid: GPU0.into(),
-            index: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            memory_total: 80 << 30,
-            memory_used: 4 << 30,
-            utilization_pct: Some(40),
-            processes: vec![(WEB_PID, 1 << 30), (BYPASS_PID, 3 << 30)],
-            observed_unix_ms: 1_700_000_000_000,
-        },
-        GpuObservation {
-            uuid: GPU1.into(),
-            index: 1,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            memory_total: 80 << 30,
-            memory_used: 0,
-            utilization_pct: Some(0),
-            processes: vec![],
-            observed_unix_ms: 1_700_000_000_000,
-        },
-    ]);
+    d.record_observations(
+        vec![
+            GpuObservation {
+                uuid: GPU0.into(),
+                index: 0,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total: 80 << 30,
+                memory_used: 4 << 30,
+                utilization_pct: Some(40),
+                processes: vec![(WEB_PID, 1 << 30), (BYPASS_PID, 3 << 30)],
+                observed_unix_ms: 1_700_000_000_000,
+            },
+            GpuObservation {
+                uuid: GPU1.into(),
+                index: 1,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total: 80 << 30,
+                memory_used: 0,
+                utilization_pct: Some(0),
+                processes: vec![],
+                observed_unix_ms: 1_700_000_000_000,
+            },
+        ],
+        d.registered_pids(),
+    );
     let dir = tempfile::tempdir().expect("temporary directory");
     // A directory that does not exist yet: the daemon creates it.
     let socket = dir.path().join("run/vgpu/api.sock");

@@ -435,16 +435,19 @@ async fn metrics_over_http() {
         "train",
         &[(GPU0, 25, ComputePolicy::Cap, None)],
     );
-    d.record_observations(vec![GpuObservation {
-        uuid: GPU0.into(),
-        index: 0,
-        name: "NVIDIA H100 80GB HBM3".into(),
-        memory_total: 80 << 30,
-        memory_used: 3 << 30,
-        utilization_pct: None,
-        processes: vec![(4001, 1 << 30), (4999, 2 << 30)],
-        observed_unix_ms: 1_700_000_000_000,
-    }]);
+    d.record_observations(
+        vec![GpuObservation {
+            uuid: GPU0.into(),
+            index: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_total: 80 << 30,
+            memory_used: 3 << 30,
+            utilization_pct: None,
+            processes: vec![(4001, 1 << 30), (4999, 2 << 30)],
+            observed_unix_ms: 1_700_000_000_000,
+        }],
+        d.registered_pids(),
+    );
     let cfg = vgpu_daemon::reporting::ReportingConfig {
         nvml: None,
         metrics_addr: Some("127.0.0.1:0".into()),

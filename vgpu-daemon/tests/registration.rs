@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -152,7 +153,7 @@ fn observed(uuids: &[&str]) -> Vec<GpuObservation> {
 #[test]
 fn gpus_the_node_does_not_have_are_refused() {
     let d = daemon();
-    d.record_observations(observed(&[A, B]));
+    d.record_observations(observed(&[A, B]), HashMap::new());
     let made_up = "GPU-deadbeef-0000-4000-8000-000000000000";
     let (r, _rx) = register(&d, "t", vec![gpu(A, 0, 50), gpu(made_up, 1, 50)]);
     let e = r.expect_err("a GPU NVML does not list").to_string();
@@ -161,6 +162,40 @@ fn gpus_the_node_does_not_have_are_refused() {
     r.expect("a GPU of the node, in another case");
     let snap = d.snapshot();
     assert_eq!(snap.gpus.len(), 2, "{:?}", snap.gpus);
+}
+
+#[test]
+fn a_tenant_process_that_exits_after_an_nvml_reading_is_not_a_bypass() {
+    // Seen on a real H100: vgpuctl gpus flagged two tenants' processes BYPASS right after
+    // they exited, because the last reading (up to one interval old) still listed them.
+    let d = daemon();
+    d.record_observations(observed(&[A]), HashMap::new());
+    let (tx, _rx) = unbounded_channel();
+    let r = d
+        .register(
+            4242,
+            PROTO_VERSION,
+            ident("ml/nb/main"),
+            vec![gpu(A, 0, 50)],
+            tx,
+        )
+        .expect("registered");
+    let before = d.registered_pids();
+    let mut reading = observed(&[A]);
+    reading[0].processes = vec![(4242, 600 << 20), (4343, 500 << 20)];
+    d.disconnect(r.conn);
+    d.record_observations(reading.clone(), before);
+    let g = &d.snapshot().gpus[0];
+    let exited = g.processes.iter().find(|p| p.pid == 4242).expect("listed");
+    assert_eq!(exited.tenant.as_deref(), Some("ml/nb/main"), "{g:?}");
+    assert_eq!(
+        g.bypass_pids,
+        vec![4343],
+        "only the unregistered process: {g:?}"
+    );
+    // The next reading, taken with nobody registered, names it a bypass if it is still there.
+    d.record_observations(reading, d.registered_pids());
+    assert_eq!(d.snapshot().gpus[0].bypass_pids, vec![4242, 4343]);
 }
 
 #[test]

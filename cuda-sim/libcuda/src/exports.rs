@@ -243,6 +243,16 @@ fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
         attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 227 * 1024,
         attr::MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
         attr::CLUSTER_LAUNCH => c_int::from(i.cc_major >= 9),
+        attr::MAXIMUM_TEXTURE1D_WIDTH => mem::array_limits::TEX1D as c_int,
+        attr::MAXIMUM_TEXTURE2D_WIDTH => mem::array_limits::TEX2D.0 as c_int,
+        attr::MAXIMUM_TEXTURE2D_HEIGHT => mem::array_limits::TEX2D.1 as c_int,
+        attr::MAXIMUM_TEXTURE3D_WIDTH
+        | attr::MAXIMUM_TEXTURE3D_HEIGHT
+        | attr::MAXIMUM_TEXTURE3D_DEPTH => mem::array_limits::TEX3D as c_int,
+        attr::MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH => mem::array_limits::TEX1D_MIPMAP as c_int,
+        attr::MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH | attr::MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT => {
+            mem::array_limits::TEX2D_MIPMAP as c_int
+        }
         a if a > 0 && a < attr::MAX => 0,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })

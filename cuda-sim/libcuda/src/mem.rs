@@ -986,6 +986,44 @@ pub fn vmm_unmap(drv: &'static Driver, ptr: u64, size: u64) -> CuResult<()> {
 
 // ---- arrays ------------------------------------------------------------------------------
 
+/// The largest CUDA array of each shape a compute capability 8.x/9.x GPU creates (as its
+/// `CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE*` attributes report them): width of a 1D array,
+/// width and height of a 2D one, each extent of a 3D one, and the same for mipmapped
+/// arrays. A real H100 refuses a 1D array of 64 Mi elements with
+/// `CUDA_ERROR_INVALID_VALUE`; earlier versions of the simulator created it.
+pub mod array_limits {
+    /// 1D width.
+    pub const TEX1D: u64 = 131_072;
+    /// 2D width, height.
+    pub const TEX2D: (u64, u64) = (131_072, 65_536);
+    /// 3D width, height, depth.
+    pub const TEX3D: u64 = 16_384;
+    /// 1D mipmapped width.
+    pub const TEX1D_MIPMAP: u64 = 32_768;
+    /// 2D mipmapped width and height.
+    pub const TEX2D_MIPMAP: u64 = 32_768;
+}
+
+/// Whether an array of `w` × `h` × `d` elements (0 for an absent dimension, as in the
+/// descriptor) fits the device's limits; layered and cubemap arrays (`flags` with
+/// `CUDA_ARRAY3D_LAYERED` or `CUDA_ARRAY3D_CUBEMAP`) are not checked.
+pub fn array_extent_fits(w: u64, h: u64, d: u64, flags: u32, mipmapped: bool) -> bool {
+    use array_limits::*;
+    const LAYERED: u32 = 0x01;
+    const CUBEMAP: u32 = 0x04;
+    if flags & (LAYERED | CUBEMAP) != 0 {
+        return true;
+    }
+    match (h, d, mipmapped) {
+        (0, 0, false) => w <= TEX1D,
+        (0, 0, true) => w <= TEX1D_MIPMAP,
+        (_, 0, false) => w <= TEX2D.0 && h <= TEX2D.1,
+        (_, 0, true) => w <= TEX2D_MIPMAP && h <= TEX2D_MIPMAP,
+        (0, _, _) => false,
+        _ => w <= TEX3D && h <= TEX3D && d <= TEX3D,
+    }
+}
+
 /// Creates an array (or a mipmapped array with `levels` > 0).
 pub fn array_create(
     drv: &Driver,
@@ -994,7 +1032,16 @@ pub fn array_create(
     levels: u32,
 ) -> CuResult<u64> {
     let elem = array_format_bytes(desc.Format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if desc.Width == 0 || !matches!(desc.NumChannels, 1 | 2 | 4) {
+    if desc.Width == 0
+        || !matches!(desc.NumChannels, 1 | 2 | 4)
+        || !array_extent_fits(
+            desc.Width as u64,
+            desc.Height as u64,
+            desc.Depth as u64,
+            desc.Flags,
+            levels > 0,
+        )
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dims = |w: u64, h: u64, d: u64| -> CuResult<(u64, u64)> {
@@ -1219,4 +1266,29 @@ pub fn copy_2d(
         };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::array_extent_fits;
+
+    #[test]
+    fn arrays_past_the_devices_extents_are_refused() {
+        // 1D: 131072 fits, one more does not; 64 Mi elements (what a real H100 refused).
+        assert!(array_extent_fits(131_072, 0, 0, 0, false));
+        assert!(!array_extent_fits(131_073, 0, 0, 0, false));
+        assert!(!array_extent_fits(64 << 20, 0, 0, 0, false));
+        // 2D: 131072 × 65536.
+        assert!(array_extent_fits(65_536, 1024, 0, 0, false));
+        assert!(!array_extent_fits(65_536, 65_537, 0, 0, false));
+        // 3D: 16384 each; a depth without a height is not a shape.
+        assert!(array_extent_fits(16_384, 64, 64, 0, false));
+        assert!(!array_extent_fits(16_385, 1, 1, 0, false));
+        assert!(!array_extent_fits(16, 0, 4, 0, false));
+        // Mipmapped arrays are smaller.
+        assert!(!array_extent_fits(65_536, 0, 0, 0, true));
+        assert!(array_extent_fits(32_768, 32_768, 0, 0, true));
+        // Layered arrays are not checked here.
+        assert!(array_extent_fits(16, 16, 1 << 20, 0x01, false));
+    }
 }

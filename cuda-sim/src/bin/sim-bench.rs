@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use vgpu_cuda_abi::fns;
-use vgpu_cuda_sim::bench::{self, Stats, json_string};
+use vgpu_cuda_sim::bench::{self, SPIN_PTX, Stats, json_string};
 
 #[derive(Parser, Debug)]
 #[command(about = "Measure the simulated CUDA driver's own cost per call (median, p99, mean)")]
@@ -127,17 +127,6 @@ impl Api {
     }
 }
 
-/// Built-in kernels of the simulator (the bodies are not run; `vgpu_sim_spin` costs the
-/// device time its parameter asks for).
-const PTX: &CStr = c".version 8.0
-.target sm_90
-.address_size 64
-.visible .entry vgpu_sim_spin(.param .u64 ns)
-{
-    ret;
-}
-";
-
 const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 const CUDA_ERROR_NOT_READY: CUresult = 600;
 
@@ -234,7 +223,7 @@ fn run(cli: &Cli, lib_path: &Path) -> Result<()> {
         )?;
         api.check((api.ctx_set_current)(ctx), "cuCtxSetCurrent")?;
         api.check(
-            (api.module_load_data)(&mut module, PTX.as_ptr().cast()),
+            (api.module_load_data)(&mut module, SPIN_PTX.as_ptr().cast()),
             "cuModuleLoadData",
         )?;
         api.check(

@@ -70,10 +70,9 @@ use anyhow::{Context, Result, bail};
 use libloading::{Library, Symbol};
 use vgpu_cuda_abi::cuda::CUlaunchConfig;
 use vgpu_cuda_abi::fns;
+use vgpu_cuda_sim::bench::SPIN_PTX;
 
 type CuResult = c_uint;
-
-const SPIN_PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry vgpu_sim_spin(.param .u64 ns) { ret; }\n\0";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -615,6 +614,18 @@ impl Api {
     }
 }
 
+/// Splits `n` bytes into `(a, b)` with `a × b = n`, `a` ≤ `limits[0]` and `b` ≤
+/// `limits[1]` (`a` as large as it can be). A size with no such split (2 MiB + 1 bytes)
+/// comes back as `(n, 1)`: the driver then judges the shape (a real GPU refuses it with
+/// `CUDA_ERROR_INVALID_VALUE`), unless the shim refuses it first for the quota.
+fn extents(n: usize, limits: &[usize; 2]) -> (usize, usize) {
+    let lowest = n.div_ceil(limits[1]).max(1);
+    (lowest..=n.min(limits[0]))
+        .rev()
+        .find(|a| n.is_multiple_of(*a))
+        .map_or((n, 1), |a| (a, n / a))
+}
+
 #[repr(C)]
 struct ArrayDesc {
     width: usize,
@@ -698,19 +709,24 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
             Api::Array => {
                 let f: unsafe extern "C" fn(*mut u64, *const ArrayDesc) -> CuResult =
                     c.sym("cuArrayCreate_v2")?;
+                // A 2D array of bytes, 65536 wide (a real GPU's 1D arrays stop at 131072).
+                let (width, height) = extents(n, &[65_536, 65_536]);
                 let d = ArrayDesc {
-                    width: n,
-                    height: 0,
+                    width,
+                    height: height.max(1),
                     format: 1,
                     channels: 1,
                 };
                 f(&mut h, &d)
             }
             Api::Array3d | Api::Mipmap => {
+                // 3D extents stop at 16384 each.
+                let (width, rest) = extents(n, &[16_384, 16_384 * 16_384]);
+                let (height, depth) = extents(rest, &[16_384, 16_384]);
                 let d = Array3dDesc {
-                    width: n,
-                    height: 1,
-                    depth: 1,
+                    width,
+                    height: height.max(1),
+                    depth: depth.max(1),
                     format: 1,
                     channels: 1,
                     flags: 0,

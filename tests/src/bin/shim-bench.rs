@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use libloading::Library;
-use vgpu_cuda_sim::bench::{Samples, Stats, warm_up};
+use vgpu_cuda_sim::bench::{SPIN_PTX, Samples, Stats, warm_up};
 
 type CuResult = c_int;
 type Handle = *mut c_void;
@@ -228,9 +228,11 @@ fn main() -> Result<()> {
         let getf: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult =
             sym(&cuda, "cuModuleGetFunction")?;
         let sync: unsafe extern "C" fn(Handle) -> CuResult = sym(&cuda, "cuStreamSynchronize")?;
-        let ptx = c".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry vgpu_sim_spin(.param .u64 ns) { ret; }\n";
         let mut module = std::ptr::null_mut();
-        check("cuModuleLoadData", load(&mut module, ptx.as_ptr().cast()))?;
+        check(
+            "cuModuleLoadData",
+            load(&mut module, SPIN_PTX.as_ptr().cast()),
+        )?;
         let mut func = std::ptr::null_mut();
         check(
             "cuModuleGetFunction",

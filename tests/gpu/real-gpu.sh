@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# The real-GPU suite: what the simulator stands in for, checked against NVIDIA's driver.
+#
+#   tests/gpu/real-gpu.sh BIN_DIR RESULTS_DIR
+#
+# BIN_DIR holds release builds of libvgpu.so, vgpu-daemon, vgpuctl, cuda-probe and
+# shim-bench (`cargo build --release`; they need no Rust toolchain where this runs). The
+# node needs an NVIDIA GPU with its driver; python3 with torch, cupy and nvidia-ml-py are
+# used where present. Every step runs with a deadline and on its own: a failing step is
+# reported (`FAIL <step>`) and the others still run. Each step prints what it measured;
+# CHECK lines say what was expected and whether it held. Exit status: the number of
+# failed checks (0: all held).
+set -u
+BIN=$(realpath "${1:?BIN_DIR}")
+RES=$(realpath -m "${2:?RESULTS_DIR}")
+mkdir -p "$RES"
+WORK=$(mktemp -d /tmp/vgpu-real.XXXXXX)
+FAILS=0
+GIB=$((1 << 30))
+MIB=$((1 << 20))
+
+say() { echo "$*" | tee -a "$RES/summary.txt"; }
+check() { # check NAME CONDITION-TEXT TRUE|FALSE
+    if [ "$3" = true ]; then say "CHECK ok   $1: $2"; else say "CHECK FAIL $1: $2"; FAILS=$((FAILS + 1)); fi
+}
+val() { # val KEY TEXT: the last KEY=value in TEXT
+    echo "$2" | tr ' ' '\n' | grep "^$1=" | tail -1 | cut -d= -f2-
+}
+probe() { timeout 120 "$BIN/cuda-probe" "$@" 2>&1; }
+shimmed() { # shimmed CONTAINER LIMIT ARGS...: cuda-probe under the shim, no daemon
+    local dir=$WORK/c-$1 lim=$2
+    shift 2
+    mkdir -p "$dir"
+    LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$dir VGPU_MEMORY_LIMIT=$lim \
+        VGPU_DAEMON_SOCKET=off probe "$@"
+}
+
+say "== node"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1 | tee -a "$RES/summary.txt"
+say "kernel $(uname -r), $(nproc) CPUs"
+timeout 60 python3 -c '
+import cupy
+p = cupy.cuda.runtime.getDeviceProperties(0)
+print("array limits: " + " ".join(f"{k}={p[k]}" for k in ("maxTexture1D", "maxTexture2D", "maxTexture3D", "maxTexture1DMipmap", "maxTexture2DMipmap")))
+' 2>&1 | tail -1 | tee -a "$RES/summary.txt"
+ldconfig -p | grep -E "libcuda.so.1|libnvidia-ml.so.1" | tee -a "$RES/summary.txt"
+
+if [ "${PART:-all}" = all ]; then
+say "== 1. the spin kernel on the real driver (bare: no shim)"
+out=$(probe init meminfo totalmem spin kernel 200 1000000)
+echo "$out"
+wall=$(val wall_us "$out")
+say "200 spin kernels of 1 ms: wall ${wall:-?} us"
+check spin "200 x 1 ms spin kernels take 200-260 ms of wall time" \
+    "$([ -n "$wall" ] && [ "$wall" -ge 200000 ] && [ "$wall" -le 260000 ] && echo true || echo false)"
+bare_total=$(val total "$out")
+say "bare cuMemGetInfo total=$bare_total"
+
+say "== 2. memory quota of 1 GiB under the shim, every allocation API"
+out=$(shimmed mem 1Gi init meminfo totalmem nvml)
+echo "$out"
+check meminfo "cuMemGetInfo total is the quota (1 GiB) under the shim" \
+    "$([ "$(val total "$out")" = "$GIB" ] && echo true || echo false)"
+check totalmem "cuDeviceTotalMem is the quota" \
+    "$([ "$(val totalmem "$out")" = "$GIB" ] && echo true || echo false)"
+check nvml "nvmlDeviceGetMemoryInfo total is the quota" \
+    "$([ "$(val nvml_total "$out")" = "$GIB" ] && echo true || echo false)"
+out=$(shimmed edge 1Gi init alloc $GIB alloc 1 meminfo)
+echo "$out"
+check edge "the whole quota allocates, the first byte over it fails with 2 (OUT_OF_MEMORY)" \
+    "$(echo "$out" | grep -q 'alloc=ok' && [ "$(echo "$out" | grep -c 'alloc=err code=2')" = 1 ] && echo true || echo false)"
+for api in mem pitch managed async pool vmm array array3d mipmap; do
+    out=$(shimmed "api-$api" 1Gi init until-oom "$api" $((64 * MIB)))
+    got=$(val allocated "$out")
+    code=$(val code "$out")
+    say "until-oom $api 64 MiB: allocated=${got:-?} code=${code:-?} ($(echo "$out" | grep -v '=' | head -2 | tr '\n' ' '))"
+    check "api-$api" "allocated ≤ 1 GiB and ≥ 1 GiB - 64 MiB, then OUT_OF_MEMORY" \
+        "$([ -n "$got" ] && [ "$got" -le $GIB ] && [ "$got" -ge $((GIB - 64 * MIB)) ] && [ "$code" = 2 ] && echo true || echo false)"
+done
+
+say "== 3. eight processes of one container racing for a 1 GiB quota"
+at=$(($(date +%s%3N) + 1500))
+dir=$WORK/c-race
+mkdir -p "$dir"
+for i in $(seq 8); do
+    LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$dir VGPU_MEMORY_LIMIT=1Gi VGPU_DAEMON_SOCKET=off \
+        timeout 60 "$BIN/cuda-probe" init at $at alloc-until-oom $((32 * MIB)) sleep 3000 >"$WORK/race-$i" 2>&1 &
+done
+wait
+sum=0
+for i in $(seq 8); do
+    a=$(val allocated "$(cat "$WORK/race-$i")")
+    sum=$((sum + ${a:-0}))
+done
+say "8 racing processes held $sum bytes together (quota $GIB)"
+check race "8 racing processes together ≤ 1 GiB and ≥ 1 GiB - 8 x 32 MiB" \
+    "$([ $sum -le $GIB ] && [ $sum -ge $((GIB - 256 * MIB)) ] && echo true || echo false)"
+
+say "== 4. unmodified clients under the shim (PyTorch, CuPy, nvidia-ml-py, nvidia-smi)"
+cat >"$WORK/torch_client.py" <<'EOF'
+import sys
+import torch
+free, total = torch.cuda.mem_get_info()
+print(f"torch_total={total} torch_free={free}")
+held = []
+try:
+    while True:
+        held.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+except torch.OutOfMemoryError:
+    pass
+print(f"torch_held={len(held) * (64 << 20)}")
+del held
+torch.cuda.empty_cache()
+a = torch.randn(1024, 1024, device="cuda", dtype=torch.float64)
+err = (a @ a - (a.cpu() @ a.cpu()).cuda()).abs().max().item()
+print(f"torch_matmul_err={err:.3g}")
+EOF
+mkdir -p "$WORK/c-torch"
+out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-torch VGPU_MEMORY_LIMIT=2Gi \
+    VGPU_DAEMON_SOCKET=off timeout 180 python3 "$WORK/torch_client.py" 2>&1 | tail -5)
+say "torch under a 2 GiB quota: $(echo "$out" | tr '\n' ' ')"
+tt=$(val torch_total "$out")
+th=$(val torch_held "$out")
+check torch-total "torch.cuda.mem_get_info total is the 2 GiB quota" \
+    "$([ "$tt" = $((2 * GIB)) ] && echo true || echo false)"
+check torch-oom "PyTorch's allocations stop with OutOfMemoryError within the 2 GiB quota (≥ 1 GiB held)" \
+    "$([ -n "$th" ] && [ "$th" -le $((2 * GIB)) ] && [ "$th" -ge $GIB ] && echo true || echo false)"
+check torch-matmul "a float64 matmul under the shim equals the CPU's (error < 1e-9)" \
+    "$(python3 -c "import sys; sys.exit(0 if float('${out##*torch_matmul_err=}'.split()[0]) < 1e-9 else 1)" 2>/dev/null && echo true || echo false)"
+mkdir -p "$WORK/c-py"
+out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-py VGPU_MEMORY_LIMIT=3Gi VGPU_DAEMON_SOCKET=off \
+    timeout 120 python3 -c '
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+print(f"pynvml_total={pynvml.nvmlDeviceGetMemoryInfo(h).total}")
+try:
+    import cupy
+    print(f"cupy_total={cupy.cuda.runtime.memGetInfo()[1]}")
+    x = cupy.arange(1 << 20, dtype=cupy.float32)
+    print(f"cupy_sum={float(x.sum())}")
+except ImportError as e:
+    print(f"cupy=absent")
+' 2>&1 | tail -4)
+say "nvidia-ml-py, cupy: $(echo "$out" | tr '\n' ' ')"
+check pynvml "nvidia-ml-py's memory total is the 3 GiB quota" \
+    "$([ "$(val pynvml_total "$out")" = $((3 * GIB)) ] && echo true || echo false)"
+check cupy "CuPy's memGetInfo total is the 3 GiB quota" \
+    "$([ "$(val cupy_total "$out")" = $((3 * GIB)) ] && echo true || echo false)"
+out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-py VGPU_MEMORY_LIMIT=3Gi VGPU_DAEMON_SOCKET=off \
+    timeout 60 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>&1)
+say "nvidia-smi under the shim: memory.total=$out MiB"
+check nvidia-smi "nvidia-smi under the shim shows the 3 GiB quota (3072 MiB)" \
+    "$([ "$(echo "$out" | tr -d ' ')" = 3072 ] && echo true || echo false)"
+
+fi
+say "== 5. compute shares on the real GPU (daemon + shim; each tenant counts its spin kernels' device time)"
+"$BIN/vgpu-daemon" --ebpf off --ebpf-pin-dir off --socket "$WORK/d.sock" --api-socket "$WORK/api.sock" \
+    --metrics-addr off >"$WORK/daemon.log" 2>&1 &
+dpid=$!
+for _ in $(seq 100); do [ -S "$WORK/d.sock" ] && break; sleep 0.1; done
+# CPU limit of each tenant's container in the scenarios that set it: "QUOTA_US:HOGS" (a
+# cgroup v2 cpu.max of QUOTA_US per 100 ms, with HOGS busy loops of its own inside), or "".
+CPULIM=""
+CG=/sys/fs/cgroup
+cg_ok=false
+if grep -qw cpu $CG/cgroup.controllers 2>/dev/null; then
+    echo +cpu >$CG/cgroup.subtree_control 2>/dev/null
+    grep -qw cpu $CG/cgroup.subtree_control 2>/dev/null && cg_ok=true
+fi
+say "cgroup v2 cpu controller: $cg_ok"
+container() { # container NAME: a CPU-limited cgroup with its busy loops; prints its path
+    local cg=$CG/vgpu-real-$1
+    mkdir -p "$cg"
+    echo "${CPULIM%%:*} 100000" >"$cg/cpu.max"
+    for _ in $(seq "${CPULIM##*:}"); do
+        sh -c 'echo $$ >"$0/cgroup.procs" && exec sh -c "while :; do :; done"' "$cg" >/dev/null 2>&1 &
+    done
+    echo "$cg"
+}
+uncontain() { # uncontain NAME: ends its processes and removes it
+    local cg=$CG/vgpu-real-$1
+    [ -d "$cg" ] || return 0
+    echo 1 >"$cg/cgroup.kill" 2>/dev/null
+    for _ in $(seq 50); do rmdir "$cg" 2>/dev/null && return 0; sleep 0.1; done
+}
+# tenants KERNEL_NS BATCH HOGS LABEL NAME:SHARE...: all start together and run 6 s; a
+# share "bare" runs without the shim. Prints each one's part of the device time.
+tenants() {
+    local kns=$1 batch=$2 hogs=$3 label=$4
+    shift 4
+    local hp=()
+    for _ in $(seq "$hogs"); do (while :; do :; done) & hp+=($!); done
+    local at=$(($(date +%s%3N) + 2000)) specs=("$@") pids=()
+    for spec in "${specs[@]}"; do
+        local n=${spec%%:*} s=${spec##*:} pre=()
+        mkdir -p "$WORK/c-$n"
+        if [ -n "$CPULIM" ]; then
+            pre=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$(container "$n")")
+        fi
+        if [ "$s" = bare ]; then
+            timeout 60 "${pre[@]}" "$BIN/cuda-probe" init load 6 "$kns" $at "$batch" >"$WORK/t-$n" 2>&1 &
+        else
+            LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-$n VGPU_COMPUTE_SHARE=$s \
+                VGPU_DAEMON_SOCKET=$WORK/d.sock timeout 60 "${pre[@]}" "$BIN/cuda-probe" init load 6 "$kns" $at "$batch" \
+                >"$WORK/t-$n" 2>&1 &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    [ ${#hp[@]} -gt 0 ] && kill "${hp[@]}" 2>/dev/null
+    for spec in "${specs[@]}"; do uncontain "${spec%%:*}"; done
+    local tot=0 line="$label:"
+    for spec in "${specs[@]}"; do
+        local d=$(val device_ns "$(cat "$WORK/t-${spec%%:*}")")
+        tot=$((tot + ${d:-0}))
+    done
+    WORST=0
+    for spec in "${specs[@]}"; do
+        local n=${spec%%:*} s=${spec##*:} d
+        d=$(val device_ns "$(cat "$WORK/t-$n")")
+        local pct=$(python3 -c "print(f'{100*${d:-0}/max($tot,1):.1f}')")
+        line="$line $n(share $s)=$pct%"
+        if [ "$s" != bare ]; then
+            WORST=$(python3 -c "print(round(max($WORST, abs($pct - $s)), 2))")
+        fi
+    done
+    say "$line; device time of all tenants = $(python3 -c "print(f'{100*$tot/6e9:.1f}')") % of 6 s; worst |error| ${WORST} pp"
+}
+within() { python3 -c "print('true' if $WORST <= $1 else 'false')"; }
+hogs=$((2 * $(nproc)))
+if [ "${PART:-all}" = all ]; then
+tenants 1000000 1 0 "unshared, 2 processes, 1 ms kernels" a:bare b:bare
+tenants 1000000 1 $hogs "unshared, 2 processes, 1 ms kernels, $hogs CPU hogs" a:bare b:bare
+tenants 1000000 1 0 "25/75, 1 ms kernels" a:25 b:75
+check share-25-75 "25/75 within ±2 pp" "$(within 2)"
+tenants 100000 32 0 "3 tenants 20/30/50, 100 us kernels" a:20 b:30 c:50
+check share-3 "20/30/50 within ±2 pp" "$(within 2)"
+tenants 1000000 1 $hogs "25/75, 1 ms kernels, $hogs CPU hogs" a:25 b:75
+check share-busy "25/75 within ±2 pp with every CPU saturated" "$(within 2)"
+fi
+if $cg_ok; then
+    CPULIM="50000:2"
+    tenants 10000 32 0 "unshared, 3 processes, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare c:bare
+    tenants 10000 32 0 "3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
+    check share-limited "20/30/50 within ±2 pp in CPU-limited containers" "$(within 2)"
+    tenants 1000000 1 0 "25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
+    check share-limited-1ms "25/75 within ±2 pp in CPU-limited containers" "$(within 2)"
+    CPULIM=""
+fi
+out=$(timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" --json gpus 2>&1)
+bp=$(echo "$out" | python3 -c 'import json,sys; print(sum(len(g.get("bypass_pids", [])) for g in json.load(sys.stdin)["gpus"]))' 2>&1)
+say "bypass processes listed right after the tenants exited: $bp"
+check no-false-bypass "no tenant process that just exited is listed as a bypass" \
+    "$([ "$bp" = 0 ] && echo true || echo false)"
+
+say "== 5b. two PyTorch processes under the daemon: bf16 matmul iterations in 6 s"
+cat >"$WORK/torch_load.py" <<'PY'
+import sys, time
+import torch
+at, secs = float(sys.argv[1]) / 1000, float(sys.argv[2])
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+b = a @ a
+torch.cuda.synchronize()
+time.sleep(max(0.0, at - time.time()))
+n, end = 0, at + secs
+while time.time() < end:
+    for _ in range(20):
+        b = a @ a
+    torch.cuda.synchronize()
+    n += 20
+print(f"iters={n}")
+PY
+torch_pair() { # torch_pair LABEL SHARE_A SHARE_B ("bare": no shim)
+    local at=$(($(date +%s%3N) + 8000)) pids=() n s
+    for n in a b; do
+        if [ $n = a ]; then s=$2; else s=$3; fi
+        mkdir -p "$WORK/ct-$n-$1"
+        if [ "$s" = bare ]; then
+            timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
+        else
+            LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/ct-$n-$1 VGPU_COMPUTE_SHARE=$s \
+                VGPU_DAEMON_SOCKET=$WORK/d.sock timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    local ia ib
+    ia=$(val iters "$(tail -1 "$WORK/tt-a")")
+    ib=$(val iters "$(tail -1 "$WORK/tt-b")")
+    TA=$(python3 -c "print(round(100*${ia:-0}/max(${ia:-0}+${ib:-0},1), 1))")
+    say "torch $1: a(share $2) ${ia:-?} iterations, b(share $3) ${ib:-?}: a did $TA % of the work $(grep -v iters= "$WORK/tt-a" | tail -1)"
+}
+torch_pair bare bare bare
+torch_pair shares 30 70
+check torch-shares "PyTorch tenants at 30/70 split the work 30 ± 3 %" \
+    "$(python3 -c "print('true' if abs($TA - 30) <= 3 else 'false')")"
+timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" gpus 2>&1 | head -8 | tee -a "$RES/summary.txt"
+kill $dpid 2>/dev/null
+wait $dpid 2>/dev/null
+cp "$WORK/daemon.log" "$RES/" 2>/dev/null
+
+say "== 6. shim overhead on the real driver (shim-bench: interleaved A/B in one process)"
+for variant in default off; do
+    if [ $variant = off ]; then export VGPU_DAEMON_SOCKET=off; fi
+    timeout 240 "$BIN/shim-bench" --iters 20000 --procs "${PROCS:-64}" >"$RES/shim-bench-$variant.txt" 2>&1
+    echo "rc=$?" >>"$RES/shim-bench-$variant.txt"
+    say "-- daemon socket: $variant"
+    grep -v '^{' "$RES/shim-bench-$variant.txt" | tee -a "$RES/summary.txt"
+    unset VGPU_DAEMON_SOCKET
+done
+
+say "== done: $FAILS failed checks"
+rm -rf "$WORK"
+exit "$FAILS"
