@@ -164,15 +164,23 @@ for _ in $(seq 100); do [ -S "$WORK/d.sock" ] && break; sleep 0.1; done
 CPULIM=""
 CG=/sys/fs/cgroup
 cg_ok=false
+CGV=2
 if grep -qw cpu $CG/cgroup.controllers 2>/dev/null; then
     echo +cpu >$CG/cgroup.subtree_control 2>/dev/null
     grep -qw cpu $CG/cgroup.subtree_control 2>/dev/null && cg_ok=true
+elif [ -w $CG/cpu/cgroup.procs ]; then
+    CG=$CG/cpu CGV=1 cg_ok=true
 fi
-say "cgroup v2 cpu controller: $cg_ok"
+say "cpu cgroup controller (v$CGV): $cg_ok"
 container() { # container NAME: a CPU-limited cgroup with its busy loops; prints its path
     local cg=$CG/vgpu-real-$1
     mkdir -p "$cg"
-    echo "${CPULIM%%:*} 100000" >"$cg/cpu.max"
+    if [ $CGV = 2 ]; then
+        echo "${CPULIM%%:*} 100000" >"$cg/cpu.max"
+    else
+        echo 100000 >"$cg/cpu.cfs_period_us"
+        echo "${CPULIM%%:*}" >"$cg/cpu.cfs_quota_us"
+    fi
     for _ in $(seq "${CPULIM##*:}"); do
         sh -c 'echo $$ >"$0/cgroup.procs" && exec sh -c "while :; do :; done"' "$cg" >/dev/null 2>&1 &
     done
@@ -181,7 +189,11 @@ container() { # container NAME: a CPU-limited cgroup with its busy loops; prints
 uncontain() { # uncontain NAME: ends its processes and removes it
     local cg=$CG/vgpu-real-$1
     [ -d "$cg" ] || return 0
-    echo 1 >"$cg/cgroup.kill" 2>/dev/null
+    if [ -e "$cg/cgroup.kill" ]; then
+        echo 1 >"$cg/cgroup.kill" 2>/dev/null
+    else
+        xargs -r kill -9 <"$cg/cgroup.procs" 2>/dev/null
+    fi
     for _ in $(seq 50); do rmdir "$cg" 2>/dev/null && return 0; sleep 0.1; done
 }
 # tenants KERNEL_NS BATCH HOGS LABEL NAME:SHARE...: all start together and run 6 s; a
@@ -244,6 +256,7 @@ if $cg_ok; then
     tenants 10000 32 0 "unshared, 3 processes, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare c:bare
     tenants 10000 32 0 "3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
     check share-limited "20/30/50 within ±2 pp in CPU-limited containers" "$(within 2)"
+    tenants 1000000 1 0 "unshared, 2 processes, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare
     tenants 1000000 1 0 "25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
     check share-limited-1ms "25/75 within ±2 pp in CPU-limited containers" "$(within 2)"
     CPULIM=""
