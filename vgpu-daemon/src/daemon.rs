@@ -223,6 +223,8 @@ struct Drain {
     end: u64,
     /// Device time the reporting processes measured (None once one did not measure).
     busy: Option<u64>,
+    /// Kernels they launched under the grant.
+    launches: u64,
     waiting: bool,
 }
 
@@ -232,6 +234,9 @@ struct GpuRec {
     /// The current grant's tenant and generation.
     grant: Option<(TenantId, u32)>,
     drain: Option<Drain>,
+    /// The drain of a revoked holder the GPU went on from before it reported
+    /// ([`Scheduler::settling`]).
+    settling: Option<Drain>,
 }
 
 #[derive(Debug, Default)]
@@ -472,6 +477,7 @@ impl Daemon {
         generation: u32,
         end_ns: u64,
         busy_ns: Option<u64>,
+        launches: u64,
         waiting: bool,
     ) -> Result<(), DaemonError> {
         let now = mono_ns();
@@ -495,6 +501,18 @@ impl Daemon {
             return Ok(());
         };
         if rec.grant != Some((tid, generation)) {
+            // A holder the GPU went on from, reporting late.
+            if let Some(d) = rec
+                .settling
+                .as_mut()
+                .filter(|d| d.tenant == tid && d.generation == generation)
+            {
+                d.report(conn, end_ns, busy_ns, launches, waiting);
+                let acts = finish_settling(rec, now);
+                apply(&mut g, &uuid, acts, now);
+                drop(g);
+                self.timer.notify_all();
+            }
             return Ok(());
         }
         let d = rec.drain.get_or_insert_with(|| Drain {
@@ -503,17 +521,13 @@ impl Daemon {
             pending: tenant_conns,
             end: 0,
             busy: Some(0),
+            launches: 0,
             waiting: false,
         });
         if d.generation != generation {
             return Ok(());
         }
-        d.pending.remove(&conn);
-        d.end = d.end.max(end_ns);
-        // The tenant's processes share the slice: their busy times add up (the
-        // scheduler bounds the sum by the slice).
-        d.busy = d.busy.zip(busy_ns).map(|(a, b)| a.saturating_add(b));
-        d.waiting |= waiting;
+        d.report(conn, end_ns, busy_ns, launches, waiting);
         let acts = finish_drain(rec, now);
         if rec.drain.is_none() {
             // Released (a yield leaves the word held): no process of the tenant may
@@ -625,12 +639,15 @@ impl Daemon {
                     rec.grant = None;
                     rec.drain = None;
                 }
-            } else if let Some(d) = rec.drain.as_mut() {
-                d.pending.remove(&conn);
-                d.end = d.end.max(now);
-                // What the closed process ran is unknown: the slice is charged whole.
-                d.busy = None;
-                acts.extend(finish_drain(rec, now));
+            } else {
+                if let Some(d) = rec.drain.as_mut() {
+                    d.closed(conn, now);
+                    acts.extend(finish_drain(rec, now));
+                }
+                if let Some(d) = rec.settling.as_mut().filter(|d| d.tenant == tid) {
+                    d.closed(conn, now);
+                    acts.extend(finish_settling(rec, now));
+                }
             }
             apply(&mut g, uuid, acts, now);
         }
@@ -895,19 +912,66 @@ fn holder_key(g: &Inner, uuid: &str) -> Option<String> {
     g.by_id.get(&id).cloned()
 }
 
+impl Drain {
+    /// Process `conn` reports the drain (or a yield).
+    fn report(
+        &mut self,
+        conn: u64,
+        end_ns: u64,
+        busy_ns: Option<u64>,
+        launches: u64,
+        waiting: bool,
+    ) {
+        self.pending.remove(&conn);
+        self.end = self.end.max(end_ns);
+        // The tenant's processes share the slice: their busy times add up (the
+        // scheduler bounds the sum by the slice).
+        self.busy = self.busy.zip(busy_ns).map(|(a, b)| a.saturating_add(b));
+        self.launches = self.launches.saturating_add(launches);
+        self.waiting |= waiting;
+    }
+
+    /// Process `conn` closed its connection before reporting.
+    fn closed(&mut self, conn: u64, now: u64) {
+        if self.pending.remove(&conn) {
+            self.end = self.end.max(now);
+            // What the closed process ran is unknown: the slice is charged whole.
+            self.busy = None;
+        }
+    }
+
+    /// Hands a complete drain to the scheduler.
+    fn settle(self, sched: &mut Scheduler, now: u64) -> Vec<Action> {
+        let end = if self.end == 0 { now } else { self.end };
+        sched.note_launches(self.tenant, self.busy, self.launches);
+        sched.release(
+            self.tenant,
+            self.generation,
+            end,
+            self.busy,
+            self.waiting,
+            now,
+        )
+    }
+}
+
 /// Completes a drain whose every process has reported.
 fn finish_drain(rec: &mut GpuRec, now: u64) -> Vec<Action> {
-    let Some(d) = rec.drain.as_ref() else {
-        return Vec::new();
-    };
-    if !d.pending.is_empty() {
+    if rec.drain.as_ref().is_none_or(|d| !d.pending.is_empty()) {
         return Vec::new();
     }
     let d = rec.drain.take().expect("checked above");
     rec.grant = None;
-    let end = if d.end == 0 { now } else { d.end };
-    rec.sched
-        .release(d.tenant, d.generation, end, d.busy, d.waiting, now)
+    d.settle(&mut rec.sched, now)
+}
+
+/// Completes the drain of a holder the GPU went on from, once every process reported.
+fn finish_settling(rec: &mut GpuRec, now: u64) -> Vec<Action> {
+    if rec.settling.as_ref().is_none_or(|d| !d.pending.is_empty()) {
+        return Vec::new();
+    }
+    let d = rec.settling.take().expect("checked above");
+    d.settle(&mut rec.sched, now)
 }
 
 /// Carries out a scheduler's decisions: board words, then messages.
@@ -965,8 +1029,14 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             continue;
         };
         if held {
+            // The GPU went on from a holder still draining: its drain is kept, to be
+            // charged when its processes report.
+            if let Some(d) = rec.drain.take()
+                && rec.sched.settling() == Some((d.tenant, d.generation))
+            {
+                rec.settling = Some(d);
+            }
             rec.grant = Some((tid, generation));
-            rec.drain = None;
         } else {
             rec.drain = Some(Drain {
                 generation,
@@ -974,6 +1044,7 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                 pending: conns.into_iter().collect(),
                 end: 0,
                 busy: Some(0),
+                launches: 0,
                 waiting: false,
             });
             // No process to drain: the GPU is free now.

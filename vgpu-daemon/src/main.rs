@@ -34,6 +34,17 @@ struct Args {
     /// Longest a revoked tenant may take to drain before the GPU moves on, milliseconds.
     #[arg(long, default_value_t = 500)]
     drain_timeout_ms: u64,
+    /// Hand-on (experimental, ADR 0026): margin after a revoked tenant's queued work (the
+    /// queue-ahead bound, or three of its launches) before the GPU goes on to a waiting
+    /// tenant without its drain report, milliseconds; `off` (default): wait for the
+    /// report, up to the drain timeout.
+    #[arg(
+        long,
+        env = "VGPU_HAND_ON_MARGIN_MS",
+        default_value = "off",
+        value_parser = parse_hand_on
+    )]
+    hand_on_margin_ms: HandOn,
     /// Least charge of a time slice, percent of the slice, whatever device time the
     /// tenant reports it used (bounds what holding the GPU idle costs the others).
     #[arg(long, default_value_t = Params::default().min_charge_pct)]
@@ -91,6 +102,24 @@ struct Args {
     ebpf_trusted_cgroup: Vec<PathBuf>,
 }
 
+/// `--hand-on-margin-ms`: a margin in ns, or None (`off`).
+#[derive(Debug, Clone, Copy)]
+struct HandOn(Option<u64>);
+
+fn parse_hand_on(v: &str) -> Result<HandOn, String> {
+    if v == "off" {
+        return Ok(HandOn(None));
+    }
+    match v.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && (0.0..=1000.0).contains(&ms) => {
+            Ok(HandOn(Some((ms * 1e6) as u64)))
+        }
+        _ => Err(format!(
+            "{v:?} is not a margin in milliseconds (0 to 1000) or `off`"
+        )),
+    }
+}
+
 fn parse_mode(v: &str) -> Result<vgpu_ebpf::Mode, String> {
     v.parse().map_err(|e: vgpu_ebpf::EbpfError| e.to_string())
 }
@@ -103,6 +132,11 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 quantum_ns: (a.quantum_ms * 1e6) as u64,
                 drain_timeout_ns: a.drain_timeout_ms.saturating_mul(1_000_000),
                 min_charge_pct: a.min_charge_pct,
+                handoff_queue_ns: match a.hand_on_margin_ms.0 {
+                    Some(_) => a.queue_ahead_us.saturating_mul(1000).max(1),
+                    None => 0,
+                },
+                handoff_margin_ns: a.hand_on_margin_ms.0.unwrap_or(0),
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

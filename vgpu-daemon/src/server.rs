@@ -172,15 +172,15 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     end_ns,
                     waiting,
                     busy_ns,
-                    ..
-                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, waiting),
+                    launches,
+                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, launches, waiting),
                 ShimMsg::Idle {
                     gpu,
                     generation,
                     end_ns,
                     busy_ns,
-                    ..
-                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, false),
+                    launches,
+                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, launches, false),
                 ShimMsg::Usage {
                     gpu,
                     memory_used,

@@ -75,6 +75,13 @@ pub struct Params {
     /// (or under-reports its busy time) costs the others to about `100 /
     /// min_charge_pct` times its share of the GPU's time.
     pub min_charge_pct: u32,
+    /// How much GPU time a revoked holder can have queued: the shims' queue-ahead
+    /// bound, ns. With [`Params::handoff_margin_ns`], when the GPU may go on to a waiting
+    /// tenant before a revoked holder reported its drain ([`handoff_delay`]); 0: never
+    /// (wait for the report, up to `drain_timeout_ns`).
+    pub handoff_queue_ns: u64,
+    /// Margin beyond the revoked holder's queued work before the GPU goes on, ns.
+    pub handoff_margin_ns: u64,
 }
 
 impl Default for Params {
@@ -85,6 +92,8 @@ impl Default for Params {
             window_ns: 10_000_000_000,
             regrant_grace_ns: 2_000_000,
             min_charge_pct: 10,
+            handoff_queue_ns: 0,
+            handoff_margin_ns: 1_000_000,
         }
     }
 }
@@ -141,6 +150,21 @@ struct T {
     /// Its lag then (virtual clock minus its virtual time, at least 0): time it was owed
     /// for having waited, which a sleep does not forfeit.
     idle_lag: f64,
+    /// Device time per launch its processes last reported (busy / launches of a slice),
+    /// ns; None until a slice that launched was measured.
+    launch_cost_ns: Option<u64>,
+}
+
+/// A revoked holder the GPU went on from before it reported its drain: charged when its
+/// report comes (or at the drain timeout), not granted again before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Settling {
+    t: TenantId,
+    generation: u32,
+    since: u64,
+    revoked_at: u64,
+    granted: u64,
+    provisional: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +203,8 @@ pub struct Scheduler {
     /// How many more times a reservation may be extended while its tenant has unread
     /// input.
     reserved_rechecks: u32,
+    /// A revoked holder whose drain report is still to come while the GPU went on.
+    settling: Option<Settling>,
 }
 
 impl Scheduler {
@@ -193,6 +219,7 @@ impl Scheduler {
             scheduled_ns: 0,
             reserved: None,
             reserved_rechecks: 0,
+            settling: None,
         }
     }
 
@@ -217,6 +244,7 @@ impl Scheduler {
             recent: VecDeque::new(),
             idle_since: 0,
             idle_lag: 0.0,
+            launch_cost_ns: None,
         });
     }
 
@@ -230,6 +258,10 @@ impl Scheduler {
                 self.st = St::Idle;
             }
             _ => {}
+        }
+        if let Some(x) = self.settling.filter(|x| x.t == id) {
+            self.charge(id, x.revoked_at.saturating_sub(x.since), x.revoked_at);
+            self.settling = None;
         }
         self.tenants.remove(&id);
         if self.reserved.is_some_and(|(r, _)| r == id) {
@@ -280,8 +312,75 @@ impl Scheduler {
             self.pick(now, &mut out);
         } else {
             self.preempt_if_needed(now, &mut out);
+            self.hand_on_if_due(now, &mut out);
         }
         out
+    }
+
+    /// What a slice of `id`'s processes measured: `busy_ns` of device time for
+    /// `launches` kernels (the daemon passes it with their drain reports). Sets the
+    /// tenant's device time per launch, which bounds how long its queued work can take
+    /// after a revoke ([`handoff_delay`]).
+    pub fn note_launches(&mut self, id: TenantId, busy_ns: Option<u64>, launches: u64) {
+        if let (Some(t), Some(busy)) = (self.tenants.get_mut(&id), busy_ns)
+            && launches > 0
+        {
+            t.launch_cost_ns = Some(busy / launches);
+        }
+    }
+
+    /// The revoked holder the GPU went on from, still to report its drain: (tenant,
+    /// generation).
+    pub fn settling(&self) -> Option<(TenantId, u32)> {
+        self.settling.map(|x| (x.t, x.generation))
+    }
+
+    /// When the GPU may go on from the draining holder without its report (None: not
+    /// before its report or the drain timeout).
+    fn handoff_at(&self) -> Option<u64> {
+        let St::Draining { t, revoked_at, .. } = self.st else {
+            return None;
+        };
+        if self.settling.is_some() {
+            return None;
+        }
+        let cost = self.tenants.get(&t)?.launch_cost_ns?;
+        handoff_delay(&self.p, cost).map(|d| revoked_at + d)
+    }
+
+    /// Hands the GPU on from a draining holder whose queued work must be over (its
+    /// report late: its gate thread starved of CPU, its container throttled) to the
+    /// waiting tenant that goes next. The holder is charged when it reports.
+    fn hand_on_if_due(&mut self, now: u64, out: &mut Vec<Action>) {
+        let Some(at) = self.handoff_at() else {
+            return;
+        };
+        let St::Draining {
+            t,
+            generation,
+            since,
+            revoked_at,
+            granted,
+            provisional,
+        } = self.st
+        else {
+            return;
+        };
+        self.refill(now);
+        let others = self.others_waiting(t);
+        if now < at || !others {
+            return;
+        }
+        self.settling = Some(Settling {
+            t,
+            generation,
+            since,
+            revoked_at,
+            granted,
+            provisional,
+        });
+        self.st = St::Idle;
+        self.pick(now, out);
     }
 
     /// The tenant's processes report the grant `generation` over: work drained at `end_ns`
@@ -316,8 +415,16 @@ impl Scheduler {
                 provisional,
                 revoked_at,
             } if t == id && g == generation => (since, granted, provisional, Some(revoked_at), now),
-            _ => return out,
+            _ => match self.settling {
+                Some(x) if x.t == id && x.generation == generation => {
+                    (x.since, x.granted, x.provisional, Some(x.revoked_at), now)
+                }
+                _ => return out,
+            },
         };
+        let settled = self
+            .settling
+            .is_some_and(|x| x.t == id && x.generation == generation);
         // The tenant may launch until the daemon takes the grant back: a drain cannot
         // end before the revoke, whatever the report says (a shim reporting its drain
         // at the grant was charged nothing before).
@@ -356,7 +463,11 @@ impl Scheduler {
                 self.charge(id, charged, end);
             }
         }
-        self.st = St::Idle;
+        if settled {
+            self.settling = None;
+        } else {
+            self.st = St::Idle;
+        }
         // What it is owed if it stops asking now: how far its virtual time is behind
         // the clock, or behind the least advanced other tenant waiting if that is more.
         let waiters_min = self
@@ -374,6 +485,17 @@ impl Scheduler {
             t.demand_since = waiting.then_some(now);
             t.idle_since = now;
             t.idle_lag = (reference - t.vtime).max(0.0);
+        }
+        if settled {
+            // The GPU went on meanwhile: nothing to keep free. The slice it went on with
+            // was lent: a tenant that comes back owed time (still asking, and it would be
+            // chosen before the holder) takes it back now rather than at the slice's end,
+            // or a throttled tenant would spend its short runs waiting for the borrower.
+            if waiting {
+                self.reclaim_for(id, now, &mut out);
+            }
+            self.pick(now, &mut out);
+            return out;
         }
         self.reserved = None;
         if !waiting && self.p.regrant_grace_ns > 0 && self.owed(id, now) {
@@ -417,9 +539,18 @@ impl Scheduler {
 
     /// When [`Scheduler::tick`] must next run (None: only on an event).
     pub fn next_deadline(&self) -> Option<u64> {
-        match self.st {
+        let settling = self
+            .settling
+            .map(|x| x.revoked_at + self.p.drain_timeout_ns);
+        let st = match self.st {
             St::Holding { deadline, .. } => Some(deadline),
-            St::Draining { revoked_at, .. } => Some(revoked_at + self.p.drain_timeout_ns),
+            St::Draining { revoked_at, t, .. } => {
+                // Only when the hand-on would happen: a waiter eligible even on the
+                // last refill (a refill only adds tokens), else the timer would spin.
+                let waiters = self.others_waiting(t);
+                let on = self.handoff_at().filter(|_| waiters);
+                Some((revoked_at + self.p.drain_timeout_ns).min(on.unwrap_or(u64::MAX)))
+            }
             St::Idle => self
                 .tenants
                 .values()
@@ -431,7 +562,8 @@ impl Scheduler {
                 })
                 .chain(self.reserved.map(|(_, until)| until))
                 .min(),
-        }
+        };
+        st.into_iter().chain(settling).min()
     }
 
     /// The tenant holding (or draining) the GPU.
@@ -453,6 +585,7 @@ impl Scheduler {
         let state = match self.st {
             St::Holding { t: h, .. } if h == id => SliceState::Holding,
             St::Draining { t: h, .. } if h == id => SliceState::Draining,
+            _ if self.settling.is_some_and(|x| x.t == id) => SliceState::Draining,
             _ if t.demand_since.is_some() => SliceState::Waiting,
             _ => SliceState::Idle,
         };
@@ -541,9 +674,12 @@ impl Scheduler {
     }
 
     fn best_waiter(&self) -> Option<TenantId> {
+        let settling = self.settling.map(|x| x.t);
         self.tenants
             .iter()
-            .filter(|(_, t)| t.demand_since.is_some() && self.eligible(t))
+            .filter(|(id, t)| {
+                t.demand_since.is_some() && self.eligible(t) && settling != Some(**id)
+            })
             .max_by(|(a, ta), (b, tb)| {
                 self.rank(**a, ta)
                     .cmp(&self.rank(**b, tb))
@@ -551,6 +687,15 @@ impl Scheduler {
                     .then(b.cmp(a))
             })
             .map(|(id, _)| *id)
+    }
+
+    /// Whether a tenant other than `id` waits and could be granted now (eligible, and
+    /// not a revoked holder still to report its drain; eligibility on the last refill).
+    fn others_waiting(&self, id: TenantId) -> bool {
+        let settling = self.settling.map(|x| x.t);
+        self.tenants.iter().any(|(k, o)| {
+            *k != id && Some(*k) != settling && o.demand_since.is_some() && self.eligible(o)
+        })
     }
 
     /// Whether `id`, if it asked now, would be chosen before every other eligible
@@ -660,6 +805,25 @@ impl Scheduler {
         }
     }
 
+    /// Revokes the holder if `id`, waiting, would be chosen before it (a higher class, or
+    /// the same class and no larger virtual time).
+    fn reclaim_for(&mut self, id: TenantId, now: u64, out: &mut Vec<Action>) {
+        let St::Holding { t: h, .. } = self.st else {
+            return;
+        };
+        self.refill(now);
+        let (Some(ht), Some(it)) = (self.tenants.get(&h), self.tenants.get(&id)) else {
+            return;
+        };
+        if h == id || !self.eligible(it) {
+            return;
+        }
+        let (hr, ir) = (self.rank(h, ht), self.rank(id, it));
+        if ir > hr || (ir == hr && it.vtime <= ht.vtime) {
+            self.revoke(now, out);
+        }
+    }
+
     /// Revokes a holder that a waiting latency-sensitive tenant outranks, or whose own
     /// settings no longer let it hold.
     fn preempt_if_needed(&mut self, now: u64, out: &mut Vec<Action>) {
@@ -682,6 +846,16 @@ impl Scheduler {
     }
 
     fn tick_into(&mut self, now: u64, unread: &BTreeSet<TenantId>, out: &mut Vec<Action>) {
+        if let Some(x) = self.settling
+            && now >= x.revoked_at + self.p.drain_timeout_ns
+        {
+            let waiting = self
+                .tenants
+                .get(&x.t)
+                .is_some_and(|t| t.demand_since.is_some());
+            let mut more = self.release(x.t, x.generation, now, None, waiting, now);
+            out.append(&mut more);
+        }
         match self.st {
             St::Holding {
                 t,
@@ -692,10 +866,7 @@ impl Scheduler {
                 provisional,
             } if now >= deadline => {
                 self.refill(now);
-                let others = self
-                    .tenants
-                    .iter()
-                    .any(|(k, o)| *k != t && o.demand_since.is_some() && self.eligible(o));
+                let others = self.others_waiting(t);
                 let capped = self.tenants.get(&t).is_some_and(|x| {
                     x.settings.policy == ComputePolicy::Cap
                         && x.bucket_ns - now.saturating_sub(since) as f64 <= 0.0
@@ -766,9 +937,23 @@ impl Scheduler {
                 }
                 self.pick(now, out)
             }
-            _ => {}
+            St::Draining { .. } => self.hand_on_if_due(now, out),
+            St::Holding { .. } => {}
         }
     }
+}
+
+/// How long after revoking a holder whose processes measured `launch_cost_ns` of device
+/// time per launch the GPU may go on without their drain report: its queued work (the
+/// queue-ahead bound, or the two launches the bound always allows, or three for a launch
+/// past the gate as the revoke came) is over by then on the GPU, whatever the holder's
+/// CPU does. None (wait for the report) when hand-on is off or the launches are as long
+/// as a slice.
+pub fn handoff_delay(p: &Params, launch_cost_ns: u64) -> Option<u64> {
+    if p.handoff_queue_ns == 0 || launch_cost_ns.saturating_mul(3) > p.quantum_ns {
+        return None;
+    }
+    Some(p.handoff_queue_ns.max(launch_cost_ns * 3) + p.handoff_margin_ns)
 }
 
 /// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
@@ -1556,5 +1741,167 @@ mod tests {
                 generation: 2
             }]
         );
+    }
+
+    /// The defaults with hand-on (the daemon's `--hand-on-margin-ms 1`, a 2 ms
+    /// queue-ahead bound).
+    fn hand_on() -> Params {
+        Params {
+            handoff_queue_ns: 2 * MS,
+            ..Params::default()
+        }
+    }
+
+    /// Tenants 1 and 2 at 50/50, both asking; tenant 1 holds (generation 1) and has
+    /// measured `cost` ns of device time per launch.
+    fn frozen_holder(cost: Option<u64>) -> Scheduler {
+        let mut sched = Scheduler::new(hand_on());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        if let Some(c) = cost {
+            sched.note_launches(1, Some(c * 100), 100);
+        }
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        assert_eq!(
+            sched.tick(10 * MS),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        sched
+    }
+
+    #[test]
+    fn the_gpu_goes_on_from_a_holder_too_starved_to_report_its_drain() {
+        // Its work (at most the 2 ms queue-ahead bound) is over on the GPU 2 ms after
+        // the revoke whatever its CPU does; 1 ms margin.
+        let mut sched = frozen_holder(Some(10_000));
+        let at = 10 * MS + 3 * MS;
+        assert_eq!(sched.next_deadline(), Some(at));
+        assert!(sched.tick(at - 1).is_empty(), "not before its work is over");
+        assert_eq!(
+            sched.tick(at),
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+        assert_eq!(sched.settling(), Some((1, 1)));
+        assert_eq!(
+            sched.stats(1, at).map(|s| s.state),
+            Some(SliceState::Draining)
+        );
+        // It asks again before it reports: not granted, even when 2's slice ends.
+        assert!(sched.demand(1, at + MS).is_empty());
+        assert_eq!(
+            sched.tick(at + 10 * MS),
+            Vec::new(),
+            "2 keeps the GPU: the only other waiter has not reported"
+        );
+        // Its report, 60 ms late (a throttled container), charges its slice as measured.
+        let used_before = sched.stats(1, at).expect("known").used_ns;
+        let late = 10 * MS + 60 * MS;
+        // Still asking and owed (2 has run 57 ms since): it takes the lent slice back.
+        assert_eq!(
+            sched.release(1, 1, 10 * MS + MS, Some(9 * MS), true, late),
+            vec![Action::Revoke {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+        assert_eq!(sched.settling(), None);
+        let used = sched.stats(1, late).expect("known").used_ns - used_before;
+        assert_eq!(
+            used,
+            9 * MS,
+            "charged what it measured, not the wait for its report"
+        );
+        // 2 drains, having run its slice; 1 goes next.
+        assert_eq!(
+            sched.release(2, 2, late + MS, Some(57 * MS), true, late + MS),
+            vec![Action::Grant {
+                tenant: 1,
+                generation: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn without_a_measured_launch_cost_or_with_long_kernels_the_gpu_waits_for_the_report() {
+        for cost in [None, Some(4 * MS)] {
+            let mut sched = frozen_holder(cost);
+            let t = sched.next_deadline().expect("drain deadline");
+            assert_eq!(t, 10 * MS + Params::default().drain_timeout_ns, "{cost:?}");
+            assert!(sched.tick(10 * MS + 50 * MS).is_empty(), "{cost:?}");
+        }
+        // Off: the same with a measured cost.
+        assert_eq!(
+            handoff_delay(&Params::default(), 10_000),
+            None,
+            "off by default"
+        );
+        // Kernels of 2 ms: three of them may be queued.
+        assert_eq!(
+            handoff_delay(&hand_on(), 2 * MS),
+            Some(6 * MS + Params::default().handoff_margin_ns)
+        );
+    }
+
+    #[test]
+    fn a_holder_the_gpu_went_on_from_that_never_reports_is_charged_at_the_drain_timeout() {
+        let mut sched = frozen_holder(Some(10_000));
+        sched.tick(13 * MS);
+        assert_eq!(sched.settling(), Some((1, 1)));
+        sched.demand(1, 14 * MS);
+        // 2 renews its slices (1 cannot be granted); at the timeout 1 is settled.
+        let timeout = 10 * MS + Params::default().drain_timeout_ns;
+        let mut now = 13 * MS;
+        while now < timeout {
+            now = sched.next_deadline().expect("a deadline").min(timeout);
+            sched.tick(now);
+        }
+        assert_eq!(sched.settling(), None);
+        let used = sched.stats(1, now).expect("known").used_ns;
+        assert!(
+            used >= 10 * MS,
+            "charged its whole slice, unmeasured: {used}"
+        );
+        // And it can hold again: 2's current slice ends with 1 waiting.
+        let acts = sched.tick(sched.next_deadline().expect("2 holds"));
+        assert!(
+            matches!(acts.as_slice(), [Action::Revoke { tenant: 2, .. }]),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
+    fn nobody_waiting_means_no_hand_on_and_a_later_demand_triggers_it() {
+        // A capped tenant alone is revoked when its tokens run out, nobody waiting.
+        let mut sched = Scheduler::new(hand_on());
+        sched.add(1, s(50, ComputePolicy::Cap, Priority::BestEffort), 0);
+        sched.add(2, burst(50), 0);
+        sched.note_launches(1, Some(MS), 100);
+        sched.demand(1, 0);
+        let end = sched.next_deadline().expect("its slice");
+        let acts = sched.tick(end);
+        assert!(
+            matches!(acts.as_slice(), [Action::Revoke { tenant: 1, .. }]),
+            "{acts:?}"
+        );
+        assert_eq!(
+            sched.next_deadline(),
+            Some(end + Params::default().drain_timeout_ns),
+            "no waiter: no hand-on deadline for the timer"
+        );
+        assert!(sched.tick(end + 5 * MS).is_empty());
+        // A tenant asking after the hand-on time gets the GPU at once.
+        let acts = sched.demand(2, end + 6 * MS);
+        assert!(
+            matches!(acts.as_slice(), [Action::Grant { tenant: 2, .. }]),
+            "{acts:?}"
+        );
+        assert_eq!(sched.settling(), Some((1, 1)));
     }
 }

@@ -240,6 +240,7 @@ impl Daemon {
                 sched: Scheduler::new(self.cfg.params),
                 grant: None,
                 drain: None,
+                settling: None,
             });
             gpu.sched.add(t.id, rec.settings, now);
         }
