@@ -42,7 +42,11 @@ pub const SLOT_BUCKETS: usize = 16;
 const MAGIC: [u8; 8] = *b"VGPUSIM\0";
 /// Bumped whenever the layout changes; part of the file name, so that old and new
 /// simulators never map each other's state.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
+
+/// How long past an engine owner's claim a waiting process takes the engine over, ns:
+/// an owner whose worker runs on time releases it first.
+const TAKEOVER_GRACE_NS: u64 = 200_000;
 
 const SLOT_FREE: u32 = 0;
 const SLOT_CLAIMING: u32 = 1;
@@ -216,6 +220,10 @@ pub struct DeviceState {
     /// Device time is placed on this clock, not measured on the host (see
     /// [`State::engine_clock`]).
     engine_free_at: AtomicU64,
+    /// The engine owner's claim: when the work it has queued so far ends on the engine's
+    /// clock (`u64::MAX`: not known). Once the clock passes it, a waiting process may take
+    /// the engine over without the owner's worker ([`State::engine_acquire`]).
+    engine_claim: AtomicU64,
     /// Busy time by 100 ms bucket.
     pub util: Buckets<DEV_BUCKETS>,
     event_seq: AtomicU64,
@@ -235,6 +243,9 @@ pub struct SlotDev {
     want: AtomicU32,
     /// Device time this process's work ran, ns.
     pub busy_ns: AtomicU64,
+    /// The claim another process took this process's engine over at: its work queued
+    /// up to then ran before the take-over ([`State::engine_lost_claim`]).
+    lost_claim: AtomicU64,
     /// Busy time by 100 ms bucket.
     pub util: Buckets<SLOT_BUCKETS>,
 }
@@ -902,6 +913,7 @@ impl State {
             .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            e.engine_claim.store(u64::MAX, Ordering::Release);
             return;
         }
         if sd.want.swap(1, Ordering::AcqRel) == 0 {
@@ -916,12 +928,39 @@ impl State {
                         .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok());
             if got {
+                e.engine_claim.store(u64::MAX, Ordering::Release);
                 if sd.want.swap(0, Ordering::AcqRel) != 0 {
                     sub_saturating_u32(&e.engine_wanting, 1);
                 }
                 return;
             }
-            if !futex_wait(&e.engine_seq, seq, Duration::from_millis(5)) {
+            // The owner's queued work is over on the engine's clock: take the engine over,
+            // as a real GPU runs the next context whatever the owner's host threads do (a
+            // stopped or throttled owner's worker would hand nothing over).
+            let claim = e.engine_claim.load(Ordering::Acquire);
+            let now = mono_ns();
+            if owner != 0 && claim != u64::MAX && now >= claim + TAKEOVER_GRACE_NS {
+                let o = owner as usize - 1;
+                self.slot(o).devs[d]
+                    .lost_claim
+                    .store(claim, Ordering::Release);
+                if e.engine_owner
+                    .compare_exchange(owner, me, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.engine_clock_advance(d, claim);
+                    e.engine_seq.fetch_add(1, Ordering::Release);
+                    futex_wake(&e.engine_seq);
+                    continue;
+                }
+            }
+            let wait = if owner != 0 && claim != u64::MAX {
+                Duration::from_nanos((claim + TAKEOVER_GRACE_NS).saturating_sub(now))
+                    .clamp(Duration::from_micros(50), Duration::from_millis(5))
+            } else {
+                Duration::from_millis(5)
+            };
+            if !futex_wait(&e.engine_seq, seq, wait) {
                 // Timed out: is the owner still there?
                 let owner = e.engine_owner.load(Ordering::Acquire);
                 if owner != 0 && owner != me {
@@ -945,6 +984,26 @@ impl State {
         }
     }
 
+    /// Publishes the owner's claim on device `d`'s engine: its queued work ends at `t` on
+    /// the engine's clock (`u64::MAX`: not known). Only while `slot` owns the engine.
+    pub fn engine_claim_set(&self, slot: usize, d: usize, t: u64) {
+        let e = self.dev(d);
+        if e.engine_owner.load(Ordering::Acquire) == (slot + 1) as u32 {
+            e.engine_claim.store(t, Ordering::Release);
+        }
+    }
+
+    /// Whether `slot` owns device `d`'s engine.
+    pub fn engine_owned(&self, slot: usize, d: usize) -> bool {
+        self.dev(d).engine_owner.load(Ordering::Acquire) == (slot + 1) as u32
+    }
+
+    /// The claim at which another process last took `slot`'s engine on device `d` over:
+    /// work of `slot` placed to end by then ran before the take-over.
+    pub fn engine_lost_claim(&self, slot: usize, d: usize) -> u64 {
+        self.slot(slot).devs[d].lost_claim.load(Ordering::Acquire)
+    }
+
     /// Whether another process is waiting for device `d`'s engine.
     pub fn engine_contended(&self, d: usize) -> bool {
         self.dev(d).engine_wanting.load(Ordering::Acquire) > 0
@@ -955,6 +1014,9 @@ impl State {
     pub fn engine_release(&self, slot: usize, d: usize) {
         let e = self.dev(d);
         let me = (slot + 1) as u32;
+        if e.engine_owner.load(Ordering::Acquire) == me {
+            e.engine_claim.store(u64::MAX, Ordering::Release);
+        }
         let mut next = 0u32;
         if e.engine_wanting.load(Ordering::Acquire) > 0 {
             for k in 1..=MAX_SLOTS {

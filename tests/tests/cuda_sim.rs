@@ -152,6 +152,48 @@ fn two_saturating_processes_each_get_half_the_gpu() {
 }
 
 #[test]
+fn a_stopped_process_holding_the_gpu_does_not_stall_the_others() {
+    // A real GPU runs a stopped (or CPU-throttled) process's queued kernels and then the
+    // other contexts'; the simulator's engine used to wait for the owner's worker thread
+    // to hand it over, so a stopped owner stalled every other process.
+    let node = small_node();
+    let share = |out: &str| num(out, "device_ns") as f64 / num(out, "window_ns") as f64;
+    let alone = share(&node.probe(&["init", "saturate", "2", "1000000", "0"]));
+    // A saturates the GPU (4 kernels of 1 ms in flight), then is stopped.
+    let a = node.spawn_probe(
+        &["init", "ready", "saturate", "60", "1000000", "0"],
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &a.pid().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(stopped, "kill -STOP");
+    // Bounded: a stalled engine would hold B for as long as A stays stopped.
+    let mut b = node.spawn_probe(
+        &["init", "ready", "saturate", "2", "1000000", "0"],
+        Duration::from_secs(20),
+    );
+    let out = b.next_line(Duration::from_secs(20)).unwrap_or_default();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &a.pid().to_string()])
+        .status();
+    a.kill9();
+    b.kill9();
+    assert!(
+        out.contains("device_ns="),
+        "a process beside a stopped holder did not finish 2 s of work in 20 s: {out:?}"
+    );
+    let after = share(&out);
+    eprintln!("GPU share alone {alone:.3}, beside a stopped holder {after:.3}");
+    assert!(
+        after >= 0.6 * alone,
+        "GPU share beside a stopped holder: {after} vs {alone} alone ({out})"
+    );
+}
+
+#[test]
 fn a_process_killed_while_holding_the_gpu_does_not_stall_the_others() {
     let node = small_node();
     let share = |out: &str| num(out, "device_ns") as f64 / num(out, "window_ns") as f64;

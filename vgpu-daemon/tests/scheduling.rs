@@ -303,6 +303,12 @@ fn saturating_tenants_get_their_shares() {
 /// Issue 16 (b): each tenant in its own CPU-limited container (cgroup `cpu` quota of
 /// 0.5 CPU) with a busy loop of its own beside it, so the shim's gate thread runs
 /// throttled and time-sharing (no real-time runtime in the group).
+///
+/// Such tenants may not keep the GPU busy by themselves, and work conservation then
+/// gives one what the other cannot use: the split follows their CPU as well as their
+/// shares. What must hold is that the 75 % tenant, whenever it waited for the GPU a
+/// good part of the window (it wanted more than it got), got its share of what the two
+/// got; and that the 25 % tenant still gets time.
 #[test]
 fn shares_hold_for_cpu_limited_tenant_containers() {
     use vgpu_tests::cpu_load::CpuLimited;
@@ -321,20 +327,20 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
     let t1 = node.tenant_in(Some(&g1), &c1, &d.socket, &strs(&args));
     let t2 = node.tenant_in(Some(&g2), &c2, &d.socket, &strs(&args));
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    let waited = || {
+        tenant(&d.api, &key(&c2)).map_or(0, |t| t["gpus"][0]["throttled_ns"].as_u64().unwrap_or(0))
+    };
+    let w0 = waited();
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
-    let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
+    let waited_pct = (waited() - w0) as f64 * 100.0 / 3e9;
+    let share2 = busy[1] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
     eprintln!(
-        "CPU-limited containers: the 25 % tenant got {share1:.1} % of device time ({busy:?} ns)"
+        "CPU-limited containers: the 75 % tenant got {share2:.1} % of the device time ({busy:?} ns, GPU busy {:.1} %), waiting for the GPU {waited_pct:.1} % of the window",
+        (busy[0] + busy[1]) as f64 * 100.0 / 3e9
     );
-    // What must hold: a throttled container never takes GPU time from its neighbour
-    // (the 75 % tenant gets at least its share) and still gets GPU time itself. What a
-    // throttled tenant achieves of its own share depends on the CPU it has to launch
-    // with (during a CFS throttle its launches stop and, with a 2 ms queue-ahead bound,
-    // the GPU idles while it holds the slice, which it is charged for): that shortfall
-    // is a figure, measured by `sched-bench` (docs/specification.md), not a bound here.
     assert!(
-        share1 < 25.0 + 8.0,
-        "CPU-limited containers: the 25 % tenant took {share1:.1} % from its neighbour ({busy:?} ns)"
+        share2 > 75.0 - 8.0 || waited_pct < 10.0,
+        "CPU-limited containers: the 75 % tenant got {share2:.1} % while waiting for the GPU {waited_pct:.1} % of the window ({busy:?} ns)"
     );
     assert!(
         busy[0] > 0,
@@ -348,10 +354,6 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
     finish_registered(t2, "CPU-limited containers");
 }
 
-/// Issue 16 (c): the daemon itself starved: time-sharing (`--sched-priority 0`) inside a
-/// cgroup limited to 0.2 CPU beside a busy loop of its own, so it wakes late for every
-/// slice end and every drain. Charges come from the shims' drain times, so the split
-/// still holds; slices only get longer.
 #[test]
 fn shares_hold_when_the_daemon_is_starved() {
     use vgpu_tests::cpu_load::CpuLimited;

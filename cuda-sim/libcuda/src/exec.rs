@@ -156,6 +156,9 @@ pub struct Worker {
 
 struct Engine {
     held: bool,
+    /// The claim another process took the engine over at (0: none): this worker's work
+    /// that ends by then ran before the take-over and is placed without the engine.
+    lost_claim: u64,
     /// Engine-clock time the current hold began (the simulator's own time-slicing).
     slice_start: u64,
     /// Virtual time at which the work this worker ran so far completed (monotonic ns);
@@ -194,7 +197,11 @@ impl Worker {
         let mut q = self.lock();
         q.next_seq += 1;
         let seq = q.next_seq;
+        let engine = w.needs_engine();
         q.ops.push_back((seq, mono_ns(), w));
+        if engine {
+            self.publish_claim(&q);
+        }
         drop(q);
         self.cv.notify_one();
         seq
@@ -295,6 +302,18 @@ impl Worker {
         self.wait_done(seq, Some(Instant::now() + limit));
     }
 
+    /// Publishes, while this process owns the engine, when its queued work ends on the
+    /// engine's clock (its claim: see `State::engine_acquire`). `q` is the locked queue.
+    fn publish_claim(&self, q: &Queue) {
+        let st = &self.drv.state;
+        if !st.engine_owned(self.drv.slot, self.dev) {
+            return;
+        }
+        let claim = predicted_done(self.ahead.load(Ordering::Acquire), &q.ops, u64::MAX)
+            .unwrap_or(u64::MAX);
+        st.engine_claim_set(self.drv.slot, self.dev, claim);
+    }
+
     /// The sequence number of the last queued work.
     pub fn last_seq(&self) -> u64 {
         self.lock().next_seq
@@ -306,6 +325,7 @@ impl Worker {
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
         let mut eng = Engine {
             held: false,
+            lost_claim: 0,
             slice_start: 0,
             pos: 0,
         };
@@ -347,6 +367,16 @@ impl Worker {
         self.drv.state.engine_clock_advance(self.dev, eng.pos);
         self.drv.state.engine_release(self.drv.slot, self.dev);
         eng.held = false;
+    }
+
+    /// Notices that another process took the engine over while this worker was off the
+    /// CPU (`State::engine_acquire`): the work this worker claimed ran before.
+    fn note_take_over(&self, eng: &mut Engine) {
+        let st = &self.drv.state;
+        if eng.held && !st.engine_owned(self.drv.slot, self.dev) {
+            eng.held = false;
+            eng.lost_claim = st.engine_lost_claim(self.drv.slot, self.dev);
+        }
     }
 
     /// Runs one unit of work submitted at `at` (monotonic ns).
@@ -451,7 +481,18 @@ impl Worker {
         let mut remaining = ns.max(1);
         let mut ready = at;
         while remaining > 0 {
+            self.note_take_over(eng);
+            if !eng.held && eng.pos.max(ready) + remaining <= eng.lost_claim {
+                let start = eng.pos.max(ready);
+                let end = start + remaining;
+                self.ahead.store(end, Ordering::Release);
+                wait_until(end);
+                st.add_busy(self.drv.slot, self.dev, start, end);
+                eng.pos = end;
+                return;
+            }
             if !eng.held {
+                eng.lost_claim = 0;
                 st.engine_acquire(self.drv.slot, self.dev);
                 eng.held = true;
                 // Nothing of another process runs after the clock's reading: its owner
@@ -465,6 +506,7 @@ impl Worker {
             let end = start + chunk;
             if chunk == remaining {
                 self.ahead.store(end, Ordering::Release);
+                self.publish_claim(&self.lock());
             }
             wait_until(end);
             st.add_busy(self.drv.slot, self.dev, start, end);
@@ -472,10 +514,13 @@ impl Worker {
             ready = end;
             remaining -= chunk;
             if end >= eng.slice_start + slice {
-                if st.engine_contended(self.dev) {
-                    self.release_engine(eng);
-                } else {
-                    eng.slice_start = end;
+                self.note_take_over(eng);
+                if eng.held {
+                    if st.engine_contended(self.dev) {
+                        self.release_engine(eng);
+                    } else {
+                        eng.slice_start = end;
+                    }
                 }
             }
         }
