@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use vgpu_tests::{SimNode, num};
+use vgpu_tests::{Probe, SimNode, num};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -151,20 +151,31 @@ fn two_saturating_processes_each_get_half_the_gpu() {
     }
 }
 
+/// The GPU share in a `saturate` probe's output.
+fn gpu_share(out: &str) -> f64 {
+    num(out, "device_ns") as f64 / num(out, "window_ns") as f64
+}
+
+/// What one saturating process gets alone on this machine right now, then a process `A`
+/// that saturates the GPU with kernels of `kernel_ns` (running 500 ms by the return).
+fn alone_then_holder(node: &SimNode, kernel_ns: &str) -> (f64, Probe) {
+    let alone = gpu_share(&node.probe(&["init", "saturate", "2", "1000000", "0"]));
+    let a = node.spawn_probe(
+        &["init", "ready", "saturate", "60", kernel_ns, "0"],
+        Duration::from_secs(20),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    (alone, a)
+}
+
 #[test]
 fn a_stopped_process_holding_the_gpu_does_not_stall_the_others() {
     // A real GPU runs a stopped (or CPU-throttled) process's queued kernels and then the
     // other contexts'; the simulator's engine used to wait for the owner's worker thread
     // to hand it over, so a stopped owner stalled every other process.
     let node = small_node();
-    let share = |out: &str| num(out, "device_ns") as f64 / num(out, "window_ns") as f64;
-    let alone = share(&node.probe(&["init", "saturate", "2", "1000000", "0"]));
     // A saturates the GPU (4 kernels of 1 ms in flight), then is stopped.
-    let a = node.spawn_probe(
-        &["init", "ready", "saturate", "60", "1000000", "0"],
-        Duration::from_secs(20),
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    let (alone, a) = alone_then_holder(&node, "1000000");
     let stopped = std::process::Command::new("kill")
         .args(["-STOP", &a.pid().to_string()])
         .status()
@@ -185,7 +196,7 @@ fn a_stopped_process_holding_the_gpu_does_not_stall_the_others() {
         out.contains("device_ns="),
         "a process beside a stopped holder did not finish 2 s of work in 20 s: {out:?}"
     );
-    let after = share(&out);
+    let after = gpu_share(&out);
     eprintln!("GPU share alone {alone:.3}, beside a stopped holder {after:.3}");
     assert!(
         after >= 0.6 * alone,
@@ -196,20 +207,13 @@ fn a_stopped_process_holding_the_gpu_does_not_stall_the_others() {
 #[test]
 fn a_process_killed_while_holding_the_gpu_does_not_stall_the_others() {
     let node = small_node();
-    let share = |out: &str| num(out, "device_ns") as f64 / num(out, "window_ns") as f64;
-    // Baseline: what one saturating process gets alone on this machine right now.
-    let alone = share(&node.probe(&["init", "saturate", "2", "1000000", "0"]));
     // A saturates the GPU with 5 ms kernels, so it holds the engine most of the time.
-    let a = node.spawn_probe(
-        &["init", "ready", "saturate", "60", "5000000", "0"],
-        Duration::from_secs(20),
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    let (alone, a) = alone_then_holder(&node, "5000000");
     a.kill9();
     // B then gets the GPU as if alone: the dead owner's turn is taken back within
     // milliseconds (a stalled engine would leave B next to nothing).
     let out = node.probe(&["init", "saturate", "2", "1000000", "0"]);
-    let after = share(&out);
+    let after = gpu_share(&out);
     eprintln!("GPU share alone {alone:.3}, after the holder was killed {after:.3}");
     assert!(
         after >= 0.6 * alone,

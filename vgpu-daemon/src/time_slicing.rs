@@ -155,14 +155,16 @@ struct T {
     launch_cost_ns: Option<u64>,
 }
 
-/// A revoked holder the GPU went on from before it reported its drain: charged when its
-/// report comes (or at the drain timeout), not granted again before.
+/// A revoked grant whose drain is still to be reported: the draining holder's, or that of
+/// a holder the GPU went on from before it reported (charged when its report comes, or at
+/// the drain timeout, and not granted again before).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Settling {
+struct Revoked {
     t: TenantId,
     generation: u32,
     since: u64,
     revoked_at: u64,
+    /// The grant's time and what was charged since at renewals (wall time).
     granted: u64,
     provisional: u64,
 }
@@ -179,14 +181,7 @@ enum St {
         granted: u64,
         provisional: u64,
     },
-    Draining {
-        t: TenantId,
-        generation: u32,
-        since: u64,
-        revoked_at: u64,
-        granted: u64,
-        provisional: u64,
-    },
+    Draining(Revoked),
 }
 
 /// One GPU's scheduler.
@@ -204,7 +199,7 @@ pub struct Scheduler {
     /// input.
     reserved_rechecks: u32,
     /// A revoked holder whose drain report is still to come while the GPU went on.
-    settling: Option<Settling>,
+    settling: Option<Revoked>,
 }
 
 impl Scheduler {
@@ -253,7 +248,7 @@ impl Scheduler {
     pub fn remove(&mut self, id: TenantId, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         match self.st {
-            St::Holding { t, since, .. } | St::Draining { t, since, .. } if t == id => {
+            St::Holding { t, since, .. } | St::Draining(Revoked { t, since, .. }) if t == id => {
                 self.charge(id, now.saturating_sub(since), now);
                 self.st = St::Idle;
             }
@@ -338,7 +333,7 @@ impl Scheduler {
     /// When the GPU may go on from the draining holder without its report (None: not
     /// before its report or the drain timeout).
     fn handoff_at(&self) -> Option<u64> {
-        let St::Draining { t, revoked_at, .. } = self.st else {
+        let St::Draining(Revoked { t, revoked_at, .. }) = self.st else {
             return None;
         };
         if self.settling.is_some() {
@@ -355,30 +350,14 @@ impl Scheduler {
         let Some(at) = self.handoff_at() else {
             return;
         };
-        let St::Draining {
-            t,
-            generation,
-            since,
-            revoked_at,
-            granted,
-            provisional,
-        } = self.st
-        else {
+        let St::Draining(r) = self.st else {
             return;
         };
         self.refill(now);
-        let others = self.others_waiting(t);
-        if now < at || !others {
+        if now < at || !self.others_waiting(r.t) {
             return;
         }
-        self.settling = Some(Settling {
-            t,
-            generation,
-            since,
-            revoked_at,
-            granted,
-            provisional,
-        });
+        self.settling = Some(r);
         self.st = St::Idle;
         self.pick(now, out);
     }
@@ -407,17 +386,12 @@ impl Scheduler {
                 provisional,
                 deadline,
             } if t == id && g == generation => (since, granted, provisional, None, deadline),
-            St::Draining {
-                t,
-                generation: g,
-                since,
-                granted,
-                provisional,
-                revoked_at,
-            } if t == id && g == generation => (since, granted, provisional, Some(revoked_at), now),
+            St::Draining(r) if r.t == id && r.generation == generation => {
+                (r.since, r.granted, r.provisional, Some(r.revoked_at), now)
+            }
             _ => match self.settling {
-                Some(x) if x.t == id && x.generation == generation => {
-                    (x.since, x.granted, x.provisional, Some(x.revoked_at), now)
+                Some(r) if r.t == id && r.generation == generation => {
+                    (r.since, r.granted, r.provisional, Some(r.revoked_at), now)
                 }
                 _ => return out,
             },
@@ -533,7 +507,7 @@ impl Scheduler {
         match self.st {
             St::Holding { deadline, .. } => now >= deadline,
             St::Idle => self.reserved.is_some_and(|(_, until)| now >= until),
-            St::Draining { .. } => false,
+            St::Draining(_) => false,
         }
     }
 
@@ -544,7 +518,7 @@ impl Scheduler {
             .map(|x| x.revoked_at + self.p.drain_timeout_ns);
         let st = match self.st {
             St::Holding { deadline, .. } => Some(deadline),
-            St::Draining { revoked_at, t, .. } => {
+            St::Draining(Revoked { revoked_at, t, .. }) => {
                 // Only when the hand-on would happen: a waiter eligible even on the
                 // last refill (a refill only adds tokens), else the timer would spin.
                 let waiters = self.others_waiting(t);
@@ -569,7 +543,7 @@ impl Scheduler {
     /// The tenant holding (or draining) the GPU.
     pub fn holder(&self) -> Option<TenantId> {
         match self.st {
-            St::Holding { t, .. } | St::Draining { t, .. } => Some(t),
+            St::Holding { t, .. } | St::Draining(Revoked { t, .. }) => Some(t),
             St::Idle => None,
         }
     }
@@ -584,7 +558,7 @@ impl Scheduler {
         let t = self.tenants.get(&id)?;
         let state = match self.st {
             St::Holding { t: h, .. } if h == id => SliceState::Holding,
-            St::Draining { t: h, .. } if h == id => SliceState::Draining,
+            St::Draining(Revoked { t: h, .. }) if h == id => SliceState::Draining,
             _ if self.settling.is_some_and(|x| x.t == id) => SliceState::Draining,
             _ if t.demand_since.is_some() => SliceState::Waiting,
             _ => SliceState::Idle,
@@ -790,14 +764,14 @@ impl Scheduler {
             ..
         } = self.st
         {
-            self.st = St::Draining {
+            self.st = St::Draining(Revoked {
                 t,
                 generation,
                 since,
                 revoked_at: now,
                 granted,
                 provisional,
-            };
+            });
             out.push(Action::Revoke {
                 tenant: t,
                 generation,
@@ -912,12 +886,12 @@ impl Scheduler {
                     };
                 }
             }
-            St::Draining {
+            St::Draining(Revoked {
                 t,
                 generation,
                 revoked_at,
                 ..
-            } if now >= revoked_at + self.p.drain_timeout_ns => {
+            }) if now >= revoked_at + self.p.drain_timeout_ns => {
                 let waiting = self
                     .tenants
                     .get(&t)
@@ -937,7 +911,7 @@ impl Scheduler {
                 }
                 self.pick(now, out)
             }
-            St::Draining { .. } => self.hand_on_if_due(now, out),
+            St::Draining(_) => self.hand_on_if_due(now, out),
             St::Holding { .. } => {}
         }
     }
