@@ -27,12 +27,14 @@ val() { # val KEY TEXT: the last KEY=value in TEXT
     echo "$2" | tr ' ' '\n' | grep "^$1=" | tail -1 | cut -d= -f2-
 }
 probe() { timeout 120 "$BIN/cuda-probe" "$@" 2>&1; }
+contained() { # contained DIR CMD...: CMD under the shim in container DIR; the daemon
+    # socket is $SOCK (default: none); other VGPU_* settings come from the caller's
+    # environment (`VGPU_MEMORY_LIMIT=1Gi contained …`)
+    mkdir -p "$1"
+    LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$1 VGPU_DAEMON_SOCKET=${SOCK:-off} "${@:2}"
+}
 shimmed() { # shimmed CONTAINER LIMIT ARGS...: cuda-probe under the shim, no daemon
-    local dir=$WORK/c-$1 lim=$2
-    shift 2
-    mkdir -p "$dir"
-    LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$dir VGPU_MEMORY_LIMIT=$lim \
-        VGPU_DAEMON_SOCKET=off probe "$@"
+    VGPU_MEMORY_LIMIT=$2 contained "$WORK/c-$1" probe "${@:3}"
 }
 
 say "== node"
@@ -80,10 +82,8 @@ done
 
 say "== 3. eight processes of one container racing for a 1 GiB quota"
 at=$(($(date +%s%3N) + 1500))
-dir=$WORK/c-race
-mkdir -p "$dir"
 for i in $(seq 8); do
-    LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$dir VGPU_MEMORY_LIMIT=1Gi VGPU_DAEMON_SOCKET=off \
+    VGPU_MEMORY_LIMIT=1Gi contained "$WORK/c-race" \
         timeout 60 "$BIN/cuda-probe" init at $at alloc-until-oom $((32 * MIB)) sleep 3000 >"$WORK/race-$i" 2>&1 &
 done
 wait
@@ -115,9 +115,8 @@ a = torch.randn(1024, 1024, device="cuda", dtype=torch.float64)
 err = (a @ a - (a.cpu() @ a.cpu()).cuda()).abs().max().item()
 print(f"torch_matmul_err={err:.3g}")
 EOF
-mkdir -p "$WORK/c-torch"
-out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-torch VGPU_MEMORY_LIMIT=2Gi \
-    VGPU_DAEMON_SOCKET=off timeout 180 python3 "$WORK/torch_client.py" 2>&1 | tail -5)
+out=$(VGPU_MEMORY_LIMIT=2Gi contained "$WORK/c-torch" \
+    timeout 180 python3 "$WORK/torch_client.py" 2>&1 | tail -5)
 say "torch under a 2 GiB quota: $(echo "$out" | tr '\n' ' ')"
 tt=$(val torch_total "$out")
 th=$(val torch_held "$out")
@@ -127,8 +126,7 @@ check torch-oom "PyTorch's allocations stop with OutOfMemoryError within the 2 G
     "$([ -n "$th" ] && [ "$th" -le $((2 * GIB)) ] && [ "$th" -ge $GIB ] && echo true || echo false)"
 check torch-matmul "a float64 matmul under the shim equals the CPU's (error < 1e-9)" \
     "$(python3 -c "import sys; sys.exit(0 if float('${out##*torch_matmul_err=}'.split()[0]) < 1e-9 else 1)" 2>/dev/null && echo true || echo false)"
-mkdir -p "$WORK/c-py"
-out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-py VGPU_MEMORY_LIMIT=3Gi VGPU_DAEMON_SOCKET=off \
+out=$(VGPU_MEMORY_LIMIT=3Gi contained "$WORK/c-py" \
     timeout 120 python3 -c '
 import pynvml
 pynvml.nvmlInit()
@@ -147,7 +145,7 @@ check pynvml "nvidia-ml-py's memory total is the 3 GiB quota" \
     "$([ "$(val pynvml_total "$out")" = $((3 * GIB)) ] && echo true || echo false)"
 check cupy "CuPy's memGetInfo total is the 3 GiB quota" \
     "$([ "$(val cupy_total "$out")" = $((3 * GIB)) ] && echo true || echo false)"
-out=$(LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-py VGPU_MEMORY_LIMIT=3Gi VGPU_DAEMON_SOCKET=off \
+out=$(VGPU_MEMORY_LIMIT=3Gi contained "$WORK/c-py" \
     timeout 60 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>&1)
 say "nvidia-smi under the shim: memory.total=$out MiB"
 check nvidia-smi "nvidia-smi under the shim shows the 3 GiB quota (3072 MiB)" \
@@ -206,16 +204,14 @@ tenants() {
     local at=$(($(date +%s%3N) + 2000)) specs=("$@") pids=()
     for spec in "${specs[@]}"; do
         local n=${spec%%:*} s=${spec##*:} pre=()
-        mkdir -p "$WORK/c-$n"
         if [ -n "$CPULIM" ]; then
             pre=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$(container "$n")")
         fi
         if [ "$s" = bare ]; then
             timeout 60 "${pre[@]}" "$BIN/cuda-probe" init load 6 "$kns" $at "$batch" >"$WORK/t-$n" 2>&1 &
         else
-            LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/c-$n VGPU_COMPUTE_SHARE=$s \
-                VGPU_DAEMON_SOCKET=$WORK/d.sock timeout 60 "${pre[@]}" "$BIN/cuda-probe" init load 6 "$kns" $at "$batch" \
-                >"$WORK/t-$n" 2>&1 &
+            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/c-$n" \
+                timeout 60 "${pre[@]}" "$BIN/cuda-probe" init load 6 "$kns" $at "$batch" >"$WORK/t-$n" 2>&1 &
         fi
         pids+=($!)
     done
@@ -288,12 +284,11 @@ torch_pair() { # torch_pair LABEL SHARE_A SHARE_B ("bare": no shim)
     local at=$(($(date +%s%3N) + 8000)) pids=() n s
     for n in a b; do
         if [ $n = a ]; then s=$2; else s=$3; fi
-        mkdir -p "$WORK/ct-$n-$1"
         if [ "$s" = bare ]; then
             timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
         else
-            LD_PRELOAD=$BIN/libvgpu.so VGPU_CONTAINER_DIR=$WORK/ct-$n-$1 VGPU_COMPUTE_SHARE=$s \
-                VGPU_DAEMON_SOCKET=$WORK/d.sock timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
+            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/ct-$n-$1" \
+                timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
         fi
         pids+=($!)
     done

@@ -248,8 +248,8 @@ struct Inner {
     next_id: u64,
     observations: Vec<GpuObservation>,
     /// Host PID → tenant of every process registered while the observations were taken
-    /// (before the NVML reading, or when it was stored): a process that exits after the
-    /// reading is still in it, and is not a bypass.
+    /// (before or after the NVML reading): a process that exits after the reading is
+    /// still in it, and is not a bypass.
     observed_tenants: HashMap<u32, String>,
     overrides: Overrides,
     /// Fallbacks and refused registrations per container (tenant key).
@@ -742,21 +742,15 @@ impl Daemon {
         Ok(())
     }
 
-    /// Stores the NVML watcher's latest observations. `registered_before` are the
-    /// registered processes ([`Daemon::registered_pids`]) taken before the reading: with
-    /// those registered now, they attribute the reading's processes to tenants, so a
-    /// tenant's process that exits (and unregisters) between the reading and a view of it
-    /// is not shown as a bypass.
-    pub fn record_observations(
-        &self,
-        obs: Vec<GpuObservation>,
-        registered_before: HashMap<u32, String>,
-    ) {
+    /// Stores the NVML watcher's latest observations, with `registered`: the processes
+    /// registered ([`Daemon::registered_pids`]) while the reading was taken. With those
+    /// registered when a view is made, they attribute the reading's processes to
+    /// tenants, so a tenant's process that exits (and unregisters) between the reading
+    /// and a view of it is not shown as a bypass.
+    pub fn record_observations(&self, obs: Vec<GpuObservation>, registered: HashMap<u32, String>) {
         let mut g = self.lock();
-        let mut tenants = registered_before;
-        tenants.extend(g.conns.values().map(|c| (c.pid, c.tenant.clone())));
         g.observations = obs;
-        g.observed_tenants = tenants;
+        g.observed_tenants = registered;
     }
 
     /// Host PIDs of every registered process.

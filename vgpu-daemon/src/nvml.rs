@@ -128,8 +128,10 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
             let before = daemon.registered_pids();
             match observe(&nvml, &mut errors) {
                 Ok(obs) => {
-                    let mut registered = daemon.registered_pids();
-                    registered.extend(before.iter().map(|(p, t)| (*p, t.clone())));
+                    // Registered before the reading or after it: a process that exits
+                    // meanwhile is in the reading, and is not a bypass.
+                    let mut registered = before;
+                    registered.extend(daemon.registered_pids());
                     for (pid, uuid, bytes) in bypass.update(&obs, &registered) {
                         warn!(
                             pid,
@@ -138,7 +140,7 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
                             "bypass: a process uses GPU memory but no shim registered it"
                         );
                     }
-                    daemon.record_observations(obs, before);
+                    daemon.record_observations(obs, registered);
                 }
                 Err(e) => {
                     warn!(lib, "NVML stopped answering ({e}): re-initialising");

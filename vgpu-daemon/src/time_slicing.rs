@@ -377,6 +377,12 @@ impl Scheduler {
         let mut out = Vec::new();
         // `revoked`: when the daemon took the grant back (None: the tenant yields it);
         // `deadline`: the end of the slice it yields.
+        let this = |r: &Revoked| r.t == id && r.generation == generation;
+        let settled = self.settling.is_some_and(|r| this(&r));
+        let revoked = match self.st {
+            St::Draining(r) if this(&r) => Some(r),
+            _ => self.settling.filter(this),
+        };
         let (since, granted, provisional, revoked, deadline) = match self.st {
             St::Holding {
                 t,
@@ -386,19 +392,12 @@ impl Scheduler {
                 provisional,
                 deadline,
             } if t == id && g == generation => (since, granted, provisional, None, deadline),
-            St::Draining(r) if r.t == id && r.generation == generation => {
-                (r.since, r.granted, r.provisional, Some(r.revoked_at), now)
-            }
-            _ => match self.settling {
-                Some(r) if r.t == id && r.generation == generation => {
-                    (r.since, r.granted, r.provisional, Some(r.revoked_at), now)
-                }
-                _ => return out,
+            // The draining holder, or the holder the GPU went on from.
+            _ => match revoked {
+                Some(r) => (r.since, r.granted, r.provisional, Some(r.revoked_at), now),
+                None => return out,
             },
         };
-        let settled = self
-            .settling
-            .is_some_and(|x| x.t == id && x.generation == generation);
         // The tenant may launch until the daemon takes the grant back: a drain cannot
         // end before the revoke, whatever the report says (a shim reporting its drain
         // at the grant was charged nothing before).

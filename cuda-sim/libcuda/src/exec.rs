@@ -482,16 +482,9 @@ impl Worker {
         let mut ready = at;
         while remaining > 0 {
             self.note_take_over(eng);
-            if !eng.held && eng.pos.max(ready) + remaining <= eng.lost_claim {
-                let start = eng.pos.max(ready);
-                let end = start + remaining;
-                self.ahead.store(end, Ordering::Release);
-                wait_until(end);
-                st.add_busy(self.drv.slot, self.dev, start, end);
-                eng.pos = end;
-                return;
-            }
-            if !eng.held {
+            // What a take-over's claim covered ran before it: placed without the engine.
+            let covered = !eng.held && eng.pos.max(ready) + remaining <= eng.lost_claim;
+            if !eng.held && !covered {
                 eng.lost_claim = 0;
                 st.engine_acquire(self.drv.slot, self.dev);
                 eng.held = true;
@@ -502,7 +495,11 @@ impl Worker {
             }
             let start = eng.pos.max(ready);
             let left_in_slice = (eng.slice_start + slice).saturating_sub(start).max(1000);
-            let chunk = remaining.min(left_in_slice);
+            let chunk = if covered {
+                remaining
+            } else {
+                remaining.min(left_in_slice)
+            };
             let end = start + chunk;
             if chunk == remaining {
                 self.ahead.store(end, Ordering::Release);
