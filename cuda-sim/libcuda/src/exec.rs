@@ -870,18 +870,30 @@ impl Event {
         }
         start.query(drv)?;
         end.query(drv)?;
-        // Complete on the device's clock; the worker may still be catching up with
-        // writing their times.
-        start.synchronize(drv);
-        end.synchronize(drv);
-        let (a, b) = (
-            start.time.load(Ordering::Acquire),
-            end.time.load(Ordering::Acquire),
-        );
-        if a == 0 || b == 0 {
-            return Err(CUDA_ERROR_NOT_READY);
+        match (start.device_time(drv), end.device_time(drv)) {
+            (Some(a), Some(b)) => Ok((b as f64 - a as f64) as f32 / 1e6),
+            _ => Err(CUDA_ERROR_NOT_READY),
         }
-        Ok((b as f64 - a as f64) as f32 / 1e6)
+    }
+
+    /// The device-clock time the latest record of this completed event completed at.
+    /// The worker writes it when it gets to the record, which a starved worker (or one
+    /// between taking work off its queue and marking it done) does after the event has
+    /// completed on the device's clock; until then the queue's prediction is the time
+    /// (what the worker will write), else the worker is waited for.
+    fn device_time(&self, drv: &'static Driver) -> Option<u64> {
+        let t = self.time.load(Ordering::Acquire);
+        if t != 0 {
+            return Some(t);
+        }
+        let (d, seq) = self.rec()?;
+        let w = drv.worker(d);
+        if let Some(t) = w.done_on_device_at(seq).filter(|&t| t <= mono_ns()) {
+            return Some(t.max(1));
+        }
+        w.wait_for(seq);
+        let t = self.time.load(Ordering::Acquire);
+        (t != 0).then_some(t)
     }
 }
 
