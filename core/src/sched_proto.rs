@@ -261,6 +261,12 @@ pub enum ShimMsg {
     Demand {
         /// GPU index.
         gpu: u32,
+        /// CLOCK_MONOTONIC ns when the launcher blocked: a daemon starved of CPU reads
+        /// the frame late, and must not take the wait for a sleep (which would forfeit
+        /// time the tenant is owed). The daemon believes it only within
+        /// `MAX_DEMAND_AGE_NS` of when it reads it. Additive: absent from older shims.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_ns: Option<u64>,
     },
     /// The grant `generation` on `gpu` was revoked and this process's work has drained.
     Drained {
@@ -545,7 +551,10 @@ mod tests {
 
     #[test]
     fn frames_round_trip_in_pieces() {
-        let a = ShimMsg::Demand { gpu: 3 };
+        let a = ShimMsg::Demand {
+            gpu: 3,
+            since_ns: Some(5),
+        };
         let b = ShimMsg::Drained {
             gpu: 0,
             generation: 7,

@@ -437,7 +437,10 @@ impl Gates {
             match ctl.as_mut() {
                 Some(s) => {
                     let gpu = gate.proto.load(Ordering::Relaxed);
-                    if s.write_all(&encode(&ShimMsg::Demand { gpu })).is_err() {
+                    let since_ns = Some(vgpu_sys::mono_ns());
+                    if s.write_all(&encode(&ShimMsg::Demand { gpu, since_ns }))
+                        .is_err()
+                    {
                         // A daemon that does not take a small frame within the write
                         // timeout is gone: no launcher writes to it again, and the gate
                         // thread falls back.

@@ -442,9 +442,12 @@ impl Daemon {
         Ok(Some((uuid.clone(), t.id)))
     }
 
-    /// A process has launches blocked on its GPU `gpu`.
-    pub fn demand(&self, conn: u64, gpu: u32) -> Result<(), DaemonError> {
+    /// A process has launches blocked on its GPU `gpu` since `since_ns` (its shim's
+    /// clock reading when the launcher blocked; believed within
+    /// [`crate::time_slicing::MAX_DEMAND_AGE_NS`]).
+    pub fn demand(&self, conn: u64, gpu: u32, since_ns: Option<u64>) -> Result<(), DaemonError> {
         let now = mono_ns();
+        let asked = crate::time_slicing::demand_time(since_ns, now);
         let mut g = self.lock();
         let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
             return Ok(());
@@ -460,7 +463,7 @@ impl Daemon {
         {
             d.waiting = true;
         }
-        acts.extend(rec.sched.demand(tid, now));
+        acts.extend(rec.sched.demand_asked(tid, asked, now));
         apply(&mut g, &uuid, acts, now);
         drop(g);
         self.timer.notify_all();

@@ -165,7 +165,7 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                 ShimMsg::Hello { .. } | ShimMsg::Admit { .. } => Err(
                     crate::daemon::DaemonError::Invalid("Hello or Admit after Hello".into()),
                 ),
-                ShimMsg::Demand { gpu } => daemon.demand(conn, gpu),
+                ShimMsg::Demand { gpu, since_ns } => daemon.demand(conn, gpu, since_ns),
                 ShimMsg::Drained {
                     gpu,
                     generation,

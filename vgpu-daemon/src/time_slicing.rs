@@ -51,6 +51,20 @@ pub type TenantId = u64;
 /// another tenant had unread input ([`Scheduler::tick_unread`]), ns.
 pub const UNREAD_RECHECK_NS: u64 = 1_000_000;
 
+/// How far back a demand's own time (when the launcher blocked, [`demand_time`]) is
+/// believed, ns: a daemon throttled by its CFS quota reads a demand up to a period (100
+/// ms) after it was made, and dating it at the read took that wait for a sleep. A
+/// tenant that lies about it gains at most this much owed time per sleep: a sleep this
+/// short passes for no sleep, as one shorter than a quantum already does.
+pub const MAX_DEMAND_AGE_NS: u64 = 100_000_000;
+
+/// When a demand read at `now` was made: the shim's `since_ns` (CLOCK_MONOTONIC, shared
+/// by the node's processes), no later than `now` and no earlier than
+/// [`MAX_DEMAND_AGE_NS`] before it; `now` without one (an older shim).
+pub fn demand_time(since_ns: Option<u64>, now: u64) -> u64 {
+    since_ns.map_or(now, |s| s.clamp(now.saturating_sub(MAX_DEMAND_AGE_NS), now))
+}
+
 /// How many times the GPU kept free for an owed tenant is kept free
 /// [`UNREAD_RECHECK_NS`] more because that tenant has unread input. Counted in looks,
 /// not in wall time: a daemon throttled for 80 ms does not look meanwhile, and its
@@ -285,8 +299,16 @@ impl Scheduler {
         out
     }
 
-    /// A process of `id` has launches blocked.
+    /// A process of `id` has launches blocked (read now).
     pub fn demand(&mut self, id: TenantId, now: u64) -> Vec<Action> {
+        self.demand_asked(id, now, now)
+    }
+
+    /// A process of `id` has launches blocked since `asked` ([`demand_time`]), read at
+    /// `now`: whether the tenant slept (and is brought forward) is judged at `asked`,
+    /// so a demand a starved daemon read late keeps the time the tenant is owed. Its
+    /// wait counts from `now` (what it costs a holder, [`Scheduler::contended_from`]).
+    pub fn demand_asked(&mut self, id: TenantId, asked: u64, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         let q = self.p.quantum_ns as f64;
         let holding = self.holder() == Some(id);
@@ -297,7 +319,7 @@ impl Scheduler {
         if t.demand_since.is_none() && !holding {
             // Only a tenant that really slept (longer than a quantum) is brought forward:
             // one that merely paused between batches keeps its lag (or its lead).
-            if now.saturating_sub(t.idle_since) > self.p.quantum_ns {
+            if asked.saturating_sub(t.idle_since) > self.p.quantum_ns {
                 let credit = q * 100.0 / f64::from(t.settings.share_pct.max(1));
                 t.vtime = t.vtime.max(vclock - wake_lag(credit, t.idle_lag));
             }
@@ -1301,6 +1323,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Both tenants saturating from 0; the 75 % tenant drains between two launches at
+    /// 100 ms and asks again at once, but the daemon (throttled) reads its demand only
+    /// `read_late` later, dated `asked_after` the drain; then both saturate until 2 s.
+    /// The 25 % tenant's part of the charged time.
+    fn late_read_demand_share(read_late: u64, asked_after: u64) -> f64 {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(25), 0);
+        sched.add(2, burst(75), 0);
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        saturate_until(&mut sched, 0, 100 * MS);
+        // Run until the 75 % tenant holds, then it drains not waiting.
+        let mut now = 100 * MS;
+        while sched.holder() != Some(2) {
+            saturate_until(&mut sched, now, now + 1);
+            now = sched.next_deadline().expect("a holder").max(now + 1);
+        }
+        let gen2 = sched.generation;
+        let drained = now + 5 * MS;
+        sched.release(2, gen2, drained, Some(5 * MS), false, drained);
+        // The lone 25 % tenant keeps the GPU while the demand sits unread.
+        let read = drained + read_late;
+        saturate_until(&mut sched, drained, read);
+        sched.demand_asked(2, demand_time(Some(drained + asked_after), read), read);
+        saturate_until(&mut sched, read, 2_000 * MS);
+        let small = sched.stats(1, 2_000 * MS).expect("known").used_ns as f64;
+        let big = sched.stats(2, 2_000 * MS).expect("known").used_ns as f64;
+        small * 100.0 / (small + big)
+    }
+
+    #[test]
+    fn a_demand_a_starved_daemon_read_late_is_not_taken_for_a_sleep() {
+        // Asked 1 ms after its drain, read 80 ms later: it keeps what it is owed.
+        let got = late_read_demand_share(80 * MS, MS);
+        assert!(
+            (got - 25.0).abs() < 1.0,
+            "the 25 % tenant got {got:.1} % of the charged time"
+        );
+        // Dated at the read (an older shim), the 80 ms pass for a sleep and the 25 %
+        // tenant keeps the GPU time it took meanwhile.
+        let undated = late_read_demand_share(80 * MS, 80 * MS);
+        assert!(
+            undated > got + 2.0,
+            "dated at the read: {undated:.1} %, dated by the shim: {got:.1} %"
+        );
+        // A date older than the bound is not believed: a real sleep is still one.
+        assert_eq!(demand_time(Some(0), 500 * MS), 400 * MS);
+        assert_eq!(demand_time(Some(600 * MS), 500 * MS), 500 * MS);
+        assert_eq!(demand_time(None, 500 * MS), 500 * MS);
     }
 
     #[test]

@@ -105,9 +105,10 @@ fn a_gpu_the_file_does_not_list_is_not_granted_and_the_process_stays_registered(
     let t = &d.snapshot().tenants[0];
     let used: Vec<&str> = t.gpus.iter().map(|g| g.uuid.as_str()).collect();
     assert_eq!(used, vec![A], "{t:?}");
-    d.demand(r.conn, 0)
+    d.demand(r.conn, 0, None)
         .expect("a demand on it is not a protocol error");
-    d.demand(r.conn, 1).expect("demand on the granted GPU");
+    d.demand(r.conn, 1, None)
+        .expect("demand on the granted GPU");
     assert_eq!(
         r.board
             .word(words[0] as usize)

@@ -376,24 +376,46 @@ fn shares_hold_when_the_daemon_is_starved() {
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
     // What the daemon charged over the same window: equal to the device share when the
     // scheduler's decisions are what drifted, different when the busy times are.
-    let charged = || [&c1, &c2].map(|c| tenant(&d.api, &key(c)).map_or(0, |t| gpu_time(&t)));
-    let before = charged();
+    // Each tenant's charged time, grants and time waited for the GPU (ns).
+    let counters = || {
+        [&c1, &c2].map(|c| {
+            tenant(&d.api, &key(c)).map_or([0; 3], |t| {
+                let g = &t["gpus"][0];
+                [
+                    gpu_time(&t),
+                    g["grants"].as_u64().unwrap_or(0),
+                    g["throttled_ns"].as_u64().unwrap_or(0),
+                ]
+            })
+        })
+    };
+    let before = counters();
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
-    let after = charged();
-    let (u1, u2) = (after[0] - before[0], after[1] - before[1]);
+    let after = counters();
+    let delta = |i: usize, k: usize| after[i][k].saturating_sub(before[i][k]);
+    let (u1, u2) = (delta(0, 0), delta(1, 0));
     let charged1 = u1 as f64 * 100.0 / (u1 + u2).max(1) as f64;
     let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
-    eprintln!(
-        "starved daemon: the 25 % tenant got {share1:.1} % of device time, charged {charged1:.1} %"
+    let detail = format!(
+        "device time {} / {} ms of the 3 s window, grants {} / {}, waited {} / {} ms",
+        busy[0] / 1_000_000,
+        busy[1] / 1_000_000,
+        delta(0, 1),
+        delta(1, 1),
+        delta(0, 2) / 1_000_000,
+        delta(1, 2) / 1_000_000
     );
-    assert!(
-        (share1 - 25.0).abs() < 8.0,
-        "starved daemon: the 25 % tenant got {share1:.1} % ({busy:?} ns), charged {charged1:.1} %"
+    eprintln!(
+        "starved daemon: the 25 % tenant got {share1:.1} % of device time, charged {charged1:.1} % (25 % / 75 % tenant: {detail})"
     );
     // A slow daemon is not a lost one: no tenant fell back to local enforcement.
     for c in [&c1, &c2] {
         assert_never_fell_back(&d.api, c, "starved daemon");
     }
+    assert!(
+        (share1 - 25.0).abs() < 8.0,
+        "starved daemon: the 25 % tenant got {share1:.1} %, charged {charged1:.1} % ({detail})"
+    );
     finish_registered(t1, "starved daemon");
     finish_registered(t2, "starved daemon");
 }
@@ -619,7 +641,10 @@ fn garbage_on_the_socket_does_not_disturb_other_tenants() {
                 if let Ok(mut s2) = UnixStream::connect(&socket) {
                     let _ = s2.write_all(&vgpu_core::sched_proto::encode(&hello));
                     let _ = s2.write_all(&vgpu_core::sched_proto::encode(
-                        &vgpu_core::sched_proto::ShimMsg::Demand { gpu: 7 },
+                        &vgpu_core::sched_proto::ShimMsg::Demand {
+                            gpu: 7,
+                            since_ns: None,
+                        },
                     ));
                     let _ = s2.write_all(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]);
                 }

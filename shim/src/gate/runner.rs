@@ -399,6 +399,7 @@ impl Runner {
                 if let Some(w) = ctl.as_mut() {
                     let _ = w.write_all(&encode(&ShimMsg::Demand {
                         gpu: u32::try_from(k).unwrap_or(0),
+                        since_ns: Some(mono_ns()),
                     }));
                 }
             }
