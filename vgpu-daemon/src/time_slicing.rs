@@ -307,7 +307,7 @@ impl Scheduler {
     /// A process of `id` has launches blocked since `asked` ([`demand_time`]), read at
     /// `now`: whether the tenant slept (and is brought forward) is judged at `asked`,
     /// so a demand a starved daemon read late keeps the time the tenant is owed. Its
-    /// wait counts from `now` (what it costs a holder, [`Scheduler::contended_from`]).
+    /// wait counts from `now` (what it costs a holder).
     pub fn demand_asked(&mut self, id: TenantId, asked: u64, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         let q = self.p.quantum_ns as f64;
