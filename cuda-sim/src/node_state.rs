@@ -987,9 +987,8 @@ impl State {
     /// Publishes the owner's claim on device `d`'s engine: its queued work ends at `t` on
     /// the engine's clock (`u64::MAX`: not known). Only while `slot` owns the engine.
     pub fn engine_claim_set(&self, slot: usize, d: usize, t: u64) {
-        let e = self.dev(d);
-        if e.engine_owner.load(Ordering::Acquire) == (slot + 1) as u32 {
-            e.engine_claim.store(t, Ordering::Release);
+        if self.engine_owned(slot, d) {
+            self.dev(d).engine_claim.store(t, Ordering::Release);
         }
     }
 

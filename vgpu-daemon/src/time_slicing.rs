@@ -669,12 +669,9 @@ impl Scheduler {
     }
 
     fn best_waiter(&self) -> Option<TenantId> {
-        let settling = self.settling.map(|x| x.t);
         self.tenants
             .iter()
-            .filter(|(id, t)| {
-                t.demand_since.is_some() && self.eligible(t) && settling != Some(**id)
-            })
+            .filter(|(id, t)| self.grantable(**id, t))
             .max_by(|(a, ta), (b, tb)| {
                 self.rank(**a, ta)
                     .cmp(&self.rank(**b, tb))
@@ -684,13 +681,17 @@ impl Scheduler {
             .map(|(id, _)| *id)
     }
 
-    /// Whether a tenant other than `id` waits and could be granted now (eligible, and
-    /// not a revoked holder still to report its drain; eligibility on the last refill).
+    /// Whether tenant `id` waits and could be granted now: it asks, it is eligible (on
+    /// the last refill), and it is not a revoked holder still to report its drain.
+    fn grantable(&self, id: TenantId, t: &T) -> bool {
+        t.demand_since.is_some() && self.eligible(t) && self.settling.is_none_or(|x| x.t != id)
+    }
+
+    /// Whether a tenant other than `id` is [grantable](Scheduler::grantable).
     fn others_waiting(&self, id: TenantId) -> bool {
-        let settling = self.settling.map(|x| x.t);
-        self.tenants.iter().any(|(k, o)| {
-            *k != id && Some(*k) != settling && o.demand_since.is_some() && self.eligible(o)
-        })
+        self.tenants
+            .iter()
+            .any(|(k, o)| *k != id && self.grantable(*k, o))
     }
 
     /// Whether `id`, if it asked now, would be chosen before every other eligible
