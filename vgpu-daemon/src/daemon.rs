@@ -457,9 +457,13 @@ impl Daemon {
         };
         let mut acts = Vec::new();
         // A process that yielded its tenant's grant wants it back: if every process of
-        // the tenant has yielded (the slice is being released), re-queue the tenant.
-        if let Some(d) = rec.drain.as_mut()
-            && d.tenant == tid
+        // the tenant has yielded (the slice is being released), re-queue the tenant. The
+        // same for a holder the GPU went on from: a report that says nothing is blocked
+        // may come after this demand.
+        for d in [rec.drain.as_mut(), rec.settling.as_mut()]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.tenant == tid)
         {
             d.waiting = true;
         }

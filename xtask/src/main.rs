@@ -30,7 +30,10 @@ use testrun::{Failures, Hogs, run_tests};
 /// name is unique across the workspace): what `busy` runs (every test that asserts a
 /// share, a latency or a deadline with real processes).
 const TIMING_TESTS: &[(&str, &[&str])] = &[
-    ("vgpu-daemon", &["scheduling", "metrics", "peers"]),
+    (
+        "vgpu-daemon",
+        &["scheduling", "metrics", "peers", "hand_on"],
+    ),
     (
         "vgpu-tests",
         &[
