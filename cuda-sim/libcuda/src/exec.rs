@@ -31,6 +31,8 @@ use vgpu_sys::mono_ns;
 
 use crate::rt::{CuResult, Driver, Kind, from_ptr, new_handle};
 
+mod tail;
+
 /// Where a copy reads from.
 #[derive(Debug, Clone)]
 pub enum CopySrc {
@@ -138,6 +140,8 @@ struct Queue {
     /// (sequence number, submission time (monotonic ns), work).
     ops: VecDeque<(u64, u64, Work)>,
     next_seq: u64,
+    /// When all of `ops` ends, kept as they come and go.
+    tail: tail::Tail,
 }
 
 /// The per-device executor of one process.
@@ -198,7 +202,9 @@ impl Worker {
         q.next_seq += 1;
         let seq = q.next_seq;
         let engine = w.needs_engine();
-        q.ops.push_back((seq, mono_ns(), w));
+        let at = mono_ns();
+        q.tail.pushed(seq, &w, at);
+        q.ops.push_back((seq, at, w));
         if engine {
             self.publish_claim(&q);
         }
@@ -309,7 +315,9 @@ impl Worker {
         if !st.engine_owned(self.drv.slot, self.dev) {
             return;
         }
-        let claim = predicted_done(self.ahead.load(Ordering::Acquire), &q.ops, u64::MAX)
+        let claim = q
+            .tail
+            .end(self.ahead.load(Ordering::Acquire))
             .unwrap_or(u64::MAX);
         st.engine_claim_set(self.drv.slot, self.dev, claim);
     }
@@ -334,6 +342,7 @@ impl Worker {
                 let mut q = self.lock();
                 loop {
                     if let Some(op) = q.ops.pop_front() {
+                        q.tail.popped(op.0, &op.2, op.1);
                         break op;
                     }
                     if eng.held {
@@ -544,12 +553,7 @@ fn predicted_done(ahead: u64, ops: &VecDeque<(u64, u64, Work)>, seq: u64) -> Opt
 /// When queued work `w` submitted at `at` would end on the engine's clock if it starts
 /// at `pos` (None: not predictable from the queue, such as a copy or a host function).
 fn predicted_end(w: &Work, pos: u64, at: u64) -> Option<u64> {
-    match w {
-        Work::Kernel { ns } => Some(pos.max(at) + (*ns).max(1)),
-        Work::EventRecord { .. } => Some(pos.max(at)),
-        Work::Batch(b) => b.iter().try_fold(pos, |p, x| predicted_end(x, p, at)),
-        _ => None,
-    }
+    tail::step(w, at).map(|(a, b)| (pos + a).max(b))
 }
 
 /// Sleeps until the monotonic clock reads `deadline` (ns), without spinning: a late
