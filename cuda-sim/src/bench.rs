@@ -144,6 +144,11 @@ impl Samples {
         }
     }
 
+    /// The samples so far, in the order they were taken (nanoseconds per sample).
+    pub fn ns(&self) -> &[u64] {
+        &self.ns
+    }
+
     /// The samples so far as per-call figures; `None` before the first sample.
     pub fn stats(&self) -> Option<Stats> {
         summarize(&self.name, self.batch, &self.ns)

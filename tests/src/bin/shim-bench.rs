@@ -6,7 +6,8 @@
 //! the bare driver and through the shim's hooks, alternating in rounds. Pass-through
 //! calls and launches are resolved through the shim's `dlsym` hook, exactly as a program
 //! that `dlopen`s the driver gets them. Then it starts N processes (`cuda-probe init`)
-//! at once, with and without `LD_PRELOAD`, and compares their start-up times.
+//! at once, with and without `LD_PRELOAD`, and compares their start-up times
+//! (`--procs 0`: not).
 //!
 //! ```text
 //! LD_LIBRARY_PATH=target/cuda-sim target/release/shim-bench [--iters N] [--procs N]
@@ -100,6 +101,48 @@ fn row(p: &Pair) -> Option<(String, String)> {
         b.p99_ns - a.p99_ns
     );
     Some((text, json))
+}
+
+/// Where a launch series' slowest 1 % fell: by round, at a batch's first launch, and
+/// the ten slowest as `round:index=µs` (a gate that waits at a batch's start, in the
+/// first round's warm-up, or every few launches shows its pattern here).
+fn launch_tail(side: &str, ns: &[u64], batch: usize) -> String {
+    let mut sorted = ns.to_vec();
+    sorted.sort_unstable();
+    if sorted.is_empty() {
+        return format!("cuLaunchKernel {side} tail: no samples");
+    }
+    let cut = sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)];
+    let slow: Vec<(usize, u64)> = ns
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, v)| v > cut)
+        .collect();
+    let rounds = ns.len().div_ceil(batch);
+    let by_round: Vec<String> = (0..rounds)
+        .map(|r| {
+            slow.iter()
+                .filter(|(i, _)| i / batch == r)
+                .count()
+                .to_string()
+        })
+        .collect();
+    let first = slow.iter().filter(|(i, _)| i % batch == 0).count();
+    let mut worst = slow.clone();
+    worst.sort_unstable_by_key(|&(_, v)| std::cmp::Reverse(v));
+    let top: Vec<String> = worst
+        .iter()
+        .take(10)
+        .map(|&(i, v)| format!("{}:{}={:.1}", i / batch, i % batch, v as f64 / 1e3))
+        .collect();
+    format!(
+        "cuLaunchKernel {side} tail: {} launches over p99 {:.1} us; per round [{}]; at a batch's first launch {first}; slowest (round:index=us) {}",
+        slow.len(),
+        cut as f64 / 1e3,
+        by_round.join(" "),
+        top.join(" ")
+    )
 }
 
 fn percentile(v: &mut [f64], q: f64) -> f64 {
@@ -337,7 +380,15 @@ fn main() -> Result<()> {
                 json.push(j);
             }
         }
+        let batch = usize::try_from(per / 4).unwrap_or(1).max(1);
+        for (side, s) in [("bare", &pairs[1].bare), ("shim", &pairs[1].shim)] {
+            println!("{}", launch_tail(side, s.ns(), batch));
+        }
 
+        if procs == 0 {
+            println!("{{\"bench\":\"shim\",\"calls\":[{}]}}", json.join(","));
+            return Ok(());
+        }
         // Start-up of many processes at once, shimmed vs not, interleaved.
         let probe = exe_dir.join("cuda-probe");
         let env = [
