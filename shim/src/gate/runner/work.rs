@@ -13,6 +13,10 @@ use vgpu_sys::{futex_wake, mono_ns};
 use super::super::{CTX_LOCK, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, TICK, sync_device};
 use super::Runner;
 
+/// Longest span between two completions seen that gives a host-polled sample of the GPU
+/// time per launch (four ticks: a poll that ran late still counts).
+const HOST_SAMPLE_MAX_NS: u64 = 4 * TICK.as_nanos() as u64;
+
 impl Runner {
     /// Learns which launches completed from the marker events (in order), and the GPU
     /// time per launch while the queue stayed busy.
@@ -38,6 +42,16 @@ impl Runner {
             let seq = k.seq;
             let (done, device) = {
                 let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                // A context destroyed since the copy took its markers, and their events,
+                // away (`forget_context`, under the lock): look again.
+                if gate
+                    .markers()
+                    .pending
+                    .front()
+                    .is_none_or(|f| f.event != k.event)
+                {
+                    continue;
+                }
                 let done = crate::driver::event_done(k.event);
                 let last = gate.markers().last;
                 // Device time between the previous marker's completion and this one's,
@@ -73,10 +87,17 @@ impl Runner {
             }
             let now = mono_ns();
             let d = &mut self.devs[i];
+            // Host-polled: the time between two completions seen, when the queue was
+            // not empty at the first. Not over a longer span than `HOST_SAMPLE_MAX_NS`:
+            // that spans a pause in the process's launches (the GPU idle in it). Such
+            // samples (5 to 30 times the GPU's time per launch in `shim-bench` on the
+            // simulator) shrank the queue-ahead bound until launchers waited at it for a
+            // GPU that had nothing queued.
             if let Some((t0, s0, busy)) = d.last_obs
                 && busy
                 && !synchronized
                 && seq > s0
+                && now.saturating_sub(t0) <= HOST_SAMPLE_MAX_NS
             {
                 let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
                 d.per_launch_ns = if d.per_launch_ns <= 0.0 {
