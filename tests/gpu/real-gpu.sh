@@ -3,6 +3,9 @@
 #
 #   tests/gpu/real-gpu.sh BIN_DIR RESULTS_DIR
 #
+# PART=compute: only the compute part and the bench; PART=limited: only the CPU-limited
+# scenarios and the bench; PROCS=0: the bench without its start-up figure.
+#
 # BIN_DIR holds release builds of libvgpu.so, vgpu-daemon, vgpuctl, cuda-probe and
 # shim-bench (`cargo build --release`; they need no Rust toolchain where this runs). The
 # node needs an NVIDIA GPU with its driver; python3 with torch, cupy and nvidia-ml-py are
@@ -237,7 +240,7 @@ tenants() {
 }
 within() { python3 -c "print('true' if $WORST <= $1 else 'false')"; }
 hogs=$((2 * $(nproc)))
-if [ "${PART:-all}" = all ]; then
+if [ "${PART:-all}" != limited ]; then
 tenants 1000000 1 0 "unshared, 2 processes, 1 ms kernels" a:bare b:bare
 tenants 1000000 1 $hogs "unshared, 2 processes, 1 ms kernels, $hogs CPU hogs" a:bare b:bare
 tenants 1000000 1 0 "25/75, 1 ms kernels" a:25 b:75
@@ -263,6 +266,7 @@ say "bypass processes listed right after the tenants exited: $bp"
 check no-false-bypass "no tenant process that just exited is listed as a bypass" \
     "$([ "$bp" = 0 ] && echo true || echo false)"
 
+if [ "${PART:-all}" != limited ]; then
 say "== 5b. two PyTorch processes under the daemon: bf16 matmul iterations in 6 s"
 cat >"$WORK/torch_load.py" <<'PY'
 import sys, time
@@ -303,6 +307,7 @@ torch_pair bare bare bare
 torch_pair shares 30 70
 check torch-shares "PyTorch tenants at 30/70 split the work 30 ± 3 %" \
     "$(python3 -c "print('true' if abs($TA - 30) <= 3 else 'false')")"
+fi
 timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" gpus 2>&1 | head -8 | tee -a "$RES/summary.txt"
 kill $dpid 2>/dev/null
 wait $dpid 2>/dev/null
