@@ -68,7 +68,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use libloading::{Library, Symbol};
-use vgpu_cuda_abi::cuda::CUlaunchConfig;
+use vgpu_cuda_abi::cuda::{CUlaunchConfig, attr};
 use vgpu_cuda_abi::fns;
 use vgpu_cuda_sim::bench::SPIN_PTX;
 
@@ -662,6 +662,8 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
     let c = cuda(st)?;
     let n = bytes as usize;
     let mut h = 0u64;
+    // Array extents as the device reports them (the H100's and H200's where it cannot).
+    let limit = |a: i32, or: usize| device_attribute(c, st.device, a).unwrap_or(or);
     // SAFETY: every call follows its CUDA driver API signature with valid
     // out- and in-pointers.
     let r = unsafe {
@@ -709,8 +711,12 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
             Api::Array => {
                 let f: unsafe extern "C" fn(*mut u64, *const ArrayDesc) -> CuResult =
                     c.sym("cuArrayCreate_v2")?;
-                // A 2D array of bytes, 65536 wide (a real GPU's 1D arrays stop at 131072).
-                let (width, height) = extents(n, &[65_536, 65_536]);
+                // A 2D array of bytes, no wider than a 1D one may be (a single row is
+                // one), at most half of that (room to pick a divisor of `n`).
+                let wide = limit(attr::MAXIMUM_TEXTURE1D_WIDTH, 131_072)
+                    .min(limit(attr::MAXIMUM_TEXTURE2D_WIDTH, 131_072));
+                let high = limit(attr::MAXIMUM_TEXTURE2D_HEIGHT, 65_536);
+                let (width, height) = extents(n, &[(wide / 2).max(1), high]);
                 let d = ArrayDesc {
                     width,
                     height: height.max(1),
@@ -720,9 +726,12 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
                 f(&mut h, &d)
             }
             Api::Array3d | Api::Mipmap => {
-                // 3D extents stop at 16384 each.
-                let (width, rest) = extents(n, &[16_384, 16_384 * 16_384]);
-                let (height, depth) = extents(rest, &[16_384, 16_384]);
+                // Within the device's 3D extents.
+                let w = limit(attr::MAXIMUM_TEXTURE3D_WIDTH, 16_384);
+                let hi = limit(attr::MAXIMUM_TEXTURE3D_HEIGHT, 16_384);
+                let de = limit(attr::MAXIMUM_TEXTURE3D_DEPTH, 16_384);
+                let (width, rest) = extents(n, &[w, hi.saturating_mul(de)]);
+                let (height, depth) = extents(rest, &[hi, de]);
                 let d = Array3dDesc {
                     width,
                     height: height.max(1),
@@ -749,6 +758,17 @@ fn alloc_api(st: &mut State, api: Api, bytes: u64) -> Result<Result<u64, CuResul
     } else {
         Ok(Err(r))
     }
+}
+
+/// Device attribute `a` of `device` (None: the driver did not answer it, or it is 0).
+fn device_attribute(c: &Cuda, device: c_int, a: i32) -> Option<usize> {
+    let f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult =
+        c.sym("cuDeviceGetAttribute").ok()?;
+    let mut v: c_int = 0;
+    // SAFETY: cuDeviceGetAttribute(int*, CUdevice_attribute, CUdevice) with a valid
+    // out-pointer.
+    let r = unsafe { f(&mut v, a, device) };
+    (r == 0 && v > 0).then(|| usize::try_from(v).ok()).flatten()
 }
 
 /// The probe's pool: the created one, else the device's default pool.
