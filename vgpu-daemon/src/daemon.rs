@@ -9,7 +9,7 @@
 //! Registration (the quota file's rule, the node's GPUs, the bounds on client state, the
 //! containers' health records) lives in the child module `registration`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -257,7 +257,18 @@ struct Inner {
     /// Processes in local fallback now (their connection closed while they ran), by
     /// host PID.
     detached: BTreeMap<u32, fallback::Detached>,
+    /// Processes whose connection closed as they exited: (host PID, tenant key, when),
+    /// oldest first, kept [`EXIT_GRACE_NS`] (at most [`MAX_EXITED`]).
+    exited: VecDeque<(u32, String, u64)>,
 }
+
+/// How long a process that exited stays attributed to its tenant in NVML readings: the
+/// driver frees an exiting process's memory after its shim said goodbye, and on an H200 a
+/// reading taken in between listed two tenants' processes as bypasses (their containers
+/// throttled to 0.5 CPU exited slowly).
+pub const EXIT_GRACE_NS: u64 = 5_000_000_000;
+/// Most exited processes remembered for [`EXIT_GRACE_NS`] (the oldest make room).
+const MAX_EXITED: usize = 4096;
 
 /// The daemon: shared by the server tasks, the timer threads and the API.
 #[derive(Debug)]
@@ -615,7 +626,12 @@ impl Daemon {
             return;
         };
         let key = c.tenant.clone();
-        Daemon::note_detached(&mut g, c.pid, &key);
+        if !Daemon::note_detached(&mut g, c.pid, &key) {
+            if g.exited.len() >= MAX_EXITED {
+                g.exited.pop_front();
+            }
+            g.exited.push_back((c.pid, key.clone(), now));
+        }
         let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
                 t.conns.remove(&conn);
@@ -760,13 +776,27 @@ impl Daemon {
         g.observed_tenants = registered;
     }
 
-    /// Host PIDs of every registered process.
+    /// Host PIDs of the processes of tenants: registered, in local fallback, or exited
+    /// less than [`EXIT_GRACE_NS`] ago. The NVML watcher attributes a reading's
+    /// processes by them.
     pub fn registered_pids(&self) -> HashMap<u32, String> {
-        let g = self.lock();
-        g.conns
-            .values()
-            .map(|c| (c.pid, c.tenant.clone()))
-            .collect()
+        self.registered_pids_at(mono_ns())
+    }
+
+    /// [`Daemon::registered_pids`] as of `now` (mono ns).
+    pub fn registered_pids_at(&self, now: u64) -> HashMap<u32, String> {
+        let mut g = self.lock();
+        while g
+            .exited
+            .front()
+            .is_some_and(|(_, _, at)| now.saturating_sub(*at) > EXIT_GRACE_NS)
+        {
+            g.exited.pop_front();
+        }
+        let exited = g.exited.iter().map(|(pid, key, _)| (*pid, key.clone()));
+        let detached = Daemon::detached_pids(&g);
+        let conns = g.conns.values().map(|c| (c.pid, c.tenant.clone()));
+        exited.chain(detached).chain(conns).collect()
     }
 
     /// Everything, at one instant.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::{config, daemon, gpu, ident};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use vgpu_core::sched_proto::{ComputePolicy, DaemonMsg, GpuRegistration, MAX_GPUS, PROTO_VERSION};
-use vgpu_daemon::daemon::{Daemon, DaemonError, Registered};
+use vgpu_daemon::daemon::{Daemon, DaemonError, EXIT_GRACE_NS, Registered};
 use vgpu_daemon::model::{GpuObservation, SettingsSource};
 
 const A: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000000";
@@ -194,9 +194,46 @@ fn a_tenant_process_that_exits_after_an_nvml_reading_is_not_a_bypass() {
         vec![4343],
         "only the unregistered process: {g:?}"
     );
-    // The next reading, taken with nobody registered, names it a bypass if it is still there.
-    d.record_observations(reading, d.registered_pids());
+    // A reading taken after it unregistered still lists it while the driver frees an
+    // exiting process's memory (seen on an H200, containers throttled to 0.5 CPU): within
+    // the exit grace it is the tenant's (4242 is no process here: gone, not running).
+    d.record_observations(reading.clone(), d.registered_pids());
+    let g = &d.snapshot().gpus[0];
+    assert_eq!(g.bypass_pids, vec![4343], "within the exit grace: {g:?}");
+    // Past the grace, a process still listed is a bypass.
+    let later = vgpu_sys::mono_ns() + EXIT_GRACE_NS + 1;
+    d.record_observations(reading, d.registered_pids_at(later));
     assert_eq!(d.snapshot().gpus[0].bypass_pids, vec![4242, 4343]);
+}
+
+#[test]
+fn a_process_in_local_fallback_is_not_a_bypass() {
+    // A process that runs on after its connection closed enforces its share with its own
+    // shim: its memory in an NVML reading is its tenant's, however long it runs.
+    let d = daemon();
+    let me = std::process::id();
+    let (tx, _rx) = unbounded_channel();
+    let r = d
+        .register(
+            me,
+            PROTO_VERSION,
+            ident("ml/nb/main"),
+            vec![gpu(A, 0, 50)],
+            tx,
+        )
+        .expect("registered");
+    d.disconnect(r.conn);
+    let mut reading = observed(&[A]);
+    reading[0].processes = vec![(me, 600 << 20)];
+    let later = vgpu_sys::mono_ns() + EXIT_GRACE_NS + 1;
+    d.record_observations(reading, d.registered_pids_at(later));
+    let g = &d.snapshot().gpus[0];
+    assert!(g.bypass_pids.is_empty(), "{g:?}");
+    assert_eq!(
+        g.processes[0].tenant.as_deref(),
+        Some("ml/nb/main"),
+        "{g:?}"
+    );
 }
 
 #[test]

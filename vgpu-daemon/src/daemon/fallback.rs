@@ -49,12 +49,14 @@ impl Daemon {
     /// registers again or exits). A process that registered again before its old
     /// connection's close was seen (both queued while the daemon was stopped or busy) is
     /// not in fallback.
-    pub(super) fn note_detached(g: &mut Inner, pid: u32, key: &str) {
+    ///
+    /// Returns whether the process still runs (false: it is exiting or gone).
+    pub(super) fn note_detached(g: &mut Inner, pid: u32, key: &str) -> bool {
         if g.conns.values().any(|c| c.pid == pid) {
-            return;
+            return true;
         }
         let Some(start_ticks) = running(pid) else {
-            return;
+            return false;
         };
         warn!(
             tenant = %key,
@@ -73,6 +75,16 @@ impl Daemon {
                 start_ticks,
             },
         );
+        true
+    }
+
+    /// (host PID, tenant key) of the processes in fallback that still run (their shims
+    /// enforce the share: not bypasses).
+    pub(super) fn detached_pids(g: &Inner) -> impl Iterator<Item = (u32, String)> + '_ {
+        g.detached
+            .iter()
+            .filter(|(pid, d)| running(**pid) == Some(d.start_ticks))
+            .map(|(pid, d)| (*pid, d.key.clone()))
     }
 
     /// Processes in fallback per tenant key; forgets those that exited.
