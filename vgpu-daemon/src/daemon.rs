@@ -627,10 +627,7 @@ impl Daemon {
         };
         let key = c.tenant.clone();
         if !Daemon::note_detached(&mut g, c.pid, &key) {
-            if g.exited.len() >= MAX_EXITED {
-                g.exited.pop_front();
-            }
-            g.exited.push_back((c.pid, key.clone(), now));
+            Daemon::note_exited(&mut g, c.pid, key.clone(), now);
         }
         let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
@@ -783,9 +780,19 @@ impl Daemon {
         self.registered_pids_at(mono_ns())
     }
 
+    /// A process of tenant `key` exited at `now` (mono ns): its tenant's for
+    /// [`EXIT_GRACE_NS`] in NVML readings.
+    fn note_exited(g: &mut Inner, pid: u32, key: String, now: u64) {
+        if g.exited.len() >= MAX_EXITED {
+            g.exited.pop_front();
+        }
+        g.exited.push_back((pid, key, now));
+    }
+
     /// [`Daemon::registered_pids`] as of `now` (mono ns).
     pub fn registered_pids_at(&self, now: u64) -> HashMap<u32, String> {
         let mut g = self.lock();
+        Daemon::prune_detached(&mut g, now);
         while g
             .exited
             .front()
@@ -901,7 +908,7 @@ impl Daemon {
             tenants,
             gpus,
             health: {
-                let in_fallback = Daemon::in_fallback(&mut g);
+                let in_fallback = Daemon::in_fallback(&mut g, now);
                 let mut health = g.health.clone();
                 for (key, n) in in_fallback {
                     health

@@ -206,16 +206,12 @@ fn a_tenant_process_that_exits_after_an_nvml_reading_is_not_a_bypass() {
     assert_eq!(d.snapshot().gpus[0].bypass_pids, vec![4242, 4343]);
 }
 
-#[test]
-fn a_process_in_local_fallback_is_not_a_bypass() {
-    // A process that runs on after its connection closed enforces its share with its own
-    // shim: its memory in an NVML reading is its tenant's, however long it runs.
-    let d = daemon();
-    let me = std::process::id();
+/// Process `pid` of tenant `ml/nb/main` on GPU A registers, then its connection closes.
+fn registered_then_gone(d: &Daemon, pid: u32) {
     let (tx, _rx) = unbounded_channel();
     let r = d
         .register(
-            me,
+            pid,
             PROTO_VERSION,
             ident("ml/nb/main"),
             vec![gpu(A, 0, 50)],
@@ -223,6 +219,15 @@ fn a_process_in_local_fallback_is_not_a_bypass() {
         )
         .expect("registered");
     d.disconnect(r.conn);
+}
+
+#[test]
+fn a_process_in_local_fallback_is_not_a_bypass() {
+    // A process that runs on after its connection closed enforces its share with its own
+    // shim: its memory in an NVML reading is its tenant's, however long it runs.
+    let d = daemon();
+    let me = std::process::id();
+    registered_then_gone(&d, me);
     let mut reading = observed(&[A]);
     reading[0].processes = vec![(me, 600 << 20)];
     let later = vgpu_sys::mono_ns() + EXIT_GRACE_NS + 1;
@@ -233,6 +238,36 @@ fn a_process_in_local_fallback_is_not_a_bypass() {
         g.processes[0].tenant.as_deref(),
         Some("ml/nb/main"),
         "{g:?}"
+    );
+}
+
+#[test]
+fn a_process_in_fallback_that_exits_stays_its_tenants_for_the_exit_grace() {
+    let d = daemon();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("start sleep");
+    let pid = child.id();
+    registered_then_gone(&d, pid);
+    let tenant_of = |m: HashMap<u32, String>| m.get(&pid).cloned();
+    assert_eq!(
+        tenant_of(d.registered_pids()).as_deref(),
+        Some("ml/nb/main"),
+        "runs on in fallback"
+    );
+    child.kill().expect("kill sleep");
+    child.wait().expect("reap sleep");
+    let now = vgpu_sys::mono_ns();
+    assert_eq!(
+        tenant_of(d.registered_pids_at(now)).as_deref(),
+        Some("ml/nb/main"),
+        "exited: its tenant's within the grace"
+    );
+    assert_eq!(
+        tenant_of(d.registered_pids_at(now + EXIT_GRACE_NS + 1)),
+        None,
+        "past the grace"
     );
 }
 

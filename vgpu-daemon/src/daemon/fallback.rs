@@ -78,19 +78,31 @@ impl Daemon {
         true
     }
 
-    /// (host PID, tenant key) of the processes in fallback that still run (their shims
-    /// enforce the share: not bypasses).
-    pub(super) fn detached_pids(g: &Inner) -> impl Iterator<Item = (u32, String)> + '_ {
-        g.detached
+    /// Forgets the processes in fallback that exited (at `now`, mono ns): they join the
+    /// exited ones, their tenant's for [`EXIT_GRACE_NS`] more.
+    pub(super) fn prune_detached(g: &mut Inner, now: u64) {
+        let gone: Vec<u32> = g
+            .detached
             .iter()
-            .filter(|(pid, d)| running(**pid) == Some(d.start_ticks))
-            .map(|(pid, d)| (*pid, d.key.clone()))
+            .filter(|(pid, d)| running(**pid) != Some(d.start_ticks))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in gone {
+            if let Some(d) = g.detached.remove(&pid) {
+                Daemon::note_exited(g, pid, d.key, now);
+            }
+        }
+    }
+
+    /// (host PID, tenant key) of the processes in fallback (their shims enforce the
+    /// share: not bypasses); call [`Daemon::prune_detached`] first.
+    pub(super) fn detached_pids(g: &Inner) -> impl Iterator<Item = (u32, String)> + '_ {
+        g.detached.iter().map(|(pid, d)| (*pid, d.key.clone()))
     }
 
     /// Processes in fallback per tenant key; forgets those that exited.
-    pub(super) fn in_fallback(g: &mut Inner) -> BTreeMap<String, u64> {
-        g.detached
-            .retain(|&pid, d| running(pid).is_some_and(|s| s == d.start_ticks));
+    pub(super) fn in_fallback(g: &mut Inner, now: u64) -> BTreeMap<String, u64> {
+        Daemon::prune_detached(g, now);
         let mut out = BTreeMap::new();
         for d in g.detached.values() {
             *out.entry(d.key.clone()).or_insert(0) += 1;
