@@ -35,7 +35,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
 use vgpu_sys::{futex_wait, futex_wake};
@@ -172,12 +172,6 @@ const MAX_MARKERS: usize = 16;
 const UNMEASURED_ALLOWED: u64 = 4;
 /// Unbounded.
 const UNBOUNDED: u64 = u64::MAX / 2;
-/// Longest a launcher out of budget waits before it looks at the gate again.
-const BUDGET_WAIT: Duration = Duration::from_millis(2);
-/// First and longest interval at which a launcher out of budget looks at the oldest
-/// marker (`Gate::wait_for_budget`).
-const BUDGET_POLL_MIN: Duration = Duration::from_micros(10);
-const BUDGET_POLL_MAX: Duration = Duration::from_micros(200);
 
 impl Gate {
     fn new() -> Gate {
@@ -296,53 +290,6 @@ impl Gate {
         } else {
             self.markers().free.push((ctx, event));
         }
-    }
-
-    /// A launcher out of budget waits for the queue to progress, at most
-    /// [`BUDGET_WAIT`]. It looks at the oldest marker itself, at once and then after
-    /// sleeps doubling from [`BUDGET_POLL_MIN`] to [`BUDGET_POLL_MAX`], and raises the
-    /// budget the moment the marker completed: waiting for the gate thread's next tick
-    /// instead held launches of short kernels up to 500 µs behind a GPU that had long
-    /// finished the work.
-    fn wait_for_budget(&self, seq: u32) {
-        if self.front_marker_completed() {
-            return;
-        }
-        let t0 = Instant::now();
-        let mut step = BUDGET_POLL_MIN;
-        while t0.elapsed() < BUDGET_WAIT {
-            if futex_wait(&self.budget_seq, seq, step)
-                || self.budget_seq.load(Ordering::Acquire) != seq
-                || self.front_marker_completed()
-            {
-                return;
-            }
-            step = (step * 2).min(BUDGET_POLL_MAX);
-        }
-    }
-
-    /// Whether the oldest pending marker has completed; if so, the launches before it
-    /// count as completed and the budget grows (the gate thread takes the marker off,
-    /// with its device-time sample, at its next poll).
-    fn front_marker_completed(&self) -> bool {
-        let Some(k) = self.markers().pending.front().copied() else {
-            return false;
-        };
-        let done = {
-            let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
-            // Still the front under the lock: a context destroyed meanwhile took its
-            // markers away (`forget_context`), and its events with them.
-            self.markers()
-                .pending
-                .front()
-                .is_some_and(|f| f.event == k.event)
-                && crate::driver::event_done(k.event)
-        };
-        if done {
-            self.completed.fetch_max(k.seq, Ordering::Relaxed);
-            self.publish_budget();
-        }
-        done
     }
 
     fn word(&self) -> &AtomicU32 {
@@ -480,7 +427,7 @@ impl Gates {
                     gate.mark(launched, stream, ptsz);
                 }
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
-                gate.wait_for_budget(seq);
+                futex_wait(&gate.budget_seq, seq, Duration::from_millis(2));
                 gate.budget_waiting.fetch_sub(1, Ordering::SeqCst);
             }
             return;
