@@ -128,12 +128,12 @@ impl Drop for CpuHogs {
 }
 
 /// A `cpu` cgroup with a CFS quota (a container's CPU limit), holding the processes
-/// added to it and busy loops of its own (one unless said).
+/// added to it and one busy loop of its own.
 #[derive(Debug)]
 pub struct CpuLimited {
     controller: CpuController,
     path: PathBuf,
-    hogs: Vec<Child>,
+    hog: Child,
 }
 
 /// The CFS period of a limited group, µs (Kubernetes' default).
@@ -165,13 +165,6 @@ impl CpuLimited {
     /// A new group `name` limited to `millicpu` (1000 = one CPU per 100 ms period),
     /// with its busy loop already inside.
     pub fn new(name: &str, millicpu: u32) -> Result<CpuLimited> {
-        CpuLimited::with_loops(name, millicpu, 1)
-    }
-
-    /// [`CpuLimited::new`] with `loops` busy loops inside (more threads than the quota
-    /// spend it sooner: a group of 0.5 CPU running three threads on a node with CPUs to
-    /// spare runs about 17 ms of each 100 ms period and is stopped for the rest).
-    pub fn with_loops(name: &str, millicpu: u32, loops: usize) -> Result<CpuLimited> {
         if millicpu == 0 {
             bail!("a CPU limit of 0 millicpu would stop the group");
         }
@@ -195,16 +188,13 @@ impl CpuLimited {
                 write("cpu.cfs_quota_us", quota.to_string())?;
             }
         }
-        let mut g = CpuLimited {
+        let hog = hog()?;
+        let g = CpuLimited {
             controller,
             path,
-            hogs: Vec::new(),
+            hog,
         };
-        for _ in 0..loops {
-            g.hogs.push(hog()?);
-            let pid = g.hogs.last().map_or(0, Child::id);
-            g.add(pid)?;
-        }
+        g.add(g.hog.id())?;
         Ok(g)
     }
 
@@ -237,10 +227,8 @@ impl CpuLimited {
 
 impl Drop for CpuLimited {
     fn drop(&mut self) {
-        for h in &mut self.hogs {
-            let _ = h.kill();
-            let _ = h.wait();
-        }
+        let _ = self.hog.kill();
+        let _ = self.hog.wait();
         // Whatever is left goes back to the root group, so that the group can go.
         if let Ok(s) = std::fs::read_to_string(self.path.join("cgroup.procs")) {
             for pid in s.split_whitespace() {

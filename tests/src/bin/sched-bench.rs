@@ -51,7 +51,7 @@ struct Bench {
     window: Duration,
     warmup: Duration,
     /// Tenants start in their own CPU-limited group (millicpu) when set.
-    cpu_limit: std::cell::Cell<Option<(u32, usize)>>,
+    cpu_limit: std::cell::Cell<Option<u32>>,
 }
 
 struct Daemon {
@@ -146,7 +146,7 @@ impl Bench {
     fn container(&self, name: &str) -> Result<Option<CpuLimited>> {
         self.cpu_limit
             .get()
-            .map(|(m, loops)| CpuLimited::with_loops(name, m, loops))
+            .map(|m| CpuLimited::new(name, m))
             .transpose()
     }
 
@@ -777,7 +777,7 @@ fn under_load(
         ));
         return Ok(());
     }
-    // (label, millicpu, busy loops). The second is what a 0.5-CPU container running
+    // (label, millicpu); each container holds one busy loop. The second is what a 0.5-CPU container running
     // three threads is on a node with CPUs to spare (the real-GPU suite's 16-CPU
     // machines): its quota is spent in about 17 ms and it is stopped for the rest of
     // each 100 ms period. On a small machine a 0.5-CPU quota is not spent that fast (the
@@ -790,21 +790,19 @@ fn under_load(
             limited,
             "CPU-limited tenant containers (each tenant in a cgroup with a 0.5 CPU quota and a busy loop of its own):",
             500,
-            1,
         ),
         (
             stopped,
             "tenant containers stopped most of each CFS period (each tenant in a cgroup with a 0.2 CPU quota and a busy loop of its own):",
             200,
-            1,
         ),
     ];
-    for (want, label, millicpu, loops) in kinds {
+    for (want, label, millicpu) in kinds {
         if !want {
             continue;
         }
         r.say(label.into());
-        b.cpu_limit.set(Some((millicpu, loops)));
+        b.cpu_limit.set(Some(millicpu));
         let res = load_scenarios(b, r);
         b.cpu_limit.set(None);
         res?;
