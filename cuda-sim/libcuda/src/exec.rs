@@ -513,6 +513,13 @@ impl Worker {
             if chunk == remaining {
                 self.ahead.store(end, Ordering::Release);
                 self.publish_claim(&self.lock());
+            } else if eng.held {
+                // A chunk of a longer kernel: the engine is this process's until the
+                // chunk's end, and another process may take it over from then if this
+                // worker is off the CPU (a real GPU time-slices to the next context
+                // whatever this process's threads do). Without it a throttled owner held
+                // the engine through its whole stop.
+                st.engine_claim_set(self.drv.slot, self.dev, end);
             }
             wait_until(end);
             st.add_busy(self.drv.slot, self.dev, start, end);
