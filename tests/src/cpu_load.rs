@@ -9,75 +9,15 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-/// Where the `cpu` controller is, and which interface it has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CpuController {
-    /// cgroup2: `cpu.max` in a directory under this mount, whose `cgroup.controllers`
-    /// lists `cpu`.
-    V2(PathBuf),
-    /// cgroup v1: `cpu.cfs_period_us` / `cpu.cfs_quota_us` under this mount.
-    V1(PathBuf),
-}
+pub use vgpu_core::cpu_cgroup::{CpuController, choose_cpu_controller};
 
-impl CpuController {
-    /// The hierarchy's root directory.
-    pub fn root(&self) -> &Path {
-        match self {
-            CpuController::V2(p) | CpuController::V1(p) => p,
-        }
-    }
-
-    /// Finds the `cpu` controller from `/proc/self/mounts`: cgroup2 when its root offers
-    /// `cpu` (a pure cgroup2 node), else the v1 hierarchy that holds `cpu` (a hybrid
-    /// node's v1 controllers take precedence: a controller is in one hierarchy only).
-    pub fn find() -> std::result::Result<CpuController, String> {
-        let mounts = std::fs::read_to_string("/proc/self/mounts")
-            .map_err(|e| format!("cannot read /proc/self/mounts: {e}"))?;
-        choose_cpu_controller(&mounts, |root| {
-            std::fs::read_to_string(root.join("cgroup.controllers")).ok()
-        })
-    }
-}
-
-/// The choice of [`CpuController::find`] over the text of `/proc/self/mounts`;
-/// `controllers(root)` reads a cgroup2 root's `cgroup.controllers`.
-pub fn choose_cpu_controller(
-    mounts: &str,
-    controllers: impl Fn(&Path) -> Option<String>,
-) -> std::result::Result<CpuController, String> {
-    let mut v1 = None;
-    let mut v2_roots = Vec::new();
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [_, dir, fstype, opts, ..] = f.as_slice() else {
-            continue;
-        };
-        match *fstype {
-            "cgroup2" => v2_roots.push(PathBuf::from(dir)),
-            "cgroup" if opts.split(',').any(|o| o == "cpu") => {
-                v1.get_or_insert_with(|| PathBuf::from(dir));
-            }
-            _ => {}
-        }
-    }
-    for root in &v2_roots {
-        if controllers(root).is_some_and(|c| c.split_whitespace().any(|x| x == "cpu")) {
-            return Ok(CpuController::V2(root.clone()));
-        }
-    }
-    v1.map(CpuController::V1).ok_or_else(|| {
-        if v2_roots.is_empty() {
-            "no cgroup mount offers the cpu controller".to_owned()
-        } else {
-            format!(
-                "the cpu controller is not available in cgroup2 at {} and no v1 hierarchy holds it",
-                v2_roots
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
+/// Finds the `cpu` controller from `/proc/self/mounts`
+/// ([`vgpu_core::cpu_cgroup::choose_cpu_controller`]).
+pub fn find_cpu_controller() -> std::result::Result<CpuController, String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")
+        .map_err(|e| format!("cannot read /proc/self/mounts: {e}"))?;
+    choose_cpu_controller(&mounts, |root| {
+        std::fs::read_to_string(root.join("cgroup.controllers")).ok()
     })
 }
 
@@ -143,7 +83,7 @@ impl CpuLimited {
     /// Why a CPU-limited group cannot be made here (no `cpu` controller, not root), or
     /// None.
     pub fn unavailable() -> Option<String> {
-        let c = match CpuController::find() {
+        let c = match find_cpu_controller() {
             Ok(c) => c,
             Err(why) => return Some(why),
         };
@@ -168,7 +108,7 @@ impl CpuLimited {
         if millicpu == 0 {
             bail!("a CPU limit of 0 millicpu would stop the group");
         }
-        let controller = CpuController::find().map_err(anyhow::Error::msg)?;
+        let controller = find_cpu_controller().map_err(anyhow::Error::msg)?;
         if let CpuController::V2(root) = &controller {
             enable_cpu_below(root)?;
         }
@@ -256,43 +196,4 @@ fn enable_cpu_below(root: &Path) -> Result<()> {
         std::fs::write(&ctl, "+cpu").with_context(|| format!("write +cpu to {}", ctl.display()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const HYBRID: &str = "\
-tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
-cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
-cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
-cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0
-";
-    const PURE_V2: &str = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n";
-
-    #[test]
-    fn a_pure_cgroup2_node_uses_cpu_max_and_a_hybrid_one_its_v1_cpu_hierarchy() {
-        let v2 = |_: &Path| Some("cpuset cpu io memory pids".to_owned());
-        assert_eq!(
-            choose_cpu_controller(PURE_V2, v2),
-            Ok(CpuController::V2("/sys/fs/cgroup".into()))
-        );
-        // Hybrid: the unified hierarchy offers no controller, v1 holds cpu.
-        assert_eq!(
-            choose_cpu_controller(HYBRID, |_| Some(String::new())),
-            Ok(CpuController::V1("/sys/fs/cgroup/cpu".into()))
-        );
-        // `cpuacct` alone is not `cpu`.
-        let only_acct = "cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0\n";
-        assert!(choose_cpu_controller(only_acct, |_| None).is_err());
-        let err = choose_cpu_controller(PURE_V2, |_| Some("memory pids".into()))
-            .expect_err("no cpu controller");
-        assert!(err.contains("/sys/fs/cgroup"), "{err}");
-        // A v1 mount that co-mounts cpu and cpuacct holds cpu.
-        let comount = "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n";
-        assert_eq!(
-            choose_cpu_controller(comount, |_| None),
-            Ok(CpuController::V1("/sys/fs/cgroup/cpu,cpuacct".into()))
-        );
-    }
 }

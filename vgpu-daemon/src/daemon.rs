@@ -98,6 +98,13 @@ impl Config {
                 "out of range (1–100)",
             ));
         }
+        if self.params.co_hold_fill_pct > 100 {
+            return Err(bad(
+                "--co-hold-fill-pct",
+                self.params.co_hold_fill_pct.to_string(),
+                "out of range (0–100)",
+            ));
+        }
         if self.queue_ahead_us > 10_000_000 {
             return Err(bad(
                 "--queue-ahead-us",
@@ -231,12 +238,12 @@ struct Drain {
 #[derive(Debug)]
 struct GpuRec {
     sched: Scheduler,
-    /// The current grant's tenant and generation.
-    grant: Option<(TenantId, u32)>,
-    drain: Option<Drain>,
-    /// The drain of a revoked holder the GPU went on from before it reported
-    /// ([`Scheduler::settling`]).
-    settling: Option<Drain>,
+    /// The tenants granted the GPU (the holder, and co-holders beside it), with their
+    /// grants' generations.
+    grants: BTreeMap<TenantId, u32>,
+    /// Drains to be reported, by tenant: a revoked holder's or co-holder's (also one the
+    /// GPU went on from), or a yield some of the tenant's processes reported.
+    drains: BTreeMap<TenantId, Drain>,
 }
 
 #[derive(Debug, Default)]
@@ -383,6 +390,28 @@ impl Daemon {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// One process of each tenant (its first registered), host PIDs: whose cgroup says
+    /// whether the container is stopped ([`crate::stopped`]).
+    pub fn tenant_pids(&self) -> Vec<(TenantId, u32)> {
+        let g = self.lock();
+        g.tenants
+            .values()
+            .filter_map(|t| {
+                let conn = t.conns.iter().min()?;
+                Some((t.id, g.conns.get(conn)?.pid))
+            })
+            .collect()
+    }
+
+    /// Tenant `tid`'s container was stopped by its CPU limit for this part of the
+    /// recent time (0..=1), on every GPU it uses.
+    pub fn note_stopped(&self, tid: TenantId, stopped: f64) {
+        let mut g = self.lock();
+        for r in g.gpus.values_mut() {
+            r.sched.note_stopped(tid, stopped);
+        }
+    }
+
     /// Starts the timer thread that ends slices and times out drains.
     pub fn spawn_timer(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
         let d = Arc::clone(self);
@@ -471,11 +500,7 @@ impl Daemon {
         // the tenant has yielded (the slice is being released), re-queue the tenant. The
         // same for a holder the GPU went on from: a report that says nothing is blocked
         // may come after this demand.
-        for d in [rec.drain.as_mut(), rec.settling.as_mut()]
-            .into_iter()
-            .flatten()
-            .filter(|d| d.tenant == tid)
-        {
+        if let Some(d) = rec.drains.get_mut(&tid) {
             d.waiting = true;
         }
         acts.extend(rec.sched.demand_asked(tid, asked, now));
@@ -518,36 +543,26 @@ impl Daemon {
         let Some(rec) = g.gpus.get_mut(&uuid) else {
             return Ok(());
         };
-        if rec.grant != Some((tid, generation)) {
-            // A holder the GPU went on from, reporting late.
-            if let Some(d) = rec
-                .settling
-                .as_mut()
-                .filter(|d| d.tenant == tid && d.generation == generation)
-            {
-                d.report(conn, end_ns, busy_ns, launches, waiting);
-                let acts = finish_settling(rec, now);
-                apply(&mut g, &uuid, acts, now);
-                drop(g);
-                self.timer.notify_all();
+        let d = match rec.drains.get_mut(&tid) {
+            Some(d) if d.generation == generation => d,
+            Some(_) => return Ok(()),
+            // A yield of the grant in force: every process of the tenant reports it.
+            None if rec.grants.get(&tid) == Some(&generation) => {
+                rec.drains.entry(tid).or_insert(Drain {
+                    generation,
+                    tenant: tid,
+                    pending: tenant_conns,
+                    end: 0,
+                    busy: Some(0),
+                    launches: 0,
+                    waiting: false,
+                })
             }
-            return Ok(());
-        }
-        let d = rec.drain.get_or_insert_with(|| Drain {
-            generation,
-            tenant: tid,
-            pending: tenant_conns,
-            end: 0,
-            busy: Some(0),
-            launches: 0,
-            waiting: false,
-        });
-        if d.generation != generation {
-            return Ok(());
-        }
+            None => return Ok(()),
+        };
         d.report(conn, end_ns, busy_ns, launches, waiting);
-        let acts = finish_drain(rec, now);
-        if rec.drain.is_none() {
+        let acts = finish_drain(rec, tid, now);
+        if !rec.drains.contains_key(&tid) {
             // Released (a yield leaves the word held): no process of the tenant may
             // launch under this generation any more, including one registering later.
             if let Some(t) = g.by_id.get(&tid).and_then(|k| g.tenants.get(k))
@@ -654,20 +669,12 @@ impl Daemon {
             };
             let mut acts = Vec::new();
             if last {
+                rec.grants.remove(&tid);
+                rec.drains.remove(&tid);
                 acts.extend(rec.sched.remove(tid, now));
-                if rec.grant.is_some_and(|(t, _)| t == tid) {
-                    rec.grant = None;
-                    rec.drain = None;
-                }
-            } else {
-                if let Some(d) = rec.drain.as_mut() {
-                    d.closed(conn, now);
-                    acts.extend(finish_drain(rec, now));
-                }
-                if let Some(d) = rec.settling.as_mut().filter(|d| d.tenant == tid) {
-                    d.closed(conn, now);
-                    acts.extend(finish_settling(rec, now));
-                }
+            } else if let Some(d) = rec.drains.get_mut(&tid) {
+                d.closed(conn, now);
+                acts.extend(finish_drain(rec, tid, now));
             }
             apply(&mut g, uuid, acts, now);
         }
@@ -993,22 +1000,15 @@ impl Drain {
     }
 }
 
-/// Completes a drain whose every process has reported.
-fn finish_drain(rec: &mut GpuRec, now: u64) -> Vec<Action> {
-    if rec.drain.as_ref().is_none_or(|d| !d.pending.is_empty()) {
+/// Completes tenant `tid`'s drain once every process of it has reported.
+fn finish_drain(rec: &mut GpuRec, tid: TenantId, now: u64) -> Vec<Action> {
+    if rec.drains.get(&tid).is_none_or(|d| !d.pending.is_empty()) {
         return Vec::new();
     }
-    let d = rec.drain.take().expect("checked above");
-    rec.grant = None;
-    d.settle(&mut rec.sched, now)
-}
-
-/// Completes the drain of a holder the GPU went on from, once every process reported.
-fn finish_settling(rec: &mut GpuRec, now: u64) -> Vec<Action> {
-    if rec.settling.as_ref().is_none_or(|d| !d.pending.is_empty()) {
-        return Vec::new();
+    let d = rec.drains.remove(&tid).expect("checked above");
+    if rec.grants.get(&tid) == Some(&d.generation) {
+        rec.grants.remove(&tid);
     }
-    let d = rec.settling.take().expect("checked above");
     d.settle(&mut rec.sched, now)
 }
 
@@ -1067,26 +1067,22 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             continue;
         };
         if held {
-            // The GPU went on from a holder still draining: its drain is kept, to be
-            // charged when its processes report.
-            if let Some(d) = rec.drain.take()
-                && rec.sched.settling() == Some((d.tenant, d.generation))
-            {
-                rec.settling = Some(d);
-            }
-            rec.grant = Some((tid, generation));
+            rec.grants.insert(tid, generation);
         } else {
-            rec.drain = Some(Drain {
-                generation,
-                tenant: tid,
-                pending: conns.into_iter().collect(),
-                end: 0,
-                busy: Some(0),
-                launches: 0,
-                waiting: false,
-            });
+            rec.drains.insert(
+                tid,
+                Drain {
+                    generation,
+                    tenant: tid,
+                    pending: conns.into_iter().collect(),
+                    end: 0,
+                    busy: Some(0),
+                    launches: 0,
+                    waiting: false,
+                },
+            );
             // No process to drain: the GPU is free now.
-            let more = finish_drain(rec, now);
+            let more = finish_drain(rec, tid, now);
             apply(g, uuid, more, now);
         }
     }

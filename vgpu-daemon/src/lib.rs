@@ -42,5 +42,6 @@ pub mod realtime;
 pub mod reporting;
 pub mod run;
 pub mod server;
+pub mod stopped;
 pub mod time_slicing;
 pub mod top;

@@ -49,6 +49,15 @@ struct Args {
     /// tenant reports it used (bounds what holding the GPU idle costs the others).
     #[arg(long, default_value_t = Params::default().min_charge_pct)]
     min_charge_pct: u32,
+    /// Co-holding (ADR 0029): a waiting `burst` tenant runs beside the holder while their
+    /// measured fills (device time over time held) add up to at most this percent of
+    /// the GPU; 0: every tenant holds the GPU alone.
+    #[arg(
+        long,
+        env = "VGPU_CO_HOLD_FILL_PCT",
+        default_value_t = Params::default().co_hold_fill_pct
+    )]
+    co_hold_fill_pct: u32,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -137,6 +146,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                     None => 0,
                 },
                 handoff_margin_ns: a.hand_on_margin_ms.0.unwrap_or(0),
+                co_hold_fill_pct: a.co_hold_fill_pct,
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

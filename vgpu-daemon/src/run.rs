@@ -118,6 +118,7 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
         info!(kept, "operators' settings restored");
     }
     daemon.spawn_timer().map_err(RunError::Timer)?;
+    crate::stopped::spawn(&daemon);
     // Before NVML starts: the watcher's own opens come from a trusted cgroup then. Without
     // eBPF the daemon runs on (NVML reconciliation, the plugin's audit), saying why.
     let enforcement = match crate::enforcement::Enforcement::start(&cfg.ebpf, &daemon) {

@@ -55,6 +55,9 @@ fn a_demand_made_while_the_holder_settles_survives_its_report() {
     c.params.drain_timeout_ns = 10_000 * MS;
     c.params.handoff_queue_ns = MS;
     c.params.handoff_margin_ns = MS;
+    // Exclusive slices: the reports below fill a fifth of each slice, which co-holding
+    // (ADR 0029) would let the two tenants hold together.
+    c.params.co_hold_fill_pct = 0;
     let d = Daemon::new(c);
     d.spawn_timer().expect("timer thread");
     let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];

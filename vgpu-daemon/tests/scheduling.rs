@@ -356,6 +356,73 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
     finish_registered(t2, "CPU-limited containers");
 }
 
+/// ADR 0029: tenants whose containers are stopped most of each CFS period (0.2 CPU
+/// beside a busy loop each) cannot fill the GPU: the daemon reads their throttling from
+/// the kernel and lets them hold the GPU together, so each runs when its container does.
+/// Before, granted one at a time mostly while stopped, they got 12–27 % of what they use
+/// unshared, and the phases could lock one out entirely. Asserted: behaviour (several
+/// tenants holding at once, none left without device time), not a figure.
+#[test]
+fn tenants_stopped_most_of_the_time_hold_the_gpu_together() {
+    use vgpu_tests::cpu_load::CpuLimited;
+    if let Some(why) = CpuLimited::unavailable() {
+        eprintln!("SKIPPED tenants_stopped_most_of_the_time_hold_the_gpu_together: {why}");
+        return;
+    }
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(6, 10_000, at);
+    let cs = [20, 30, 50].map(|s| container(s, "burst"));
+    let groups: Vec<CpuLimited> = (0..3)
+        .map(|i| CpuLimited::new(&format!("vgpu-test-stopped{i}"), 200).expect("cpu cgroup"))
+        .collect();
+    let ts: Vec<Child> = cs
+        .iter()
+        .zip(&groups)
+        .map(|(c, g)| node.tenant_in(Some(g), c, &d.socket, &strs(&args)))
+        .collect();
+    // Warm-up: each tenant measured, its throttling read.
+    std::thread::sleep(Duration::from_millis((at + 2000).saturating_sub(now_ms())));
+    let pids: Vec<u32> = ts.iter().map(Child::id).collect();
+    let b0 = node.busy();
+    let mut together = 0;
+    let mut looks = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        let holding = cs
+            .iter()
+            .filter(|c| tenant(&d.api, &key(c)).is_some_and(|t| t["gpus"][0]["state"] == "holding"))
+            .count();
+        together += usize::from(holding >= 2);
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let b1 = node.busy();
+    let busy: Vec<u64> = pids
+        .iter()
+        .map(|p| b1.get(p).copied().unwrap_or(0) - b0.get(p).copied().unwrap_or(0))
+        .collect();
+    eprintln!(
+        "stopped containers: several tenants holding in {together} of {looks} looks; device time {busy:?} ns"
+    );
+    assert!(
+        together > 0,
+        "three tenants stopped most of the time never held the GPU together ({looks} looks; device time {busy:?} ns)"
+    );
+    assert!(
+        busy.iter().all(|b| *b > 0),
+        "a stopped tenant got no device time: {busy:?} ns"
+    );
+    for c in &cs {
+        assert_never_fell_back(&d.api, c, "stopped containers");
+    }
+    for t in ts {
+        finish_registered(t, "stopped containers");
+    }
+}
+
 /// Issue 16 (c): the daemon itself starved: time-sharing (`--sched-priority 0`) inside a
 /// cgroup limited to 0.2 CPU beside a busy loop of its own, so it wakes late for every
 /// slice end and every drain, and reads demands late (they carry their own time, ADR

@@ -313,8 +313,13 @@ impl Report {
 }
 
 /// Saturating tenants with `shares`; returns (max |error| pp of the share of busy time,
-/// total busy fraction of the window).
-fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(f64, f64)> {
+/// total busy fraction of the window, each tenant's busy fraction of the window).
+fn shares(
+    b: &Bench,
+    r: &mut Report,
+    shares: &[u32],
+    kernel_ns: u64,
+) -> Result<(f64, f64, Vec<f64>)> {
     let d = b.daemon("shares", &[])?;
     let at = now_ms() + 2000;
     let mut ts = Vec::new();
@@ -360,7 +365,8 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
     ));
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);
-    Ok((worst, util))
+    let each = busy.iter().map(|ns| *ns as f64 / 1e9 / secs).collect();
+    Ok((worst, util, each))
 }
 
 /// The same `n` tenants as [`shares`] (each in its own CPU-limited group when the bench
@@ -368,7 +374,8 @@ fn shares(b: &Bench, r: &mut Report, shares: &[u32], kernel_ns: u64) -> Result<(
 /// processes as the hardware does. How busy the GPU would be without sharing enforced:
 /// the figure beside which the GPU's use under vgpu is read. Returns the busy fraction
 /// of the window.
-fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<f64> {
+/// The same tenants without vgpu; returns each one's busy fraction of the window.
+fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<Vec<f64>> {
     let at = now_ms() + 2000;
     let mut groups = Vec::new();
     let mut children = Vec::new();
@@ -397,7 +404,7 @@ fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<f64> 
         util * 100.0,
         parts.join(", ")
     ));
-    Ok(util)
+    Ok(busy.iter().map(|ns| *ns as f64 / 1e9 / secs).collect())
 }
 
 fn bare_util(b: &Bench, kernel_ns: u64) -> Result<f64> {
@@ -739,8 +746,24 @@ fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
     let mut worst: f64 = 0.0;
     for k in [SHORT_NS, LONG_NS] {
         for set in [&[20, 30, 50][..], &[4, 6, 8, 8, 10, 10, 12, 12, 14, 16]] {
-            worst = worst.max(shares(b, r, set, k)?.0);
-            unshared(b, r, set.len(), k)?;
+            let (w, util, shared) = shares(b, r, set, k)?;
+            worst = worst.max(w);
+            let bare = unshared(b, r, set.len(), k)?;
+            let ratios: Vec<f64> = shared
+                .iter()
+                .zip(&bare)
+                .map(|(s, u)| s / u.max(1e-9))
+                .collect();
+            let least = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            r.say(format!(
+                "    under vgpu / unshared: GPU busy {:.2}; each tenant's device time [{}], least {least:.2}",
+                util / bare.iter().sum::<f64>().max(1e-9),
+                ratios
+                    .iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
     }
     r.say(format!(
@@ -878,7 +901,7 @@ fn main() -> Result<()> {
         r.say("shares (saturating tenants, burst):".into());
         let mut worst: f64 = 0.0;
         for k in [SHORT_NS, LONG_NS] {
-            let (w, u) = shares(&b, &mut r, &[30, 70], k)?;
+            let (w, u, _) = shares(&b, &mut r, &[30, 70], k)?;
             worst = worst.max(w);
             if k == SHORT_NS {
                 util_2.0 = u;

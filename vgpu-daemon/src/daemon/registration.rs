@@ -238,9 +238,8 @@ impl Daemon {
             words.push(u32::try_from(rec.word).unwrap_or(0));
             let gpu = inner.gpus.entry(uuid.clone()).or_insert_with(|| GpuRec {
                 sched: Scheduler::new(self.cfg.params),
-                grant: None,
-                drain: None,
-                settling: None,
+                grants: BTreeMap::new(),
+                drains: BTreeMap::new(),
             });
             gpu.sched.add(t.id, rec.settings, now);
         }
