@@ -368,13 +368,18 @@ impl Scheduler {
     }
 
     /// Changes a tenant's settings live (takes effect at the next decision; a holder
-    /// whose new settings make it ineligible or lower-priority than a waiter is revoked).
+    /// whose new settings make it ineligible or lower-priority than a waiter is revoked;
+    /// a change to a co-holder or to the holder ends co-holding, which is decided again
+    /// on the new settings).
     pub fn set_settings(&mut self, id: TenantId, s: ComputeSettings, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         if let Some(t) = self.tenants.get_mut(&id) {
             t.settings = s;
             let cap = self.p.quantum_ns as f64;
             t.bucket_ns = t.bucket_ns.min(cap);
+        }
+        if self.co.contains_key(&id) || (!self.co.is_empty() && self.holder() == Some(id)) {
+            self.revoke_co(now, &mut out);
         }
         self.preempt_if_needed(now, &mut out);
         self.tick_into(now, &BTreeSet::new(), &mut out);
@@ -2543,7 +2548,22 @@ mod tests {
         // end the co-holders are revoked.
         sched.note_stopped(2, 0.0);
         let end = sched.next_deadline().expect("the holder's slice");
-        let acts = sched.tick(end);
+        let revoked = sched.tick(end);
+        assert_eq!(revoked.len(), 2, "{revoked:?}");
+        assert!(revoked.iter().all(|a| matches!(a, Action::Revoke { .. })));
+        assert!(sched.co_holders().is_empty());
+        // An operator caps a co-holder: co-holding ends at once (a capped tenant's slice
+        // is its tokens').
+        sched.note_stopped(2, 0.85);
+        let acts = sched.demand(2, end);
+        assert!(acts.is_empty(), "still settling: {acts:?}");
+        for a in revoked {
+            if let Action::Revoke { tenant, generation } = a {
+                sched.release(tenant, generation, end + MS, Some(MS), true, end + MS);
+            }
+        }
+        assert_eq!(sched.co_holders().len(), 2, "co-held again once reported");
+        let acts = sched.set_settings(3, s(30, ComputePolicy::Cap, Priority::BestEffort), end + MS);
         assert_eq!(acts.len(), 2, "{acts:?}");
         assert!(acts.iter().all(|a| matches!(a, Action::Revoke { .. })));
         assert!(sched.co_holders().is_empty());
