@@ -146,6 +146,9 @@ pub fn tenant_to_pb(t: &model::Tenant) -> pb::Tenant {
                 grants: g.grants,
                 achieved_share_pct: g.recent_share_pct,
                 state: state_to_pb(g.state) as i32,
+                co_held: g.co_held,
+                fill_pct: g.fill_pct,
+                cpu_stopped_pct: g.cpu_stopped_pct,
             })
             .collect(),
     }

@@ -328,6 +328,9 @@ pub fn tenant_json(t: &pb::Tenant) -> Value {
                 "memory_used_bytes": g.memory_used_bytes,
                 "memory_quota_bytes": g.memory_quota_bytes,
                 "state": state_name(g.state),
+                "co_held": g.co_held,
+                "fill_pct": g.fill_pct,
+                "cpu_stopped_pct": g.cpu_stopped_pct,
             })
         }).collect::<Vec<_>>(),
     })

@@ -844,6 +844,9 @@ impl Daemon {
                             grants: st.map_or(0, |s| s.grants),
                             recent_share_pct: st.map_or(0.0, |s| s.recent_share_pct),
                             state: st.map_or(SliceState::Idle, |s| s.state),
+                            co_held: st.is_some_and(|s| s.co_held),
+                            fill_pct: st.and_then(|s| s.fill).map(|f| f * 100.0),
+                            cpu_stopped_pct: st.map_or(0.0, |s| s.stopped * 100.0),
                         }
                     })
                     .collect();

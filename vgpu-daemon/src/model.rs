@@ -55,6 +55,15 @@ pub struct TenantGpu {
     pub recent_share_pct: f64,
     /// Current state.
     pub state: SliceState,
+    /// Holding the GPU beside another tenant (co-holding, ADR 0029).
+    #[serde(default)]
+    pub co_held: bool,
+    /// Device time over time held of its recent grants, percent (None: not measured).
+    #[serde(default)]
+    pub fill_pct: Option<f64>,
+    /// Part of the recent time its container was stopped by its CPU limit, percent.
+    #[serde(default)]
+    pub cpu_stopped_pct: f64,
 }
 
 /// One tenant (container).

@@ -175,6 +175,12 @@ pub struct TenantStats {
     pub recent_share_pct: f64,
     /// Current state.
     pub state: SliceState,
+    /// Holding beside the holder (co-holding).
+    pub co_held: bool,
+    /// Its fill, 0..=1 (None: not measured).
+    pub fill: Option<f64>,
+    /// The part of the time its container is stopped by its CPU limit, 0..=1.
+    pub stopped: f64,
 }
 
 #[derive(Debug)]
@@ -741,6 +747,9 @@ impl Scheduler {
             grants: t.grants,
             recent_share_pct: recent as f64 * 100.0 / self.p.window_ns as f64,
             state,
+            co_held: self.co.contains_key(&id),
+            fill: t.fill(),
+            stopped: t.stopped,
         })
     }
 

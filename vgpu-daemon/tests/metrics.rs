@@ -197,6 +197,9 @@ fn evil_snapshot() -> NodeSnapshot {
         grants: 42,
         recent_share_pct: 29.5,
         state: SliceState::Waiting,
+        co_held: false,
+        fill_pct: Some(40.0),
+        cpu_stopped_pct: 0.0,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
