@@ -9,7 +9,7 @@
 //! `cpu` controller, no bandwidth statistics) reads as never stopped.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,8 +50,31 @@ pub struct Reading {
 
 /// Reads process `pid`'s group (None: not readable, or no bandwidth statistics).
 pub fn read(ctl: &CpuController, pid: u32) -> Option<Reading> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let group = ctl.group_of(&text)?;
+    read_at(ctl, Path::new("/proc"), pid)
+}
+
+/// Process `pid`'s group directory, `proc` being procfs: in the daemon's view of the
+/// hierarchy; or, when the daemon is in a cgroup namespace of its own (a pod's, on
+/// cgroup2) and sees the group as `/../…`, in the process's own view,
+/// `/proc/PID/root/sys/fs/cgroup`, which is its group when its namespace is rooted there
+/// (a container's is): taken only if the group's `cgroup.procs` lists the process.
+fn group_dir(ctl: &CpuController, proc: &Path, pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(proc.join(format!("{pid}/cgroup"))).ok()?;
+    if let Some(g) = ctl.group_of(&text) {
+        return Some(g);
+    }
+    if !matches!(ctl, CpuController::V2(_)) {
+        return None;
+    }
+    let own = proc.join(format!("{pid}/root/sys/fs/cgroup"));
+    let procs = std::fs::read_to_string(own.join("cgroup.procs")).ok()?;
+    let me = pid.to_string();
+    procs.split_whitespace().any(|p| p == me).then_some(own)
+}
+
+/// [`read`] with procfs at `proc`.
+fn read_at(ctl: &CpuController, proc: &Path, pid: u32) -> Option<Reading> {
+    let group = group_dir(ctl, proc, pid)?;
     let stat = bandwidth(&std::fs::read_to_string(group.join("cpu.stat")).ok()?)?;
     let quota_ns = std::fs::read_to_string(group.join(ctl.quota_file()))
         .ok()
@@ -107,4 +130,45 @@ pub fn spawn(daemon: &Arc<Daemon>) -> Option<std::thread::JoinHandle<()>> {
             }
         })
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake procfs: process `pid` whose `/proc/PID/cgroup` says `line`, with the
+    /// group its own namespace sees (listing `listed`) holding `cpu.stat` and `cpu.max`.
+    fn fake_proc(pid: u32, line: &str, listed: u32) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(pid.to_string());
+        let own = p.join("root/sys/fs/cgroup");
+        std::fs::create_dir_all(&own).expect("mkdir");
+        std::fs::write(p.join("cgroup"), line).expect("write");
+        std::fs::write(own.join("cgroup.procs"), format!("1\n{listed}\n")).expect("write");
+        std::fs::write(
+            own.join("cpu.stat"),
+            "usage_usec 9\nnr_periods 10\nnr_throttled 9\nthrottled_usec 900000\n",
+        )
+        .expect("write");
+        std::fs::write(own.join("cpu.max"), "20000 100000\n").expect("write");
+        dir
+    }
+
+    #[test]
+    fn a_group_outside_the_daemons_namespace_is_read_through_the_process_root() {
+        let v2 = CpuController::V2("/nonexistent-cgroup2".into());
+        let proc = fake_proc(4242, "0::/../../kubepods/pod1/c1\n", 4242);
+        let r = read_at(&v2, proc.path(), 4242).expect("read through its root");
+        assert_eq!(r.group, proc.path().join("4242/root/sys/fs/cgroup"));
+        assert_eq!(r.stat.throttled_periods, 9);
+        assert_eq!(r.quota_ns, Some(20_000_000));
+        // Not listed there (its namespace is not rooted at its group): not read.
+        let other = fake_proc(4242, "0::/../../kubepods/pod1/c1\n", 77);
+        assert_eq!(read_at(&v2, other.path(), 4242), None);
+        // cgroup v1 has no such view.
+        let v1 = CpuController::V1("/nonexistent-cpu".into());
+        assert_eq!(read_at(&v1, proc.path(), 4242), None);
+        // No such process.
+        assert_eq!(read_at(&v2, proc.path(), 1), None);
+    }
 }
