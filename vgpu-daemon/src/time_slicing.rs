@@ -958,12 +958,7 @@ impl Scheduler {
             return;
         };
         let class = ht.settings.priority;
-        let mut fills: Vec<f64> = vec![ht.expected_use().unwrap_or(1.0)];
-        fills.extend(
-            self.co
-                .keys()
-                .map(|c| self.tenants.get(c).and_then(T::expected_use).unwrap_or(1.0)),
-        );
+        let mut fills = self.holding_uses(h);
         self.refill(now);
         loop {
             let next = self
@@ -1009,14 +1004,20 @@ impl Scheduler {
         let St::Holding { t: h, .. } = self.st else {
             return false;
         };
-        let mut uses = self.co.keys().chain(std::iter::once(&h)).map(|id| {
-            self.tenants
-                .get(id)
-                .and_then(T::expected_use)
-                .unwrap_or(1.0)
-        });
-        let first = uses.next().unwrap_or(0.0);
-        co_fits(&uses.collect::<Vec<_>>(), first, self.p.co_hold_fill_pct)
+        co_fits(&self.holding_uses(h), 0.0, self.p.co_hold_fill_pct)
+    }
+
+    /// The expected uses of holder `h` and the co-holders (1 where not measured).
+    fn holding_uses(&self, h: TenantId) -> Vec<f64> {
+        std::iter::once(&h)
+            .chain(self.co.keys())
+            .map(|id| {
+                self.tenants
+                    .get(id)
+                    .and_then(T::expected_use)
+                    .unwrap_or(1.0)
+            })
+            .collect()
     }
 
     /// Revokes every co-holder: each reports its drain when it can, and is charged then
