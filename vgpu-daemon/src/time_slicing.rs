@@ -250,7 +250,8 @@ struct Revoked {
     generation: u32,
     since: u64,
     revoked_at: u64,
-    /// The grant's time and what was charged since at renewals (wall time).
+    /// The grant's time and what was charged since at renewals
+    /// ([`Scheduler::renewal_charge`]).
     granted: u64,
     provisional: u64,
     /// A co-holder's grant ([`Params::co_hold_fill_pct`]): nothing was lent to it, so
@@ -273,7 +274,8 @@ enum St {
         generation: u32,
         since: u64,
         deadline: u64,
-        /// The grant's time and what was charged since at renewals (wall time).
+        /// The grant's time and what was charged since at renewals
+        /// ([`Scheduler::renewal_charge`]).
         granted: u64,
         provisional: u64,
     },
@@ -589,9 +591,12 @@ impl Scheduler {
                     self.refund(id, provisional - total);
                 }
             }
+            // Not measured: the whole grant counts as busy, the renewals' estimate
+            // included.
             None => {
+                let renewed = (since - granted).saturating_sub(provisional);
                 let charged = slice_charge(end - since, now - since, None, pct);
-                self.charge(id, charged, end);
+                self.charge(id, charged + renewed, end);
             }
         }
         if let Some(t) = self.tenants.get_mut(&id) {
@@ -998,6 +1003,20 @@ impl Scheduler {
         }
     }
 
+    /// What a renewal charges holder `id` for the `held` ns of its slice, provisionally:
+    /// the device time it is expected to have used, `held` × its fill (all of it when
+    /// its fill is not measured yet). The grant's end settles it against the device time
+    /// reported. It is the best estimate, not an upper bound, because the virtual clock
+    /// follows the holder's virtual time at renewals and a waking tenant is placed behind
+    /// that clock: charged the wall time of a long hold it half used, the holder carried
+    /// the clock ahead of its own use, and the tenants co-held beside it, placed there
+    /// each time they woke from a CPU throttle, lost the lead to its later refund (a 75 %
+    /// tenant got 34 % of the device time, waiting for its 25 % neighbour to catch up).
+    fn renewal_charge(&self, id: TenantId, held: u64) -> u64 {
+        let fill = self.tenants.get(&id).and_then(T::fill).unwrap_or(1.0);
+        (held as f64 * fill).round() as u64
+    }
+
     /// Whether the holder's and the co-holders' expected uses still add up to at most the
     /// bound.
     fn co_still_fits(&self) -> bool {
@@ -1160,7 +1179,8 @@ impl Scheduler {
                     // Alone and allowed: the slice goes on; what it held so far is
                     // charged now, provisionally (settled against the device time the
                     // tenant reports when the grant ends).
-                    self.charge(t, now - since, now);
+                    let est = self.renewal_charge(t, now - since);
+                    self.charge(t, est, now);
                     let q = self.p.quantum_ns;
                     let min_slice = self.min_slice();
                     let slice = match self.tenants.get(&t) {
@@ -1178,7 +1198,7 @@ impl Scheduler {
                         since: now,
                         deadline: now + slice,
                         granted,
-                        provisional: provisional + (now - since),
+                        provisional: provisional + est,
                     };
                     // Nobody waits: co-holders go on while their uses (the stopped
                     // parts are the kernel's latest) still fit, and at least every
@@ -2030,6 +2050,51 @@ mod tests {
         sched.tick(20 * MS);
         sched.release(1, 1, 20 * MS, None, true, 20 * MS);
         assert_eq!(sched.stats(1, 20 * MS).expect("known").used_ns, 20 * MS);
+    }
+
+    /// A holder alone for a second that keeps the GPU busy half of it: its renewals
+    /// charge what it is expected to use (its fill), so a tenant waking meanwhile is
+    /// placed beside the holder's use. Charged the wall time, the holder carried the
+    /// virtual clock a half-second of its own time ahead; the waking 75 % tenant was
+    /// placed there, the holder's refund at its release put it that far behind, and
+    /// the 75 % tenant then waited while the 25 % one caught up (share 0.0 here;
+    /// in real processes co-held beside such a holder, 34 % of the device time).
+    #[test]
+    fn a_tenant_waking_during_a_half_used_lone_hold_is_not_left_behind_its_refund() {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(25), 0);
+        sched.add(2, burst(75), 0);
+        let mut now = measured(&mut sched, 1, 5 * MS, 10 * MS, 0);
+        now = measured(&mut sched, 2, 10 * MS, 10 * MS, now);
+        let Some(Action::Grant { generation, .. }) = sched.demand(1, now).first().copied() else {
+            panic!("tenant 1 not granted");
+        };
+        let granted = now;
+        while now < granted + 1000 * MS {
+            now += 10 * MS;
+            assert!(sched.tick(now).is_empty(), "alone: renewed");
+        }
+        sched.demand(2, now);
+        now += 10 * MS;
+        assert_eq!(
+            sched.tick(now),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation
+            }]
+        );
+        let held = now - granted;
+        sched.release(1, generation, now, Some(held / 2), true, now);
+        let used = |s: &Scheduler, id| s.stats(id, now).expect("known").used_ns;
+        let (u1, u2) = (used(&sched, 1), used(&sched, 2));
+        saturate_until(&mut sched, now, now + 400 * MS);
+        let (d1, d2) = (used(&sched, 1) - u1, used(&sched, 2) - u2);
+        let share2 = d2 as f64 / (d1 + d2) as f64;
+        assert!(
+            share2 > 0.65,
+            "the 75 % tenant got {:.1} % of the next 400 ms ({d1} / {d2} ns)",
+            share2 * 100.0
+        );
     }
 
     #[test]
