@@ -100,11 +100,6 @@ pub const CO_HOLD_FILL_PCT_MEASURED: u32 = 80;
 /// before it count for.
 const FILL_DECAY: f64 = 0.5;
 
-/// How long what a tenant's co-held grants used stands for its expected use, ns
-/// ([`T::expected_use`]): co-holders report at least every [`CO_REFRESH_SLICES`]
-/// slices, so a figure older than this is of a co-holding that ended.
-const CO_FILL_FRESH_NS: u64 = 1_000_000_000;
-
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -218,11 +213,6 @@ struct T {
     /// [`FILL_DECAY`] of the one after it; their ratio is its fill (None: never held).
     fill_busy: f64,
     fill_held: f64,
-    /// The same of its grants beside a holder (co-held), and when the last of them was
-    /// measured: held through its container's stops, they measure its use directly.
-    co_busy: f64,
-    co_held: f64,
-    co_at: u64,
     /// The part of the time its container is stopped by its CPU limit, 0..=1 (the
     /// kernel's throttling statistics, [`Scheduler::note_stopped`]).
     stopped: f64,
@@ -235,33 +225,19 @@ impl T {
         (self.fill_held > 0.0).then(|| (self.fill_busy / self.fill_held).min(1.0))
     }
 
-    /// How much of the GPU it would keep busy holding it all the time, at `now`: what
-    /// its recent co-held grants used of the time they held (their time includes the
-    /// container's stops, and whatever its queued work did meanwhile), or else its fill
-    /// for the part of the time its container runs (None: fill not measured yet). The
-    /// second is an estimate that holds while its work stops with its CPU; work that
-    /// runs on while the container is stopped (kernels longer than the queue-ahead
-    /// bound) shows in the first as soon as it was co-held once.
-    fn expected_use(&self, now: u64) -> Option<f64> {
-        if self.co_held > 0.0 && now.saturating_sub(self.co_at) <= CO_FILL_FRESH_NS {
-            return Some((self.co_busy / self.co_held).min(1.0));
-        }
+    /// How much of the GPU it would keep busy holding it all the time: its fill, for the
+    /// part of the time its container runs (None: fill not measured yet).
+    fn expected_use(&self) -> Option<f64> {
         self.fill().map(|f| f * (1.0 - self.stopped))
     }
 
     /// Adds a grant's measure: `busy` ns of device time over `held` ns (`busy` None:
-    /// not measured, counted as full), ending at `now`; `co`: a co-held grant.
-    fn note_fill(&mut self, busy: Option<u64>, held: u64, co: bool, now: u64) {
+    /// not measured, counted as full).
+    fn note_fill(&mut self, busy: Option<u64>, held: u64) {
         let held = held.max(1) as f64;
         let busy = busy.map_or(held, |b| (b as f64).min(held));
-        let (b, h) = if co {
-            self.co_at = now;
-            (&mut self.co_busy, &mut self.co_held)
-        } else {
-            (&mut self.fill_busy, &mut self.fill_held)
-        };
-        *b = *b * FILL_DECAY + busy;
-        *h = *h * FILL_DECAY + held;
+        self.fill_busy = self.fill_busy * FILL_DECAY + busy;
+        self.fill_held = self.fill_held * FILL_DECAY + held;
     }
 }
 
@@ -371,9 +347,6 @@ impl Scheduler {
             launch_cost_ns: None,
             fill_busy: 0.0,
             fill_held: 0.0,
-            co_busy: 0.0,
-            co_held: 0.0,
-            co_at: 0,
             stopped: 0.0,
         });
     }
@@ -626,9 +599,8 @@ impl Scheduler {
                 self.charge(id, charged + renewed, end);
             }
         }
-        let co = co_held.is_some() || settled.is_some_and(|r| r.co);
         if let Some(t) = self.tenants.get_mut(&id) {
-            t.note_fill(busy_ns, end - granted, co, now);
+            t.note_fill(busy_ns, end - granted);
         }
         if settled.is_some() {
             self.settling.remove(&id);
@@ -991,7 +963,7 @@ impl Scheduler {
             return;
         };
         let class = ht.settings.priority;
-        let mut fills = self.holding_uses(h, now);
+        let mut fills = self.holding_uses(h);
         self.refill(now);
         loop {
             let next = self
@@ -1002,11 +974,10 @@ impl Scheduler {
                         && t.settings.policy == ComputePolicy::Burst
                         && t.settings.priority == class
                         && t.stopped >= CO_HOLD_MIN_STOPPED
-                        && t.expected_use(now)
-                            .is_some_and(|f| co_fits(&fills, f, bound))
+                        && t.expected_use().is_some_and(|f| co_fits(&fills, f, bound))
                 })
                 .max_by(|(a, ta), (b, tb)| tb.vtime.total_cmp(&ta.vtime).then(b.cmp(a)))
-                .map(|(id, t)| (*id, t.expected_use(now).unwrap_or(1.0)));
+                .map(|(id, t)| (*id, t.expected_use().unwrap_or(1.0)));
             let Some((id, fill)) = next else {
                 return;
             };
@@ -1048,22 +1019,21 @@ impl Scheduler {
 
     /// Whether the holder's and the co-holders' expected uses still add up to at most the
     /// bound.
-    fn co_still_fits(&self, now: u64) -> bool {
+    fn co_still_fits(&self) -> bool {
         let St::Holding { t: h, .. } = self.st else {
             return false;
         };
-        co_fits(&self.holding_uses(h, now), 0.0, self.p.co_hold_fill_pct)
+        co_fits(&self.holding_uses(h), 0.0, self.p.co_hold_fill_pct)
     }
 
-    /// The expected uses of holder `h` and the co-holders at `now` (1 where not
-    /// measured).
-    fn holding_uses(&self, h: TenantId, now: u64) -> Vec<f64> {
+    /// The expected uses of holder `h` and the co-holders (1 where not measured).
+    fn holding_uses(&self, h: TenantId) -> Vec<f64> {
         std::iter::once(&h)
             .chain(self.co.keys())
             .map(|id| {
                 self.tenants
                     .get(id)
-                    .and_then(|t| t.expected_use(now))
+                    .and_then(T::expected_use)
                     .unwrap_or(1.0)
             })
             .collect()
@@ -1234,7 +1204,7 @@ impl Scheduler {
                     // parts are the kernel's latest) still fit, and at least every
                     // [`CO_REFRESH_SLICES`] slices report, which refreshes their fills.
                     self.co_slices += 1;
-                    if self.co_slices >= CO_REFRESH_SLICES || !self.co_still_fits(now) {
+                    if self.co_slices >= CO_REFRESH_SLICES || !self.co_still_fits() {
                         self.revoke_co(now, out);
                     }
                     self.co_grant(now, out);
@@ -2577,14 +2547,9 @@ mod tests {
         sched.release(2, g2, late, Some(2 * MS), true, late);
         let after = sched.stats(2, late).expect("known").used_ns;
         assert_eq!(after - used, 2 * MS, "charged its device time");
-        // Its expected use is now what its co-held grant used: 2 ms over the 90 ms it
-        // held (its fill alone, 1 ms in 10, for the 20 % its container runs: 0.02).
-        let expected = sched.tenants[&2].expected_use(late).expect("measured");
-        assert!(
-            (expected - 2.0 / 90.0).abs() < 1e-3,
-            "expected use {expected}"
-        );
-        assert_eq!(sched.fill(2), Some(0.1), "exclusive grants' fill unchanged");
+        // Its fill fell: 1 ms in 10, then 2 ms over the 90 ms it held its last grant.
+        let fill = sched.fill(2).expect("measured");
+        assert!(fill < 0.05, "fill {fill}");
         assert_eq!(
             sched.stats(2, late).expect("known").state,
             SliceState::Waiting
@@ -2697,50 +2662,6 @@ mod tests {
         sched.note_stopped(3, 7.0);
         let t = |id| &sched.tenants[&id];
         assert_eq!((t(2).stopped, t(3).stopped), (0.0, 1.0));
-    }
-
-    /// A tenant whose work runs on while its container is stopped (kernels longer than
-    /// the queue-ahead bound keep the GPU busy through the stop) is co-held once on the
-    /// estimate (fill × running part), and no more once its co-held grant measured
-    /// what it really used; the estimate is tried again when that figure is old.
-    #[test]
-    fn a_co_holder_whose_work_runs_on_through_its_stops_is_co_held_no_more() {
-        let mut sched = Scheduler::new(co_holding());
-        sched.add(1, burst(50), 0);
-        sched.add(2, burst(50), 0);
-        // Tenant 1 runs (not throttled) and keeps the GPU busy a tenth of its slices;
-        // tenant 2's container is stopped 90 % of the time, its slices full.
-        sched.note_stopped(2, 0.9);
-        let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
-        now = measured(&mut sched, 2, 10 * MS, 10 * MS, now);
-        sched.demand(1, now);
-        let [Action::Grant { generation, .. }] = sched.demand(2, now)[..] else {
-            panic!("tenant 2 not co-held on its estimate (0.1 + 0.1)");
-        };
-        // It yields after 5 ms that its work kept the GPU busy throughout, and asks
-        // again: what it used (1.0) does not fit beside the holder.
-        now += 5 * MS;
-        let acts = sched.release(2, generation, now, Some(5 * MS), true, now);
-        assert!(acts.is_empty(), "{acts:?}");
-        assert!(sched.co_holders().is_empty());
-        // They take turns (tenant 1 busy 1 ms of each slice, tenant 2 all of it) until
-        // that figure is old; then the estimate is tried again.
-        let stale = now + CO_FILL_FRESH_NS;
-        let mut co_again = None;
-        while now < stale + 100 * MS && co_again.is_none() {
-            now = sched.next_deadline().expect("a holder").max(now);
-            for a in sched.tick(now) {
-                if let Action::Revoke { tenant, generation } = a {
-                    let busy = if tenant == 1 { MS } else { 10 * MS };
-                    sched.release(tenant, generation, now, Some(busy), true, now);
-                }
-            }
-            if sched.co_holders().iter().any(|(t, _)| *t == 2) {
-                co_again = Some(now);
-            }
-        }
-        let at = co_again.expect("co-held again once its co-held figure is old");
-        assert!(at > stale, "co-held again {} ms early", (stale - at) / MS);
     }
 
     #[test]
