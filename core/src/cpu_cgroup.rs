@@ -33,6 +33,26 @@ impl CpuController {
         }
     }
 
+    /// The file of a group's CFS period ([`CpuController::period_ns`] reads it).
+    pub fn period_file(&self) -> &'static str {
+        match self {
+            CpuController::V2(_) => "cpu.max",
+            CpuController::V1(_) => "cpu.cfs_period_us",
+        }
+    }
+
+    /// A group's CFS period, ns, from the text of its [`CpuController::period_file`]:
+    /// cgroup2's `cpu.max` second field (`"20000 100000"`), v1's `cpu.cfs_period_us`.
+    /// None: unreadable or 0.
+    pub fn period_ns(&self, text: &str) -> Option<u64> {
+        let field = match self {
+            CpuController::V2(_) => 1,
+            CpuController::V1(_) => 0,
+        };
+        let us: u64 = text.split_whitespace().nth(field)?.parse().ok()?;
+        (us > 0).then(|| us.saturating_mul(1000))
+    }
+
     /// The directory of the group a `/proc/<pid>/cgroup` text puts the process in, in
     /// this hierarchy (None: no line for it, or a path outside this mount's view, as a
     /// reader in another cgroup namespace sees it: `/..`).
@@ -250,6 +270,16 @@ cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0
         assert_eq!(quota_ns("max 100000\n"), None);
         assert_eq!(quota_ns("-1\n"), None);
         assert_eq!(quota_ns("garbage"), None);
+        let (v2, v1) = (
+            CpuController::V2("/sys/fs/cgroup".into()),
+            CpuController::V1("/sys/fs/cgroup/cpu".into()),
+        );
+        assert_eq!(v2.period_ns("20000 100000\n"), Some(100_000_000));
+        assert_eq!(v2.period_ns("max 50000\n"), Some(50_000_000));
+        assert_eq!(v1.period_ns("100000\n"), Some(100_000_000));
+        assert_eq!(v2.period_ns("20000\n"), None);
+        assert_eq!(v1.period_ns("0\n"), None);
+        assert_eq!(v1.period_ns("-5\n"), None);
     }
 
     #[test]

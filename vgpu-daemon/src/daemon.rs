@@ -404,11 +404,11 @@ impl Daemon {
     }
 
     /// Tenant `tid`'s container was stopped by its CPU limit for this part of the
-    /// recent time (0..=1), on every GPU it uses.
-    pub fn note_stopped(&self, tid: TenantId, stopped: f64) {
+    /// recent time (0..=1), by a group of CFS period `period_ns`, on every GPU it uses.
+    pub fn note_stopped(&self, tid: TenantId, stopped: f64, period_ns: Option<u64>) {
         let mut g = self.lock();
         for r in g.gpus.values_mut() {
-            r.sched.note_stopped(tid, stopped);
+            r.sched.note_stopped(tid, stopped, period_ns);
         }
     }
 

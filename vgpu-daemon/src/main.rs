@@ -148,6 +148,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 },
                 handoff_margin_ns: a.hand_on_margin_ms.0.unwrap_or(0),
                 co_hold_fill_pct: a.co_hold_fill_pct,
+                queue_ahead_ns: a.queue_ahead_us.saturating_mul(1000),
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

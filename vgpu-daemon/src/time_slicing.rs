@@ -131,6 +131,10 @@ pub struct Params {
     /// Tenants stopped most of each CFS period by their container's CPU limit then run
     /// at once, as they would unshared.
     pub co_hold_fill_pct: u32,
+    /// The shims' queue-ahead bound, ns: the device time a process may have queued
+    /// beyond what completed (two launches are always allowed), which its work can run
+    /// on for after its container is stopped ([`T::expected_use`]).
+    pub queue_ahead_ns: u64,
 }
 
 impl Default for Params {
@@ -144,6 +148,7 @@ impl Default for Params {
             handoff_queue_ns: 0,
             handoff_margin_ns: 1_000_000,
             co_hold_fill_pct: DEFAULT_CO_HOLD_FILL_PCT,
+            queue_ahead_ns: 2_000_000,
         }
     }
 }
@@ -214,8 +219,10 @@ struct T {
     fill_busy: f64,
     fill_held: f64,
     /// The part of the time its container is stopped by its CPU limit, 0..=1 (the
-    /// kernel's throttling statistics, [`Scheduler::note_stopped`]).
+    /// kernel's throttling statistics, [`Scheduler::note_stopped`]), and the CFS period
+    /// of the group that stops it (a stop is at most that long), ns.
     stopped: f64,
+    period_ns: Option<u64>,
 }
 
 impl T {
@@ -225,10 +232,26 @@ impl T {
         (self.fill_held > 0.0).then(|| (self.fill_busy / self.fill_held).min(1.0))
     }
 
-    /// How much of the GPU it would keep busy holding it all the time: its fill, for the
-    /// part of the time its container runs (None: fill not measured yet).
-    fn expected_use(&self) -> Option<f64> {
-        self.fill().map(|f| f * (1.0 - self.stopped))
+    /// How much of the GPU it would keep busy holding it all the time, its shims'
+    /// queue-ahead bound being `queue_ahead_ns` (None: fill not measured yet): its fill
+    /// for the part of the time its container runs, plus what its queued work runs on
+    /// for in each stop. That is at most the queue-ahead bound, or two of its launches
+    /// (the bound always lets two through), and at most the stop; a stop lasts at most
+    /// the rest of a CFS period. Kernels long beside the period (a 100 ms kernel in a
+    /// 100 ms period) keep the GPU busy through the stops: no discount then. Nor when
+    /// its device time per launch or the period is not known. The queued work is not
+    /// measured (a co-held tenant's device time counts the other contexts' kernels run
+    /// between its markers): it is bounded.
+    fn expected_use(&self, queue_ahead_ns: u64) -> Option<f64> {
+        let fill = self.fill()?;
+        let run_on = match (self.period_ns, self.launch_cost_ns) {
+            (Some(period), Some(cost)) if period > 0 => {
+                let queued = queue_ahead_ns.max(cost.saturating_mul(2));
+                (queued as f64 / period as f64).min(self.stopped)
+            }
+            _ => self.stopped,
+        };
+        Some((fill * (1.0 - self.stopped) + run_on).min(1.0))
     }
 
     /// Adds a grant's measure: `busy` ns of device time over `held` ns (`busy` None:
@@ -348,6 +371,7 @@ impl Scheduler {
             fill_busy: 0.0,
             fill_held: 0.0,
             stopped: 0.0,
+            period_ns: None,
         });
     }
 
@@ -466,14 +490,16 @@ impl Scheduler {
     }
 
     /// The part of the time tenant `id`'s container is stopped by its CPU limit, as the
-    /// kernel counts it (0..=1; clamped).
-    pub fn note_stopped(&mut self, id: TenantId, stopped: f64) {
+    /// kernel counts it (0..=1; clamped), and the CFS period of the group that stops
+    /// it, ns (None: not known).
+    pub fn note_stopped(&mut self, id: TenantId, stopped: f64, period_ns: Option<u64>) {
         if let Some(t) = self.tenants.get_mut(&id) {
             t.stopped = if stopped.is_finite() {
                 stopped.clamp(0.0, 1.0)
             } else {
                 0.0
             };
+            t.period_ns = period_ns.filter(|p| *p > 0);
         }
     }
 
@@ -964,6 +990,7 @@ impl Scheduler {
         };
         let class = ht.settings.priority;
         let mut fills = self.holding_uses(h);
+        let q = self.p.queue_ahead_ns;
         self.refill(now);
         loop {
             let next = self
@@ -974,10 +1001,10 @@ impl Scheduler {
                         && t.settings.policy == ComputePolicy::Burst
                         && t.settings.priority == class
                         && t.stopped >= CO_HOLD_MIN_STOPPED
-                        && t.expected_use().is_some_and(|f| co_fits(&fills, f, bound))
+                        && t.expected_use(q).is_some_and(|f| co_fits(&fills, f, bound))
                 })
                 .max_by(|(a, ta), (b, tb)| tb.vtime.total_cmp(&ta.vtime).then(b.cmp(a)))
-                .map(|(id, t)| (*id, t.expected_use().unwrap_or(1.0)));
+                .map(|(id, t)| (*id, t.expected_use(q).unwrap_or(1.0)));
             let Some((id, fill)) = next else {
                 return;
             };
@@ -1033,7 +1060,7 @@ impl Scheduler {
             .map(|id| {
                 self.tenants
                     .get(id)
-                    .and_then(T::expected_use)
+                    .and_then(|t| t.expected_use(self.p.queue_ahead_ns))
                     .unwrap_or(1.0)
             })
             .collect()
@@ -2308,6 +2335,9 @@ mod tests {
         assert_eq!(sched.settling(), Some((1, 1)));
     }
 
+    /// The CFS period of the tests' stopped containers (Kubernetes' default).
+    const PERIOD: Option<u64> = Some(100 * MS);
+
     /// The defaults with co-holding on, as measured (ADR 0029).
     fn co_holding() -> Params {
         Params {
@@ -2354,7 +2384,7 @@ mod tests {
         for (i, &share) in shares.iter().enumerate() {
             sched.add(i as u64 + 1, burst(share), 0);
             // What the kernel reports for them: stopped 80 % of the time.
-            sched.note_stopped(i as u64 + 1, 0.8);
+            sched.note_stopped(i as u64 + 1, 0.8, PERIOD);
             ts.insert(i as u64 + 1, Tn::default());
         }
         for ms in 0..total_ms {
@@ -2367,6 +2397,8 @@ mod tests {
                     continue;
                 }
                 if let Some((generation, busy)) = ts.get_mut(&id).and_then(|t| t.revoked.take()) {
+                    // Kernels of 10 µs.
+                    sched.note_launches(id, Some(busy * MS), busy * 100);
                     let acts = sched.release(id, generation, now, Some(busy * MS), true, now);
                     apply(acts, &mut ts);
                 }
@@ -2423,6 +2455,8 @@ mod tests {
         let Some(Action::Grant { generation, .. }) = acts.first().copied() else {
             panic!("tenant {id} not granted: {acts:?}");
         };
+        // Kernels of 100 µs.
+        sched.note_launches(id, Some(busy), (busy / (MS / 10)).max(1));
         sched.release(id, generation, now + held, Some(busy), false, now + held);
         now + held
     }
@@ -2452,7 +2486,7 @@ mod tests {
         sched.add(7, burst(30), now);
         now = measured(&mut sched, 7, 3 * MS, 10 * MS, now);
         for id in 1..=7 {
-            sched.note_stopped(id, if id == 7 { 0.0 } else { 0.6 });
+            sched.note_stopped(id, if id == 7 { 0.0 } else { 0.6 }, PERIOD);
         }
         assert_eq!(sched.fill(6), None);
         now += 100 * MS;
@@ -2506,7 +2540,7 @@ mod tests {
         let mut sched = Scheduler::new(co_holding());
         for id in 1..=3 {
             sched.add(id, burst(30), 0);
-            sched.note_stopped(id, 0.8);
+            sched.note_stopped(id, 0.8, PERIOD);
         }
         let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
         now = measured(&mut sched, 2, MS, 10 * MS, now);
@@ -2562,7 +2596,7 @@ mod tests {
         let mut sched = Scheduler::new(p);
         for id in 1..=2 {
             sched.add(id, burst(50), 0);
-            sched.note_stopped(id, 0.8);
+            sched.note_stopped(id, 0.8, PERIOD);
         }
         let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
         now = measured(&mut sched, 2, MS, 10 * MS, now);
@@ -2629,14 +2663,14 @@ mod tests {
         // Their containers are stopped 85 % of the time (the kernel's throttling
         // figures): each keeps the GPU busy 15 % of the time at most.
         for id in 1..=3 {
-            sched.note_stopped(id, 0.85);
+            sched.note_stopped(id, 0.85, PERIOD);
         }
         let acts = sched.demand(3, now + MS);
         assert_eq!(acts.len(), 2, "both waiters beside the holder: {acts:?}");
         assert_eq!(sched.co_holders().len(), 2);
         // One container no longer throttled would fill the GPU: at the holder's slice
         // end the co-holders are revoked.
-        sched.note_stopped(2, 0.0);
+        sched.note_stopped(2, 0.0, PERIOD);
         let end = sched.next_deadline().expect("the holder's slice");
         let revoked = sched.tick(end);
         assert_eq!(revoked.len(), 2, "{revoked:?}");
@@ -2644,7 +2678,7 @@ mod tests {
         assert!(sched.co_holders().is_empty());
         // An operator caps a co-holder: co-holding ends at once (a capped tenant's slice
         // is its tokens').
-        sched.note_stopped(2, 0.85);
+        sched.note_stopped(2, 0.85, PERIOD);
         let acts = sched.demand(2, end);
         assert!(acts.is_empty(), "still settling: {acts:?}");
         for a in revoked {
@@ -2658,10 +2692,56 @@ mod tests {
         assert!(acts.iter().all(|a| matches!(a, Action::Revoke { .. })));
         assert!(sched.co_holders().is_empty());
         // Garbage is clamped: a stopped part above 1 is 1, a NaN is 0.
-        sched.note_stopped(2, f64::NAN);
-        sched.note_stopped(3, 7.0);
+        sched.note_stopped(2, f64::NAN, PERIOD);
+        sched.note_stopped(3, 7.0, PERIOD);
         let t = |id| &sched.tenants[&id];
         assert_eq!((t(2).stopped, t(3).stopped), (0.0, 1.0));
+    }
+
+    /// What a stopped tenant's queued work does through its stops: at most the
+    /// queue-ahead bound or two launches, each stop. Short kernels stop with its CPU
+    /// (co-held on its fill for the part of the time it runs); kernels as long as the
+    /// period keep the GPU busy through the stops (never co-held).
+    #[test]
+    fn a_stopped_tenant_whose_kernels_run_on_through_its_stops_is_not_co_held() {
+        let q = Params::default().queue_ahead_ns;
+        let use_with = |cost: Option<u64>, period: Option<u64>| {
+            let mut sched = Scheduler::new(co_holding());
+            sched.add(1, burst(50), 0);
+            measured(&mut sched, 1, 10 * MS, 10 * MS, 0);
+            let t = sched.tenants.get_mut(&1).expect("known");
+            t.launch_cost_ns = cost;
+            t.stopped = 0.9;
+            t.period_ns = period;
+            t.expected_use(q).expect("measured")
+        };
+        // Its fill (1) for the tenth it runs, plus the 2 ms queued per 100 ms stop.
+        let short = use_with(Some(10_000), PERIOD);
+        assert!((short - 0.12).abs() < 1e-9, "{short}");
+        // 5 ms kernels: two of them (10 ms) run on in each stop.
+        let five = use_with(Some(5 * MS), PERIOD);
+        assert!((five - 0.2).abs() < 1e-9, "{five}");
+        // 100 ms kernels in a 100 ms period: busy through the stops.
+        assert_eq!(use_with(Some(100 * MS), PERIOD), 1.0);
+        // Not known: no discount.
+        assert_eq!(use_with(None, PERIOD), 1.0);
+        assert_eq!(use_with(Some(10_000), None), 1.0);
+        // Beside a holder of the same kind, the short-kernel tenant is co-held, the
+        // long-kernel one is not.
+        for (cost, co_held) in [(10_000, true), (100 * MS, false)] {
+            let mut sched = Scheduler::new(co_holding());
+            sched.add(1, burst(50), 0);
+            sched.add(2, burst(50), 0);
+            let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
+            now = measured(&mut sched, 2, 10 * MS, 10 * MS, now);
+            for id in 1..=2 {
+                sched.note_stopped(id, 0.9, PERIOD);
+            }
+            sched.tenants.get_mut(&2).expect("known").launch_cost_ns = Some(cost);
+            sched.demand(1, now);
+            let acts = sched.demand(2, now);
+            assert_eq!(!acts.is_empty(), co_held, "kernels of {cost} ns: {acts:?}");
+        }
     }
 
     #[test]

@@ -6,8 +6,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_core::cpu_cgroup::stopped_part;
-use vgpu_daemon::stopped::{find_controller, read};
+use vgpu_daemon::stopped::{find_controller, read, stopped_between};
 use vgpu_tests::cpu_load::CpuLimited;
 
 /// Kills its process when dropped (a failed assertion leaves no busy loop behind).
@@ -36,7 +35,7 @@ fn stopped_over_a_second(pid: u32, inside: &str) -> Option<f64> {
     std::thread::sleep(Duration::from_secs(1));
     let after = read(&ctl, pid)?;
     assert_eq!(before.group, after.group, "the process stayed in its group");
-    Some(stopped_part(before.stat, after.stat, after.quota_ns))
+    Some(stopped_between(&before, &after).part)
 }
 
 #[test]
