@@ -68,11 +68,15 @@ impl Drop for CpuHogs {
 }
 
 /// A `cpu` cgroup with a CFS quota (a container's CPU limit), holding the processes
-/// added to it and one busy loop of its own.
+/// added to it and one busy loop of its own; or a group without a quota inside one with
+/// it (a Kubernetes pod's limit over its container, [`CpuLimited::in_pod`]).
 #[derive(Debug)]
 pub struct CpuLimited {
     controller: CpuController,
+    /// The group the processes are in.
     path: PathBuf,
+    /// The group with the quota: `path`, or the group above it.
+    limited: PathBuf,
     hog: Child,
 }
 
@@ -105,6 +109,17 @@ impl CpuLimited {
     /// A new group `name` limited to `millicpu` (1000 = one CPU per 100 ms period),
     /// with its busy loop already inside.
     pub fn new(name: &str, millicpu: u32) -> Result<CpuLimited> {
+        CpuLimited::make(name, millicpu, false)
+    }
+
+    /// A new group `name` limited to `millicpu` holding one group without a quota of
+    /// its own (a pod's limit over its container), where the processes and the busy
+    /// loop go.
+    pub fn in_pod(name: &str, millicpu: u32) -> Result<CpuLimited> {
+        CpuLimited::make(name, millicpu, true)
+    }
+
+    fn make(name: &str, millicpu: u32, pod: bool) -> Result<CpuLimited> {
         if millicpu == 0 {
             bail!("a CPU limit of 0 millicpu would stop the group");
         }
@@ -112,13 +127,14 @@ impl CpuLimited {
         if let CpuController::V2(root) = &controller {
             enable_cpu_below(root)?;
         }
-        let path = controller
+        let limited = controller
             .root()
             .join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        std::fs::create_dir_all(&limited)
+            .with_context(|| format!("create {}", limited.display()))?;
         let write = |file: &str, v: String| {
-            std::fs::write(path.join(file), &v)
-                .with_context(|| format!("write {v} to {}", path.join(file).display()))
+            std::fs::write(limited.join(file), &v)
+                .with_context(|| format!("write {v} to {}", limited.join(file).display()))
         };
         let quota = u64::from(millicpu) * PERIOD_US / 1000;
         match controller {
@@ -128,10 +144,21 @@ impl CpuLimited {
                 write("cpu.cfs_quota_us", quota.to_string())?;
             }
         }
+        let path = if pod {
+            if let CpuController::V2(_) = &controller {
+                enable_cpu_below(&limited)?;
+            }
+            let c = limited.join("container");
+            std::fs::create_dir_all(&c).with_context(|| format!("create {}", c.display()))?;
+            c
+        } else {
+            limited.clone()
+        };
         let hog = hog()?;
         let g = CpuLimited {
             controller,
             path,
+            limited,
             hog,
         };
         g.add(g.hog.id())?;
@@ -177,9 +204,12 @@ impl Drop for CpuLimited {
         }
         for _ in 0..50 {
             if std::fs::remove_dir(&self.path).is_ok() {
-                return;
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if self.limited != self.path {
+            let _ = std::fs::remove_dir(&self.limited);
         }
     }
 }

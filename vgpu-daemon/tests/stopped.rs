@@ -1,6 +1,7 @@
 //! The daemon's reading of a tenant container's CPU throttling (ADR 0029), on this
 //! machine's real `cpu` cgroup: a process in a group limited to 0.2 CPU beside two busy
-//! loops reads as stopped most of the time, one outside it does not.
+//! loops reads as stopped most of the time, as does one in a group without a quota
+//! inside such a group (a pod's limit); one outside them does not.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -38,13 +39,9 @@ fn stopped_over_a_second(pid: u32, inside: &str) -> Option<f64> {
     Some(stopped_between(&before, &after).part)
 }
 
-#[test]
-fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
-    if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED: {why}");
-        return;
-    }
-    let g = CpuLimited::new("vgpu-test-stopped", 200).expect("cpu cgroup");
+/// How much of a second a busy loop in group `g` (which has one of its own) reads as
+/// stopped.
+fn two_loops_stopped(g: &CpuLimited) -> f64 {
     let busy = Killed(
         g.command(Path::new("/bin/sh"))
             .args(["-c", "while :; do :; done"])
@@ -60,11 +57,21 @@ fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
         .and_then(|n| n.to_str())
         .expect("the group's name")
         .to_owned();
-    // Two busy loops in 0.2 CPU: the quota of each 100 ms period is spent in at most
-    // 20 ms of it (10 ms when both run at once).
     let stopped = stopped_over_a_second(busy.0.id(), &inside);
     drop(busy);
-    let stopped = stopped.expect("the group's cpu.stat is readable");
+    stopped.expect("the group's cpu.stat is readable")
+}
+
+#[test]
+fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
+    if let Some(why) = CpuLimited::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let g = CpuLimited::new("vgpu-test-stopped", 200).expect("cpu cgroup");
+    // Two busy loops in 0.2 CPU: the quota of each 100 ms period is spent in at most
+    // 20 ms of it (10 ms when both run at once).
+    let stopped = two_loops_stopped(&g);
     eprintln!("a 0.2-CPU group with two busy loops: stopped {stopped:.2} of a second");
     assert!(
         stopped > 0.5,
@@ -75,4 +82,22 @@ fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
     if let Some(own) = stopped_over_a_second(std::process::id(), "") {
         assert!(own < 0.2, "an unlimited process read as throttled {own:.2}");
     }
+}
+
+/// A pod's limit: the container's own group has no quota, the group above it (the
+/// pod's) 0.2 CPU. The daemon reads the groups above the container's too.
+#[test]
+fn a_container_whose_pod_is_throttled_reads_as_stopped() {
+    if let Some(why) = CpuLimited::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let g = CpuLimited::in_pod("vgpu-test-pod", 200).expect("cpu cgroups");
+    let stopped = two_loops_stopped(&g);
+    eprintln!("a container of a 0.2-CPU pod with two busy loops: stopped {stopped:.2} of a second");
+    assert!(
+        stopped > 0.5,
+        "a container of a 0.2-CPU pod with two busy loops read as throttled {:.0} % of a second",
+        stopped * 100.0
+    );
 }
