@@ -82,15 +82,15 @@ pub const CO_REFRESH_SLICES: u32 = 10;
 /// the tenant to be co-held beside a holder. Fills alone (tenants starved of CPU by
 /// other processes, not throttled) were tried: with ten CPU-limited tenants of short
 /// kernels on two CPUs some got 0.13× the device time they use unshared. Above a half:
-/// a container whose CPUs are contended too reads as more stopped than it is
-/// ([`vgpu_core::cpu_cgroup::stopped_part`]).
+/// 0.5-CPU containers sharing two CPUs read 0.49–0.61 ([`vgpu_core::cpu_cgroup::stopped_part`])
+/// and take turns best.
 pub const CO_HOLD_MIN_STOPPED: f64 = 0.6;
 
-/// Default of [`Params::co_hold_fill_pct`]: off (opt-in, ADR 0029). A container whose
-/// CPUs are contended as well reads as more stopped than it is (two 0.5-CPU containers
-/// of two busy threads on two CPUs read 0.72 where they are stopped about half of the
-/// time), and with co-holding on by default a 75 % tenant in such a container got 46.6 %
-/// while waiting for the GPU a third of the time (CI, stop 27).
+/// Default of [`Params::co_hold_fill_pct`]: off (opt-in, ADR 0029) until a real GPU's
+/// figures. With it on, a 75 % tenant co-held part of the time beside a 25 % one in
+/// 0.5-CPU containers got under half of the device time while waiting for the GPU in
+/// 1 of 32 runs (38.7 %; 2 of 18 before renewals charged the expected use,
+/// [`Scheduler::renewal_charge`]): co-held tenants split the GPU by demand.
 pub const DEFAULT_CO_HOLD_FILL_PCT: u32 = 0;
 
 /// The bound the measurements of ADR 0029 used (`--co-hold-fill-pct 80`).
