@@ -89,8 +89,8 @@ pub const CO_HOLD_MIN_STOPPED: f64 = 0.6;
 /// Default of [`Params::co_hold_fill_pct`]: off (opt-in, ADR 0029) until a real GPU's
 /// figures. With it on, a 75 % tenant co-held part of the time beside a 25 % one in
 /// 0.5-CPU containers got under half of the device time while waiting for the GPU in
-/// 1 of 32 runs (38.7 %; 2 of 18 before renewals charged the expected use,
-/// [`Scheduler::renewal_charge`]): co-held tenants split the GPU by demand.
+/// 1 of 32 runs (38.7 %; 2 of 18 before renewals charged the holder's expected use):
+/// co-held tenants split the GPU by demand.
 pub const DEFAULT_CO_HOLD_FILL_PCT: u32 = 0;
 
 /// The bound the measurements of ADR 0029 used (`--co-hold-fill-pct 80`).
@@ -133,7 +133,7 @@ pub struct Params {
     pub co_hold_fill_pct: u32,
     /// The shims' queue-ahead bound, ns: the device time a process may have queued
     /// beyond what completed (two launches are always allowed), which its work can run
-    /// on for after its container is stopped ([`T::expected_use`]).
+    /// on for after its container is stopped (co-holding's expected use).
     pub queue_ahead_ns: u64,
 }
 
