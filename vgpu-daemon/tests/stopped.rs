@@ -39,9 +39,11 @@ fn stopped_over_a_second(pid: u32, inside: &str) -> Option<f64> {
     Some(stopped_between(&before, &after).part)
 }
 
-/// How much of a second a busy loop in group `g` (which has one of its own) reads as
-/// stopped.
-fn two_loops_stopped(g: &CpuLimited) -> f64 {
+/// Asserts that a busy loop in group `g` (beside the group's own) reads as stopped
+/// most of a second; `what` names the group in the messages. Two busy loops in 0.2
+/// CPU: the quota of each 100 ms period is spent in at most 20 ms of it (10 ms when
+/// both run at once).
+fn two_loops_read_as_stopped(what: &str, g: &CpuLimited) {
     let busy = Killed(
         g.command(Path::new("/bin/sh"))
             .args(["-c", "while :; do :; done"])
@@ -59,7 +61,13 @@ fn two_loops_stopped(g: &CpuLimited) -> f64 {
         .to_owned();
     let stopped = stopped_over_a_second(busy.0.id(), &inside);
     drop(busy);
-    stopped.expect("the group's cpu.stat is readable")
+    let stopped = stopped.expect("the group's cpu.stat is readable");
+    eprintln!("{what} with two busy loops: stopped {stopped:.2} of a second");
+    assert!(
+        stopped > 0.5,
+        "{what} with two busy loops read as throttled {:.0} % of a second",
+        stopped * 100.0
+    );
 }
 
 #[test]
@@ -69,15 +77,7 @@ fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
         return;
     }
     let g = CpuLimited::new("vgpu-test-stopped", 200).expect("cpu cgroup");
-    // Two busy loops in 0.2 CPU: the quota of each 100 ms period is spent in at most
-    // 20 ms of it (10 ms when both run at once).
-    let stopped = two_loops_stopped(&g);
-    eprintln!("a 0.2-CPU group with two busy loops: stopped {stopped:.2} of a second");
-    assert!(
-        stopped > 0.5,
-        "a 0.2-CPU group with two busy loops read as throttled {:.0} % of a second",
-        stopped * 100.0
-    );
+    two_loops_read_as_stopped("a 0.2-CPU group", &g);
     // This test's own process is in no limited group: never throttled (or no figure).
     if let Some(own) = stopped_over_a_second(std::process::id(), "") {
         assert!(own < 0.2, "an unlimited process read as throttled {own:.2}");
@@ -93,11 +93,5 @@ fn a_container_whose_pod_is_throttled_reads_as_stopped() {
         return;
     }
     let g = CpuLimited::in_pod("vgpu-test-pod", 200).expect("cpu cgroups");
-    let stopped = two_loops_stopped(&g);
-    eprintln!("a container of a 0.2-CPU pod with two busy loops: stopped {stopped:.2} of a second");
-    assert!(
-        stopped > 0.5,
-        "a container of a 0.2-CPU pod with two busy loops read as throttled {:.0} % of a second",
-        stopped * 100.0
-    );
+    two_loops_read_as_stopped("a container of a 0.2-CPU pod", &g);
 }
