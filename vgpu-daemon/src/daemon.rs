@@ -264,9 +264,9 @@ struct Inner {
     /// Processes in local fallback now (their connection closed while they ran), by
     /// host PID.
     detached: BTreeMap<u32, fallback::Detached>,
-    /// Processes whose connection closed as they exited: (host PID, tenant key, when),
-    /// oldest first, kept [`EXIT_GRACE_NS`] (at most [`MAX_EXITED`]).
-    exited: VecDeque<(u32, String, u64)>,
+    /// Processes whose connection closed as they exited: oldest first, kept
+    /// [`EXIT_GRACE_NS`] (at most [`MAX_EXITED`]).
+    exited: VecDeque<fallback::Exited>,
 }
 
 /// How long a process that exited stays attributed to its tenant in NVML readings: the
@@ -642,7 +642,8 @@ impl Daemon {
         };
         let key = c.tenant.clone();
         if !Daemon::note_detached(&mut g, c.pid, &key) {
-            Daemon::note_exited(&mut g, c.pid, key.clone(), now);
+            let start = fallback::start_of(c.pid);
+            Daemon::note_exited(&mut g, c.pid, key.clone(), now, start);
         }
         let (tid, last, gpus) = match g.tenants.get_mut(&key) {
             Some(t) => {
@@ -787,13 +788,19 @@ impl Daemon {
         self.registered_pids_at(mono_ns())
     }
 
-    /// A process of tenant `key` exited at `now` (mono ns): its tenant's for
-    /// [`EXIT_GRACE_NS`] in NVML readings.
-    fn note_exited(g: &mut Inner, pid: u32, key: String, now: u64) {
+    /// A process of tenant `key` exited at `now` (mono ns), its start time being
+    /// `start_ticks` (None: already gone): its tenant's for [`EXIT_GRACE_NS`] in NVML
+    /// readings, as long as its PID is not another process's.
+    fn note_exited(g: &mut Inner, pid: u32, key: String, now: u64, start_ticks: Option<u64>) {
         if g.exited.len() >= MAX_EXITED {
             g.exited.pop_front();
         }
-        g.exited.push_back((pid, key, now));
+        g.exited.push_back(fallback::Exited {
+            pid,
+            key,
+            at: now,
+            start_ticks,
+        });
     }
 
     /// [`Daemon::registered_pids`] as of `now` (mono ns).
@@ -803,11 +810,15 @@ impl Daemon {
         while g
             .exited
             .front()
-            .is_some_and(|(_, _, at)| now.saturating_sub(*at) > EXIT_GRACE_NS)
+            .is_some_and(|e| now.saturating_sub(e.at) > EXIT_GRACE_NS)
         {
             g.exited.pop_front();
         }
-        let exited = g.exited.iter().map(|(pid, key, _)| (*pid, key.clone()));
+        let exited = g
+            .exited
+            .iter()
+            .filter(|e| fallback::still_the_exited(e.start_ticks, fallback::start_of(e.pid)))
+            .map(|e| (e.pid, e.key.clone()));
         let detached = Daemon::detached_pids(&g);
         let conns = g.conns.values().map(|c| (c.pid, c.tenant.clone()));
         exited.chain(detached).chain(conns).collect()

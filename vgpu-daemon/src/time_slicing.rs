@@ -620,7 +620,7 @@ impl Scheduler {
             // Not measured: the whole grant counts as busy, the renewals' estimate
             // included.
             None => {
-                let renewed = (since - granted).saturating_sub(provisional);
+                let renewed = since.saturating_sub(granted).saturating_sub(provisional);
                 let charged = slice_charge(end - since, now - since, None, pct);
                 self.charge(id, charged + renewed, end);
             }

@@ -18,13 +18,26 @@ pub(super) struct Detached {
     start_ticks: u64,
 }
 
+/// A process whose connection closed as it exited (or after, in fallback).
+#[derive(Debug, Clone)]
+pub(super) struct Exited {
+    /// Host PID.
+    pub(super) pid: u32,
+    /// Tenant key of the container.
+    pub(super) key: String,
+    /// When it was seen exiting (mono ns).
+    pub(super) at: u64,
+    /// Its start time, if it was still there (exiting, a zombie).
+    pub(super) start_ticks: Option<u64>,
+}
+
 /// `PF_EXITING` in `/proc/PID/stat`'s flags: the process is exiting (its files, the
 /// socket among them, close before it becomes a zombie).
 const PF_EXITING: u64 = 0x4;
 
-/// From the text of `/proc/PID/stat`: the start time of a process that runs (None: a
-/// zombie, a dead or an exiting process, or text that is not a stat line).
-pub(crate) fn running_start_ticks(stat: &str) -> Option<u64> {
+/// From the text of `/proc/PID/stat`: the process's start time and whether it runs
+/// (false: a zombie, a dead or an exiting process). None: not a stat line.
+fn stat_start_ticks(stat: &str) -> Option<(u64, bool)> {
     // The command name (field 2) may hold spaces and parentheses: fields start after
     // the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -33,14 +46,36 @@ pub(crate) fn running_start_ticks(stat: &str) -> Option<u64> {
     let state = *f.first()?;
     let flags: u64 = f.get(6)?.parse().ok()?;
     let start: u64 = f.get(19)?.parse().ok()?;
-    if matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0 {
-        return None;
-    }
-    Some(start)
+    let runs = !matches!(state, "Z" | "X" | "x") && flags & PF_EXITING == 0;
+    Some((start, runs))
+}
+
+/// From the text of `/proc/PID/stat`: the start time of a process that runs (None: a
+/// zombie, a dead or an exiting process, or text that is not a stat line).
+pub(crate) fn running_start_ticks(stat: &str) -> Option<u64> {
+    stat_start_ticks(stat).and_then(|(start, runs)| runs.then_some(start))
+}
+
+fn stat_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()
 }
 
 fn running(pid: u32) -> Option<u64> {
-    running_start_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    running_start_ticks(&stat_of(pid)?)
+}
+
+/// The start time of process `pid`, running, exiting or a zombie (None: no such
+/// process).
+pub(super) fn start_of(pid: u32) -> Option<u64> {
+    stat_start_ticks(&stat_of(pid)?).map(|(start, _)| start)
+}
+
+/// Whether an exited process's PID still names it: no process has the PID now, or the
+/// one that has it started when it did (still exiting). A process that started since
+/// took the PID over: its GPU memory is not the exited tenant's. `recorded`: the exited
+/// process's start time when it was seen exiting (None: already gone then).
+pub(super) fn still_the_exited(recorded: Option<u64>, now: Option<u64>) -> bool {
+    now.is_none() || now == recorded
 }
 
 impl Daemon {
@@ -89,7 +124,7 @@ impl Daemon {
             .collect();
         for pid in gone {
             if let Some(d) = g.detached.remove(&pid) {
-                Daemon::note_exited(g, pid, d.key, now);
+                Daemon::note_exited(g, pid, d.key, now, Some(d.start_ticks));
             }
         }
     }
@@ -132,7 +167,28 @@ mod tests {
 
     #[test]
     fn this_process_runs() {
-        assert!(running(std::process::id()).is_some());
+        let me = std::process::id();
+        assert!(running(me).is_some());
+        assert_eq!(start_of(me), running(me));
         assert!(running(u32::MAX / 2).is_none());
+        assert!(start_of(u32::MAX / 2).is_none());
+    }
+
+    #[test]
+    fn an_exiting_process_has_a_start_time_and_a_reused_pid_is_not_the_exited_process() {
+        let line = |state: &str, flags: u64, start: u64| {
+            format!("77 (a) {state} 1 77 77 0 -1 {flags} 0 0 0 0 3 4 0 0 20 0 5 0 {start} 1 1")
+        };
+        assert_eq!(stat_start_ticks(&line("R", 0x400044, 9)), Some((9, false)));
+        assert_eq!(stat_start_ticks(&line("Z", 0, 9)), Some((9, false)));
+        assert_eq!(stat_start_ticks(&line("S", 0, 9)), Some((9, true)));
+        // Gone since: still the exited process's (NVML may list it a while).
+        assert!(still_the_exited(Some(9), None));
+        assert!(still_the_exited(None, None));
+        // Still exiting: the same start time.
+        assert!(still_the_exited(Some(9), Some(9)));
+        // Another process took the PID over.
+        assert!(!still_the_exited(Some(9), Some(12)));
+        assert!(!still_the_exited(None, Some(12)));
     }
 }
