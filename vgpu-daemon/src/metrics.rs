@@ -141,6 +141,16 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Gauge,
         "Scheduling state of the tenant on the GPU (1 for the current state).",
     );
+    let mut co_held = Family::new(
+        "vgpu_tenant_co_held",
+        Gauge,
+        "1 while the tenant holds the GPU beside another tenant (co-holding, ADR 0029).",
+    );
+    let mut cpu_stopped = Family::new(
+        "vgpu_tenant_cpu_stopped_ratio",
+        Gauge,
+        "Part of the recent time the container was stopped by its CPU limit (the kernel's CFS throttling, 0-1).",
+    );
     let mut procs = Family::new(
         "vgpu_tenant_processes",
         Gauge,
@@ -178,6 +188,8 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             throttled.sample(&l, ns_to_s(g.throttled_ns));
             grants.sample(&l, g.grants as f64);
             mem_used.sample(&l, g.memory_used as f64);
+            co_held.sample(&l, if g.co_held { 1.0 } else { 0.0 });
+            cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
             if let Some(q) = g.memory_quota {
                 mem_quota.sample(&l, q as f64);
             }
@@ -385,6 +397,8 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &mem_used,
         &mem_quota,
         &state,
+        &co_held,
+        &cpu_stopped,
         &procs,
         &info,
         &g_total,

@@ -197,9 +197,9 @@ fn evil_snapshot() -> NodeSnapshot {
         grants: 42,
         recent_share_pct: 29.5,
         state: SliceState::Waiting,
-        co_held: false,
+        co_held: true,
         fill_pct: Some(40.0),
-        cpu_stopped_pct: 0.0,
+        cpu_stopped_pct: 72.5,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
@@ -325,6 +325,10 @@ fn text_format_parses_back() {
     assert_eq!(v("vgpu_tenant_gpu_time_seconds_total"), Some(1.5));
     assert_eq!(v("vgpu_tenant_throttled_seconds_total"), Some(0.25));
     assert_eq!(v("vgpu_tenant_grants_total"), Some(42.0));
+    // Co-holding and the container's CPU throttling, as the scheduler sees them.
+    assert_eq!(types["vgpu_tenant_co_held"], "gauge");
+    assert_eq!(v("vgpu_tenant_co_held"), Some(1.0));
+    assert_eq!(v("vgpu_tenant_cpu_stopped_ratio"), Some(0.725));
     assert_eq!(
         v("vgpu_tenant_memory_used_bytes"),
         Some((3u64 << 30) as f64)
