@@ -40,11 +40,17 @@ pub fn find_controller() -> Result<CpuController, String> {
 /// What the daemon reads of process `pid`'s group and the groups above it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reading {
-    /// The group's directory.
-    pub group: PathBuf,
-    /// The group (first), then each group above it below the hierarchy's root (a
-    /// Kubernetes container's pod, its QoS class), those with bandwidth statistics.
+    /// The group (first, always there), then each group above it below the hierarchy's
+    /// root (a Kubernetes container's pod, its QoS class), those with bandwidth
+    /// statistics.
     pub levels: Vec<Level>,
+}
+
+impl Reading {
+    /// The process's own group's directory.
+    pub fn group(&self) -> &Path {
+        &self.levels[0].dir
+    }
 }
 
 /// One group of a [`Reading`]: its directory, its bandwidth statistics, its quota and
@@ -122,13 +128,17 @@ fn group_dir(ctl: &CpuController, proc: &Path, pid: u32) -> Option<PathBuf> {
 fn read_at(ctl: &CpuController, proc: &Path, pid: u32) -> Option<Reading> {
     let group = group_dir(ctl, proc, pid)?;
     let level = |dir: &Path| {
-        let stat = bandwidth(&std::fs::read_to_string(dir.join("cpu.stat")).ok()?)?;
-        let quota_ns = std::fs::read_to_string(dir.join(ctl.quota_file()))
-            .ok()
-            .and_then(|q| quota_ns(&q));
-        let period_ns = std::fs::read_to_string(dir.join(ctl.period_file()))
-            .ok()
-            .and_then(|p| ctl.period_ns(&p));
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        let stat = bandwidth(&read("cpu.stat")?)?;
+        let quota = read(ctl.quota_file());
+        // cgroup2 keeps both in `cpu.max`: read once.
+        let period = if ctl.period_file() == ctl.quota_file() {
+            quota.clone()
+        } else {
+            read(ctl.period_file())
+        };
+        let quota_ns = quota.and_then(|q| quota_ns(&q));
+        let period_ns = period.and_then(|p| ctl.period_ns(&p));
         Some(Level {
             dir: dir.to_path_buf(),
             stat,
@@ -146,7 +156,7 @@ fn read_at(ctl: &CpuController, proc: &Path, pid: u32) -> Option<Reading> {
                 .filter_map(level),
         );
     }
-    Some(Reading { group, levels })
+    Some(Reading { levels })
 }
 
 /// A tenant's last reading and its stopped part so far.
@@ -178,7 +188,9 @@ pub fn spawn(daemon: &Arc<Daemon>) -> Option<std::thread::JoinHandle<()>> {
                     let Some(reading) = read(&ctl, pid) else {
                         continue;
                     };
-                    let stopped = match last.get(&tid).filter(|l| l.reading.group == reading.group)
+                    let stopped = match last
+                        .get(&tid)
+                        .filter(|l| l.reading.group() == reading.group())
                     {
                         Some(l) => {
                             let now = stopped_between(&l.reading, &reading);
@@ -230,7 +242,7 @@ mod tests {
         let v2 = CpuController::V2("/nonexistent-cgroup2".into());
         let proc = fake_proc(4242, "0::/../../kubepods/pod1/c1\n", 4242);
         let r = read_at(&v2, proc.path(), 4242).expect("read through its root");
-        assert_eq!(r.group, proc.path().join("4242/root/sys/fs/cgroup"));
+        assert_eq!(r.group(), proc.path().join("4242/root/sys/fs/cgroup"));
         assert_eq!(r.levels.len(), 1, "nothing above a container's own view");
         assert_eq!(r.levels[0].stat.throttled_periods, 9);
         assert_eq!(r.levels[0].quota_ns, Some(20_000_000));
@@ -282,7 +294,7 @@ mod tests {
         group(&pod, 0, 0, 0, 50_000);
         group(&ctr, 0, 0, 0, 20_000);
         let before = read_at(&v1, proc.path(), 7).expect("readable");
-        assert_eq!(before.group, ctr);
+        assert_eq!(before.group(), ctr);
         let dirs: Vec<&Path> = before.levels.iter().map(|l| l.dir.as_path()).collect();
         assert_eq!(dirs, [ctr.as_path(), pod.as_path(), qos.as_path()]);
         // Ten periods: the container's own limit (0.2 CPU) throttled it in none; the

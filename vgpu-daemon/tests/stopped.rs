@@ -28,14 +28,18 @@ fn stopped_over_a_second(pid: u32, inside: &str) -> Option<f64> {
     let t0 = Instant::now();
     let before = loop {
         let r = read(&ctl, pid)?;
-        if r.group.ends_with(inside) || t0.elapsed() > Duration::from_secs(2) {
+        if r.group().ends_with(inside) || t0.elapsed() > Duration::from_secs(2) {
             break r;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     std::thread::sleep(Duration::from_secs(1));
     let after = read(&ctl, pid)?;
-    assert_eq!(before.group, after.group, "the process stayed in its group");
+    assert_eq!(
+        before.group(),
+        after.group(),
+        "the process stayed in its group"
+    );
     Some(stopped_between(&before, &after).part)
 }
 
