@@ -4,7 +4,10 @@
 #   tests/gpu/real-gpu.sh BIN_DIR RESULTS_DIR
 #
 # PART=compute: only the compute part and the bench; PART=limited: only the CPU-limited
-# scenarios and the bench; PROCS=0: the bench without its start-up figure.
+# scenarios and the bench; PROCS=0: the bench without its start-up figure; BENCH=0: no
+# bench; ROUNDS=N: the CPU-limited scenarios N times (default 1), LIMITED=0: none of
+# them; DAEMON_ARGS: extra arguments of the daemon for every scenario (e.g.
+# "--co-hold-fill-pct 0").
 #
 # BIN_DIR holds release builds of libvgpu.so, vgpu-daemon, vgpuctl, cuda-probe and
 # shim-bench (`cargo build --release`; they need no Rust toolchain where this runs). The
@@ -167,7 +170,57 @@ daemon() { # daemon [ARGS...]: (re)starts the daemon with these extra arguments
     dpid=$!
     for _ in $(seq 100); do [ -S "$WORK/d.sock" ] && [ -S "$WORK/api.sock" ] && break; sleep 0.1; done
 }
-daemon
+# shellcheck disable=SC2086 # DAEMON_ARGS is a list of arguments
+daemon ${DAEMON_ARGS:-}
+say "daemon arguments: ${DAEMON_ARGS:-(defaults)}"
+# PyTorch tenants: bf16 matmuls, fixed work per iteration, so unlike the spin kernels'
+# device time their counts are not inflated where kernels of several processes overlap.
+cat >"$WORK/torch_load.py" <<'PY'
+import os, sys, time
+import torch
+at, secs = float(sys.argv[1]) / 1000, float(sys.argv[2])
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+b = a @ a
+torch.cuda.synchronize()
+if len(sys.argv) > 3:
+    # Warmed up at full speed; from here on in the CPU-limited cgroup (every thread).
+    with open(os.path.join(sys.argv[3], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+time.sleep(max(0.0, at - time.time()))
+n, end = 0, at + secs
+while time.time() < end:
+    for _ in range(20):
+        b = a @ a
+    torch.cuda.synchronize()
+    n += 20
+print(f"iters={n}")
+PY
+torch_pair() { # torch_pair LABEL SHARE_A SHARE_B ("bare": no shim); each in a CPU-limited
+    # container of its own where CPULIM is set
+    local at=$(($(date +%s%3N) + 8000)) pids=() n s cg
+    for n in a b; do
+        if [ $n = a ]; then s=$2; else s=$3; fi
+        cg=()
+        [ -n "$CPULIM" ] && cg=("$(container "t$n")")
+        if [ "$s" = bare ]; then
+            timeout 60 python3 "$WORK/torch_load.py" $at 6 "${cg[@]}" >"$WORK/tt-$n" 2>&1 &
+        else
+            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/ct-$n-$1" \
+                timeout 60 python3 "$WORK/torch_load.py" $at 6 "${cg[@]}" >"$WORK/tt-$n" 2>&1 &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    uncontain ta
+    uncontain tb
+    local ia ib
+    ia=$(val iters "$(tail -1 "$WORK/tt-a")")
+    ib=$(val iters "$(tail -1 "$WORK/tt-b")")
+    TA=$(python3 -c "print(round(100*${ia:-0}/max(${ia:-0}+${ib:-0},1), 1))")
+    say "torch $1: a(share $2) ${ia:-?} iterations, b(share $3) ${ib:-?}: a did $TA % of the work $(grep -v iters= "$WORK/tt-a" | tail -1)"
+}
+torch_ok=false
+timeout 60 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && torch_ok=true
 # CPU limit of each tenant's container in the scenarios that set it: "QUOTA_US:HOGS" (a
 # cgroup v2 cpu.max of QUOTA_US per 100 ms, with HOGS busy loops of its own inside), or "".
 CPULIM=""
@@ -258,7 +311,9 @@ check share-3 "20/30/50 within ±2 pp" "$(within 2)"
 tenants 1000000 1 $hogs "25/75, 1 ms kernels, $hogs CPU hogs" a:25 b:75
 check share-busy "25/75 within ±2 pp with every CPU saturated" "$(within 2)"
 fi
-if $cg_ok; then
+if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
+  for round in $(seq "${ROUNDS:-1}"); do
+    say "-- CPU-limited tenants, round $round"
     CPULIM="50000:2"
     tenants 10000 32 0 "unshared, 3 processes, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare c:bare
     tenants 10000 32 0 "3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
@@ -266,14 +321,21 @@ if $cg_ok; then
     tenants 1000000 1 0 "unshared, 2 processes, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare
     tenants 1000000 1 0 "25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
     check share-limited-1ms "25/75 within ±2 pp in CPU-limited containers" "$(within 2)"
+    if $torch_ok; then
+        torch_pair limited-bare bare bare
+        torch_pair limited 30 70
+    fi
     # Co-holding (ADR 0029, opt-in): the same tenants with the daemon co-holding those its
     # containers stop most of the time. Figures for its default, no check: compare each
     # line's "device time of all tenants" with the unshared and exclusive lines above.
     daemon --co-hold-fill-pct 80
     tenants 10000 32 0 "co-holding on: 3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
     tenants 1000000 1 0 "co-holding on: 25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
-    daemon
+    $torch_ok && torch_pair limited-co-holding 30 70
+    # shellcheck disable=SC2086
+    daemon ${DAEMON_ARGS:-}
     CPULIM=""
+  done
 fi
 out=$(timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" --json gpus 2>&1)
 pids=$(echo "$out" | python3 -c 'import json,sys; print(" ".join(str(p) for g in json.load(sys.stdin)["gpus"] for p in g.get("bypass_pids", [])))' 2>&1)
@@ -296,41 +358,6 @@ check no-false-bypass "no tenant process that just exited is listed as a bypass"
 
 if [ "${PART:-all}" != limited ]; then
 say "== 5b. two PyTorch processes under the daemon: bf16 matmul iterations in 6 s"
-cat >"$WORK/torch_load.py" <<'PY'
-import sys, time
-import torch
-at, secs = float(sys.argv[1]) / 1000, float(sys.argv[2])
-a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-b = a @ a
-torch.cuda.synchronize()
-time.sleep(max(0.0, at - time.time()))
-n, end = 0, at + secs
-while time.time() < end:
-    for _ in range(20):
-        b = a @ a
-    torch.cuda.synchronize()
-    n += 20
-print(f"iters={n}")
-PY
-torch_pair() { # torch_pair LABEL SHARE_A SHARE_B ("bare": no shim)
-    local at=$(($(date +%s%3N) + 8000)) pids=() n s
-    for n in a b; do
-        if [ $n = a ]; then s=$2; else s=$3; fi
-        if [ "$s" = bare ]; then
-            timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
-        else
-            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/ct-$n-$1" \
-                timeout 60 python3 "$WORK/torch_load.py" $at 6 >"$WORK/tt-$n" 2>&1 &
-        fi
-        pids+=($!)
-    done
-    wait "${pids[@]}"
-    local ia ib
-    ia=$(val iters "$(tail -1 "$WORK/tt-a")")
-    ib=$(val iters "$(tail -1 "$WORK/tt-b")")
-    TA=$(python3 -c "print(round(100*${ia:-0}/max(${ia:-0}+${ib:-0},1), 1))")
-    say "torch $1: a(share $2) ${ia:-?} iterations, b(share $3) ${ib:-?}: a did $TA % of the work $(grep -v iters= "$WORK/tt-a" | tail -1)"
-}
 torch_pair bare bare bare
 torch_pair shares 30 70
 check torch-shares "PyTorch tenants at 30/70 split the work 30 ± 3 %" \
@@ -342,7 +369,9 @@ wait $dpid 2>/dev/null
 cp "$WORK/daemon.log" "$RES/" 2>/dev/null
 
 say "== 6. shim overhead on the real driver (shim-bench: interleaved A/B in one process)"
-for variant in default off; do
+variants="default off"
+[ "${BENCH:-1}" = 0 ] && variants="" && say "(skipped: BENCH=0)"
+for variant in $variants; do
     if [ $variant = off ]; then export VGPU_DAEMON_SOCKET=off; fi
     timeout 240 "$BIN/shim-bench" --iters 20000 --procs "${PROCS:-64}" >"$RES/shim-bench-$variant.txt" 2>&1
     echo "rc=$?" >>"$RES/shim-bench-$variant.txt"
