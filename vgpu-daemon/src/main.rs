@@ -49,10 +49,10 @@ struct Args {
     /// tenant reports it used (bounds what holding the GPU idle costs the others).
     #[arg(long, default_value_t = Params::default().min_charge_pct)]
     min_charge_pct: u32,
-    /// Co-holding (ADR 0029, opt-in): a waiting `burst` tenant whose container is
-    /// throttled most of the time runs beside the holder while their expected uses add
-    /// up to at most this percent of the GPU (measured with 80); 0 (default): every
-    /// tenant holds the GPU alone.
+    /// Co-holding (ADR 0029): a waiting `burst` tenant whose container is throttled most
+    /// of the time runs beside the holder while their expected uses add up to at most
+    /// this percent of the GPU (default 80, as measured); 0: every tenant holds the GPU
+    /// alone.
     #[arg(
         long,
         env = "VGPU_CO_HOLD_FILL_PCT",
