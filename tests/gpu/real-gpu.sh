@@ -278,7 +278,19 @@ tenants() {
         fi
         pids+=($!)
     done
+    # What the daemon decided on, four looks 1.2-4.8 s into the window: each tenant's
+    # state (co-held or not), fill and stopped part as `vgpuctl --json tenants` shows them.
+    rm -f "$WORK"/snap-*.json
+    (
+        sleep 2
+        for k in 1 2 3 4; do
+            sleep 1.2
+            timeout 5 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" --json tenants >"$WORK/snap-$k.json" 2>/dev/null
+        done
+    ) &
+    local snapper=$!
     wait "${pids[@]}"
+    wait $snapper
     [ ${#hp[@]} -gt 0 ] && kill "${hp[@]}" 2>/dev/null
     for spec in "${specs[@]}"; do uncontain "${spec%%:*}"; done
     local tot=0 line="$label:"
@@ -298,6 +310,26 @@ tenants() {
         fi
     done
     say "$line; device time of all tenants = $(python3 -c "print(f'{100*$tot/6e9:.1f}')") % of 6 s; worst |error| ${WORST} pp"
+    local looks
+    looks=$(python3 - "$WORK"/snap-*.json <<'PY'
+import json, os, sys
+def pct(x):
+    return "?" if x is None else f"{x:.0f}"
+rows = {}
+for f in sys.argv[1:]:
+    try:
+        v = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    for t in v.get("tenants", []):
+        g = (t.get("gpus") or [{}])[0]
+        co = "+co" if g.get("co_held") else ""
+        rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
+            f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}")
+print("; ".join(f"{k}: " + ", ".join(r) for k, r in sorted(rows.items())))
+PY
+)
+    [ -n "$looks" ] && say "   looks: $looks"
 }
 within() { python3 -c "print('true' if $WORST <= $1 else 'false')"; }
 # Each tenant's device time in the last `tenants` run (DEV) and in the last unshared one
