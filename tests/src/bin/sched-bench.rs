@@ -372,9 +372,8 @@ fn shares(
 /// The same `n` tenants as [`shares`] (each in its own CPU-limited group when the bench
 /// sets one), without vgpu: no shim, the simulated GPU time-slicing between their
 /// processes as the hardware does. How busy the GPU would be without sharing enforced:
-/// the figure beside which the GPU's use under vgpu is read. Returns the busy fraction
-/// of the window.
-/// The same tenants without vgpu; returns each one's busy fraction of the window.
+/// the figure beside which the GPU's use under vgpu is read. Returns each tenant's busy
+/// fraction of the window.
 fn unshared(b: &Bench, r: &mut Report, n: usize, kernel_ns: u64) -> Result<Vec<f64>> {
     let at = now_ms() + 2000;
     let mut groups = Vec::new();
@@ -763,6 +762,27 @@ fn load_scenarios(b: &Bench, r: &mut Report) -> Result<f64> {
                     .map(|x| format!("{x:.2}"))
                     .collect::<Vec<_>>()
                     .join(", ")
+            ));
+            // A share is a guarantee under contention: what a tenant is owed is the least
+            // of its share of the window and what it uses unshared (beside the same
+            // tenants, so a lower bound of what it would use alone).
+            let sum: u32 = set.iter().sum();
+            let met: Vec<f64> = set
+                .iter()
+                .zip(&shared)
+                .zip(&bare)
+                .map(|((&sh, s), u)| {
+                    let owed = u.min(f64::from(sh) / f64::from(sum.max(1)));
+                    s / owed.max(1e-9)
+                })
+                .collect();
+            r.say(format!(
+                "    against what each is owed (the least of its share and its unshared device time): [{}], least {:.2}",
+                met.iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                met.iter().copied().fold(f64::INFINITY, f64::min)
             ));
         }
     }
