@@ -7,7 +7,8 @@
 # scenarios and the bench; PROCS=0: the bench without its start-up figure; BENCH=0: no
 # bench; ROUNDS=N: the CPU-limited scenarios N times (default 1), LIMITED=0: none of
 # them; DAEMON_ARGS: extra arguments of the daemon for every scenario (e.g.
-# "--co-hold-fill-pct 0": co-holding off, ADR 0029).
+# "--co-hold-fill-pct 0": co-holding off, ADR 0029; the CPU-limited scenarios' own
+# co-holding-off lines are then left out, the daemon taking the option once).
 #
 # BIN_DIR holds release builds of libvgpu.so, vgpu-daemon, vgpuctl, cuda-probe and
 # shim-bench (`cargo build --release`; they need no Rust toolchain where this runs). The
@@ -383,13 +384,18 @@ if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
     fi
     # The same tenants with every tenant holding the GPU alone (co-holding off, ADR 0029's
     # baseline): figures, no check.
-    # shellcheck disable=SC2086
-    daemon --co-hold-fill-pct 0 ${DAEMON_ARGS:-}
-    tenants 10000 32 0 "co-holding off: 3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
-    tenants 1000000 1 0 "co-holding off: 25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
-    $torch_ok && torch_pair limited-co-holding-off 30 70
-    # shellcheck disable=SC2086
-    daemon ${DAEMON_ARGS:-}
+    case " ${DAEMON_ARGS:-} " in
+    *" --co-hold-fill-pct"*) ;;
+    *)
+        # shellcheck disable=SC2086
+        daemon --co-hold-fill-pct 0 ${DAEMON_ARGS:-}
+        tenants 10000 32 0 "co-holding off: 3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
+        tenants 1000000 1 0 "co-holding off: 25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
+        $torch_ok && torch_pair limited-co-holding-off 30 70
+        # shellcheck disable=SC2086
+        daemon ${DAEMON_ARGS:-}
+        ;;
+    esac
     CPULIM=""
   done
 fi

@@ -1017,21 +1017,18 @@ impl Scheduler {
         };
         let class = ht.settings.priority;
         let mut fills = self.holding_uses(h);
-        let q = self.p.queue_ahead_ns;
         self.refill(now);
         loop {
             let next = self
                 .tenants
                 .iter()
-                .filter(|(id, t)| {
-                    self.grantable(**id, t)
-                        && t.settings.policy == ComputePolicy::Burst
-                        && t.settings.priority == class
-                        && t.stopped >= CO_HOLD_MIN_STOPPED
-                        && t.expected_use(q).is_some_and(|f| co_fits(&fills, f, bound))
+                .filter(|(id, t)| self.grantable(**id, t) && t.settings.priority == class)
+                .filter_map(|(id, t)| {
+                    let f = self.co_use(t).filter(|f| co_fits(&fills, *f, bound))?;
+                    Some((*id, t.vtime, f))
                 })
-                .max_by(|(a, ta), (b, tb)| tb.vtime.total_cmp(&ta.vtime).then(b.cmp(a)))
-                .map(|(id, t)| (*id, t.expected_use(q).unwrap_or(1.0)));
+                .max_by(|(a, va, _), (b, vb, _)| vb.total_cmp(va).then(b.cmp(a)))
+                .map(|(id, _, f)| (id, f));
             let Some((id, fill)) = next else {
                 return;
             };
@@ -1127,7 +1124,7 @@ impl Scheduler {
             ..
         } = self.st
         {
-            let go_on = self.co_holdable(t);
+            let go_on = self.goes_on_at_revoke(t);
             let r = Revoked {
                 t,
                 generation,
@@ -1163,16 +1160,23 @@ impl Scheduler {
     /// queued work then overlaps the next holder's first milliseconds at most, and its
     /// report, which counts what ran between its markers, is not swollen by the next
     /// holder's work (5 ms kernels going on so were charged 4-5× their device time).
-    fn co_holdable(&self, id: TenantId) -> bool {
+    fn goes_on_at_revoke(&self, id: TenantId) -> bool {
         let bound = self.p.co_hold_fill_pct;
         self.tenants.get(&id).is_some_and(|t| {
-            t.settings.policy == ComputePolicy::Burst
-                && t.stopped >= CO_HOLD_MIN_STOPPED
-                && t.launch_cost_ns
-                    .is_some_and(|c| c.saturating_mul(3) <= self.p.quantum_ns)
-                && t.expected_use(self.p.queue_ahead_ns)
-                    .is_some_and(|f| co_fits(&[], f, bound))
+            t.launch_cost_ns
+                .is_some_and(|c| queued_work_is_short(&self.p, c))
+                && self.co_use(t).is_some_and(|f| co_fits(&[], f, bound))
         })
+    }
+
+    /// The expected use of a tenant co-holding may grant beside a holder: a `burst`
+    /// tenant whose container is throttled at least [`CO_HOLD_MIN_STOPPED`] of the time,
+    /// its use measured (None otherwise).
+    fn co_use(&self, t: &T) -> Option<f64> {
+        if t.settings.policy != ComputePolicy::Burst || t.stopped < CO_HOLD_MIN_STOPPED {
+            return None;
+        }
+        t.expected_use(self.p.queue_ahead_ns)
     }
 
     /// Revokes the holder if `id`, waiting, would be chosen before it (a higher class, or
@@ -1333,10 +1337,17 @@ impl Scheduler {
 /// CPU does. None (wait for the report) when hand-on is off or the launches are as long
 /// as a slice.
 pub fn handoff_delay(p: &Params, launch_cost_ns: u64) -> Option<u64> {
-    if p.handoff_queue_ns == 0 || launch_cost_ns.saturating_mul(3) > p.quantum_ns {
+    if p.handoff_queue_ns == 0 || !queued_work_is_short(p, launch_cost_ns) {
         return None;
     }
     Some(p.handoff_queue_ns.max(launch_cost_ns * 3) + p.handoff_margin_ns)
+}
+
+/// Whether the work a revoked holder may still have queued (up to three of its launches
+/// of `launch_cost_ns`: the two the queue-ahead bound always lets through, and one past
+/// the gate as the revoke came) is over within a quantum.
+fn queued_work_is_short(p: &Params, launch_cost_ns: u64) -> bool {
+    launch_cost_ns.saturating_mul(3) <= p.quantum_ns
 }
 
 /// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
