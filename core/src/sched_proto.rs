@@ -33,6 +33,18 @@
 //! `i * BOARD_STRIDE`) belongs to the tenant's `i`-th GPU of its `Hello`; its value is
 //! `generation << 1 | held` ([`GrantWord`], the one packer and unpacker). Launchers read it with one atomic load and wait on it with
 //! a futex when not held.
+//!
+//! Claims (additive, ADR 0030): a daemon may attach a second descriptor to its
+//! `Welcome`, the tenant's "claim page" (one page, writable by the tenant's processes,
+//! size-sealed). Word `i` of it (same offset as the grant word) is where a launcher
+//! stores the grant word it is about to launch under, the first time it launches under
+//! that grant, and then reads the grant word again (both sequentially consistent). The
+//! daemon stores a revocation in the grant word and then reads the claim: one of the two
+//! sees the other's store, so a claim that does not name the revoked grant means no
+//! process launched under it, and the GPU goes on without waiting for the tenant's
+//! drain report (which a tenant whose container its CPU limit stopped sends only when it
+//! runs again). A shim that ignores the page (or a tenant that scribbles on it) is
+//! charged what it reports it ran, as before.
 
 use serde::{Deserialize, Serialize};
 

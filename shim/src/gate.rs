@@ -118,6 +118,10 @@ pub struct Gate {
     yielded: AtomicU32,
     inflight: AtomicU32,
     launched: AtomicU64,
+    /// This GPU's word of the tenant's claim page (null: none; ADR 0030).
+    claim: AtomicPtr<AtomicU32>,
+    /// The grant word last claimed (0, never a held word: none).
+    claimed: AtomicU32,
     /// Launches may proceed while `launched < budget` (= completed + allowed).
     budget: AtomicU64,
     budget_seq: AtomicU32,
@@ -185,6 +189,8 @@ impl Gate {
             yielded: AtomicU32::new(NONE),
             inflight: AtomicU32::new(0),
             launched: AtomicU64::new(0),
+            claim: AtomicPtr::new(std::ptr::null_mut()),
+            claimed: AtomicU32::new(0),
             budget: AtomicU64::new(UNBOUNDED),
             budget_seq: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
@@ -307,6 +313,30 @@ impl Gate {
         let w = GrantWord::unpack(w);
         w.held && w.generation != self.yielded.load(Ordering::SeqCst)
     }
+
+    /// Claims grant word `w` before the first launch under it (ADR 0030): stores it in
+    /// the claim page, then reads the grant word again. The daemon stores a revocation
+    /// and then reads the claim, all four sequentially consistent, so either it sees
+    /// this claim (and waits for the drain report) or this read sees the revocation.
+    /// False: the grant changed meanwhile (do not launch under `w`). Later launches under
+    /// the same grant cost one load. No claim page, or the local word: nothing to claim.
+    fn claim(&self, w: u32) -> bool {
+        if self.claimed.load(Ordering::Acquire) == w {
+            return true;
+        }
+        let c = self.claim.load(Ordering::Acquire);
+        if c.is_null() || self.word.load(Ordering::Acquire).is_null() {
+            return true;
+        }
+        // SAFETY: a non-null claim pointer is a word of a claim page mapping that is
+        // never unmapped (see `Gate::word`).
+        unsafe { &*c }.store(w, Ordering::SeqCst);
+        if self.word().load(Ordering::SeqCst) != w {
+            return false;
+        }
+        self.claimed.store(w, Ordering::Release);
+        true
+    }
 }
 
 /// The gates of this process.
@@ -397,12 +427,17 @@ pub fn enter(
         if gate.held(w)
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
         {
-            // SAFETY-free: `g` is 'static, so the gate is too.
-            return Ok(Some(Pass {
-                gate: &g.gates[dev],
-                stream,
-                ptsz,
-            }));
+            if gate.claim(w) {
+                // SAFETY-free: `g` is 'static, so the gate is too.
+                return Ok(Some(Pass {
+                    gate: &g.gates[dev],
+                    stream,
+                    ptsz,
+                }));
+            }
+            // Revoked (or granted anew) while claiming: look at the word again.
+            gate.inflight.fetch_sub(1, Ordering::SeqCst);
+            continue;
         }
         gate.inflight.fetch_sub(1, Ordering::SeqCst);
         g.block(gate, w, stream, ptsz);

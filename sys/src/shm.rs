@@ -40,6 +40,35 @@ pub fn seal_writes_by_others(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// Seals a [`memfd`] made `sealable` against shrinking, growing and further seals, and
+/// leaves it writable: a page others write (a tenant's claim page) that they cannot
+/// shrink under the mapper, whose reads past the new end would raise SIGBUS.
+pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: a valid descriptor; sealing changes no memory of this process.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is at least `len` bytes long and sealed against shrinking: a mapping of
+/// its first `len` bytes then never faults, whoever else holds the file (a descriptor
+/// a peer sent, which could otherwise be truncated under the mapping).
+pub fn cannot_shrink_below(fd: BorrowedFd<'_>, len: usize) -> bool {
+    // SAFETY: a zeroed stat is a valid out-parameter for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a stat buffer that outlives the call.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    // SAFETY: a valid descriptor; F_GET_SEALS only reads.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    u64::try_from(st.st_size).is_ok_and(|n| n >= len as u64)
+        && seals >= 0
+        && seals & libc::F_SEAL_SHRINK != 0
+}
+
 /// A shared mapping of the first `len` bytes of a file, at an address the kernel chose;
 /// unmapped on drop.
 #[derive(Debug)]
@@ -130,6 +159,31 @@ mod tests {
         w.atomic_u32(8).store(7, Ordering::Release);
         assert_eq!(r.atomic_u32(8).load(Ordering::Acquire), 7);
         assert_eq!(r.len(), 4096);
+    }
+
+    #[test]
+    fn a_size_sealed_memfd_stays_writable_and_cannot_shrink() {
+        let fd = memfd(c"vgpu-sys-test", 4096, true).expect("memfd");
+        seal_size(fd.as_fd()).expect("seal");
+        let w = SharedMap::map(fd.as_fd(), 4096, true).expect("still writable");
+        w.atomic_u32(0).store(3, Ordering::SeqCst);
+        // SAFETY: a valid descriptor; the call is expected to fail.
+        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0);
+        // SAFETY: as above.
+        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 8192) }, 0);
+        assert_eq!(w.atomic_u32(0).load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn only_a_long_enough_page_sealed_against_shrinking_is_sound() {
+        let fd = memfd(c"vgpu-sys-test", 4096, true).expect("memfd");
+        assert!(!cannot_shrink_below(fd.as_fd(), 4096), "not sealed yet");
+        seal_size(fd.as_fd()).expect("seal");
+        assert!(cannot_shrink_below(fd.as_fd(), 4096));
+        assert!(!cannot_shrink_below(fd.as_fd(), 8192), "too short");
+        let short = memfd(c"vgpu-sys-test", 100, true).expect("memfd");
+        seal_writes_by_others(short.as_fd()).expect("seal");
+        assert!(!cannot_shrink_below(short.as_fd(), 4096));
     }
 
     #[test]

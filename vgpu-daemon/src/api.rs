@@ -149,6 +149,7 @@ pub fn tenant_to_pb(t: &model::Tenant) -> pb::Tenant {
                 co_held: g.co_held,
                 fill_pct: g.fill_pct,
                 cpu_stopped_pct: g.cpu_stopped_pct,
+                unclaimed_grants: g.unclaimed_grants,
             })
             .collect(),
     }

@@ -7,6 +7,12 @@
 //! A word is a [`GrantWord`] (`generation << 1 | held`). Writers bump the generation on every change and
 //! wake the futex waiters (shared, not private futexes: the waiters are other
 //! processes).
+//!
+//! Beside it, the tenant's claim page: one page the tenant's processes map writable (it
+//! is only sealed against shrinking and growing, so a tenant cannot make the daemon's
+//! reads fault), where a launcher stores the grant word it launches under
+//! ([`vgpu_core::sched_proto`], "Claims"; ADR 0030). Whatever a tenant writes there,
+//! the daemon only compares it with the grant it revoked.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,13 +20,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
 use vgpu_sys::futex_wake;
-use vgpu_sys::shm::{SharedMap, memfd, seal_writes_by_others};
+use vgpu_sys::shm::{SharedMap, memfd, seal_size, seal_writes_by_others};
 
-/// One tenant's board.
+/// One tenant's board, and its claim page.
 #[derive(Debug)]
 pub struct Board {
     fd: OwnedFd,
     map: SharedMap,
+    claims_fd: OwnedFd,
+    claims: SharedMap,
 }
 
 impl Board {
@@ -31,12 +39,35 @@ impl Board {
         let fd = memfd(&cname, BOARD_BYTES, true)?;
         let map = SharedMap::map(fd.as_fd(), BOARD_BYTES, true)?;
         seal_writes_by_others(fd.as_fd())?;
-        Ok(Board { fd, map })
+        let cname = std::ffi::CString::new(format!("vgpu-claims-{name}"))
+            .unwrap_or_else(|_| c"vgpu-claims".to_owned());
+        let claims_fd = memfd(&cname, BOARD_BYTES, true)?;
+        seal_size(claims_fd.as_fd())?;
+        let claims = SharedMap::map(claims_fd.as_fd(), BOARD_BYTES, false)?;
+        Ok(Board {
+            fd,
+            map,
+            claims_fd,
+            claims,
+        })
     }
 
     /// The descriptor to pass to the tenant's processes.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// The claim page's descriptor, passed beside the board's.
+    pub fn claims_fd(&self) -> &OwnedFd {
+        &self.claims_fd
+    }
+
+    /// Whether the claim word beside grant word `i` names grant `generation`: some
+    /// process of the tenant may have launched under it. Read after the revocation's
+    /// store ([`Board::set`]), a claim that names another grant means none did.
+    pub fn claimed(&self, i: usize, generation: u32) -> bool {
+        let w = self.claims.atomic_u32(i * BOARD_STRIDE);
+        w.load(Ordering::SeqCst) == GrantWord::held(generation).pack()
     }
 
     /// Word `i` (the daemon writes words `0..MAX_GPUS`; the page has
@@ -52,7 +83,9 @@ impl Board {
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.
     pub fn set(&self, i: usize, generation: u32, held: bool) {
         let w = self.word(i);
-        w.store(GrantWord { generation, held }.pack(), Ordering::Release);
+        // Sequentially consistent: a revocation's store and the claim read after it pair
+        // with a launcher's claim store and its read of this word (ADR 0030).
+        w.store(GrantWord { generation, held }.pack(), Ordering::SeqCst);
         futex_wake(w);
     }
 }
@@ -101,5 +134,23 @@ mod tests {
         assert_ne!(rc, 0, "mprotect to writable must be refused");
         // SAFETY: unmapping our test mapping.
         unsafe { libc::munmap(r, BOARD_BYTES) };
+    }
+
+    #[test]
+    fn a_claim_counts_only_for_the_grant_it_names_and_the_page_cannot_shrink() {
+        let b = Board::new("c").expect("memfd");
+        let c = SharedMap::map(b.claims_fd().as_fd(), BOARD_BYTES, true).expect("writable");
+        assert!(!b.claimed(2, 7), "an empty page claims nothing");
+        c.atomic_u32(2 * BOARD_STRIDE)
+            .store(GrantWord::held(7).pack(), Ordering::SeqCst);
+        assert!(b.claimed(2, 7));
+        assert!(!b.claimed(2, 8), "a claim of grant 7 is not one of grant 8");
+        assert!(!b.claimed(1, 7), "nor one on another GPU's word");
+        c.atomic_u32(2 * BOARD_STRIDE)
+            .store(GrantWord::held(7).pack() & !1, Ordering::SeqCst);
+        assert!(!b.claimed(2, 7), "a revoked word's value is no claim");
+        // SAFETY: a valid descriptor; the tenant's truncation must fail.
+        assert_ne!(unsafe { libc::ftruncate(b.claims_fd().as_raw_fd(), 0) }, 0);
+        assert!(!b.claimed(2, 7));
     }
 }

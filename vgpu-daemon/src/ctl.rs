@@ -331,6 +331,7 @@ pub fn tenant_json(t: &pb::Tenant) -> Value {
                 "co_held": g.co_held,
                 "fill_pct": g.fill_pct,
                 "cpu_stopped_pct": g.cpu_stopped_pct,
+                "unclaimed_grants": g.unclaimed_grants,
             })
         }).collect::<Vec<_>>(),
     })

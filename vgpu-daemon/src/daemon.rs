@@ -434,6 +434,7 @@ impl Daemon {
                 BTreeSet::new()
             };
             for u in uuids {
+                look_at_claim(&mut g, &u, now);
                 let acts = match g.gpus.get_mut(&u) {
                     Some(r) => r.sched.tick_unread(now, &unread),
                     None => continue,
@@ -486,9 +487,10 @@ impl Daemon {
     /// clock reading when the launcher blocked; believed within
     /// [`crate::time_slicing::MAX_DEMAND_AGE_NS`]).
     pub fn demand(&self, conn: u64, gpu: u32, since_ns: Option<u64>) -> Result<(), DaemonError> {
+        // Read under the lock (see `released`).
+        let mut g = self.lock();
         let now = mono_ns();
         let asked = crate::time_slicing::demand_time(since_ns, now);
-        let mut g = self.lock();
         let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
             return Ok(());
         };
@@ -523,8 +525,10 @@ impl Daemon {
         launches: u64,
         waiting: bool,
     ) -> Result<(), DaemonError> {
-        let now = mono_ns();
+        // Read under the lock: a decision taken meanwhile by another holder of it (the
+        // timer's revoke) is never later than this event's time.
         let mut g = self.lock();
+        let now = mono_ns();
         let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
             return Ok(());
         };
@@ -635,8 +639,10 @@ impl Daemon {
 
     /// A connection closed: its process's charges and slice are released now.
     pub fn disconnect(&self, conn: u64) {
-        let now = mono_ns();
+        // Read under the lock: a decision taken meanwhile by another holder of it (the
+        // timer's revoke) is never later than this event's time.
         let mut g = self.lock();
+        let now = mono_ns();
         let Some(c) = g.conns.remove(&conn) else {
             return;
         };
@@ -709,8 +715,10 @@ impl Daemon {
                 "compute share {s} % is out of range (1–100)"
             )));
         }
-        let now = mono_ns();
+        // Read under the lock: a decision taken meanwhile by another holder of it (the
+        // timer's revoke) is never later than this event's time.
         let mut g = self.lock();
+        let now = mono_ns();
         let inner = &mut *g;
         let t = inner
             .tenants
@@ -826,8 +834,10 @@ impl Daemon {
 
     /// Everything, at one instant.
     pub fn snapshot(&self) -> NodeSnapshot {
-        let now = mono_ns();
+        // Read under the lock: a decision taken meanwhile by another holder of it (the
+        // timer's revoke) is never later than this event's time.
         let mut g = self.lock();
+        let now = mono_ns();
         let mut tenants: Vec<Tenant> = g
             .tenants
             .values()
@@ -858,6 +868,7 @@ impl Daemon {
                             co_held: st.is_some_and(|s| s.co_held),
                             fill_pct: st.and_then(|s| s.fill).map(|f| f * 100.0),
                             cpu_stopped_pct: st.map_or(0.0, |s| s.stopped * 100.0),
+                            unclaimed_grants: st.map_or(0, |s| s.unclaimed),
                         }
                     })
                     .collect();
@@ -1026,6 +1037,32 @@ fn finish_drain(rec: &mut GpuRec, tid: TenantId, now: u64) -> Vec<Action> {
     d.settle(&mut rec.sched, now)
 }
 
+/// Where tenant `tid`'s grant word for GPU `uuid` is: its board and the word's index.
+fn board_word<'a>(g: &'a Inner, uuid: &str, tid: TenantId) -> Option<(&'a Board, usize)> {
+    let t = g.tenants.get(g.by_id.get(&tid)?)?;
+    Some((&t.board, t.gpus.get(uuid)?.word))
+}
+
+/// Looks at the claim of a holder that has not claimed its grant when the scheduler asks
+/// ([`Scheduler::claim_due`], ADR 0030): claimed, the scheduler is told; not, the grant
+/// is withdrawn (and [`apply`] reads the claim again after storing the revocation).
+fn look_at_claim(g: &mut Inner, uuid: &str, now: u64) {
+    let Some((tid, generation)) = g.gpus.get(uuid).and_then(|r| r.sched.claim_due(now)) else {
+        return;
+    };
+    // A tenant without a board (leaving) counts as claimed: nothing to withdraw.
+    let claimed = board_word(g, uuid, tid).is_none_or(|(b, w)| b.claimed(w, generation));
+    let Some(rec) = g.gpus.get_mut(uuid) else {
+        return;
+    };
+    if claimed {
+        rec.sched.claimed(tid, generation);
+        return;
+    }
+    let acts = rec.sched.withdraw(tid, generation, now);
+    apply(g, uuid, acts, now);
+}
+
 /// Carries out a scheduler's decisions: board words, then messages.
 fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
     for a in acts {
@@ -1043,7 +1080,10 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             continue;
         };
         t.board.set(r.word, generation, held);
-        debug!(tenant = %key, gpu = %uuid, generation, held, "grant word");
+        // After the revocation's store: a claim that does not name the grant means no
+        // process launched under it (ADR 0030).
+        let unclaimed = !held && !t.board.claimed(r.word, generation);
+        debug!(tenant = %key, gpu = %uuid, generation, held, unclaimed, "grant word");
         // A best-effort holder beside a latency-sensitive tenant keeps a short queue, so
         // that a preemption drains quickly.
         let tight = held
@@ -1096,7 +1136,11 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                 },
             );
             // No process to drain: the GPU is free now.
-            let more = finish_drain(rec, tid, now);
+            let mut more = finish_drain(rec, tid, now);
+            // Nothing launched: the GPU goes on without waiting for the report.
+            if unclaimed {
+                more.extend(rec.sched.unclaimed(tid, generation, now));
+            }
             apply(g, uuid, more, now);
         }
     }

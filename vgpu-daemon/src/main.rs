@@ -59,6 +59,17 @@ struct Args {
         default_value_t = Params::default().co_hold_fill_pct
     )]
     co_hold_fill_pct: u32,
+    /// Claims (ADR 0030): how long after a grant, while another tenant waits, a holder
+    /// whose container its CPU limit throttles and that has not launched under the grant
+    /// keeps it, milliseconds (then it is withdrawn and the GPU goes on); `off`: until
+    /// the slice's end. Revokes of grants nobody launched under go on at once either way.
+    #[arg(
+        long,
+        env = "VGPU_CLAIM_TIMEOUT_MS",
+        default_value_t = ClaimTimeout(vgpu_daemon::time_slicing::DEFAULT_CLAIM_TIMEOUT_NS),
+        value_parser = parse_claim_timeout
+    )]
+    claim_timeout_ms: ClaimTimeout,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -112,6 +123,31 @@ struct Args {
     ebpf_trusted_cgroup: Vec<PathBuf>,
 }
 
+/// `--claim-timeout-ms`: a timeout in ns (0: `off`).
+#[derive(Debug, Clone, Copy)]
+struct ClaimTimeout(u64);
+
+impl std::fmt::Display for ClaimTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 => f.write_str("off"),
+            ns => write!(f, "{}", ns as f64 / 1e6),
+        }
+    }
+}
+
+fn parse_claim_timeout(v: &str) -> Result<ClaimTimeout, String> {
+    if v == "off" {
+        return Ok(ClaimTimeout(0));
+    }
+    match v.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= 1000.0 => Ok(ClaimTimeout((ms * 1e6) as u64)),
+        _ => Err(format!(
+            "{v:?} is not a timeout in milliseconds (above 0, at most 1000) or `off`"
+        )),
+    }
+}
+
 /// `--hand-on-margin-ms`: a margin in ns, or None (`off`).
 #[derive(Debug, Clone, Copy)]
 struct HandOn(Option<u64>);
@@ -149,6 +185,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 handoff_margin_ns: a.hand_on_margin_ms.0.unwrap_or(0),
                 co_hold_fill_pct: a.co_hold_fill_pct,
                 queue_ahead_ns: a.queue_ahead_us.saturating_mul(1000),
+                claim_timeout_ns: a.claim_timeout_ms.0,
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

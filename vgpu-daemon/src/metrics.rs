@@ -126,6 +126,11 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Counter,
         "Time slices granted to the tenant.",
     );
+    let mut unclaimed = Family::new(
+        "vgpu_tenant_unclaimed_grants_total",
+        Counter,
+        "Time slices taken back before any of the tenant's processes launched under them (granted while its container was stopped).",
+    );
     let mut mem_used = Family::new(
         "vgpu_tenant_memory_used_bytes",
         Gauge,
@@ -187,6 +192,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             gpu_time.sample(&l, ns_to_s(g.gpu_time_ns));
             throttled.sample(&l, ns_to_s(g.throttled_ns));
             grants.sample(&l, g.grants as f64);
+            unclaimed.sample(&l, g.unclaimed_grants as f64);
             mem_used.sample(&l, g.memory_used as f64);
             co_held.sample(&l, if g.co_held { 1.0 } else { 0.0 });
             cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
@@ -394,6 +400,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &gpu_time,
         &throttled,
         &grants,
+        &unclaimed,
         &mem_used,
         &mem_quota,
         &state,

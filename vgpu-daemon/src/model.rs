@@ -64,6 +64,10 @@ pub struct TenantGpu {
     /// Part of the recent time its container was stopped by its CPU limit, percent.
     #[serde(default)]
     pub cpu_stopped_pct: f64,
+    /// Grants taken back before any of its processes launched under them: granted while
+    /// its container was stopped (ADR 0030).
+    #[serde(default)]
+    pub unclaimed_grants: u64,
 }
 
 /// One tenant (container).

@@ -125,7 +125,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         ),
     }
     let frame = encode(&reg.welcome);
-    let sent = send_with_fd(&stream, &frame, reg.board.fd().as_raw_fd()).await;
+    let fds = [
+        reg.board.fd().as_raw_fd(),
+        reg.board.claims_fd().as_raw_fd(),
+    ];
+    let sent = send_with_fds(&stream, &frame, &fds).await;
     if let Err(e) = sent {
         daemon.disconnect(conn);
         return Err(e);
@@ -216,13 +220,13 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
     Ok(())
 }
 
-/// Sends `bytes` with `fd` attached (`SCM_RIGHTS`), then the rest if the first send was
-/// short.
-async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Result<()> {
+/// Sends `bytes` with `fds` attached (`SCM_RIGHTS`, at most [`MAX_FDS`]), then the rest
+/// if the first send was short.
+async fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let raw = stream.as_raw_fd();
     let n = loop {
         stream.writable().await?;
-        match stream.try_io(Interest::WRITABLE, || sendmsg_fd(raw, bytes, fd)) {
+        match stream.try_io(Interest::WRITABLE, || sendmsg_fds(raw, bytes, fds)) {
             Ok(n) => break n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -240,15 +244,20 @@ async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Resul
     Ok(())
 }
 
-fn sendmsg_fd(sock: RawFd, bytes: &[u8], fd: RawFd) -> io::Result<usize> {
+/// Most descriptors one message carries (the board and the claim page).
+const MAX_FDS: usize = 2;
+
+fn sendmsg_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    let fds = &fds[..fds.len().min(MAX_FDS)];
+    let data = size_of_val(fds) as u32;
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
         iov_len: bytes.len(),
     };
-    // Room for one descriptor, aligned as cmsghdr requires.
+    // Room for MAX_FDS descriptors, aligned as cmsghdr requires.
     let mut cbuf = [0u64; 8];
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(data) } as usize;
     // SAFETY: zeroed msghdr is a valid "empty" value; fields set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -256,13 +265,16 @@ fn sendmsg_fd(sock: RawFd, bytes: &[u8], fd: RawFd) -> io::Result<usize> {
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space;
     // SAFETY: `msg` points at a control buffer of `space` bytes (≤ 64), so the first
-    // header exists and its data has room for one descriptor.
+    // header exists and its data has room for `fds`.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        (*c).cmsg_len = libc::CMSG_LEN(data) as usize;
+        let at = libc::CMSG_DATA(c).cast::<RawFd>();
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(at.add(i), *fd);
+        }
     }
     // SAFETY: a valid socket, message and buffers that outlive the call.
     let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };

@@ -349,6 +349,11 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
         (vec!["--quantum-ms", "0.1"], "--quantum-ms 0.1"),
         (vec!["--default-share", "0"], "--default-share 0"),
         (vec!["--min-charge-pct", "0"], "--min-charge-pct 0"),
+        (vec!["--claim-timeout-ms", "0"], "\"0\" is not a timeout"),
+        (
+            vec!["--claim-timeout-ms", "soon"],
+            "\"soon\" is not a timeout",
+        ),
         (vec!["--gpu", "not-a-gpu"], "--gpu not-a-gpu"),
         (
             vec!["--trusted-quota-file", "relative/vgpu.conf"],

@@ -6,32 +6,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{GPU0, Proc, config, register};
-use vgpu_core::sched_proto::{ComputePolicy, DaemonMsg};
+use common::{GPU0, Proc, config, expect_slice, next_slice_msg, register};
+use vgpu_core::sched_proto::ComputePolicy;
 use vgpu_daemon::daemon::Daemon;
 use vgpu_sys::mono_ns;
 
 const MS: u64 = 1_000_000;
 
-/// The next grant or revoke `p` receives within `limit` (generation, whether a grant).
-fn next_slice_msg(p: &mut Proc, limit: Duration) -> Option<(u32, bool)> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        match p.rx.try_recv() {
-            Ok(DaemonMsg::Grant { generation, .. }) => return Some((generation, true)),
-            Ok(DaemonMsg::Revoke { generation, .. }) => return Some((generation, false)),
-            Ok(_) => {}
-            Err(_) => std::thread::sleep(Duration::from_micros(200)),
-        }
-    }
-    None
-}
-
 fn expect(p: &mut Proc, grant: bool, what: &str) -> u32 {
-    match next_slice_msg(p, Duration::from_secs(5)) {
-        Some((g, is_grant)) if is_grant == grant => g,
-        other => panic!("{what}: got {other:?}"),
-    }
+    expect_slice(p, grant, Duration::from_secs(5), what)
 }
 
 /// Reports the drain (or a yield) of grant `generation` of `p`: 2 launches of 1 ms.

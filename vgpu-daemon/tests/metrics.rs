@@ -200,6 +200,7 @@ fn evil_snapshot() -> NodeSnapshot {
         co_held: true,
         fill_pct: Some(40.0),
         cpu_stopped_pct: 72.5,
+        unclaimed_grants: 5,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
@@ -325,6 +326,7 @@ fn text_format_parses_back() {
     assert_eq!(v("vgpu_tenant_gpu_time_seconds_total"), Some(1.5));
     assert_eq!(v("vgpu_tenant_throttled_seconds_total"), Some(0.25));
     assert_eq!(v("vgpu_tenant_grants_total"), Some(42.0));
+    assert_eq!(v("vgpu_tenant_unclaimed_grants_total"), Some(5.0));
     // Co-holding and the container's CPU throttling, as the scheduler sees them.
     assert_eq!(types["vgpu_tenant_co_held"], "gauge");
     assert_eq!(v("vgpu_tenant_co_held"), Some(1.0));

@@ -296,6 +296,20 @@ fn saturating_tenants_get_their_shares() {
     let t = tenants(&d.api);
     let used = |k: &str| gpu_time(t.iter().find(|x| x["key"] == k).expect("listed"));
     assert!(used(&key(&c2)) > 2 * used(&key(&c1)), "{t:?}");
+    // Their shims claim the grants they launch under (ADR 0030): running tenants'
+    // grants are almost never taken back unclaimed (a shim that never claimed would
+    // have every revoked grant counted).
+    for c in [&c1, &c2] {
+        let g = &t.iter().find(|x| x["key"] == key(c)).expect("listed")["gpus"][0];
+        let (grants, unclaimed) = (
+            g["grants"].as_u64().unwrap_or(0),
+            g["unclaimed_grants"].as_u64().unwrap_or(u64::MAX),
+        );
+        assert!(
+            grants >= 10 && unclaimed * 10 <= grants,
+            "a saturating tenant had {unclaimed} of {grants} grants taken back unclaimed"
+        );
+    }
     finish(t1);
     finish(t2);
 }
@@ -366,6 +380,8 @@ struct Stopped {
     looks: usize,
     busy: Vec<u64>,
     stopped_max: [f64; 3],
+    /// Grants taken back before the tenant launched under them (ADR 0030).
+    unclaimed: Vec<u64>,
 }
 
 fn stopped_tenants(kernel_ns: u64) -> Stopped {
@@ -405,6 +421,14 @@ fn stopped_tenants(kernel_ns: u64) -> Stopped {
         looks += 1;
         std::thread::sleep(Duration::from_millis(20));
     }
+    let unclaimed: Vec<u64> = cs
+        .iter()
+        .map(|c| {
+            tenant(&d.api, &key(c)).map_or(0, |t| {
+                t["gpus"][0]["unclaimed_grants"].as_u64().unwrap_or(0)
+            })
+        })
+        .collect();
     let b1 = node.busy();
     let busy: Vec<u64> = pids
         .iter()
@@ -421,6 +445,7 @@ fn stopped_tenants(kernel_ns: u64) -> Stopped {
         looks,
         busy,
         stopped_max,
+        unclaimed,
     }
 }
 
@@ -434,9 +459,10 @@ impl Stopped {
             looks,
             busy,
             stopped_max,
+            unclaimed,
         } = self;
         eprintln!(
-            "stopped containers, {what}: several tenants holding in {together} of {looks} looks; device time {busy:?} ns; stopped {stopped_max:.0?} %"
+            "stopped containers, {what}: several tenants holding in {together} of {looks} looks; device time {busy:?} ns; stopped {stopped_max:.0?} %; grants taken back unclaimed {unclaimed:?}"
         );
         assert!(
             stopped_max.iter().all(|s| *s > 60.0),

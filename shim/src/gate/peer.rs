@@ -1,6 +1,6 @@
 //! Socket I/O with the daemon (the gate thread's, and the hooks' admission), each call bounded: a connect that never
 //! waits for a full backlog, a readiness wait with a timeout, a receive that takes the
-//! board's descriptor (`SCM_RIGHTS`).
+//! board's and the claim page's descriptors (`SCM_RIGHTS`).
 
 use std::io;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -76,8 +76,12 @@ pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result
     Ok(ready.first().copied().unwrap_or(false))
 }
 
-/// Receives bytes and at most one descriptor (`SCM_RIGHTS`).
-pub(super) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+/// Most descriptors kept from one message (the board and the claim page); any more are
+/// closed.
+pub(super) const MAX_FDS: usize = 2;
+
+/// Receives bytes and at most [`MAX_FDS`] descriptors (`SCM_RIGHTS`), in the order sent.
+pub(super) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -94,21 +98,27 @@ pub(super) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Op
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut fd = None;
-    // SAFETY: walking the control messages the kernel wrote into `cbuf`.
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`; each
+    // SCM_RIGHTS message holds as many descriptors as its length says.
     unsafe {
+        let header = libc::CMSG_LEN(0) as usize;
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-                if raw >= 0 && fd.is_none() {
-                    fd = Some(OwnedFd::from_raw_fd(raw));
-                } else if raw >= 0 {
-                    libc::close(raw);
+                let count = ((*c).cmsg_len as usize).saturating_sub(header) / size_of::<RawFd>();
+                let at = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(at.add(i));
+                    if raw >= 0 && fds.len() < MAX_FDS {
+                        fds.push(OwnedFd::from_raw_fd(raw));
+                    } else if raw >= 0 {
+                        libc::close(raw);
+                    }
                 }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, fd))
+    Ok((n as usize, fds))
 }

@@ -19,7 +19,7 @@ use vgpu_core::sched_proto::{
 };
 use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
-use super::peer::{connect_nonblocking, cut, recv_with_fd, wait_readable};
+use super::peer::{connect_nonblocking, cut, recv_with_fds, wait_readable};
 use super::{
     Gates, NONE, PING_AFTER, RECONNECT, RECONNECT_MAX, TICK, UNBOUNDED, UNMEASURED_ALLOWED,
     UNREGISTERED,
@@ -276,7 +276,7 @@ impl Runner {
         };
         s.write_all(&encode(&hello))?;
         let mut buf = Vec::new();
-        let mut fd: Option<OwnedFd> = None;
+        let mut fds: Vec<OwnedFd> = Vec::new();
         let msg = loop {
             if let Some(m) = decode::<DaemonMsg>(&mut buf)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
@@ -291,9 +291,9 @@ impl Runner {
                 ));
             }
             let mut chunk = [0u8; 4096];
-            let (n, got) = recv_with_fd(s.as_raw_fd(), &mut chunk)?;
-            if got.is_some() {
-                fd = got;
+            let (n, got) = recv_with_fds(s.as_raw_fd(), &mut chunk)?;
+            if !got.is_empty() {
+                fds = got;
             }
             if n == 0 {
                 return Err(io::Error::new(
@@ -328,7 +328,30 @@ impl Runner {
                 ));
             }
         };
-        let fd = fd.ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
+        let mut fds = fds.into_iter();
+        let fd = fds
+            .next()
+            .ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
+        // A peer's descriptor that could shrink under the mapping would fault the
+        // application on its next launch: refused (the process then falls back).
+        if !vgpu_sys::shm::cannot_shrink_below(fd.as_fd(), BOARD_BYTES) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the board descriptor is not a page sealed against shrinking",
+            ));
+        }
+        // The claim page, when the daemon sends one (ADR 0030): mapped writable, never
+        // unmapped (as the board). Without it (an older daemon, or a mapping refused),
+        // launches claim nothing and every revoke waits for the drain report.
+        let claims = fds.next().and_then(|c| {
+            if !vgpu_sys::shm::cannot_shrink_below(c.as_fd(), BOARD_BYTES) {
+                return None;
+            }
+            let m = vgpu_sys::shm::SharedMap::map(c.as_fd(), BOARD_BYTES, true).ok()?;
+            let base = m.as_ptr();
+            std::mem::forget(m);
+            Some(base)
+        });
         let n = self.registered.len();
         if words.len() != n || settings.len() != n || not_granted.iter().any(|&i| i as usize >= n) {
             return Err(io::Error::new(
@@ -378,11 +401,19 @@ impl Runner {
             // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
             // the mapping is never unmapped (see `Gate::word`).
             let p = unsafe { base.cast::<u8>().add(w * BOARD_STRIDE) }.cast::<AtomicU32>();
+            let c = claims.map_or(std::ptr::null_mut(), |b| {
+                // SAFETY: as for the board: inside the page, aligned, never unmapped.
+                unsafe { b.add(w * BOARD_STRIDE) }.cast::<AtomicU32>()
+            });
             let launched = gate.launched.load(Ordering::Relaxed);
             gate.completed.fetch_max(launched, Ordering::Relaxed);
             gate.next_mark.store(launched + 1, Ordering::Relaxed);
             d.launched_at_release = launched;
             let old = gate.word();
+            // The claim word first: a launcher that sees the new grant word claims on
+            // the new page.
+            gate.claimed.store(0, Ordering::Release);
+            gate.claim.store(c, Ordering::Release);
             gate.word.store(p, Ordering::Release);
             // Launchers waiting on the local word look again, at the board.
             futex_wake(old);

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use vgpu_core::sched_proto::{
@@ -102,5 +103,28 @@ pub fn ident(key: &str) -> ContainerIdent {
     ContainerIdent {
         key: key.to_owned(),
         ..ContainerIdent::default()
+    }
+}
+
+/// The next grant or revoke `p` receives within `limit` (generation, whether a grant).
+pub fn next_slice_msg(p: &mut Proc, limit: Duration) -> Option<(u32, bool)> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        match p.rx.try_recv() {
+            Ok(DaemonMsg::Grant { generation, .. }) => return Some((generation, true)),
+            Ok(DaemonMsg::Revoke { generation, .. }) => return Some((generation, false)),
+            Ok(_) => {}
+            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    None
+}
+
+/// The generation of the next grant (`grant`) or revoke `p` receives within `within`;
+/// anything else fails, naming `what`.
+pub fn expect_slice(p: &mut Proc, grant: bool, within: Duration, what: &str) -> u32 {
+    match next_slice_msg(p, within) {
+        Some((g, is_grant)) if is_grant == grant => g,
+        other => panic!("{what}: got {other:?} within {within:?}"),
     }
 }

@@ -1,0 +1,173 @@
+//! Claims as the daemon carries them out (ADR 0030), driven through its own entry points
+//! with its timer running: the claim page beside each tenant's board; a throttled
+//! holder that launches nothing under its grant loses it before the slice ends, without
+//! its drain report; one that claimed keeps it, and is waited for; a page of garbage
+//! changes nothing for the tenant's neighbour.
+
+mod common;
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{GPU0, Proc, config, expect_slice as expect, next_slice_msg, register};
+use vgpu_core::sched_proto::{BOARD_BYTES, ComputePolicy, DaemonMsg, GrantWord};
+use vgpu_daemon::daemon::Daemon;
+use vgpu_sys::mono_ns;
+use vgpu_sys::shm::SharedMap;
+
+const MS: u64 = 1_000_000;
+/// Slices long enough that anything within half of one is not the slice's end.
+const QUANTUM_MS: u64 = 1000;
+
+/// The tenant's claim page, as its processes map it (writable).
+fn claim_page(p: &Proc) -> SharedMap {
+    SharedMap::map(p.reg.board.claims_fd().as_fd(), BOARD_BYTES, true)
+        .expect("the claim page maps writable")
+}
+
+/// The daemon with its timer: 1 s slices, a 10 s drain timeout (waiting for a report
+/// would show), exclusive slices.
+fn daemon() -> std::sync::Arc<Daemon> {
+    let mut c = config();
+    c.params.quantum_ns = QUANTUM_MS * MS;
+    c.params.drain_timeout_ns = 10_000 * MS;
+    c.params.co_hold_fill_pct = 0;
+    let d = Daemon::new(c);
+    d.spawn_timer().expect("timer thread");
+    d
+}
+
+/// Tenants A (`ns/a/c`, process `pid`) and B (`pid + 1`) at 50/50, both containers
+/// throttled by their CPU limits half of the time.
+fn two_throttled_tenants(d: &Daemon, pid: u32) -> (Proc, Proc) {
+    let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
+    let a = register(d, pid, "ns/a/c", "ns", "a", "c", &gpu);
+    let b = register(d, pid + 1, "ns/b/c", "ns", "b", "c", &gpu);
+    for p in [pid, pid + 1] {
+        d.note_stopped(tid_of(d, p), 0.5, Some(100 * MS));
+    }
+    (a, b)
+}
+
+/// A asks and is granted; B asks; A launches nothing under its grant (its container
+/// stopped, or its page says nothing of that grant): within half a slice A's grant is
+/// taken back and B's comes, without A's report. Their generations.
+fn a_withdrawn_for_b(d: &Daemon, a: &mut Proc, b: &mut Proc) -> (u32, u32) {
+    d.demand(a.reg.conn, 0, None).expect("demand");
+    let ga = expect(a, true, Duration::from_secs(5), "A's grant");
+    d.demand(b.reg.conn, 0, None).expect("demand");
+    let half = Duration::from_millis(QUANTUM_MS / 2);
+    assert_eq!(expect(a, false, half, "A's withdrawal"), ga);
+    let gb = expect(b, true, half, "B's grant without A's report");
+    (ga, gb)
+}
+
+fn tid_of(d: &Daemon, pid: u32) -> u64 {
+    d.tenant_pids()
+        .into_iter()
+        .find(|(_, p)| *p == pid)
+        .map(|(t, _)| t)
+        .expect("registered")
+}
+
+fn unclaimed_grants(d: &Daemon, key: &str) -> u64 {
+    d.snapshot()
+        .tenants
+        .iter()
+        .find(|t| t.key == key)
+        .map_or(0, |t| t.gpus[0].unclaimed_grants)
+}
+
+fn drained(d: &Daemon, p: &Proc, generation: u32, waiting: bool) {
+    d.released(p.reg.conn, 0, generation, mono_ns(), Some(0), 0, waiting)
+        .expect("report accepted");
+}
+
+#[test]
+fn a_throttled_holder_that_launches_nothing_loses_its_grant_and_one_that_launched_keeps_it() {
+    let d = daemon();
+    let (mut a, mut b) = two_throttled_tenants(&d, 5_000_001);
+    let word = |p: &Proc| match p.reg.welcome {
+        DaemonMsg::Welcome { ref words, .. } => words[0] as usize,
+        _ => panic!("not welcomed"),
+    };
+    let (ga, gb) = a_withdrawn_for_b(&d, &mut a, &mut b);
+    assert_eq!(unclaimed_grants(&d, "ns/a/c"), 1);
+    let half = Duration::from_millis(QUANTUM_MS / 2);
+    // A's launcher asks again before its report: it waits, whatever B does.
+    d.demand(a.reg.conn, 0, None).expect("demand");
+    // B launches (its claim names its grant): kept past the look, to its slice's end.
+    let bp = claim_page(&b);
+    bp.atomic_u32(word(&b) * vgpu_core::sched_proto::BOARD_STRIDE)
+        .store(GrantWord::held(gb).pack(), Ordering::SeqCst);
+    assert_eq!(
+        next_slice_msg(&mut b, half),
+        None,
+        "B, having launched, lost its grant before its slice ended"
+    );
+    // A's container runs: it reports nothing ran, still asking, and owed it takes the
+    // lent slice back. B claimed: the GPU waits for B's report (no hand-on: B's
+    // launches were never measured), and A is not granted before it.
+    drained(&d, &a, ga, true);
+    assert_eq!(
+        expect(&mut b, false, Duration::from_secs(5), "B's revoke for A"),
+        gb
+    );
+    assert_eq!(
+        next_slice_msg(&mut a, Duration::from_millis(300)),
+        None,
+        "A was granted while B's claimed grant was still draining"
+    );
+    drained(&d, &b, gb, false);
+    let ga2 = expect(
+        &mut a,
+        true,
+        Duration::from_secs(5),
+        "A's grant after B's report",
+    );
+    assert!(ga2 > gb);
+    assert_eq!(unclaimed_grants(&d, "ns/b/c"), 0);
+}
+
+#[test]
+fn a_claim_page_of_garbage_changes_nothing_for_the_neighbour() {
+    let d = daemon();
+    let (mut a, mut b) = two_throttled_tenants(&d, 5_000_011);
+    // A scribbles over its whole page, every word a held word of some grant.
+    let ap = claim_page(&a);
+    for i in 0..BOARD_BYTES / 4 {
+        ap.atomic_u32(i * 4)
+            .store((i as u32).wrapping_mul(2_654_435_761) | 1, Ordering::SeqCst);
+    }
+    // No claim of A's grant in the garbage: A loses it, B gets the GPU.
+    let (ga, gb) = a_withdrawn_for_b(&d, &mut a, &mut b);
+    // A, having lied, ran 100 ms of work after all, and says so when its drain ends:
+    // charged in full.
+    let before = d.snapshot();
+    std::thread::sleep(Duration::from_millis(120));
+    let used = |s: &vgpu_daemon::model::NodeSnapshot, k: &str| {
+        s.tenants
+            .iter()
+            .find(|t| t.key == k)
+            .map_or(0, |t| t.gpus[0].gpu_time_ns)
+    };
+    let end = mono_ns();
+    d.released(a.reg.conn, 0, ga, end, Some(100 * MS), 1, false)
+        .expect("report accepted");
+    assert_eq!(
+        used(&d.snapshot(), "ns/a/c") - used(&before, "ns/a/c"),
+        100 * MS
+    );
+    // B holds on, untouched.
+    assert_eq!(next_slice_msg(&mut b, Duration::from_millis(100)), None);
+    assert_eq!(
+        d.snapshot()
+            .tenants
+            .iter()
+            .find(|t| t.key == "ns/b/c")
+            .map(|t| t.gpus[0].state),
+        Some(vgpu_daemon::model::SliceState::Holding),
+        "B granted {gb}"
+    );
+}
