@@ -326,7 +326,8 @@ for f in sys.argv[1:]:
         g = (t.get("gpus") or [{}])[0]
         co = "+co" if g.get("co_held") else ""
         rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
-            f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}")
+            f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
+            f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}")
 print("; ".join(f"{k}: " + ", ".join(r) for k, r in sorted(rows.items())))
 PY
 )

@@ -32,7 +32,7 @@ use testrun::{Failures, Hogs, run_tests};
 const TIMING_TESTS: &[(&str, &[&str])] = &[
     (
         "vgpu-daemon",
-        &["scheduling", "metrics", "peers", "hand_on"],
+        &["scheduling", "metrics", "peers", "hand_on", "claims"],
     ),
     (
         "vgpu-tests",
