@@ -22,6 +22,12 @@ use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
 use vgpu_sys::futex_wake;
 use vgpu_sys::shm::{SharedMap, memfd, seal_size, seal_writes_by_others};
 
+/// A sealable one-page memfd named `name` (a name with a NUL byte: `vgpu-page`).
+fn page(name: &str) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).unwrap_or_else(|_| c"vgpu-page".to_owned());
+    memfd(&cname, BOARD_BYTES, true)
+}
+
 /// One tenant's board, and its claim page.
 #[derive(Debug)]
 pub struct Board {
@@ -34,14 +40,10 @@ pub struct Board {
 impl Board {
     /// Creates a sealed board, every word `0` (not held, generation 0).
     pub fn new(name: &str) -> io::Result<Board> {
-        let cname = std::ffi::CString::new(format!("vgpu-board-{name}"))
-            .unwrap_or_else(|_| c"vgpu-board".to_owned());
-        let fd = memfd(&cname, BOARD_BYTES, true)?;
+        let fd = page(&format!("vgpu-board-{name}"))?;
         let map = SharedMap::map(fd.as_fd(), BOARD_BYTES, true)?;
         seal_writes_by_others(fd.as_fd())?;
-        let cname = std::ffi::CString::new(format!("vgpu-claims-{name}"))
-            .unwrap_or_else(|_| c"vgpu-claims".to_owned());
-        let claims_fd = memfd(&cname, BOARD_BYTES, true)?;
+        let claims_fd = page(&format!("vgpu-claims-{name}"))?;
         seal_size(claims_fd.as_fd())?;
         let claims = SharedMap::map(claims_fd.as_fd(), BOARD_BYTES, false)?;
         Ok(Board {

@@ -332,26 +332,10 @@ impl Runner {
         let fd = fds
             .next()
             .ok_or_else(|| io::Error::other("Welcome without a board descriptor"))?;
-        // A peer's descriptor that could shrink under the mapping would fault the
-        // application on its next launch: refused (the process then falls back).
-        if !vgpu_sys::shm::cannot_shrink_below(fd.as_fd(), BOARD_BYTES) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the board descriptor is not a page sealed against shrinking",
-            ));
-        }
-        // The claim page, when the daemon sends one (ADR 0030): mapped writable, never
-        // unmapped (as the board). Without it (an older daemon, or a mapping refused),
-        // launches claim nothing and every revoke waits for the drain report.
-        let claims = fds.next().and_then(|c| {
-            if !vgpu_sys::shm::cannot_shrink_below(c.as_fd(), BOARD_BYTES) {
-                return None;
-            }
-            let m = vgpu_sys::shm::SharedMap::map(c.as_fd(), BOARD_BYTES, true).ok()?;
-            let base = m.as_ptr();
-            std::mem::forget(m);
-            Some(base)
-        });
+        // The claim page, when the daemon sends one (ADR 0030): mapped writable. Without
+        // it (an older daemon, or a page refused), launches claim nothing and every
+        // revoke waits for the drain report.
+        let claims = fds.next().and_then(|c| map_for_life(&c, true).ok());
         let n = self.registered.len();
         if words.len() != n || settings.len() != n || not_granted.iter().any(|&i| i as usize >= n) {
             return Err(io::Error::new(
@@ -359,12 +343,8 @@ impl Runner {
                 "Welcome does not match the registered GPUs",
             ));
         }
-        // The board: a page of the descriptor we received, read-only and shared. Never
-        // unmapped: the gates keep pointers into it for the process's life (see
-        // `Gate::word`), so the mapping is leaked on purpose.
-        let board = vgpu_sys::shm::SharedMap::map(fd.as_fd(), BOARD_BYTES, false)?;
-        let base = board.as_ptr();
-        std::mem::forget(board);
+        // The board: a page of the descriptor we received, read-only.
+        let base = map_for_life(&fd, false)?;
         drop(fd);
         // A daemon that stops reading must not hang a launcher: writes give up after 1 s
         // (the connection is then treated as lost).
@@ -750,4 +730,21 @@ impl Runner {
         }
         gate.publish_budget();
     }
+}
+
+/// Maps the first page of a descriptor the daemon sent (the board, the claim page),
+/// shared, for the process's life: the gates keep pointers into it (see `Gate::word`),
+/// so the mapping is leaked on purpose. A descriptor that could shrink under the
+/// mapping would fault the application on its next launch: refused.
+fn map_for_life(fd: &OwnedFd, writable: bool) -> io::Result<*mut u8> {
+    if !vgpu_sys::shm::cannot_shrink_below(fd.as_fd(), BOARD_BYTES) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a descriptor from the daemon is not a page sealed against shrinking",
+        ));
+    }
+    let m = vgpu_sys::shm::SharedMap::map(fd.as_fd(), BOARD_BYTES, writable)?;
+    let base = m.as_ptr();
+    std::mem::forget(m);
+    Ok(base)
 }

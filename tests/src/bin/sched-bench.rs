@@ -503,9 +503,15 @@ fn convergence(b: &Bench, r: &mut Report) -> Result<()> {
     // Converged `t` after the change: from change + t on, tenant 1's share over every
     // 500 ms window is within ±5 pp of 80 %.
     let win = 0.5;
+    // The first sample at or after `a` and the last at or before `z`.
+    let ends = |a: f64, z: f64| {
+        Some((
+            samples.iter().find(|x| x.0 >= a)?,
+            samples.iter().rev().find(|x| x.0 <= z)?,
+        ))
+    };
     let share_between = |a: f64, z: f64| -> Option<f64> {
-        let s0 = samples.iter().find(|x| x.0 >= a)?;
-        let s1 = samples.iter().rev().find(|x| x.0 <= z)?;
+        let (s0, s1) = ends(a, z)?;
         let d1 = s1.1.saturating_sub(s0.1) as f64;
         let d2 = s1.2.saturating_sub(s0.2) as f64;
         Some(d1 * 100.0 / (d1 + d2).max(1.0))
@@ -533,11 +539,11 @@ fn convergence(b: &Bench, r: &mut Report) -> Result<()> {
         .collect();
     let lo = shares_after.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = shares_after.iter().copied().fold(0.0, f64::max);
-    let steps: Vec<String> = (0..6)
-        .filter_map(|k| {
-            let a = change + 0.5 * f64::from(k);
-            share_between(a, a + win).map(|p| format!("{p:.0}"))
-        })
+    // Six windows back to back from the change.
+    let back_to_back: Vec<f64> = (0..6).map(|k| change + win * f64::from(k)).collect();
+    let steps: Vec<String> = back_to_back
+        .iter()
+        .filter_map(|&a| share_between(a, a + win).map(|p| format!("{p:.0}")))
         .collect();
     r.say(format!(
         "  500 ms windows after the change: tenant 1 between {lo:.1} % and {hi:.1} % (target 80); back to back: [{}] %",
@@ -574,11 +580,10 @@ fn convergence(b: &Bench, r: &mut Report) -> Result<()> {
     if b.cpu_limit.get().is_some() {
         let bare = unshared(b, r, 2, 1_000_000)?;
         let owed = bare[0].min(0.8);
-        let met: Vec<f64> = (0..6)
-            .filter_map(|k| {
-                let a = change + 0.5 * f64::from(k);
-                let s0 = samples.iter().find(|x| x.0 >= a)?;
-                let s1 = samples.iter().rev().find(|x| x.0 <= a + win)?;
+        let met: Vec<f64> = back_to_back
+            .iter()
+            .filter_map(|&a| {
+                let (s0, s1) = ends(a, a + win)?;
                 let secs = (s1.0 - s0.0).max(1e-9);
                 Some(s1.1.saturating_sub(s0.1) as f64 / 1e9 / secs / owed.max(1e-9))
             })
