@@ -102,6 +102,14 @@ const THROTTLED_HAND_ON_MARGIN_NS: u64 = 1_000_000;
 /// of a round trip to its gate thread).
 pub const CLAIM_MIN_STOPPED: f64 = 0.1;
 
+/// Most grants in a row a tenant loses at looks ([`Scheduler::withdraw`]) before one is
+/// left to it to the slice's end, as without looks: a container whose runs never meet
+/// its grants (the phases of its CFS period and the others' slices locked) still gets a
+/// whole slice at least every fourth grant. A grant of its that a process claims starts
+/// the count again. Without it, a 0.2-CPU tenant of 100 ms kernels lost all nine of its
+/// grants in three seconds and ran nothing (CI, stop 27).
+pub const MAX_WITHDRAWN_IN_ROW: u32 = 3;
+
 /// Default of [`Params::co_hold_fill_pct`]: on, at the bound it was measured with (ADR
 /// 0029). On an H200 (run 9, `tests/gpu`), two PyTorch tenants at 30/70 in 0.5-CPU
 /// containers did 1.6–1.7× the work with co-holding that they did taking turns, each
@@ -152,7 +160,8 @@ pub struct Params {
     pub queue_ahead_ns: u64,
     /// How long after a grant, while another tenant waits, the daemon looks at whether
     /// the holder claimed it (a process launched under it; ADR 0030), for holders whose
-    /// containers are throttled at least [`CLAIM_MIN_STOPPED`] of the time; unclaimed,
+    /// containers are throttled at least [`CLAIM_MIN_STOPPED`] of the time (and whose
+    /// launches are short: [`Scheduler::claim_due`]); unclaimed,
     /// the grant is withdrawn and the GPU goes on at once (the tenant is not granted
     /// again before its drain report, which it sends when its container runs). 0: only
     /// at the slice's end. Every revoke of an unclaimed grant goes on at once, whatever
@@ -255,6 +264,8 @@ struct T {
     /// its last grant was withdrawn at a look.
     look_after_ns: u64,
     withdrawn_at: Option<u64>,
+    /// Its grants withdrawn at looks since one was claimed ([`MAX_WITHDRAWN_IN_ROW`]).
+    withdrawn_in_row: u32,
 }
 
 impl T {
@@ -417,6 +428,7 @@ impl Scheduler {
             unclaimed: 0,
             look_after_ns: self.p.claim_timeout_ns,
             withdrawn_at: None,
+            withdrawn_in_row: 0,
         });
     }
 
@@ -531,7 +543,11 @@ impl Scheduler {
     /// The holder whose claim the daemon should look at now (ADR 0030): (tenant,
     /// generation). Only while another tenant waits, [`Params::claim_timeout_ns`] after
     /// the grant, for a holder not seen to claim it whose container is throttled at
-    /// least [`CLAIM_MIN_STOPPED`] of the time. The daemon answers with
+    /// least [`CLAIM_MIN_STOPPED`] of the time, whose launches were measured shorter
+    /// than a quantum (one launch under a grant keeps the GPU busy past the slice
+    /// otherwise: a look gains the others at most the slice, and costs the holder its
+    /// turn), and which has not lost [`MAX_WITHDRAWN_IN_ROW`] grants in a row at looks.
+    /// The daemon answers with
     /// [`Scheduler::claimed`] or [`Scheduler::withdraw`].
     pub fn claim_due(&self, now: u64) -> Option<(TenantId, u32)> {
         let (t, generation, at) = self.claim_check()?;
@@ -555,6 +571,8 @@ impl Scheduler {
         (self.p.claim_timeout_ns > 0
             && after < self.p.quantum_ns
             && x.stopped >= CLAIM_MIN_STOPPED
+            && x.launch_cost_ns.is_some_and(|c| c < self.p.quantum_ns)
+            && x.withdrawn_in_row < MAX_WITHDRAWN_IN_ROW
             && self.others_waiting(t))
         .then_some((t, generation, granted + after))
     }
@@ -588,6 +606,7 @@ impl Scheduler {
         {
             if let Some(x) = self.tenants.get_mut(&id) {
                 x.withdrawn_at = Some(now);
+                x.withdrawn_in_row += 1;
             }
             self.revoke(now, &mut out);
         }
@@ -817,6 +836,7 @@ impl Scheduler {
         if let Some(t) = self.tenants.get_mut(&id) {
             if !unclaimed {
                 t.note_fill(busy_ns, end - granted);
+                t.withdrawn_in_row = 0;
             }
             // A grant withdrawn at a look: how soon its report came says whether the
             // tenant was stopped or only slow to launch.
@@ -3152,6 +3172,7 @@ mod tests {
         sched.add(1, burst(50), 0);
         sched.add(2, burst(50), 0);
         sched.note_stopped(1, stopped, Some(100 * MS));
+        sched.note_launches(1, Some(MS), 10);
         assert_eq!(
             sched.demand(1, 0),
             vec![Action::Grant {
@@ -3333,6 +3354,72 @@ mod tests {
         sched.unclaimed(1, 3, 8 * MS);
         sched.release(1, 3, 48 * MS, Some(0), true, 48 * MS);
         assert_eq!(sched.tenants[&1].look_after_ns, base);
+    }
+
+    /// Withdraws holder 1's grant `g` at its look (taken at `at`, 2 ms after the
+    /// grant), has its report come 40 ms later (stopped) still asking, and tenant 2's
+    /// lent slice drain: tenant 1's next grant. Returns it and the time.
+    fn withdrawn_and_granted_again(sched: &mut Scheduler, g: u32, at: u64) -> (u32, u64) {
+        assert_eq!(sched.claim_due(at), Some((1, g)), "looked at");
+        sched.withdraw(1, g, at);
+        sched.unclaimed(1, g, at);
+        let back = at + 40 * MS;
+        sched.release(1, g, back, Some(0), true, back);
+        let actions = sched.release(2, g + 1, back, Some(MS), true, back);
+        let [
+            Action::Grant {
+                tenant: 1,
+                generation,
+            },
+        ] = actions[..]
+        else {
+            panic!("tenant 1 not granted again: {actions:?}");
+        };
+        (generation, back)
+    }
+
+    /// Stop 27's CI: a 0.2-CPU tenant of 100 ms kernels lost every grant at looks and ran
+    /// nothing. A tenant loses at most [`MAX_WITHDRAWN_IN_ROW`] grants in a row; the next
+    /// is its to the slice's end, and a grant it claims starts the count again.
+    #[test]
+    fn a_tenant_withdrawn_grant_after_grant_keeps_every_fourth() {
+        let mut sched = granted_to(0.7);
+        let (mut g, mut at) = (1, DEFAULT_CLAIM_TIMEOUT_NS);
+        for _ in 0..MAX_WITHDRAWN_IN_ROW {
+            let (next, back) = withdrawn_and_granted_again(&mut sched, g, at);
+            (g, at) = (next, back + DEFAULT_CLAIM_TIMEOUT_NS);
+        }
+        assert_eq!(sched.tenants[&1].unclaimed, u64::from(MAX_WITHDRAWN_IN_ROW));
+        assert_eq!(sched.claim_due(at + 5 * MS), None, "not looked at");
+        // It launched under this one: reported having run, the next is looked at again.
+        let end = at - DEFAULT_CLAIM_TIMEOUT_NS + Params::default().quantum_ns;
+        assert_eq!(
+            sched.tick(end),
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: g
+            }]
+        );
+        sched.release(1, g, end, Some(5 * MS), true, end);
+        assert_eq!(sched.tenants[&1].withdrawn_in_row, 0);
+    }
+
+    /// A holder whose launches were never measured, or measured a slice or longer, is not
+    /// looked at: one launch of it can keep the GPU busy past the slice.
+    #[test]
+    fn a_holder_of_unmeasured_or_long_launches_is_not_looked_at() {
+        for cost in [None, Some(Params::default().quantum_ns), Some(100 * MS)] {
+            let mut sched = Scheduler::new(Params::default());
+            sched.add(1, burst(50), 0);
+            sched.add(2, burst(50), 0);
+            sched.note_stopped(1, 0.7, Some(100 * MS));
+            if let Some(c) = cost {
+                sched.note_launches(1, Some(c), 1);
+            }
+            sched.demand(1, 0);
+            sched.demand(2, 0);
+            assert_eq!(sched.claim_due(5 * MS), None, "launches of {cost:?} ns");
+        }
     }
 
     /// A report whose caller read its clock before the revoke it answers was decided (the

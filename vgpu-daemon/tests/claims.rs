@@ -39,14 +39,20 @@ fn daemon() -> std::sync::Arc<Daemon> {
 }
 
 /// Tenants A (`ns/a/c`, process `pid`) and B (`pid + 1`) at 50/50, both containers
-/// throttled by their CPU limits half of the time.
+/// throttled by their CPU limits half of the time. A has run one slice alone of ten
+/// 100 µs launches (looks are for holders whose launches were measured short); B's
+/// launches are not measured (the GPU waits for its drain report: no hand-on).
 fn two_throttled_tenants(d: &Daemon, pid: u32) -> (Proc, Proc) {
     let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
-    let a = register(d, pid, "ns/a/c", "ns", "a", "c", &gpu);
+    let mut a = register(d, pid, "ns/a/c", "ns", "a", "c", &gpu);
     let b = register(d, pid + 1, "ns/b/c", "ns", "b", "c", &gpu);
     for p in [pid, pid + 1] {
         d.note_stopped(tid_of(d, p), 0.5, Some(100 * MS));
     }
+    d.demand(a.reg.conn, 0, None).expect("demand");
+    let g = expect(&mut a, true, Duration::from_secs(5), "a slice alone");
+    d.released(a.reg.conn, 0, g, mono_ns(), Some(MS), 10, false)
+        .expect("report accepted");
     (a, b)
 }
 
