@@ -228,13 +228,16 @@ fn a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_an
     let d = daemon_logging_to(dir.path(), &[], Some(&log));
     let c = Container::new("1Gi").with("VGPU_COMPUTE_SHARE", "100");
     let err = dir.path().join("frozen.err");
-    // 160 requests, one every 100 ms: each launches one 1 ms kernel and waits for it.
+    // 240 requests, one every 100 ms: each launches one 1 ms kernel and waits for it.
+    // The process runs on ~14 s after the freeze: its fallback report comes when it
+    // registers again (the 1 s handshake deadline, retries up to 2 s apart), which on a
+    // saturated machine took longer than the ~6 s an earlier 160 left (CI, stop 31).
     let t = spawn(
         &node,
         &c,
         &d.socket,
         &err,
-        &["init", "latency", "160", "1000000", "100000", "0"],
+        &["init", "latency", "240", "1000000", "100000", "0"],
     );
     let key = c.dir().display().to_string();
     wait_for("registration", Duration::from_secs(20), || {
