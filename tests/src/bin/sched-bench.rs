@@ -5,7 +5,8 @@
 //! Build first (`cargo xtask sim && cargo build --release`), then run
 //! `target/release/sched-bench [--window-s 10] [--only NAME,...]`
 //! (`SCHED_BENCH_DAEMON_LOG=debug` sets the daemons' log level, `SCHED_BENCH_KEEP=1`
-//! keeps their logs and prints where). Every figure is
+//! keeps their logs and prints where, `SCHED_BENCH_DAEMON_ARGS="--quantum-ms 40"` adds
+//! options, split at whitespace, to every daemon it starts). Every figure is
 //! measured in this run, next to its baseline (the same load without vgpu, or alone).
 //!
 //! Scenarios: achieved vs configured shares for 2, 3 and 10 saturating tenants, each
@@ -100,7 +101,8 @@ impl Bench {
         // A killed daemon leaves its socket files: wait for the new daemon's own.
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&api);
-        let log = std::fs::File::create(self.root.path().join(format!("{tag}.log")))?;
+        let log_path = self.root.path().join(format!("{tag}.log"));
+        let log = std::fs::File::create(&log_path)?;
         let child = Command::new(self.bin_dir.join("vgpu-daemon"))
             .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
@@ -109,6 +111,11 @@ impl Bench {
             .arg(&api)
             .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
             .args(extra)
+            .args(
+                std::env::var("SCHED_BENCH_DAEMON_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env(
                 "VGPU_DAEMON_LOG",
                 std::env::var("SCHED_BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
@@ -118,7 +125,16 @@ impl Bench {
             .spawn()
             .context("start vgpu-daemon (build it: cargo build --release)")?;
         let t0 = Instant::now();
+        let mut child = child;
         while !socket.exists() {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "vgpu-daemon exited ({status}) before creating its socket: {}",
+                    std::fs::read_to_string(&log_path)
+                        .unwrap_or_default()
+                        .trim()
+                );
+            }
             if t0.elapsed() > Duration::from_secs(10) {
                 bail!("vgpu-daemon did not create {}", socket.display());
             }
@@ -942,8 +958,14 @@ fn main() -> Result<()> {
     }
     let want = |n: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == n));
     let mut r = Report { lines: Vec::new() };
+    let daemon_args = std::env::var("SCHED_BENCH_DAEMON_ARGS").unwrap_or_default();
+    let defaults = if daemon_args.trim().is_empty() {
+        "quantum 10 ms, queue-ahead 2 ms".to_owned()
+    } else {
+        format!("daemons started with {:?}", daemon_args.trim())
+    };
     r.say(format!(
-        "sched-bench: simulated H100, quantum 10 ms, queue-ahead 2 ms, {window_s} s windows; ground truth: the simulator's per-process device time"
+        "sched-bench: simulated H100, {defaults}, {window_s} s windows; ground truth: the simulator's per-process device time"
     ));
     let mut util_2 = (0.0, 0.0);
     if want("fidelity")
