@@ -53,6 +53,8 @@ struct Bench {
     warmup: Duration,
     /// Tenants start in their own CPU-limited group (millicpu) when set.
     cpu_limit: std::cell::Cell<Option<u32>>,
+    /// Options added to every daemon's command line (`SCHED_BENCH_DAEMON_ARGS`).
+    daemon_args: Vec<String>,
 }
 
 struct Daemon {
@@ -103,7 +105,7 @@ impl Bench {
         let _ = std::fs::remove_file(&api);
         let log_path = self.root.path().join(format!("{tag}.log"));
         let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(self.bin_dir.join("vgpu-daemon"))
+        let mut child = Command::new(self.bin_dir.join("vgpu-daemon"))
             .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(&socket)
@@ -111,11 +113,7 @@ impl Bench {
             .arg(&api)
             .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
             .args(extra)
-            .args(
-                std::env::var("SCHED_BENCH_DAEMON_ARGS")
-                    .unwrap_or_default()
-                    .split_whitespace(),
-            )
+            .args(&self.daemon_args)
             .env(
                 "VGPU_DAEMON_LOG",
                 std::env::var("SCHED_BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
@@ -125,7 +123,6 @@ impl Bench {
             .spawn()
             .context("start vgpu-daemon (build it: cargo build --release)")?;
         let t0 = Instant::now();
-        let mut child = child;
         while !socket.exists() {
             if let Ok(Some(status)) = child.try_wait() {
                 bail!(
@@ -952,17 +949,21 @@ fn main() -> Result<()> {
         window: Duration::from_secs(window_s),
         warmup: Duration::from_secs(1),
         cpu_limit: std::cell::Cell::new(None),
+        daemon_args: std::env::var("SCHED_BENCH_DAEMON_ARGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
     };
     if std::env::var_os("SCHED_BENCH_KEEP").is_some() {
         println!("sched-bench: logs kept in {}", b.root.path().display());
     }
     let want = |n: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == n));
     let mut r = Report { lines: Vec::new() };
-    let daemon_args = std::env::var("SCHED_BENCH_DAEMON_ARGS").unwrap_or_default();
-    let defaults = if daemon_args.trim().is_empty() {
+    let defaults = if b.daemon_args.is_empty() {
         "quantum 10 ms, queue-ahead 2 ms".to_owned()
     } else {
-        format!("daemons started with {:?}", daemon_args.trim())
+        format!("daemons started with {:?}", b.daemon_args.join(" "))
     };
     r.say(format!(
         "sched-bench: simulated H100, {defaults}, {window_s} s windows; ground truth: the simulator's per-process device time"
