@@ -903,6 +903,31 @@ fn under_load(
     Ok(())
 }
 
+/// The names `--only` takes (`load` = `load-saturated,load-limited`).
+const SCENARIOS: [&str; 13] = [
+    "shares",
+    "jain",
+    "converge",
+    "converge-limited",
+    "conserve",
+    "latency",
+    "overhead",
+    "load",
+    "load-saturated",
+    "load-limited",
+    "load-stopped",
+    "fidelity",
+    "fine",
+];
+
+/// The usage line, with every scenario's name.
+fn usage() -> String {
+    format!(
+        "usage: sched-bench [--window-s N] [--only NAME,...]; NAME: {} (load = load-saturated,load-limited)",
+        SCENARIOS.join(", ")
+    )
+}
+
 fn main() -> Result<()> {
     let mut window_s = 10u64;
     let mut only: Option<Vec<String>> = None;
@@ -917,11 +942,17 @@ fn main() -> Result<()> {
             }
             "--only" => {
                 let v = args.next().context("--only needs a list")?;
-                only = Some(v.split(',').map(str::to_owned).collect());
+                let names: Vec<String> = v.split(',').map(str::to_owned).collect();
+                if let Some(bad) = names.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
+                    bail!("--only: no scenario is named {bad:?}; {}", usage());
+                }
+                only = Some(names);
             }
-            other => bail!(
-                "unknown argument {other:?} (try --window-s N, --only shares,jain,converge,converge-limited,conserve,latency,overhead,load (= load-saturated,load-limited),load-stopped,fidelity,fine)"
-            ),
+            "--help" | "-h" => {
+                println!("{}", usage());
+                return Ok(());
+            }
+            other => bail!("unknown argument {other:?}; {}", usage()),
         }
     }
     let exe = std::env::current_exe()?;
