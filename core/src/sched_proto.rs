@@ -44,7 +44,10 @@
 //! process launched under it, and the GPU goes on without waiting for the tenant's
 //! drain report (which a tenant whose container its CPU limit stopped sends only when it
 //! runs again). A shim that ignores the page (or a tenant that scribbles on it) is
-//! charged what it reports it ran, as before.
+//! charged what it reports it ran, as before. Just before its claim a launcher stores
+//! the time (CLOCK_MONOTONIC ns, a `u64` at [`CLAIM_TIME_OFFSET`] in the word's
+//! stride): how long after the grant the tenant started, which the daemon's slices
+//! follow (additive: 0 from an older shim, not read by an older daemon).
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +57,9 @@ pub const PROTO_VERSION: u32 = 1;
 pub const MAX_FRAME: usize = 64 * 1024;
 /// Bytes between two grant words of the board (one cache line each).
 pub const BOARD_STRIDE: usize = 64;
+/// Offset, within a claim word's stride, of the time of the claim (a `u64`,
+/// CLOCK_MONOTONIC ns, stored before the claim word).
+pub const CLAIM_TIME_OFFSET: usize = 8;
 /// Most GPUs one process may register.
 pub const MAX_GPUS: usize = 16;
 /// Size of a board, bytes (one page).

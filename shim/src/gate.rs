@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
-use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
+use vgpu_core::sched_proto::{CLAIM_TIME_OFFSET, GrantWord, ShimMsg, encode};
 use vgpu_sys::{futex_wait, futex_wake};
 
 use crate::config::MAX_DEVICES;
@@ -329,8 +329,19 @@ impl Gate {
             return true;
         }
         // SAFETY: a non-null claim pointer is a word of a claim page mapping that is
-        // never unmapped (see `Gate::word`).
-        unsafe { &*c }.store(w, Ordering::SeqCst);
+        // never unmapped (see `Gate::word`); its time is in the same stride, 8-aligned
+        // (`CLAIM_TIME_OFFSET`).
+        unsafe {
+            // Another process of the tenant claimed this grant first: its claim stands
+            // (the daemon reads it after the revocation all the same), and so does its
+            // time, the tenant's first launch under the grant.
+            if (*c).load(Ordering::SeqCst) != w {
+                let at = c.cast::<u8>().add(CLAIM_TIME_OFFSET).cast::<AtomicU64>();
+                // Before the claim (whose store releases it): the daemon reads it after.
+                (*at).store(vgpu_sys::mono_ns(), Ordering::Relaxed);
+                (*c).store(w, Ordering::SeqCst);
+            }
+        }
         if self.word().load(Ordering::SeqCst) != w {
             return false;
         }

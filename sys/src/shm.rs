@@ -7,7 +7,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// An anonymous file of `len` bytes, zero-filled, closed on exec; `sealable` lets
 /// [`seal_writes_by_others`] seal it later.
@@ -119,6 +119,19 @@ impl SharedMap {
     /// Whether the mapping is empty (never, for a successful [`map`](Self::map)).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The `u64` word at byte `offset`, atomically accessed (as [`SharedMap::atomic_u32`]).
+    /// Panics when `offset` is not 8-aligned or the word is out of range.
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|e| e <= self.len),
+            "word at byte {offset} out of a {}-byte mapping",
+            self.len
+        );
+        // SAFETY: `offset + 8 <= len` and 8-aligned (the base is page aligned), inside a
+        // mapping that lives as long as the returned reference; all access is atomic.
+        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 
     /// The `u32` word at byte `offset`, atomically accessed (the mapping is shared with

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, GrantWord};
+use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, GrantWord};
 use vgpu_sys::futex_wake;
 use vgpu_sys::shm::{SharedMap, memfd, seal_size, seal_writes_by_others};
 
@@ -70,6 +70,15 @@ impl Board {
     pub fn claimed(&self, i: usize, generation: u32) -> bool {
         let w = self.claims.atomic_u32(i * BOARD_STRIDE);
         w.load(Ordering::SeqCst) == GrantWord::held(generation).pack()
+    }
+
+    /// When the claim beside grant word `i` was made (CLOCK_MONOTONIC ns; 0: not said).
+    /// The tenant's own figure: read after [`Board::claimed`], and only to be believed
+    /// within the grant it names.
+    pub fn claimed_at(&self, i: usize) -> u64 {
+        self.claims
+            .atomic_u64(i * BOARD_STRIDE + CLAIM_TIME_OFFSET)
+            .load(Ordering::Relaxed)
     }
 
     /// Word `i` (the daemon writes words `0..MAX_GPUS`; the page has

@@ -869,6 +869,7 @@ impl Daemon {
                             fill_pct: st.and_then(|s| s.fill).map(|f| f * 100.0),
                             cpu_stopped_pct: st.map_or(0.0, |s| s.stopped * 100.0),
                             unclaimed_grants: st.map_or(0, |s| s.unclaimed),
+                            slice_ns: st.map_or(0, |s| s.slice_ns),
                         }
                     })
                     .collect();
@@ -1083,6 +1084,8 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
         // After the revocation's store: a claim that does not name the grant means no
         // process launched under it (ADR 0030).
         let unclaimed = !held && !t.board.claimed(r.word, generation);
+        // Read after the claim: the time the tenant stored before it.
+        let claimed_at = (!held && !unclaimed).then(|| t.board.claimed_at(r.word));
         debug!(tenant = %key, gpu = %uuid, generation, held, unclaimed, "grant word");
         // A best-effort holder beside a latency-sensitive tenant keeps a short queue, so
         // that a preemption drains quickly.
@@ -1120,6 +1123,9 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
         let Some(rec) = g.gpus.get_mut(uuid) else {
             continue;
         };
+        if let Some(at) = claimed_at {
+            rec.sched.claimed_at(tid, generation, at, now);
+        }
         if held {
             rec.grants.insert(tid, generation);
         } else {

@@ -70,6 +70,16 @@ struct Args {
         value_parser = parse_claim_timeout
     )]
     claim_timeout_ms: ClaimTimeout,
+    /// Longest slice, in quanta, of a tenant whose drain reports come late (its container
+    /// starved or throttled of CPU): such a holder's slice is four times its report lag,
+    /// at least one quantum; 1: every slice is one quantum.
+    #[arg(
+        long,
+        env = "VGPU_MAX_SLICE_QUANTA",
+        default_value_t = Params::default().max_slice_quanta,
+        value_parser = clap::value_parser!(u32).range(1..=100)
+    )]
+    max_slice_quanta: u32,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -186,6 +196,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 co_hold_fill_pct: a.co_hold_fill_pct,
                 queue_ahead_ns: a.queue_ahead_us.saturating_mul(1000),
                 claim_timeout_ns: a.claim_timeout_ms.0,
+                max_slice_quanta: a.max_slice_quanta,
                 ..Params::default()
             },
             queue_ahead_us: a.queue_ahead_us,

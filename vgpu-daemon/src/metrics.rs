@@ -156,6 +156,11 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Gauge,
         "Part of the recent time the container was stopped by its CPU limit (the kernel's CFS throttling, 0-1).",
     );
+    let mut slice = Family::new(
+        "vgpu_tenant_slice_seconds",
+        Gauge,
+        "How long the tenant's next exclusive slice lasts: the quantum, longer for a tenant slow to start under its grants and to report its drains (its container starved or throttled of CPU).",
+    );
     let mut procs = Family::new(
         "vgpu_tenant_processes",
         Gauge,
@@ -196,6 +201,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             mem_used.sample(&l, g.memory_used as f64);
             co_held.sample(&l, if g.co_held { 1.0 } else { 0.0 });
             cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
+            slice.sample(&l, ns_to_s(g.slice_ns));
             if let Some(q) = g.memory_quota {
                 mem_quota.sample(&l, q as f64);
             }
@@ -406,6 +412,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &state,
         &co_held,
         &cpu_stopped,
+        &slice,
         &procs,
         &info,
         &g_total,

@@ -68,6 +68,11 @@ pub struct TenantGpu {
     /// its container was stopped (ADR 0030).
     #[serde(default)]
     pub unclaimed_grants: u64,
+    /// How long its next exclusive slice lasts, ns: the quantum, longer for a tenant
+    /// slow to start under its grants and to report its drains (its container starved
+    /// or throttled of CPU); 0: not known.
+    #[serde(default)]
+    pub slice_ns: u64,
 }
 
 /// One tenant (container).

@@ -119,6 +119,17 @@ pub const DEFAULT_CO_HOLD_FILL_PCT: u32 = CO_HOLD_FILL_PCT_MEASURED;
 /// The bound the measurements of ADR 0029 used (`--co-hold-fill-pct 80`).
 pub const CO_HOLD_FILL_PCT_MEASURED: u32 = 80;
 
+/// A holder's slice lasts this many times its report lag ([`stretched_slice`]): the
+/// GPU's idle time at each hand-over is then at most about a fifth of the cycle.
+pub const SLICE_PER_LAG: u64 = 4;
+
+/// Default of [`Params::max_slice_quanta`].
+pub const DEFAULT_MAX_SLICE_QUANTA: u32 = 4;
+
+/// Weight of the past in a tenant's report lag: each measure halves what the ones
+/// before it count for.
+const LAG_DECAY: f64 = 0.5;
+
 /// Weight of the past in a tenant's fill: each measured grant halves what the grants
 /// before it count for.
 const FILL_DECAY: f64 = 0.5;
@@ -167,6 +178,10 @@ pub struct Params {
     /// at the slice's end. Every revoke of an unclaimed grant goes on at once, whatever
     /// this is.
     pub claim_timeout_ns: u64,
+    /// Longest slice, in quanta, of a holder whose drain reports come late
+    /// ([`stretched_slice`]: [`SLICE_PER_LAG`] times its report lag, at least a
+    /// quantum); 1: every slice is a quantum.
+    pub max_slice_quanta: u32,
 }
 
 impl Default for Params {
@@ -182,6 +197,7 @@ impl Default for Params {
             co_hold_fill_pct: DEFAULT_CO_HOLD_FILL_PCT,
             queue_ahead_ns: 2_000_000,
             claim_timeout_ns: DEFAULT_CLAIM_TIMEOUT_NS,
+            max_slice_quanta: DEFAULT_MAX_SLICE_QUANTA,
         }
     }
 }
@@ -228,6 +244,9 @@ pub struct TenantStats {
     pub stopped: f64,
     /// Grants revoked before any of its processes launched under them (ADR 0030).
     pub unclaimed: u64,
+    /// How long its next slice lasts, ns: a quantum, longer for a tenant slow to start
+    /// and to report ([`stretched_slice`]; a capped tenant's slice is its tokens').
+    pub slice_ns: u64,
 }
 
 #[derive(Debug)]
@@ -266,6 +285,13 @@ struct T {
     withdrawn_at: Option<u64>,
     /// Its grants withdrawn at looks since one was claimed ([`MAX_WITHDRAWN_IN_ROW`]).
     withdrawn_in_row: u32,
+    /// How long after its work completed its drain reports reached the daemon, when the
+    /// GPU waited for them, each measure weighing [`LAG_DECAY`] of the one after it, ns
+    /// ([`stretched_slice`]).
+    report_lag_ns: f64,
+    /// How long after its grants its first launch under them came (the claim's time,
+    /// ADR 0030), weighted as `report_lag_ns`, ns.
+    wake_ns: f64,
 }
 
 impl T {
@@ -295,6 +321,23 @@ impl T {
             _ => self.stopped,
         };
         Some((fill * (1.0 - self.stopped) + run_on).min(1.0))
+    }
+
+    /// What a hand-over to and from it costs the GPU, ns: its launcher's start after a
+    /// grant and its report's lag after its work ([`stretched_slice`]).
+    fn hand_over_ns(&self) -> u64 {
+        (self.wake_ns + self.report_lag_ns) as u64
+    }
+
+    /// How long its container runs in one CFS period, ns, when its CPU limit throttles
+    /// it at least [`CLAIM_MIN_STOPPED`] of the time (0 when the period is not known);
+    /// None when it is not throttled.
+    fn runs_for_ns(&self) -> Option<u64> {
+        (self.stopped >= CLAIM_MIN_STOPPED).then(|| {
+            self.period_ns.map_or(0, |p| {
+                (p as f64 * (1.0 - self.stopped).max(0.0)).round() as u64
+            })
+        })
     }
 
     /// Adds a grant's measure: `busy` ns of device time over `held` ns (`busy` None:
@@ -429,6 +472,8 @@ impl Scheduler {
             look_after_ns: self.p.claim_timeout_ns,
             withdrawn_at: None,
             withdrawn_in_row: 0,
+            report_lag_ns: 0.0,
+            wake_ns: 0.0,
         });
     }
 
@@ -589,6 +634,43 @@ impl Scheduler {
             && g == generation
         {
             *claimed = true;
+        }
+    }
+
+    /// The first launch under grant `generation` of tenant `id` was claimed at `at_ns`
+    /// (CLOCK_MONOTONIC, the tenant's own figure: taken within the grant and `now`; 0,
+    /// an older shim: nothing learned). How long its launcher took to start is part of
+    /// what its slices must amortize ([`stretched_slice`]).
+    pub fn claimed_at(&mut self, id: TenantId, generation: u32, at_ns: u64, now: u64) {
+        if at_ns == 0 {
+            return;
+        }
+        let granted = match self.st {
+            St::Holding {
+                t,
+                generation: g,
+                granted,
+                ..
+            } if t == id && g == generation => Some(granted),
+            St::Draining(r) if r.t == id && r.generation == generation => Some(r.granted),
+            _ => self
+                .settling
+                .get(&id)
+                .filter(|r| r.generation == generation)
+                .map(|r| r.granted)
+                .or_else(|| {
+                    self.co
+                        .get(&id)
+                        .filter(|c| c.generation == generation)
+                        .map(|c| c.since)
+                }),
+        };
+        let Some(granted) = granted else {
+            return;
+        };
+        let wake = at_ns.clamp(granted, now.max(granted)) - granted;
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.wake_ns = t.wake_ns * LAG_DECAY + wake as f64 * (1.0 - LAG_DECAY);
         }
     }
 
@@ -833,10 +915,16 @@ impl Scheduler {
                 self.charge(id, charged + renewed, end);
             }
         }
+        // The GPU waited for this report (not a co-holder's, nor one it went on from).
+        let waited = matches!(self.st, St::Draining(r) if this(&r));
         if let Some(t) = self.tenants.get_mut(&id) {
             if !unclaimed {
                 t.note_fill(busy_ns, end - granted);
                 t.withdrawn_in_row = 0;
+                if waited {
+                    let lag = now.saturating_sub(end) as f64;
+                    t.report_lag_ns = t.report_lag_ns * LAG_DECAY + lag * (1.0 - LAG_DECAY);
+                }
             }
             // A grant withdrawn at a look: how soon its report came says whether the
             // tenant was stopped or only slow to launch.
@@ -1015,6 +1103,7 @@ impl Scheduler {
             fill: t.fill(),
             stopped: t.stopped,
             unclaimed: t.unclaimed,
+            slice_ns: slice_of(&self.p, t, self.min_slice()),
         })
     }
 
@@ -1172,7 +1261,6 @@ impl Scheduler {
         };
         self.generation = self.generation.wrapping_add(1) & 0x7fff_ffff;
         let generation = self.generation;
-        let q = self.p.quantum_ns;
         let min_slice = self.min_slice();
         let t = self.tenants.get_mut(&id).expect("chosen among tenants");
         if let Some(s) = t.demand_since.take() {
@@ -1181,11 +1269,7 @@ impl Scheduler {
         t.grants += 1;
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
-        let slice = if t.settings.policy == ComputePolicy::Cap {
-            cap_slice(t, min_slice, q)
-        } else {
-            q
-        };
+        let slice = slice_of(&self.p, t, min_slice);
         self.st = St::Holding {
             t: id,
             generation,
@@ -1613,6 +1697,47 @@ fn wake_lag(credit: f64, idle_lag: f64) -> f64 {
 /// take turns by their shares.
 pub fn co_fits(holding: &[f64], fill: f64, bound_pct: u32) -> bool {
     bound_pct > 0 && (holding.iter().sum::<f64>() + fill) * 100.0 <= f64::from(bound_pct)
+}
+
+/// The slice of a holder whose hand-overs cost the GPU `hand_over_ns` (its launcher's
+/// start after a grant plus its drain report's lag after its work: threads waiting for
+/// a CPU): [`SLICE_PER_LAG`] times that, at least `quantum_ns`, at most `max_quanta`
+/// quanta, and at most `runs_for_ns` (how long its container runs in one CFS period
+/// when its CPU limit throttles it) unless that is under a quantum. A slice of one
+/// quantum went mostly to those waits (ten 0.5-CPU tenants on two CPUs, starved but not
+/// throttled: the GPU half idle); a launcher that waited for a CPU keeps it for a while
+/// once it runs, while a throttled one is stopped again within its period, and a slice
+/// past that would be held idle. Its charge is its device time, so a longer slice costs
+/// the others time only where it holds the GPU idle, as any slice does (the floor,
+/// [`Params::min_charge_pct`]).
+pub fn stretched_slice(
+    quantum_ns: u64,
+    hand_over_ns: u64,
+    max_quanta: u32,
+    runs_for_ns: Option<u64>,
+) -> u64 {
+    let mut longest = quantum_ns.saturating_mul(u64::from(max_quanta.max(1)));
+    if let Some(run) = runs_for_ns {
+        longest = longest.min(run.max(quantum_ns));
+    }
+    hand_over_ns
+        .saturating_mul(SLICE_PER_LAG)
+        .clamp(quantum_ns, longest)
+}
+
+/// The slice a grant gives tenant `t`: a capped tenant's tokens' ([`cap_slice`]),
+/// any other's a quantum stretched by its hand-overs ([`stretched_slice`]).
+fn slice_of(p: &Params, t: &T, min_slice: f64) -> u64 {
+    if t.settings.policy == ComputePolicy::Cap {
+        cap_slice(t, min_slice, p.quantum_ns)
+    } else {
+        stretched_slice(
+            p.quantum_ns,
+            t.hand_over_ns(),
+            p.max_slice_quanta,
+            t.runs_for_ns(),
+        )
+    }
 }
 
 /// A capped tenant's slice: its tokens last `bucket / (1 − rate)` while it runs, since
@@ -3433,5 +3558,213 @@ mod tests {
         sched.release(1, 1, 4 * MS, Some(0), false, 4 * MS);
         assert_eq!(used(&sched, 1, 5 * MS), 0);
         assert_eq!(sched.settling(), None, "settled");
+    }
+
+    /// What [`run_lagging`] measured: per tenant, its device time and its slices (grant
+    /// to revoke); and the GPU's busy time.
+    struct Lagging {
+        got: BTreeMap<TenantId, (u64, Vec<u64>)>,
+        busy: u64,
+    }
+
+    /// Tenants `(id, share, wake, lag)` saturating from 0 until `total`: a holder's work
+    /// starts `wake` after its grant (its launcher waiting for a CPU) and ends at the
+    /// revoke; its drain report reaches the daemon `lag` after that (its gate thread
+    /// waiting for a CPU). The GPU idles meanwhile.
+    fn run_lagging(p: Params, tenants: &[(TenantId, u32, u64, u64)], total: u64) -> Lagging {
+        let mut sched = Scheduler::new(p);
+        let wake: BTreeMap<TenantId, (u64, u64)> =
+            tenants.iter().map(|&(i, _, w, l)| (i, (w, l))).collect();
+        let mut acts = Vec::new();
+        for &(i, share, _, _) in tenants {
+            sched.add(i, burst(share), 0);
+            acts.extend(sched.demand(i, 0));
+        }
+        let mut run = Lagging {
+            got: BTreeMap::new(),
+            busy: 0,
+        };
+        let mut granted: BTreeMap<TenantId, u64> = BTreeMap::new();
+        // (when the report is read, tenant, generation, end, busy)
+        let mut reports: Vec<(u64, TenantId, u32, u64, u64)> = Vec::new();
+        let mut now = 0;
+        loop {
+            for a in acts.drain(..) {
+                match a {
+                    Action::Grant { tenant, .. } => {
+                        granted.insert(tenant, now);
+                    }
+                    Action::Revoke { tenant, generation } => {
+                        let g0 = granted.remove(&tenant).expect("revoked a holder");
+                        let (w, lag) = wake[&tenant];
+                        assert!(g0 + w < now, "tenant {tenant} revoked before it started");
+                        sched.claimed_at(tenant, generation, g0 + w, now);
+                        let busy = now.saturating_sub(g0 + w);
+                        run.busy += busy;
+                        let e = run.got.entry(tenant).or_default();
+                        e.0 += busy;
+                        e.1.push(now - g0);
+                        reports.push((now + lag, tenant, generation, now, busy));
+                    }
+                }
+            }
+            let report = reports.iter().map(|r| r.0).min();
+            let deadline = sched.next_deadline();
+            let next = match (report, deadline) {
+                (Some(r), Some(d)) => r.min(d),
+                (r, d) => r.or(d).expect("a holder, a drain or a report"),
+            };
+            if next >= total {
+                return run;
+            }
+            now = next;
+            if report == Some(now) {
+                let k = reports.iter().position(|r| r.0 == now).expect("due");
+                let (_, t, g, end, busy) = reports.swap_remove(k);
+                acts = sched.release(t, g, end, Some(busy), true, now);
+            } else {
+                acts = sched.tick(now);
+            }
+        }
+    }
+
+    #[test]
+    fn stretched_slices_are_four_lags_within_one_quantum_and_the_bound() {
+        let q = 10 * MS;
+        assert_eq!(stretched_slice(q, 0, 4, None), q);
+        assert_eq!(
+            stretched_slice(q, MS, 4, None),
+            q,
+            "a short wait keeps a quantum"
+        );
+        assert_eq!(stretched_slice(q, 6 * MS, 4, None), 24 * MS);
+        assert_eq!(
+            stretched_slice(q, u64::MAX, 4, None),
+            40 * MS,
+            "at most the bound"
+        );
+        assert_eq!(stretched_slice(q, 6 * MS, 1, None), q, "1: off");
+        assert_eq!(stretched_slice(q, 6 * MS, 0, None), q, "0 counts as 1");
+        // Throttled: no longer than its container runs in a period, nor under a quantum.
+        assert_eq!(stretched_slice(q, 10 * MS, 4, Some(20 * MS)), 20 * MS);
+        assert_eq!(stretched_slice(q, 10 * MS, 4, Some(60 * MS)), 40 * MS);
+        assert_eq!(stretched_slice(q, 10 * MS, 4, Some(0)), q);
+    }
+
+    /// Three tenants whose launchers start 4 ms after each grant and whose drain reports
+    /// come 4 ms after their work ended (containers starved of CPU, not throttled): with
+    /// slices of one quantum the GPU is busy 6 ms in 14; stretched to four times the
+    /// 8 ms of each hand-over, 28 in 36, and the split still follows the shares.
+    #[test]
+    fn holders_slow_to_start_and_to_report_get_slices_that_amortize_it() {
+        let tenants = [
+            (1, 20, 4 * MS, 4 * MS),
+            (2, 30, 4 * MS, 4 * MS),
+            (3, 50, 4 * MS, 4 * MS),
+        ];
+        let total = 10_000 * MS;
+        let off = run_lagging(
+            Params {
+                max_slice_quanta: 1,
+                ..Params::default()
+            },
+            &tenants,
+            total,
+        );
+        let on = run_lagging(Params::default(), &tenants, total);
+        let busy = |r: &Lagging| r.busy as f64 / total as f64;
+        assert!(
+            busy(&on) >= 1.5 * busy(&off),
+            "GPU busy {:.3} stretched against {:.3} in quanta",
+            busy(&on),
+            busy(&off)
+        );
+        let longest = on.got.values().flat_map(|v| v.1.iter()).max().copied();
+        assert!(longest <= Some(40 * MS), "longest slice {longest:?}");
+        for (id, share, _, _) in tenants {
+            let got = on.got[&id].0 as f64 * 100.0 / on.busy as f64;
+            assert!(
+                (got - f64::from(share)).abs() <= 2.0,
+                "tenant {id} ({share} %) got {got:.2} % of the device time"
+            );
+            let slices = &on.got[&id].1;
+            let typical =
+                slices[slices.len() / 2..].iter().sum::<u64>() / (slices.len() / 2).max(1) as u64;
+            assert!(
+                (30 * MS..=34 * MS).contains(&typical),
+                "tenant {id}: slices of {typical} ns once its lag was measured"
+            );
+        }
+    }
+
+    /// A tenant that reports at once keeps slices of one quantum beside one whose reports
+    /// come late, and each still gets its share of the device time.
+    #[test]
+    fn a_prompt_tenant_keeps_one_quantum_beside_a_late_one() {
+        let total = 10_000 * MS;
+        let run = run_lagging(
+            Params::default(),
+            &[(1, 50, 0, 0), (2, 50, 3 * MS, 15 * MS)],
+            total,
+        );
+        let prompt = &run.got[&1].1;
+        assert!(
+            prompt.iter().all(|s| *s == 10 * MS),
+            "prompt tenant's slices {:?}",
+            &prompt[..prompt.len().min(8)]
+        );
+        let late = &run.got[&2].1;
+        assert_eq!(late.last(), Some(&(40 * MS)), "late tenant's last slice");
+        for id in [1, 2] {
+            let got = run.got[&id].0 as f64 * 100.0 / run.busy as f64;
+            assert!((got - 50.0).abs() <= 2.0, "tenant {id} got {got:.2} %");
+        }
+    }
+
+    /// The slice a tenant gets after grants whose first launches came 15 ms after them
+    /// (the claims' times, as the daemon reads them at the revoke); `stopped` of its CFS
+    /// period of 100 ms.
+    fn slice_after_late_starts(stopped: f64) -> u64 {
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.note_stopped(1, stopped, Some(100 * MS));
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        let mut now = 0;
+        for _ in 0..6 {
+            // Tenant 1 holds; its slice ends and it is revoked; its report comes at
+            // once; tenant 2's slice, likewise.
+            let h = sched.holder().expect("a holder");
+            let granted = now;
+            now = sched.next_deadline().expect("a slice end");
+            let mut g = None;
+            for a in sched.tick(now) {
+                if let Action::Revoke { tenant, generation } = a {
+                    g = Some((tenant, generation));
+                }
+            }
+            let (t, gen_) = g.expect("revoked at its slice's end");
+            assert_eq!(t, h);
+            if t == 1 {
+                sched.claimed_at(1, gen_, granted + 15 * MS, now);
+            }
+            sched.release(t, gen_, now, Some(now - granted), true, now);
+        }
+        sched.stats(1, now).expect("tenant").slice_ns
+    }
+
+    /// A throttled container's late starts are its stops: its slice is no longer than
+    /// its container runs in a period (20 ms of 100 at 80 % stopped), where a tenant
+    /// starved of CPU but not throttled gets four times its wait, up to four quanta.
+    #[test]
+    fn a_throttled_tenants_slice_is_no_longer_than_its_container_runs() {
+        assert_eq!(slice_after_late_starts(0.0), 40 * MS);
+        assert_eq!(slice_after_late_starts(0.8), 20 * MS);
+        assert_eq!(
+            slice_after_late_starts(0.95),
+            10 * MS,
+            "never under a quantum"
+        );
     }
 }

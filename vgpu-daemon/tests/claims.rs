@@ -8,10 +8,12 @@ mod common;
 
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{GPU0, Proc, config, expect_slice as expect, next_slice_msg, register};
-use vgpu_core::sched_proto::{BOARD_BYTES, ComputePolicy, DaemonMsg, GrantWord};
+use vgpu_core::sched_proto::{
+    BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, ComputePolicy, DaemonMsg, GrantWord,
+};
 use vgpu_daemon::daemon::Daemon;
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
@@ -69,6 +71,14 @@ fn a_withdrawn_for_b(d: &Daemon, a: &mut Proc, b: &mut Proc) -> (u32, u32) {
     (ga, gb)
 }
 
+/// The byte offset of the process's claim word for its first GPU in its claim page.
+fn claim_offset(p: &Proc) -> usize {
+    match p.reg.welcome {
+        DaemonMsg::Welcome { ref words, .. } => words[0] as usize * BOARD_STRIDE,
+        _ => panic!("not welcomed"),
+    }
+}
+
 fn tid_of(d: &Daemon, pid: u32) -> u64 {
     d.tenant_pids()
         .into_iter()
@@ -94,10 +104,6 @@ fn drained(d: &Daemon, p: &Proc, generation: u32, waiting: bool) {
 fn a_throttled_holder_that_launches_nothing_loses_its_grant_and_one_that_launched_keeps_it() {
     let d = daemon();
     let (mut a, mut b) = two_throttled_tenants(&d, 5_000_001);
-    let word = |p: &Proc| match p.reg.welcome {
-        DaemonMsg::Welcome { ref words, .. } => words[0] as usize,
-        _ => panic!("not welcomed"),
-    };
     let (ga, gb) = a_withdrawn_for_b(&d, &mut a, &mut b);
     assert_eq!(unclaimed_grants(&d, "ns/a/c"), 1);
     let half = Duration::from_millis(QUANTUM_MS / 2);
@@ -105,7 +111,7 @@ fn a_throttled_holder_that_launches_nothing_loses_its_grant_and_one_that_launche
     d.demand(a.reg.conn, 0, None).expect("demand");
     // B launches (its claim names its grant): kept past the look, to its slice's end.
     let bp = claim_page(&b);
-    bp.atomic_u32(word(&b) * vgpu_core::sched_proto::BOARD_STRIDE)
+    bp.atomic_u32(claim_offset(&b))
         .store(GrantWord::held(gb).pack(), Ordering::SeqCst);
     assert_eq!(
         next_slice_msg(&mut b, half),
@@ -176,4 +182,69 @@ fn a_claim_page_of_garbage_changes_nothing_for_the_neighbour() {
         Some(vgpu_daemon::model::SliceState::Holding),
         "B granted {gb}"
     );
+}
+
+/// A tenant whose launches start late under its grants (each claim dated 15 ms after
+/// its grant came, as a launcher waiting for a CPU dates it) gets longer slices: four
+/// times that, up to four quanta, read through the daemon's own view (`vgpuctl`, the
+/// API); its neighbour, which claims at once, keeps shorter ones.
+#[test]
+fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
+    const Q: u64 = 20 * MS;
+    let mut c = config();
+    c.params.quantum_ns = Q;
+    c.params.drain_timeout_ns = 10_000 * MS;
+    c.params.co_hold_fill_pct = 0;
+    let d = Daemon::new(c);
+    d.spawn_timer().expect("timer thread");
+    let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
+    let mut a = register(&d, 5_000_031, "ns/a/c", "ns", "a", "c", &gpu);
+    let mut b = register(&d, 5_000_032, "ns/b/c", "ns", "b", "c", &gpu);
+    let (ap, bp) = (claim_page(&a), claim_page(&b));
+    let (wa, wb) = (claim_offset(&a), claim_offset(&b));
+    let slice = |key: &str| {
+        d.snapshot()
+            .tenants
+            .iter()
+            .find(|t| t.key == key)
+            .map_or(0, |t| t.gpus[0].slice_ns)
+    };
+    assert_eq!(
+        slice("ns/a/c"),
+        Q,
+        "one quantum before anything is measured"
+    );
+    d.demand(a.reg.conn, 0, None).expect("demand");
+    d.demand(b.reg.conn, 0, None).expect("demand");
+    let mut a_revoked = 0;
+    let t0 = Instant::now();
+    while a_revoked < 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "A's grant was revoked {a_revoked} times in 30 s"
+        );
+        for (p, page, w, late) in [(&mut a, &ap, wa, 15 * MS), (&mut b, &bp, wb, 0)] {
+            match next_slice_msg(p, Duration::from_millis(2)) {
+                Some((g, true)) => {
+                    // The claim and, before it, its time.
+                    page.atomic_u64(w + CLAIM_TIME_OFFSET)
+                        .store(mono_ns() + late, Ordering::Relaxed);
+                    page.atomic_u32(w)
+                        .store(GrantWord::held(g).pack(), Ordering::SeqCst);
+                }
+                Some((g, false)) => {
+                    a_revoked += u32::from(late > 0);
+                    d.released(p.reg.conn, 0, g, mono_ns(), Some(MS), 10, true)
+                        .expect("report accepted");
+                }
+                None => {}
+            }
+        }
+    }
+    let (sa, sb) = (slice("ns/a/c"), slice("ns/b/c"));
+    assert!(
+        (50 * MS..=4 * Q).contains(&sa),
+        "A, its launches 15 ms late: slices of {sa} ns (quantum {Q})"
+    );
+    assert!(sb < sa, "B, claiming at once: slices of {sb} ns, A's {sa}");
 }

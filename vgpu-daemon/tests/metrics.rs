@@ -201,6 +201,7 @@ fn evil_snapshot() -> NodeSnapshot {
         fill_pct: Some(40.0),
         cpu_stopped_pct: 72.5,
         unclaimed_grants: 5,
+        slice_ns: 40_000_000,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
@@ -331,6 +332,7 @@ fn text_format_parses_back() {
     assert_eq!(types["vgpu_tenant_co_held"], "gauge");
     assert_eq!(v("vgpu_tenant_co_held"), Some(1.0));
     assert_eq!(v("vgpu_tenant_cpu_stopped_ratio"), Some(0.725));
+    assert_eq!(v("vgpu_tenant_slice_seconds"), Some(0.04));
     assert_eq!(
         v("vgpu_tenant_memory_used_bytes"),
         Some((3u64 << 30) as f64)
