@@ -121,30 +121,32 @@ impl SharedMap {
         self.len == 0
     }
 
-    /// The `u64` word at byte `offset`, atomically accessed (as [`SharedMap::atomic_u32`]).
-    /// Panics when `offset` is not 8-aligned or the word is out of range.
-    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+    /// The address of a `size`-byte word at byte `offset`. Panics when `offset` is not
+    /// `size`-aligned or the word is out of range.
+    fn word_at(&self, offset: usize, size: usize) -> *mut u8 {
         assert!(
-            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|e| e <= self.len),
+            offset.is_multiple_of(size) && offset.checked_add(size).is_some_and(|e| e <= self.len),
             "word at byte {offset} out of a {}-byte mapping",
             self.len
         );
-        // SAFETY: `offset + 8 <= len` and 8-aligned (the base is page aligned), inside a
-        // mapping that lives as long as the returned reference; all access is atomic.
-        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
+        // SAFETY: `offset + size <= len`: inside the mapping.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+
+    /// The `u64` word at byte `offset`, atomically accessed (as [`SharedMap::atomic_u32`]).
+    /// Panics when `offset` is not 8-aligned or the word is out of range.
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: in range and 8-aligned (the base is page aligned), inside a mapping that
+        // lives as long as the returned reference; all access is atomic.
+        unsafe { &*self.word_at(offset, 8).cast::<AtomicU64>() }
     }
 
     /// The `u32` word at byte `offset`, atomically accessed (the mapping is shared with
     /// other processes). Panics when `offset` is not 4-aligned or the word is out of range.
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
-        assert!(
-            offset.is_multiple_of(4) && offset.checked_add(4).is_some_and(|e| e <= self.len),
-            "word at byte {offset} out of a {}-byte mapping",
-            self.len
-        );
-        // SAFETY: `offset + 4 <= len` and 4-aligned (the base is page aligned), inside a
-        // mapping that lives as long as the returned reference; all access is atomic.
-        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU32>() }
+        // SAFETY: in range and 4-aligned (the base is page aligned), inside a mapping that
+        // lives as long as the returned reference; all access is atomic.
+        unsafe { &*self.word_at(offset, 4).cast::<AtomicU32>() }
     }
 }
 
@@ -205,5 +207,20 @@ mod tests {
         let fd = memfd(c"vgpu-sys-test", 4096, false).expect("memfd");
         let m = SharedMap::map(fd.as_fd(), 4096, true).expect("map");
         m.atomic_u32(4096);
+    }
+
+    #[test]
+    fn u64_words_are_shared_and_misaligned_or_past_the_end_ones_refused() {
+        let fd = memfd(c"vgpu-sys-test", 4096, false).expect("memfd");
+        let m = SharedMap::map(fd.as_fd(), 4096, true).expect("map");
+        let r = SharedMap::map(fd.as_fd(), 4096, false).expect("map");
+        m.atomic_u64(4088).store(u64::MAX - 1, Ordering::Release);
+        assert_eq!(r.atomic_u64(4088).load(Ordering::Acquire), u64::MAX - 1);
+        for bad in [4, 4092, 4096, usize::MAX - 3] {
+            let refused = std::panic::catch_unwind(|| {
+                m.atomic_u64(bad);
+            });
+            assert!(refused.is_err(), "a u64 word at byte {bad}");
+        }
     }
 }
