@@ -327,7 +327,8 @@ for f in sys.argv[1:]:
         co = "+co" if g.get("co_held") else ""
         rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
             f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
-            f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}")
+            f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}"
+            f" slice {pct((g.get('slice_ns') or 0) / 1e6)} ms")
 print("; ".join(f"{k}: " + ", ".join(r) for k, r in sorted(rows.items())))
 PY
 )

@@ -30,6 +30,8 @@
 //!   more than two of its own slices ahead of the best-effort tenants (so priority
 //!   orders work but does not erase shares);
 //! - `burst` (work-conserving): a holder alone keeps the GPU, slice after slice;
+//! - a slice is one quantum, longer for a tenant slow to start under its grants and to
+//!   report its drains (its threads waiting for a CPU): [`stretched_slice`], ADR 0031;
 //! - `cap`: a token bucket filled at `share`% of wall time (at most one quantum deep):
 //!   the tenant is eligible only with at least a quarter quantum of tokens and its slice
 //!   ends when they run out, so it never exceeds its share even on an idle GPU;
@@ -119,15 +121,16 @@ pub const DEFAULT_CO_HOLD_FILL_PCT: u32 = CO_HOLD_FILL_PCT_MEASURED;
 /// The bound the measurements of ADR 0029 used (`--co-hold-fill-pct 80`).
 pub const CO_HOLD_FILL_PCT_MEASURED: u32 = 80;
 
-/// A holder's slice lasts this many times its report lag ([`stretched_slice`]): the
-/// GPU's idle time at each hand-over is then at most about a fifth of the cycle.
+/// A holder's slice lasts this many times its hand-over cost, its start plus its
+/// report's lag ([`stretched_slice`]): the GPU's idle time at each hand-over is then at
+/// most about a fifth of the cycle.
 pub const SLICE_PER_LAG: u64 = 4;
 
 /// Default of [`Params::max_slice_quanta`].
 pub const DEFAULT_MAX_SLICE_QUANTA: u32 = 4;
 
-/// Weight of the past in a tenant's report lag: each measure halves what the ones
-/// before it count for.
+/// Weight of the past in a tenant's start and report lag: each measure halves what the
+/// ones before it count for.
 const LAG_DECAY: f64 = 0.5;
 
 /// Weight of the past in a tenant's fill: each measured grant halves what the grants
@@ -178,9 +181,9 @@ pub struct Params {
     /// at the slice's end. Every revoke of an unclaimed grant goes on at once, whatever
     /// this is.
     pub claim_timeout_ns: u64,
-    /// Longest slice, in quanta, of a holder whose drain reports come late
-    /// ([`stretched_slice`]: [`SLICE_PER_LAG`] times its report lag, at least a
-    /// quantum); 1: every slice is a quantum.
+    /// Longest slice, in quanta, of a holder slow to start under its grants and to
+    /// report its drains ([`stretched_slice`]: [`SLICE_PER_LAG`] times those waits, at
+    /// least a quantum; ADR 0031); 1: every slice is a quantum.
     pub max_slice_quanta: u32,
 }
 

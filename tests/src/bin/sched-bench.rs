@@ -252,14 +252,18 @@ impl Bench {
                 .map(|(a, b)| Account {
                     charged_ns: a.charged_ns.saturating_sub(b.charged_ns),
                     waited_ns: a.waited_ns.saturating_sub(b.waited_ns),
+                    grants: a.grants.saturating_sub(b.grants),
+                    unclaimed: a.unclaimed.saturating_sub(b.unclaimed),
+                    slice_ns: a.slice_ns,
                 })
                 .collect(),
             secs,
         ))
     }
 
-    /// GPU time the daemon has charged each tenant of `keys`, and the time each waited
-    /// for the GPU with launches blocked (`vgpuctl --json tenants`).
+    /// GPU time the daemon has charged each tenant of `keys`, the time each waited for
+    /// the GPU with launches blocked, its grants and its slice (`vgpuctl --json
+    /// tenants`).
     fn charged(&self, d: &Daemon, keys: &[String]) -> Result<Vec<Account>> {
         let out = Command::new(self.bin_dir.join("vgpuctl"))
             .arg("--api-socket")
@@ -286,6 +290,9 @@ impl Bench {
                 Account {
                     charged_ns: field("gpu_time_ns"),
                     waited_ns: field("throttled_ns"),
+                    grants: field("grants"),
+                    unclaimed: field("unclaimed_grants"),
+                    slice_ns: field("slice_ns"),
                 }
             })
             .collect())
@@ -299,6 +306,12 @@ struct Account {
     charged_ns: u64,
     /// Time it waited for the GPU with launches blocked.
     waited_ns: u64,
+    /// Grants, and those taken back before anything launched under them (ADR 0030).
+    grants: u64,
+    unclaimed: u64,
+    /// How long its next exclusive slice lasts (ADR 0031; the latest figure, not a
+    /// difference).
+    slice_ns: u64,
 }
 
 fn wait_all(children: Vec<Child>) {
@@ -355,6 +368,8 @@ fn shares(
     let mut parts = Vec::new();
     let mut filled = Vec::new();
     let mut waited = Vec::new();
+    let mut grants = Vec::new();
+    let mut slices = Vec::new();
     for ((t, ns), c) in ts.iter().zip(&busy).zip(&charged) {
         let got = *ns as f64 * 100.0 / total.max(1) as f64;
         let want = f64::from(t.share) * 100.0 / f64::from(sum_shares);
@@ -365,6 +380,8 @@ fn shares(
             *ns as f64 * 100.0 / c.charged_ns.max(1) as f64
         ));
         waited.push(format!("{:.0}", c.waited_ns as f64 / 1e7 / secs));
+        grants.push(format!("{}/{}", c.unclaimed, c.grants));
+        slices.push(format!("{:.0}", c.slice_ns as f64 / 1e6));
     }
     let util = total as f64 / 1e9 / secs;
     r.say(format!(
@@ -375,6 +392,11 @@ fn shares(
         util * 100.0,
         filled.join(", "),
         waited.join(", ")
+    ));
+    r.say(format!(
+        "    grants taken back unclaimed / granted in the window [{}]; next slice [{}] ms",
+        grants.join(", "),
+        slices.join(", ")
     ));
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);
