@@ -673,7 +673,7 @@ impl Scheduler {
         };
         let wake = at_ns.clamp(granted, now.max(granted)) - granted;
         if let Some(t) = self.tenants.get_mut(&id) {
-            t.wake_ns = t.wake_ns * LAG_DECAY + wake as f64 * (1.0 - LAG_DECAY);
+            t.wake_ns = averaged(t.wake_ns, wake as f64);
         }
     }
 
@@ -925,8 +925,7 @@ impl Scheduler {
                 t.note_fill(busy_ns, end - granted);
                 t.withdrawn_in_row = 0;
                 if waited {
-                    let lag = now.saturating_sub(end) as f64;
-                    t.report_lag_ns = t.report_lag_ns * LAG_DECAY + lag * (1.0 - LAG_DECAY);
+                    t.report_lag_ns = averaged(t.report_lag_ns, now.saturating_sub(end) as f64);
                 }
             }
             // A grant withdrawn at a look: how soon its report came says whether the
@@ -1700,6 +1699,11 @@ fn wake_lag(credit: f64, idle_lag: f64) -> f64 {
 /// take turns by their shares.
 pub fn co_fits(holding: &[f64], fill: f64, bound_pct: u32) -> bool {
     bound_pct > 0 && (holding.iter().sum::<f64>() + fill) * 100.0 <= f64::from(bound_pct)
+}
+
+/// A decaying average `avg` after a new measure `v` ([`LAG_DECAY`]).
+fn averaged(avg: f64, v: f64) -> f64 {
+    avg * LAG_DECAY + v * (1.0 - LAG_DECAY)
 }
 
 /// The slice of a holder whose hand-overs cost the GPU `hand_over_ns` (its launcher's
