@@ -375,7 +375,9 @@ pub enum DaemonMsg {
         words: Vec<u32>,
         /// Longest a grant lasts before the daemon may revoke it, µs.
         quantum_us: u64,
-        /// How much work a process may queue beyond what completes, µs of GPU time.
+        /// How much work a process may queue beyond what completes, µs of GPU time: the
+        /// deepest bound any grant may give (a grant names its own, at most this; ADR
+        /// 0032); 0: unbounded.
         queue_ahead_us: u64,
         /// The process's PID in the daemon's (the host's) PID namespace, from the
         /// socket's credentials: NVML reports host PIDs, so a shim in a container's PID
@@ -403,8 +405,10 @@ pub enum DaemonMsg {
         gpu: u32,
         /// Generation.
         generation: u32,
-        /// A tighter queue-ahead bound for this grant, µs (a best-effort holder beside
-        /// latency-sensitive tenants drains faster when preempted). None: the Welcome's.
+        /// This grant's queue-ahead bound, µs, at most the Welcome's: deeper for a holder
+        /// slow to start and to report (ADR 0032), tighter for a best-effort holder
+        /// beside latency-sensitive tenants (it drains faster when preempted). None: the
+        /// Welcome's.
         #[serde(default)]
         queue_ahead_us: Option<u64>,
     },

@@ -333,6 +333,7 @@ pub fn tenant_json(t: &pb::Tenant) -> Value {
                 "cpu_stopped_pct": g.cpu_stopped_pct,
                 "unclaimed_grants": g.unclaimed_grants,
                 "slice_ns": g.slice_ns,
+                "queue_ahead_ns": g.queue_ahead_ns,
             })
         }).collect::<Vec<_>>(),
     })

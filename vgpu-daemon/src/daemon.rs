@@ -39,8 +39,6 @@ pub struct Config {
     pub socket: PathBuf,
     /// Scheduling tunables.
     pub params: Params,
-    /// Work a process may queue beyond what completes, µs of GPU time (told to shims).
-    pub queue_ahead_us: u64,
     /// If set, the quota file's path inside containers: the daemon reads it through
     /// `/proc/<pid>/root` and takes compute settings from it, ignoring the shim's.
     pub trusted_quota_file: Option<PathBuf>,
@@ -69,6 +67,18 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// The queue-ahead bound the `Welcome` names, µs: the deepest any grant may give
+    /// (ADR 0032). The shims take each grant's bound at most this; every grant names its
+    /// own, so a process registering while its tenant holds the GPU may queue up to this
+    /// until the next grant (charged to it as any of its work). 0: unbounded.
+    pub fn deepest_queue_ahead_us(&self) -> u64 {
+        let p = &self.params;
+        if p.queue_ahead_ns == 0 {
+            return 0;
+        }
+        (p.queue_ahead_ns.max(p.max_queue_ahead_ns) / 1000).max(1)
+    }
+
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |setting, value: String, reason: &str| ConfigError {
@@ -105,10 +115,10 @@ impl Config {
                 "out of range (0–100)",
             ));
         }
-        if self.queue_ahead_us > 10_000_000 {
+        if self.params.queue_ahead_ns > 10_000_000_000 {
             return Err(bad(
                 "--queue-ahead-us",
-                self.queue_ahead_us.to_string(),
+                (self.params.queue_ahead_ns / 1000).to_string(),
                 "out of range (0–10000000)",
             ));
         }
@@ -870,6 +880,7 @@ impl Daemon {
                             cpu_stopped_pct: st.map_or(0.0, |s| s.stopped * 100.0),
                             unclaimed_grants: st.map_or(0, |s| s.unclaimed),
                             slice_ns: st.map_or(0, |s| s.slice_ns),
+                            queue_ahead_ns: st.map_or(0, |s| s.queue_ahead_ns),
                         }
                     })
                     .collect();
@@ -1096,7 +1107,20 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
                     .get(uuid)
                     .is_some_and(|x| x.settings.priority == Priority::LatencySensitive)
             });
-        let queue_ahead_us = tight.then_some(PREEMPTIBLE_QUEUE_AHEAD_US);
+        // Any other holder's bound follows its hand-overs (ADR 0032); every grant names
+        // it, since the shims take the `Welcome`'s as the deepest.
+        let queue_ahead_us = if tight {
+            Some(PREEMPTIBLE_QUEUE_AHEAD_US)
+        } else if held {
+            // 0: unbounded, which the `Welcome` said.
+            g.gpus
+                .get(uuid)
+                .and_then(|rec| rec.sched.queue_ahead_ns(tid))
+                .filter(|ns| *ns > 0)
+                .map(|ns| (ns / 1000).max(1))
+        } else {
+            None
+        };
         let conns: Vec<u64> = t
             .conns
             .iter()

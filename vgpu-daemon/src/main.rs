@@ -70,9 +70,9 @@ struct Args {
         value_parser = parse_claim_timeout
     )]
     claim_timeout_ms: ClaimTimeout,
-    /// Longest slice, in quanta, of a tenant whose drain reports come late (its container
-    /// starved or throttled of CPU): such a holder's slice is four times its report lag,
-    /// at least one quantum; 1: every slice is one quantum.
+    /// Longest slice, in quanta, of a tenant slow to start under its grants and to report
+    /// its drains (its container starved or throttled of CPU): such a holder's slice is
+    /// four times those waits, at least one quantum; 1: every slice is one quantum.
     #[arg(
         long,
         env = "VGPU_MAX_SLICE_QUANTA",
@@ -80,6 +80,17 @@ struct Args {
         value_parser = clap::value_parser!(u32).range(1..=100)
     )]
     max_slice_quanta: u32,
+    /// Deepest queue-ahead bound, microseconds, of a tenant slow to start under its
+    /// grants and to report its drains: such a holder may queue twice those waits of GPU
+    /// time, at least `--queue-ahead-us`, at most half its slice (ADR 0032); at most
+    /// `--queue-ahead-us`: every holder's bound is `--queue-ahead-us`.
+    #[arg(
+        long,
+        env = "VGPU_MAX_QUEUE_AHEAD_US",
+        default_value_t = Params::default().max_queue_ahead_ns / 1000,
+        value_parser = clap::value_parser!(u64).range(0..=10_000_000)
+    )]
+    max_queue_ahead_us: u64,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -197,9 +208,9 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 queue_ahead_ns: a.queue_ahead_us.saturating_mul(1000),
                 claim_timeout_ns: a.claim_timeout_ms.0,
                 max_slice_quanta: a.max_slice_quanta,
+                max_queue_ahead_ns: a.max_queue_ahead_us.saturating_mul(1000),
                 ..Params::default()
             },
-            queue_ahead_us: a.queue_ahead_us,
             trusted_quota_file: a.trusted_quota_file.clone(),
             default_settings: ComputeSettings {
                 share_pct: a.default_share,

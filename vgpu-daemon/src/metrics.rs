@@ -161,6 +161,11 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Gauge,
         "How long the tenant's next exclusive slice lasts: the quantum, longer for a tenant slow to start under its grants and to report its drains (its container starved or throttled of CPU).",
     );
+    let mut queue = Family::new(
+        "vgpu_tenant_queue_ahead_seconds",
+        Gauge,
+        "GPU time the tenant's processes may queue ahead under its next exclusive grant: the shims' bound, more for a tenant slow to start under its grants and to report its drains.",
+    );
     let mut procs = Family::new(
         "vgpu_tenant_processes",
         Gauge,
@@ -202,6 +207,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             co_held.sample(&l, if g.co_held { 1.0 } else { 0.0 });
             cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
             slice.sample(&l, ns_to_s(g.slice_ns));
+            queue.sample(&l, ns_to_s(g.queue_ahead_ns));
             if let Some(q) = g.memory_quota {
                 mem_quota.sample(&l, q as f64);
             }
@@ -413,6 +419,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &co_held,
         &cpu_stopped,
         &slice,
+        &queue,
         &procs,
         &info,
         &g_total,

@@ -73,6 +73,11 @@ pub struct TenantGpu {
     /// or throttled of CPU); 0: not known.
     #[serde(default)]
     pub slice_ns: u64,
+    /// The queue-ahead bound its next exclusive grant names, ns: the shims' bound, more
+    /// for a tenant slow to start under its grants and to report its drains (ADR 0032);
+    /// 0: not known (or unbounded).
+    #[serde(default)]
+    pub queue_ahead_ns: u64,
 }
 
 /// One tenant (container).

@@ -129,6 +129,15 @@ pub const SLICE_PER_LAG: u64 = 4;
 /// Default of [`Params::max_slice_quanta`].
 pub const DEFAULT_MAX_SLICE_QUANTA: u32 = 4;
 
+/// A holder's queue-ahead bound is this many times its hand-over cost
+/// ([`deepened_queue`]): a launcher out of budget resumes only after its gate thread
+/// and then itself got a CPU, about one hand-over, and the queue must last that long.
+pub const QUEUE_PER_LAG: u64 = 2;
+
+/// Default of [`Params::max_queue_ahead_ns`]: half the longest slice at the default
+/// [`DEFAULT_MAX_SLICE_QUANTA`] and quantum.
+pub const DEFAULT_MAX_QUEUE_AHEAD_NS: u64 = 20_000_000;
+
 /// Weight of the past in a tenant's start and report lag: each measure halves what the
 /// ones before it count for.
 const LAG_DECAY: f64 = 0.5;
@@ -168,9 +177,11 @@ pub struct Params {
     /// Tenants stopped most of each CFS period by their container's CPU limit then run
     /// at once, as they would unshared.
     pub co_hold_fill_pct: u32,
-    /// The shims' queue-ahead bound, ns: the device time a process may have queued
-    /// beyond what completed (two launches are always allowed), which its work can run
-    /// on for after its container is stopped (co-holding's expected use).
+    /// The shims' queue-ahead bound, ns (`--queue-ahead-us`; 0: unbounded): the device
+    /// time a process may have queued beyond what completed (two launches are always
+    /// allowed), which its work can run on for after its container is stopped
+    /// (co-holding's expected use). A holder slow to start and to report gets more
+    /// ([`deepened_queue`]).
     pub queue_ahead_ns: u64,
     /// How long after a grant, while another tenant waits, the daemon looks at whether
     /// the holder claimed it (a process launched under it; ADR 0030), for holders whose
@@ -185,6 +196,11 @@ pub struct Params {
     /// report its drains ([`stretched_slice`]: [`SLICE_PER_LAG`] times those waits, at
     /// least a quantum; ADR 0031); 1: every slice is a quantum.
     pub max_slice_quanta: u32,
+    /// Deepest queue-ahead bound of a holder slow to start and to report
+    /// ([`deepened_queue`]: [`QUEUE_PER_LAG`] times those waits, at least
+    /// `queue_ahead_ns`, at most half its slice; ADR 0032), ns; at most `queue_ahead_ns`:
+    /// every holder's bound is `queue_ahead_ns`.
+    pub max_queue_ahead_ns: u64,
 }
 
 impl Default for Params {
@@ -201,6 +217,7 @@ impl Default for Params {
             queue_ahead_ns: 2_000_000,
             claim_timeout_ns: DEFAULT_CLAIM_TIMEOUT_NS,
             max_slice_quanta: DEFAULT_MAX_SLICE_QUANTA,
+            max_queue_ahead_ns: DEFAULT_MAX_QUEUE_AHEAD_NS,
         }
     }
 }
@@ -250,6 +267,9 @@ pub struct TenantStats {
     /// How long its next slice lasts, ns: a quantum, longer for a tenant slow to start
     /// and to report ([`stretched_slice`]; a capped tenant's slice is its tokens').
     pub slice_ns: u64,
+    /// The queue-ahead bound its next exclusive grant names, ns: the shims' bound, more
+    /// for a tenant slow to start and to report ([`deepened_queue`]; ADR 0032).
+    pub queue_ahead_ns: u64,
 }
 
 #[derive(Debug)]
@@ -295,6 +315,8 @@ struct T {
     /// How long after its grants its first launch under them came (the claim's time,
     /// ADR 0030), weighted as `report_lag_ns`, ns.
     wake_ns: f64,
+    /// The queue-ahead bound of its current or last grant ([`deepened_queue`]), ns.
+    queue_ns: u64,
 }
 
 impl T {
@@ -477,6 +499,7 @@ impl Scheduler {
             withdrawn_in_row: 0,
             report_lag_ns: 0.0,
             wake_ns: 0.0,
+            queue_ns: self.p.queue_ahead_ns,
         });
     }
 
@@ -749,6 +772,12 @@ impl Scheduler {
         self.settling.values().find(|x| !x.co)
     }
 
+    /// The queue-ahead bound of tenant `id`'s current or last grant, ns (None: no such
+    /// tenant): what the daemon tells its shims with the grant ([`deepened_queue`]).
+    pub fn queue_ahead_ns(&self, id: TenantId) -> Option<u64> {
+        self.tenants.get(&id).map(|t| t.queue_ns)
+    }
+
     /// The tenants holding the GPU beside the holder, with their generations.
     pub fn co_holders(&self) -> Vec<(TenantId, u32)> {
         self.co.iter().map(|(t, c)| (*t, c.generation)).collect()
@@ -782,7 +811,7 @@ impl Scheduler {
         };
         let t = self.tenants.get(&t)?;
         let cost = t.launch_cost_ns?;
-        handoff_delay(&self.p, cost)
+        handoff_delay(&self.p, cost, t.queue_ns)
             .or_else(|| self.throttled_handoff_delay(t, cost))
             .map(|d| revoked_at + d)
     }
@@ -798,7 +827,7 @@ impl Scheduler {
         (self.p.claim_timeout_ns > 0
             && t.stopped >= CLAIM_MIN_STOPPED
             && queued_work_is_short(&self.p, cost))
-        .then(|| self.p.queue_ahead_ns.max(cost * 3) + THROTTLED_HAND_ON_MARGIN_NS)
+        .then(|| t.queue_ns.max(cost * 3) + THROTTLED_HAND_ON_MARGIN_NS)
     }
 
     /// Hands the GPU on from a draining holder whose queued work must be over (its
@@ -1083,6 +1112,7 @@ impl Scheduler {
             _ => SliceState::Idle,
         };
         let from = now.saturating_sub(self.p.window_ns);
+        let slice = slice_of(&self.p, t, self.min_slice());
         let recent: u64 = t
             .recent
             .iter()
@@ -1105,7 +1135,8 @@ impl Scheduler {
             fill: t.fill(),
             stopped: t.stopped,
             unclaimed: t.unclaimed,
-            slice_ns: slice_of(&self.p, t, self.min_slice()),
+            slice_ns: slice,
+            queue_ahead_ns: queue_of(&self.p, t, slice),
         })
     }
 
@@ -1272,6 +1303,7 @@ impl Scheduler {
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
         let slice = slice_of(&self.p, t, min_slice);
+        t.queue_ns = queue_of(&self.p, t, slice);
         self.st = St::Holding {
             t: id,
             generation,
@@ -1335,6 +1367,7 @@ impl Scheduler {
                 t.throttled_ns += now.saturating_sub(s);
             }
             t.grants += 1;
+            t.queue_ns = self.p.queue_ahead_ns;
             self.co.insert(
                 id,
                 CoGrant {
@@ -1380,7 +1413,7 @@ impl Scheduler {
             .map(|id| {
                 self.tenants
                     .get(id)
-                    .and_then(|t| t.expected_use(self.p.queue_ahead_ns))
+                    .and_then(|t| t.expected_use(t.queue_ns))
                     .unwrap_or(1.0)
             })
             .collect()
@@ -1646,16 +1679,16 @@ pub fn next_look_after(wait_ns: u64, back_ns: u64, base_ns: u64, quantum_ns: u64
 }
 
 /// How long after revoking a holder whose processes measured `launch_cost_ns` of device
-/// time per launch the GPU may go on without their drain report: its queued work (the
-/// queue-ahead bound, or the two launches the bound always allows, or three for a launch
-/// past the gate as the revoke came) is over by then on the GPU, whatever the holder's
-/// CPU does. None (wait for the report) when hand-on is off or the launches are as long
-/// as a slice.
-pub fn handoff_delay(p: &Params, launch_cost_ns: u64) -> Option<u64> {
+/// time per launch, under a grant whose queue-ahead bound was `queue_ns`, the GPU may go
+/// on without their drain report: its queued work (the queue-ahead bound, or the two
+/// launches the bound always allows, or three for a launch past the gate as the revoke
+/// came) is over by then on the GPU, whatever the holder's CPU does. None (wait for the
+/// report) when hand-on is off or the launches are as long as a slice.
+pub fn handoff_delay(p: &Params, launch_cost_ns: u64, queue_ns: u64) -> Option<u64> {
     if p.handoff_queue_ns == 0 || !queued_work_is_short(p, launch_cost_ns) {
         return None;
     }
-    Some(p.handoff_queue_ns.max(launch_cost_ns * 3) + p.handoff_margin_ns)
+    Some(p.handoff_queue_ns.max(queue_ns).max(launch_cost_ns * 3) + p.handoff_margin_ns)
 }
 
 /// Whether the work a revoked holder may still have queued (up to three of its launches
@@ -1730,6 +1763,46 @@ pub fn stretched_slice(
     hand_over_ns
         .saturating_mul(SLICE_PER_LAG)
         .clamp(quantum_ns, longest)
+}
+
+/// The queue-ahead bound of a holder whose hand-overs cost the GPU `hand_over_ns` and
+/// whose slice is `slice_ns` ([`stretched_slice`]): [`QUEUE_PER_LAG`] times that cost,
+/// at least `queue_ahead_ns`, at most `max_queue_ns` and half the slice (ADR 0032). A
+/// launcher out of budget waits for its gate thread to see queued work complete and then
+/// for a CPU of its own: a starved one, about a hand-over, while a 2 ms queue ran dry
+/// (ten 0.5-CPU tenants on two CPUs: their 10 µs kernels kept the GPU busy a third of
+/// the slices they held). Work queued at the revoke runs on, charged to the holder, for
+/// at most the bound: a tenant prompt to start and to report keeps `queue_ahead_ns`.
+/// `queue_ahead_ns` 0 (no bound) stays 0.
+pub fn deepened_queue(
+    queue_ahead_ns: u64,
+    max_queue_ns: u64,
+    hand_over_ns: u64,
+    slice_ns: u64,
+) -> u64 {
+    if queue_ahead_ns == 0 {
+        return 0;
+    }
+    let deepest = max_queue_ns.min(slice_ns / 2).max(queue_ahead_ns);
+    hand_over_ns
+        .saturating_mul(QUEUE_PER_LAG)
+        .clamp(queue_ahead_ns, deepest)
+}
+
+/// The queue-ahead bound a grant of `slice_ns` gives tenant `t`: a capped tenant's is
+/// the shims' ([`Params::queue_ahead_ns`]: its tokens end its slice), any other's deepened by its
+/// hand-overs ([`deepened_queue`]).
+fn queue_of(p: &Params, t: &T, slice_ns: u64) -> u64 {
+    if t.settings.policy == ComputePolicy::Cap {
+        p.queue_ahead_ns
+    } else {
+        deepened_queue(
+            p.queue_ahead_ns,
+            p.max_queue_ahead_ns,
+            t.hand_over_ns(),
+            slice_ns,
+        )
+    }
 }
 
 /// The slice a grant gives tenant `t`: a capped tenant's tokens' ([`cap_slice`]),
@@ -2735,13 +2808,13 @@ mod tests {
         }
         // Off: the same with a measured cost.
         assert_eq!(
-            handoff_delay(&Params::default(), 10_000),
+            handoff_delay(&Params::default(), 10_000, 2 * MS),
             None,
             "off by default"
         );
         // Kernels of 2 ms: three of them may be queued.
         assert_eq!(
-            handoff_delay(&hand_on(), 2 * MS),
+            handoff_delay(&hand_on(), 2 * MS, Params::default().queue_ahead_ns),
             Some(6 * MS + Params::default().handoff_margin_ns)
         );
     }
@@ -3568,9 +3641,10 @@ mod tests {
     }
 
     /// What [`run_lagging`] measured: per tenant, its device time and its slices (grant
-    /// to revoke); and the GPU's busy time.
+    /// to revoke), and the queue-ahead bounds of its grants; the GPU's busy time.
     struct Lagging {
         got: BTreeMap<TenantId, (u64, Vec<u64>)>,
+        queues: BTreeMap<TenantId, Vec<u64>>,
         busy: u64,
     }
 
@@ -3589,6 +3663,7 @@ mod tests {
         }
         let mut run = Lagging {
             got: BTreeMap::new(),
+            queues: BTreeMap::new(),
             busy: 0,
         };
         let mut granted: BTreeMap<TenantId, u64> = BTreeMap::new();
@@ -3600,6 +3675,8 @@ mod tests {
                 match a {
                     Action::Grant { tenant, .. } => {
                         granted.insert(tenant, now);
+                        let q = sched.queue_ahead_ns(tenant).expect("a tenant");
+                        run.queues.entry(tenant).or_default().push(q);
                     }
                     Action::Revoke { tenant, generation } => {
                         let g0 = granted.remove(&tenant).expect("revoked a holder");
@@ -3726,6 +3803,101 @@ mod tests {
             let got = run.got[&id].0 as f64 * 100.0 / run.busy as f64;
             assert!((got - 50.0).abs() <= 2.0, "tenant {id} got {got:.2} %");
         }
+    }
+
+    #[test]
+    fn deepened_queues_are_two_lags_within_the_bound_and_half_the_slice() {
+        let (base, max) = (2 * MS, 20 * MS);
+        assert_eq!(deepened_queue(base, max, 0, 10 * MS), base, "prompt");
+        assert_eq!(
+            deepened_queue(base, max, MS / 2, 10 * MS),
+            base,
+            "a short wait keeps the base"
+        );
+        assert_eq!(deepened_queue(base, max, 2 * MS, 10 * MS), 4 * MS);
+        assert_eq!(
+            deepened_queue(base, max, 4 * MS, 10 * MS),
+            5 * MS,
+            "at most half the slice"
+        );
+        assert_eq!(deepened_queue(base, max, 6 * MS, 24 * MS), 12 * MS);
+        assert_eq!(
+            deepened_queue(base, max, u64::MAX, 40 * MS),
+            max,
+            "at most the bound"
+        );
+        assert_eq!(
+            deepened_queue(base, 0, 6 * MS, 24 * MS),
+            base,
+            "a bound at most the base: off"
+        );
+        assert_eq!(
+            deepened_queue(base, max, 6 * MS, MS),
+            base,
+            "never under the base"
+        );
+        assert_eq!(deepened_queue(0, max, 6 * MS, 24 * MS), 0, "unbounded");
+    }
+
+    /// A holder slow to start and to report queues more under each grant; a prompt one,
+    /// a capped one, and every holder with the bound off keep the shims' bound.
+    #[test]
+    fn a_late_holders_grants_queue_more_and_a_prompt_ones_do_not() {
+        let total = 3_000 * MS;
+        let base = Params::default().queue_ahead_ns;
+        let run = run_lagging(
+            Params::default(),
+            &[(1, 50, 0, 0), (2, 50, 3 * MS, 15 * MS)],
+            total,
+        );
+        let prompt = &run.queues[&1];
+        assert!(prompt.iter().all(|q| *q == base), "prompt: {prompt:?}");
+        let late = &run.queues[&2];
+        assert_eq!(late.first(), Some(&base), "nothing measured yet");
+        assert_eq!(
+            late.last(),
+            Some(&(20 * MS)),
+            "18 ms hand-overs: twice that, at most half a 40 ms slice"
+        );
+        let off = run_lagging(
+            Params {
+                max_queue_ahead_ns: 0,
+                ..Params::default()
+            },
+            &[(1, 50, 0, 0), (2, 50, 3 * MS, 15 * MS)],
+            total,
+        );
+        assert!(off.queues.values().flatten().all(|q| *q == base), "off");
+        // A capped tenant's slice ends with its tokens: its queue stays the base.
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, s(50, ComputePolicy::Cap, Priority::BestEffort), 0);
+        sched.demand(1, 0);
+        let (mut now, mut revoked) = (0, 0);
+        for _ in 0..12 {
+            let granted = now;
+            now = sched.next_deadline().expect("a slice end or a refill");
+            let mut g = None;
+            for a in sched.tick(now) {
+                if let Action::Revoke { tenant, generation } = a {
+                    g = Some((tenant, generation));
+                }
+            }
+            let Some((t, gen_)) = g else {
+                continue;
+            };
+            revoked += 1;
+            sched.claimed_at(t, gen_, granted + 4 * MS, now);
+            sched.release(t, gen_, now + 15 * MS, Some(MS), true, now + 15 * MS);
+            now += 15 * MS;
+            sched.demand(1, now);
+            assert_eq!(sched.queue_ahead_ns(1), Some(base), "capped");
+        }
+        assert!(
+            revoked >= 3,
+            "the capped tenant was revoked {revoked} times"
+        );
+        let st = sched.stats(1, now).expect("tenant");
+        assert_eq!(st.queue_ahead_ns, base, "capped, as shown");
     }
 
     /// The slice a tenant gets after grants whose first launches came 15 ms after them

@@ -10,11 +10,14 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{GPU0, Proc, config, expect_slice as expect, next_slice_msg, register};
+use common::{
+    GPU0, Proc, config, expect_slice as expect, next_slice_msg, next_slice_msg_queue, register,
+};
 use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, ComputePolicy, DaemonMsg, GrantWord,
 };
 use vgpu_daemon::daemon::Daemon;
+use vgpu_daemon::time_slicing::DEFAULT_MAX_QUEUE_AHEAD_NS;
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
 
@@ -187,7 +190,9 @@ fn a_claim_page_of_garbage_changes_nothing_for_the_neighbour() {
 /// A tenant whose launches start late under its grants (each claim dated 15 ms after
 /// its grant came, as a launcher waiting for a CPU dates it) gets longer slices: four
 /// times that, up to four quanta, read through the daemon's own view (`vgpuctl`, the
-/// API); its neighbour, which claims at once, keeps shorter ones.
+/// API); its neighbour, which claims at once, keeps shorter ones. Its grants name a
+/// deeper queue-ahead bound (twice its waits, at most the `Welcome`'s, ADR 0032); its
+/// neighbour's stay near the shims' own.
 #[test]
 fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
     const Q: u64 = 20 * MS;
@@ -216,6 +221,18 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
     );
     d.demand(a.reg.conn, 0, None).expect("demand");
     d.demand(b.reg.conn, 0, None).expect("demand");
+    let base = c_queue_us();
+    for p in [&a, &b] {
+        match &p.reg.welcome {
+            DaemonMsg::Welcome { queue_ahead_us, .. } => assert_eq!(
+                *queue_ahead_us,
+                DEFAULT_MAX_QUEUE_AHEAD_NS / 1000,
+                "the Welcome names the deepest bound"
+            ),
+            other => panic!("not a Welcome: {other:?}"),
+        }
+    }
+    let mut queues: [Vec<Option<u64>>; 2] = [Vec::new(), Vec::new()];
     let mut a_revoked = 0;
     let t0 = Instant::now();
     while a_revoked < 5 {
@@ -223,16 +240,17 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
             t0.elapsed() < Duration::from_secs(30),
             "A's grant was revoked {a_revoked} times in 30 s"
         );
-        for (p, page, w, late) in [(&mut a, &ap, wa, 15 * MS), (&mut b, &bp, wb, 0)] {
-            match next_slice_msg(p, Duration::from_millis(2)) {
-                Some((g, true)) => {
+        for (k, p, page, w, late) in [(0, &mut a, &ap, wa, 15 * MS), (1, &mut b, &bp, wb, 0)] {
+            match next_slice_msg_queue(p, Duration::from_millis(2)) {
+                Some((g, true, q)) => {
+                    queues[k].push(q);
                     // The claim and, before it, its time.
                     page.atomic_u64(w + CLAIM_TIME_OFFSET)
                         .store(mono_ns() + late, Ordering::Relaxed);
                     page.atomic_u32(w)
                         .store(GrantWord::held(g).pack(), Ordering::SeqCst);
                 }
-                Some((g, false)) => {
+                Some((g, false, _)) => {
                     a_revoked += u32::from(late > 0);
                     d.released(p.reg.conn, 0, g, mono_ns(), Some(MS), 10, true)
                         .expect("report accepted");
@@ -247,4 +265,28 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
         "A, its launches 15 ms late: slices of {sa} ns (quantum {Q})"
     );
     assert!(sb < sa, "B, claiming at once: slices of {sb} ns, A's {sa}");
+    assert_eq!(
+        queues[0].last(),
+        Some(&Some(DEFAULT_MAX_QUEUE_AHEAD_NS / 1000)),
+        "A's grants' bounds: {:?}",
+        queues[0]
+    );
+    // B claims within this loop's polling (a few ms): its bounds stay under A's.
+    assert_eq!(
+        queues[1].first(),
+        Some(&Some(base)),
+        "B: nothing measured yet"
+    );
+    assert!(
+        queues[1]
+            .iter()
+            .all(|q| q.is_some_and(|q| q < DEFAULT_MAX_QUEUE_AHEAD_NS / 1000)),
+        "B's grants' bounds: {:?}",
+        queues[1]
+    );
+}
+
+/// The shims' queue-ahead bound of [`config`], µs.
+fn c_queue_us() -> u64 {
+    config().params.queue_ahead_ns / 1000
 }

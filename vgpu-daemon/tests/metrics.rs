@@ -202,6 +202,7 @@ fn evil_snapshot() -> NodeSnapshot {
         cpu_stopped_pct: 72.5,
         unclaimed_grants: 5,
         slice_ns: 40_000_000,
+        queue_ahead_ns: 12_000_000,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
@@ -333,6 +334,7 @@ fn text_format_parses_back() {
     assert_eq!(v("vgpu_tenant_co_held"), Some(1.0));
     assert_eq!(v("vgpu_tenant_cpu_stopped_ratio"), Some(0.725));
     assert_eq!(v("vgpu_tenant_slice_seconds"), Some(0.04));
+    assert_eq!(v("vgpu_tenant_queue_ahead_seconds"), Some(0.012));
     assert_eq!(
         v("vgpu_tenant_memory_used_bytes"),
         Some((3u64 << 30) as f64)

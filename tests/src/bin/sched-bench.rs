@@ -255,6 +255,7 @@ impl Bench {
                     grants: a.grants.saturating_sub(b.grants),
                     unclaimed: a.unclaimed.saturating_sub(b.unclaimed),
                     slice_ns: a.slice_ns,
+                    queue_ns: a.queue_ns,
                 })
                 .collect(),
             secs,
@@ -293,6 +294,7 @@ impl Bench {
                     grants: field("grants"),
                     unclaimed: field("unclaimed_grants"),
                     slice_ns: field("slice_ns"),
+                    queue_ns: field("queue_ahead_ns"),
                 }
             })
             .collect())
@@ -312,6 +314,8 @@ struct Account {
     /// How long its next exclusive slice lasts (ADR 0031; the latest figure, not a
     /// difference).
     slice_ns: u64,
+    /// The queue-ahead bound its next exclusive grant names (ADR 0032; likewise).
+    queue_ns: u64,
 }
 
 fn wait_all(children: Vec<Child>) {
@@ -370,6 +374,7 @@ fn shares(
     let mut waited = Vec::new();
     let mut grants = Vec::new();
     let mut slices = Vec::new();
+    let mut queues = Vec::new();
     for ((t, ns), c) in ts.iter().zip(&busy).zip(&charged) {
         let got = *ns as f64 * 100.0 / total.max(1) as f64;
         let want = f64::from(t.share) * 100.0 / f64::from(sum_shares);
@@ -382,6 +387,7 @@ fn shares(
         waited.push(format!("{:.0}", c.waited_ns as f64 / 1e7 / secs));
         grants.push(format!("{}/{}", c.unclaimed, c.grants));
         slices.push(format!("{:.0}", c.slice_ns as f64 / 1e6));
+        queues.push(format!("{:.1}", c.queue_ns as f64 / 1e6));
     }
     let util = total as f64 / 1e9 / secs;
     r.say(format!(
@@ -394,9 +400,10 @@ fn shares(
         waited.join(", ")
     ));
     r.say(format!(
-        "    grants taken back unclaimed / granted in the window [{}]; next slice [{}] ms",
+        "    grants taken back unclaimed / granted in the window [{}]; next slice [{}] ms, queue-ahead [{}] ms",
         grants.join(", "),
-        slices.join(", ")
+        slices.join(", "),
+        queues.join(", ")
     ));
     wait_all(ts.into_iter().map(|t| t.child).collect());
     drop(d);

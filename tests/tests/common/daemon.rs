@@ -54,7 +54,6 @@ pub async fn serve_with(socket: &Path, tune: impl FnOnce(&mut vgpu_daemon::run::
         daemon: Config {
             socket: socket.to_owned(),
             params: vgpu_daemon::time_slicing::Params::default(),
-            queue_ahead_us: 2000,
             trusted_quota_file: None,
             default_settings: ComputeSettings {
                 share_pct: 10,

@@ -273,7 +273,7 @@ impl Daemon {
                 settings: settings_out,
                 words,
                 quantum_us: self.cfg.params.quantum_ns / 1000,
-                queue_ahead_us: self.cfg.queue_ahead_us,
+                queue_ahead_us: self.cfg.deepest_queue_ahead_us(),
                 host_pid: Some(pid),
                 not_granted,
                 peer_checks: true,

@@ -27,7 +27,6 @@ pub fn config() -> Config {
     Config {
         socket: PathBuf::from("/nonexistent/daemon.sock"),
         params: Params::default(),
-        queue_ahead_us: 1000,
         trusted_quota_file: None,
         default_settings: ComputeSettings {
             share_pct: 10,
@@ -108,11 +107,20 @@ pub fn ident(key: &str) -> ContainerIdent {
 
 /// The next grant or revoke `p` receives within `limit` (generation, whether a grant).
 pub fn next_slice_msg(p: &mut Proc, limit: Duration) -> Option<(u32, bool)> {
+    next_slice_msg_queue(p, limit).map(|(g, grant, _)| (g, grant))
+}
+
+/// [`next_slice_msg`], with a grant's queue-ahead bound (µs; None: the `Welcome`'s).
+pub fn next_slice_msg_queue(p: &mut Proc, limit: Duration) -> Option<(u32, bool, Option<u64>)> {
     let t0 = Instant::now();
     while t0.elapsed() < limit {
         match p.rx.try_recv() {
-            Ok(DaemonMsg::Grant { generation, .. }) => return Some((generation, true)),
-            Ok(DaemonMsg::Revoke { generation, .. }) => return Some((generation, false)),
+            Ok(DaemonMsg::Grant {
+                generation,
+                queue_ahead_us,
+                ..
+            }) => return Some((generation, true, queue_ahead_us)),
+            Ok(DaemonMsg::Revoke { generation, .. }) => return Some((generation, false, None)),
             Ok(_) => {}
             Err(_) => std::thread::sleep(Duration::from_micros(200)),
         }
