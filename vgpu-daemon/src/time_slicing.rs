@@ -3875,13 +3875,8 @@ mod tests {
         let (mut now, mut revoked) = (0, 0);
         for _ in 0..12 {
             let granted = now;
-            now = sched.next_deadline().expect("a slice end or a refill");
-            let mut g = None;
-            for a in sched.tick(now) {
-                if let Action::Revoke { tenant, generation } = a {
-                    g = Some((tenant, generation));
-                }
-            }
+            let g;
+            (now, g) = tick_to_next_deadline(&mut sched);
             let Some((t, gen_)) = g else {
                 continue;
             };
@@ -3900,6 +3895,16 @@ mod tests {
         assert_eq!(st.queue_ahead_ns, base, "capped, as shown");
     }
 
+    /// Ticks `sched` at its next deadline: that time, and the grant it revoked then.
+    fn tick_to_next_deadline(sched: &mut Scheduler) -> (u64, Option<(TenantId, u32)>) {
+        let now = sched.next_deadline().expect("a slice end or a refill");
+        let revoked = sched.tick(now).into_iter().find_map(|a| match a {
+            Action::Revoke { tenant, generation } => Some((tenant, generation)),
+            Action::Grant { .. } => None,
+        });
+        (now, revoked)
+    }
+
     /// The slice a tenant gets after grants whose first launches came 15 ms after them
     /// (the claims' times, as the daemon reads them at the revoke); `stopped` of its CFS
     /// period of 100 ms.
@@ -3916,13 +3921,8 @@ mod tests {
             // once; tenant 2's slice, likewise.
             let h = sched.holder().expect("a holder");
             let granted = now;
-            now = sched.next_deadline().expect("a slice end");
-            let mut g = None;
-            for a in sched.tick(now) {
-                if let Action::Revoke { tenant, generation } = a {
-                    g = Some((tenant, generation));
-                }
-            }
+            let g;
+            (now, g) = tick_to_next_deadline(&mut sched);
             let (t, gen_) = g.expect("revoked at its slice's end");
             assert_eq!(t, h);
             if t == 1 {
