@@ -349,6 +349,14 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
         (vec!["--quantum-ms", "0.1"], "--quantum-ms 0.1"),
         (vec!["--default-share", "0"], "--default-share 0"),
         (vec!["--min-charge-pct", "0"], "--min-charge-pct 0"),
+        (
+            vec!["--queue-ahead-us", "99999999999"],
+            "--queue-ahead-us 99999999999",
+        ),
+        (
+            vec!["--max-queue-ahead-us", "99999999999"],
+            "'99999999999' for '--max-queue-ahead-us",
+        ),
         (vec!["--claim-timeout-ms", "0"], "\"0\" is not a timeout"),
         (
             vec!["--claim-timeout-ms", "soon"],
