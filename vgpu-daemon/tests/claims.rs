@@ -221,7 +221,7 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
     );
     d.demand(a.reg.conn, 0, None).expect("demand");
     d.demand(b.reg.conn, 0, None).expect("demand");
-    let base = c_queue_us();
+    let base = config().params.queue_ahead_ns / 1000;
     for p in [&a, &b] {
         match &p.reg.welcome {
             DaemonMsg::Welcome { queue_ahead_us, .. } => assert_eq!(
@@ -284,9 +284,4 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
         "B's grants' bounds: {:?}",
         queues[1]
     );
-}
-
-/// The shims' queue-ahead bound of [`config`], µs.
-fn c_queue_us() -> u64 {
-    config().params.queue_ahead_ns / 1000
 }
