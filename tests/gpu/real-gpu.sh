@@ -6,7 +6,9 @@
 # PART=compute: only the compute part and the bench; PART=limited: only the CPU-limited
 # scenarios and the bench; PROCS=0: the bench without its start-up figure; BENCH=0: no
 # bench; ROUNDS=N: the CPU-limited scenarios N times (default 1), LIMITED=0: none of
-# them; DAEMON_ARGS: extra arguments of the daemon for every scenario (e.g.
+# them; SCEN: which of them (default "3 1ms ten torch torch-ten": three tenants of 10 us
+# kernels, two of 1 ms, ten of 10 us, two PyTorch, ten PyTorch); DAEMON_ARGS: extra
+# arguments of the daemon for every scenario (e.g.
 # "--co-hold-fill-pct 0": co-holding off, ADR 0029; the CPU-limited scenarios' own
 # co-holding-off lines are then left out, the daemon taking the option once).
 #
@@ -196,28 +198,52 @@ while time.time() < end:
     n += 20
 print(f"iters={n}")
 PY
-torch_pair() { # torch_pair LABEL SHARE_A SHARE_B ("bare": no shim); each in a CPU-limited
-    # container of its own where CPULIM is set
-    local at=$(($(date +%s%3N) + 8000)) pids=() n s cg
-    for n in a b; do
-        if [ $n = a ]; then s=$2; else s=$3; fi
+declare -A ITERS
+torch_group() { # torch_group LABEL SHARE... ("bare": no shim): a PyTorch tenant per share,
+    # named a, b, c, …, all starting together; each in a CPU-limited container of its own
+    # where CPULIM is set. ITERS[NAME]: each one's iterations; TOTAL: theirs together.
+    local label=$1
+    shift
+    local at=$(($(date +%s%3N) + 6000 + 1000 * $#)) pids=() names=() shares=("$@") n s cg i=0
+    for s in "${shares[@]}"; do
+        n=$(printf "\\$(printf %03o $((97 + i)))")
+        i=$((i + 1))
+        names+=("$n")
         cg=()
         [ -n "$CPULIM" ] && cg=("$(container "t$n")")
         if [ "$s" = bare ]; then
             timeout 60 python3 "$WORK/torch_load.py" $at 6 "${cg[@]}" >"$WORK/tt-$n" 2>&1 &
         else
-            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/ct-$n-$1" \
+            VGPU_COMPUTE_SHARE=$s SOCK=$WORK/d.sock contained "$WORK/ct-$n-$label" \
                 timeout 60 python3 "$WORK/torch_load.py" $at 6 "${cg[@]}" >"$WORK/tt-$n" 2>&1 &
         fi
         pids+=($!)
     done
+    looks_begin $(((at - $(date +%s%3N)) / 1000))
     wait "${pids[@]}"
-    uncontain ta
-    uncontain tb
-    IA=$(val iters "$(tail -1 "$WORK/tt-a")")
-    IB=$(val iters "$(tail -1 "$WORK/tt-b")")
+    looks_end
+    TOTAL=0
+    GLINE="torch $label:"
+    for i in "${!names[@]}"; do
+        n=${names[$i]}
+        uncontain "t$n"
+        ITERS[$n]=$(val iters "$(tail -1 "$WORK/tt-$n")")
+        TOTAL=$((TOTAL + ${ITERS[$n]:-0}))
+        GLINE="$GLINE $n(share ${shares[$i]}) ${ITERS[$n]:-?}"
+    done
+    GLINE="$GLINE iterations; $TOTAL together"
+}
+# torch_say: the last torch_group's line and looks.
+torch_say() {
+    say "$GLINE"
+    say_looks
+}
+torch_pair() { # torch_pair LABEL SHARE_A SHARE_B: torch_group of two; IA, IB, and TA (a's %)
+    torch_group "$@"
+    IA=${ITERS[a]:-} IB=${ITERS[b]:-}
     TA=$(python3 -c "print(round(100*${IA:-0}/max(${IA:-0}+${IB:-0},1), 1))")
     say "torch $1: a(share $2) ${IA:-?} iterations, b(share $3) ${IB:-?}: a did $TA % of the work $(grep -v iters= "$WORK/tt-a" | tail -1)"
+    say_looks
 }
 torch_ok=false
 timeout 60 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && torch_ok=true
@@ -258,6 +284,52 @@ uncontain() { # uncontain NAME: ends its processes and removes it
     fi
     for _ in $(seq 50); do rmdir "$cg" 2>/dev/null && return 0; sleep 0.1; done
 }
+# What the daemon decided on, four looks 1.2-4.8 s into a window starting LEAD_S from
+# now (looks_begin LEAD_S, then looks_end once the tenants are done): each tenant's
+# state (co-held or not), fill and stopped part as `vgpuctl --json tenants` shows them;
+# say_looks prints them.
+looks_begin() {
+    rm -f "$WORK"/snap-*.json
+    (
+        sleep "$1"
+        for k in 1 2 3 4; do
+            sleep 1.2
+            timeout 5 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" --json tenants >"$WORK/snap-$k.json" 2>/dev/null
+        done
+    ) &
+    SNAPPER=$!
+}
+looks_end() { wait "$SNAPPER"; }
+say_looks() {
+    local looks
+    looks=$(python3 - "$WORK"/snap-*.json <<'PY'
+import json, os, sys
+def pct(x):
+    return "?" if x is None else f"{x:.0f}"
+rows, waits = {}, {}
+for f in sys.argv[1:]:
+    try:
+        v = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    for t in v.get("tenants", []):
+        g = (t.get("gpus") or [{}])[0]
+        waits.setdefault(os.path.basename(t.get("key", "?")), []).append(g.get("throttled_ns") or 0)
+        co = "+co" if g.get("co_held") else ""
+        rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
+            f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
+            f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}"
+            f" slice {pct((g.get('slice_ns') or 0) / 1e6)} ms"
+            f" queue {pct((g.get('queue_ahead_ns') or 0) / 1e6)} ms")
+# Waited for the GPU between the first and the last look (1.2 s apart each).
+def waited(k):
+    w = waits.get(k, [])
+    return f", waited {100 * (w[-1] - w[0]) / (1.2e9 * (len(w) - 1)):.0f} %" if len(w) > 1 else ""
+print("; ".join(f"{k}: " + ", ".join(r) + waited(k) for k, r in sorted(rows.items())))
+PY
+)
+    [ -n "$looks" ] && say "   looks: $looks"
+}
 # tenants KERNEL_NS BATCH HOGS LABEL NAME:SHARE...: all start together and run 6 s; a
 # share "bare" runs without the shim. Prints each one's part of the device time.
 tenants() {
@@ -279,19 +351,9 @@ tenants() {
         fi
         pids+=($!)
     done
-    # What the daemon decided on, four looks 1.2-4.8 s into the window: each tenant's
-    # state (co-held or not), fill and stopped part as `vgpuctl --json tenants` shows them.
-    rm -f "$WORK"/snap-*.json
-    (
-        sleep 2
-        for k in 1 2 3 4; do
-            sleep 1.2
-            timeout 5 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" --json tenants >"$WORK/snap-$k.json" 2>/dev/null
-        done
-    ) &
-    local snapper=$!
+    looks_begin 2
     wait "${pids[@]}"
-    wait $snapper
+    looks_end
     [ ${#hp[@]} -gt 0 ] && kill "${hp[@]}" 2>/dev/null
     for spec in "${specs[@]}"; do uncontain "${spec%%:*}"; done
     local tot=0 line="$label:"
@@ -311,30 +373,11 @@ tenants() {
         fi
     done
     say "$line; device time of all tenants = $(python3 -c "print(f'{100*$tot/6e9:.1f}')") % of 6 s; worst |error| ${WORST} pp"
-    local looks
-    looks=$(python3 - "$WORK"/snap-*.json <<'PY'
-import json, os, sys
-def pct(x):
-    return "?" if x is None else f"{x:.0f}"
-rows = {}
-for f in sys.argv[1:]:
-    try:
-        v = json.load(open(f))
-    except (OSError, ValueError):
-        continue
-    for t in v.get("tenants", []):
-        g = (t.get("gpus") or [{}])[0]
-        co = "+co" if g.get("co_held") else ""
-        rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
-            f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
-            f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}"
-            f" slice {pct((g.get('slice_ns') or 0) / 1e6)} ms"
-            f" queue {pct((g.get('queue_ahead_ns') or 0) / 1e6)} ms")
-print("; ".join(f"{k}: " + ", ".join(r) for k, r in sorted(rows.items())))
-PY
-)
-    [ -n "$looks" ] && say "   looks: $looks"
+    say_looks
 }
+# scen NAME: whether the CPU-limited rounds run scenario NAME (SCEN, default all: 3 1ms
+# ten torch torch-ten).
+scen() { case " ${SCEN:-3 1ms ten torch torch-ten} " in *" $1 "*) return 0 ;; esac; return 1; }
 within() { python3 -c "print('true' if $WORST <= $1 else 'false')"; }
 # Each tenant's device time in the last `tenants` run (DEV) and in the last unshared one
 # (UNSH, kept by `unshared_was`).
@@ -368,22 +411,52 @@ if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
   for round in $(seq "${ROUNDS:-1}"); do
     say "-- CPU-limited tenants, round $round"
     CPULIM="50000:2"
+    if scen 3; then
     tenants 10000 32 0 "unshared, 3 processes, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare c:bare
     unshared_was
     tenants 10000 32 0 "3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
     check limited-demand "each CPU-limited tenant (20/30/50, 10 us) gets ≥ 90 % of min(its unshared device time, its share)" \
         "$(demand_met a:20 b:30 c:50)"
+    fi
+    if scen 1ms; then
     tenants 1000000 1 0 "unshared, 2 processes, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:bare b:bare
     unshared_was
     tenants 1000000 1 0 "25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
     check limited-demand-1ms "each CPU-limited tenant (25/75, 1 ms) gets ≥ 90 % of min(its unshared device time, its share)" \
         "$(demand_met a:25 b:75)"
-    if $torch_ok; then
+    fi
+    # Ten such tenants of 10 % each, wanting more of the GPU together than it has while
+    # their containers run at once.
+    ten=(a:10 b:10 c:10 d:10 e:10 f:10 g:10 h:10 i:10 j:10)
+    if scen ten; then
+    tenants 10000 32 0 "unshared, 10 processes, 10 us kernels, each in 0.5 CPU with 2 busy loops" "${ten[@]/%:10/:bare}"
+    unshared_was
+    tenants 10000 32 0 "10 tenants of 10 %, 10 us kernels, each in 0.5 CPU with 2 busy loops" "${ten[@]}"
+    check limited-demand-ten "each of ten CPU-limited tenants (10 %, 10 us) gets ≥ 90 % of min(its unshared device time, its share)" \
+        "$(demand_met "${ten[@]}")"
+    fi
+    if $torch_ok && scen torch; then
         torch_pair limited-bare bare bare
         ua=$IA ub=$IB
         torch_pair limited 30 70
         check torch-limited "each CPU-limited PyTorch tenant (30/70) does ≥ 90 % of the work it did unshared (below its share)" \
             "$(python3 -c "print('true' if ${IA:-0} >= 0.9 * ${ua:-0} and ${IB:-0} >= 0.9 * ${ub:-0} else 'false')")"
+    fi
+    # Ten PyTorch tenants: fixed work per iteration, so unlike the spin kernels' device
+    # time their counts are not inflated where the kernels of several processes overlap.
+    if $torch_ok && scen torch-ten; then
+        torch_group limited-ten-bare bare bare bare bare bare bare bare bare bare bare
+        torch_say
+        declare -A UITERS
+        for k in "${!ITERS[@]}"; do UITERS[$k]=${ITERS[$k]}; done
+        utotal=$TOTAL
+        torch_group limited-ten 10 10 10 10 10 10 10 10 10 10
+        torch_say
+        check torch-limited-ten "ten CPU-limited PyTorch tenants of 10 % do together ≥ 90 % of their unshared work, and the one doing least ≥ 90 % of the least unshared" \
+            "$(python3 -c "
+u = [${UITERS[*]/%/,}]
+v = [${ITERS[*]/%/,}]
+print('true' if len(v) == 10 and sum(v) >= 0.9 * $utotal and min(v) >= 0.9 * min(u) else 'false')")"
     fi
     # The same tenants with every tenant holding the GPU alone (co-holding off, ADR 0029's
     # baseline): figures, no check.
@@ -392,9 +465,13 @@ if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
     *)
         # shellcheck disable=SC2086
         daemon --co-hold-fill-pct 0 ${DAEMON_ARGS:-}
-        tenants 10000 32 0 "co-holding off: 3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
-        tenants 1000000 1 0 "co-holding off: 25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
-        $torch_ok && torch_pair limited-co-holding-off 30 70
+        scen 3 && tenants 10000 32 0 "co-holding off: 3 tenants 20/30/50, 10 us kernels, each in 0.5 CPU with 2 busy loops" a:20 b:30 c:50
+        scen 1ms && tenants 1000000 1 0 "co-holding off: 25/75, 1 ms kernels, each in 0.5 CPU with 2 busy loops" a:25 b:75
+        $torch_ok && scen torch && torch_pair limited-co-holding-off 30 70
+        if $torch_ok && scen torch-ten; then
+            torch_group limited-ten-co-holding-off 10 10 10 10 10 10 10 10 10 10
+            torch_say
+        fi
         # shellcheck disable=SC2086
         daemon ${DAEMON_ARGS:-}
         ;;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 use vgpu_core::container_quota::same_gpu;
-use vgpu_core::sched_proto::{ComputeSettings, ContainerIdent, DaemonMsg, PROTO_VERSION, Priority};
+use vgpu_core::sched_proto::{ComputeSettings, ContainerIdent, DaemonMsg, PROTO_VERSION};
 use vgpu_sys::mono_ns;
 
 use crate::board::Board;
@@ -172,9 +172,6 @@ pub const MAX_HEALTH_RECORDS: usize = 4096;
 
 /// Operators' settings: tenant key → GPU UUID → settings.
 type Overrides = BTreeMap<String, BTreeMap<String, ComputeSettings>>;
-
-/// Queue-ahead bound of a best-effort grant on a GPU with latency-sensitive tenants, µs.
-pub const PREEMPTIBLE_QUEUE_AHEAD_US: u64 = 300;
 
 /// A message queue to one connection's writer.
 pub type Outbox = UnboundedSender<DaemonMsg>;
@@ -1098,29 +1095,17 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
         // Read after the claim: the time the tenant stored before it.
         let claimed_at = (!held && !unclaimed).then(|| t.board.claimed_at(r.word));
         debug!(tenant = %key, gpu = %uuid, generation, held, unclaimed, "grant word");
-        // A best-effort holder beside a latency-sensitive tenant keeps a short queue, so
-        // that a preemption drains quickly.
-        let tight = held
-            && r.settings.priority == Priority::BestEffort
-            && g.tenants.values().any(|o| {
-                o.gpus
+        // Every grant names its bound (ADR 0032), since the shims take the `Welcome`'s as
+        // the deepest; 0 is unbounded, which the `Welcome` said.
+        let queue_ahead_us = held
+            .then(|| {
+                g.gpus
                     .get(uuid)
-                    .is_some_and(|x| x.settings.priority == Priority::LatencySensitive)
-            });
-        // Any other holder's bound follows its hand-overs (ADR 0032); every grant names
-        // it, since the shims take the `Welcome`'s as the deepest.
-        let queue_ahead_us = if tight {
-            Some(PREEMPTIBLE_QUEUE_AHEAD_US)
-        } else if held {
-            // 0: unbounded, which the `Welcome` said.
-            g.gpus
-                .get(uuid)
-                .and_then(|rec| rec.sched.queue_ahead_ns(tid))
-                .filter(|ns| *ns > 0)
-                .map(|ns| (ns / 1000).max(1))
-        } else {
-            None
-        };
+                    .and_then(|rec| rec.sched.queue_ahead_ns(tid))
+            })
+            .flatten()
+            .filter(|ns| *ns > 0)
+            .map(|ns| (ns / 1000).max(1));
         let conns: Vec<u64> = t
             .conns
             .iter()

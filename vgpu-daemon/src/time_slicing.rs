@@ -1136,7 +1136,7 @@ impl Scheduler {
             stopped: t.stopped,
             unclaimed: t.unclaimed,
             slice_ns: slice,
-            queue_ahead_ns: queue_of(&self.p, t, slice),
+            queue_ahead_ns: queue_of(&self.p, t, slice, self.preemptible(t)),
         })
     }
 
@@ -1189,6 +1189,16 @@ impl Scheduler {
             t.bucket_ns = (t.bucket_ns + ns as f64).min(self.p.quantum_ns as f64);
             self.scheduled_ns = self.scheduled_ns.saturating_sub(ns);
         }
+    }
+
+    /// Whether `t` is best-effort beside a latency-sensitive tenant: its grants keep a
+    /// short queue ([`PREEMPTIBLE_QUEUE_AHEAD_NS`]).
+    fn preemptible(&self, t: &T) -> bool {
+        t.settings.priority == Priority::BestEffort
+            && self
+                .tenants
+                .values()
+                .any(|o| o.settings.priority == Priority::LatencySensitive)
     }
 
     /// Class rank for the choice: latency-sensitive first unless it ran too far ahead.
@@ -1295,6 +1305,7 @@ impl Scheduler {
         self.generation = self.generation.wrapping_add(1) & 0x7fff_ffff;
         let generation = self.generation;
         let min_slice = self.min_slice();
+        let preemptible = self.preemptible(&self.tenants[&id]);
         let t = self.tenants.get_mut(&id).expect("chosen among tenants");
         if let Some(s) = t.demand_since.take() {
             t.throttled_ns += now.saturating_sub(s);
@@ -1303,7 +1314,7 @@ impl Scheduler {
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
         let slice = slice_of(&self.p, t, min_slice);
-        t.queue_ns = queue_of(&self.p, t, slice);
+        t.queue_ns = queue_of(&self.p, t, slice, preemptible);
         self.st = St::Holding {
             t: id,
             generation,
@@ -1362,12 +1373,17 @@ impl Scheduler {
             };
             self.generation = self.generation.wrapping_add(1) & 0x7fff_ffff;
             let generation = self.generation;
+            let queue_ns = if self.preemptible(&self.tenants[&id]) {
+                preemptible_queue(&self.p)
+            } else {
+                self.p.queue_ahead_ns
+            };
             let t = self.tenants.get_mut(&id).expect("chosen among tenants");
             if let Some(s) = t.demand_since.take() {
                 t.throttled_ns += now.saturating_sub(s);
             }
             t.grants += 1;
-            t.queue_ns = self.p.queue_ahead_ns;
+            t.queue_ns = queue_ns;
             self.co.insert(
                 id,
                 CoGrant {
@@ -1789,11 +1805,27 @@ pub fn deepened_queue(
         .clamp(queue_ahead_ns, deepest)
 }
 
+/// Queue-ahead bound of a best-effort grant on a GPU with latency-sensitive tenants.
+pub const PREEMPTIBLE_QUEUE_AHEAD_NS: u64 = 300_000;
+
+/// [`PREEMPTIBLE_QUEUE_AHEAD_NS`], or the shims' bound where that is shorter.
+fn preemptible_queue(p: &Params) -> u64 {
+    match p.queue_ahead_ns {
+        0 => PREEMPTIBLE_QUEUE_AHEAD_NS,
+        base => base.min(PREEMPTIBLE_QUEUE_AHEAD_NS),
+    }
+}
+
 /// The queue-ahead bound a grant of `slice_ns` gives tenant `t`: a capped tenant's is
 /// the shims' ([`Params::queue_ahead_ns`]: its tokens end its slice), any other's deepened by its
 /// hand-overs ([`deepened_queue`]).
-fn queue_of(p: &Params, t: &T, slice_ns: u64) -> u64 {
-    if t.settings.policy == ComputePolicy::Cap {
+/// A best-effort tenant granted beside latency-sensitive ones (`preemptible`) gets
+/// [`PREEMPTIBLE_QUEUE_AHEAD_NS`] instead, or the shims' bound if that is shorter, so that
+/// a preemption drains quickly.
+fn queue_of(p: &Params, t: &T, slice_ns: u64, preemptible: bool) -> u64 {
+    if preemptible {
+        preemptible_queue(p)
+    } else if t.settings.policy == ComputePolicy::Cap {
         p.queue_ahead_ns
     } else {
         deepened_queue(
@@ -3893,6 +3925,66 @@ mod tests {
         );
         let st = sched.stats(1, now).expect("tenant");
         assert_eq!(st.queue_ahead_ns, base, "capped, as shown");
+    }
+
+    #[test]
+    fn a_best_effort_grant_beside_a_latency_sensitive_tenant_keeps_a_short_queue() {
+        let base = Params::default().queue_ahead_ns;
+        let mut sched = Scheduler::new(Params::default());
+        // Two best-effort tenants late to start and to report, as the late tenant above,
+        // whose queue deepened; and a latency-sensitive one, registered, never launching:
+        // its presence alone keeps best-effort queues short.
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.add(
+            9,
+            s(10, ComputePolicy::Burst, Priority::LatencySensitive),
+            0,
+        );
+        sched.demand(1, 0);
+        sched.demand(2, 0);
+        // Runs until `grants` more grants were made; each one's bound.
+        let run = |sched: &mut Scheduler, now: &mut u64, grants: usize| {
+            let mut queues = Vec::new();
+            let mut granted_at = *now;
+            while queues.len() < grants {
+                let (at, revoked) = tick_to_next_deadline(sched);
+                *now = at;
+                if let Some((t, gen_)) = revoked {
+                    sched.claimed_at(t, gen_, granted_at + 3 * MS, *now);
+                    let acts =
+                        sched.release(t, gen_, *now + 15 * MS, Some(MS), true, *now + 15 * MS);
+                    *now += 15 * MS;
+                    granted_at = *now;
+                    for a in acts {
+                        if let Action::Grant { tenant, .. } = a {
+                            queues.push(sched.queue_ahead_ns(tenant).expect("tenant"));
+                        }
+                    }
+                }
+            }
+            queues
+        };
+        let mut now = 0;
+        let tight = run(&mut sched, &mut now, 8);
+        assert!(
+            tight.iter().all(|q| *q == PREEMPTIBLE_QUEUE_AHEAD_NS),
+            "beside a latency-sensitive tenant: {tight:?}"
+        );
+        let st = sched.stats(1, now).expect("tenant");
+        assert_eq!(st.queue_ahead_ns, PREEMPTIBLE_QUEUE_AHEAD_NS, "as shown");
+        sched.remove(9, now);
+        let alone = run(&mut sched, &mut now, 4);
+        assert!(
+            alone.iter().all(|q| *q > base),
+            "without it, their hand-overs deepen their queues: {alone:?}"
+        );
+        // The shims' own bound, where shorter, stays.
+        let short = preemptible_queue(&Params {
+            queue_ahead_ns: 100_000,
+            ..Params::default()
+        });
+        assert_eq!(short, 100_000);
     }
 
     /// Ticks `sched` at its next deadline: that time, and the grant it revoked then.

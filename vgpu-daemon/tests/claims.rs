@@ -2,7 +2,7 @@
 //! with its timer running: the claim page beside each tenant's board; a throttled
 //! holder that launches nothing under its grant loses it before the slice ends, without
 //! its drain report; one that claimed keeps it, and is waited for; a page of garbage
-//! changes nothing for the tenant's neighbour.
+//! changes nothing for the tenant's neighbour; every grant names its queue-ahead bound.
 
 mod common;
 
@@ -11,13 +11,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{
-    GPU0, Proc, config, expect_slice as expect, next_slice_msg, next_slice_msg_queue, register,
+    GPU0, Proc, config, expect_slice as expect, gpu, ident, next_slice_msg, next_slice_msg_queue,
+    register,
 };
 use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, ComputePolicy, DaemonMsg, GrantWord,
+    PROTO_VERSION, Priority,
 };
 use vgpu_daemon::daemon::Daemon;
-use vgpu_daemon::time_slicing::DEFAULT_MAX_QUEUE_AHEAD_NS;
+use vgpu_daemon::time_slicing::{DEFAULT_MAX_QUEUE_AHEAD_NS, PREEMPTIBLE_QUEUE_AHEAD_NS};
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
 
@@ -284,4 +286,35 @@ fn a_tenant_slow_to_start_under_its_grants_gets_longer_slices() {
         "B's grants' bounds: {:?}",
         queues[1]
     );
+}
+
+/// A best-effort tenant granted the GPU while a latency-sensitive tenant is registered
+/// on it (idle) is told the short bound (300 µs), by the scheduler that counts it, and
+/// shown it.
+#[test]
+fn a_best_effort_grant_beside_a_latency_sensitive_tenant_names_the_short_bound() {
+    let d = Daemon::new(config());
+    let mut ls = gpu(GPU0, 0, 50);
+    ls.settings.priority = Priority::LatencySensitive;
+    let (tx, _ls_rx) = tokio::sync::mpsc::unbounded_channel();
+    d.register(5_000_041, PROTO_VERSION, ident("ns/ls/c"), vec![ls], tx)
+        .expect("registration accepted");
+    let gpus = [(GPU0, 50, ComputePolicy::Burst, None)];
+    let mut b = register(&d, 5_000_042, "ns/b/c", "ns", "b", "c", &gpus);
+    d.demand(b.reg.conn, 0, None).expect("demand");
+    match next_slice_msg_queue(&mut b, Duration::from_secs(2)) {
+        Some((_, true, q)) => assert_eq!(
+            q,
+            Some(PREEMPTIBLE_QUEUE_AHEAD_NS / 1000),
+            "the best-effort grant's bound"
+        ),
+        other => panic!("no grant to the best-effort tenant: {other:?}"),
+    }
+    let snap = d.snapshot();
+    let shown = snap
+        .tenants
+        .iter()
+        .find(|t| t.key == "ns/b/c")
+        .map(|t| t.gpus[0].queue_ahead_ns);
+    assert_eq!(shown, Some(PREEMPTIBLE_QUEUE_AHEAD_NS));
 }
