@@ -223,13 +223,15 @@ torch_group() { # torch_group LABEL SHARE... ("bare": no shim): a PyTorch tenant
     wait "${pids[@]}"
     looks_end
     TOTAL=0
+    ITERS=()
     GLINE="torch $label:"
     for i in "${!names[@]}"; do
         n=${names[$i]}
         uncontain "t$n"
         ITERS[$n]=$(val iters "$(tail -1 "$WORK/tt-$n")")
-        TOTAL=$((TOTAL + ${ITERS[$n]:-0}))
-        GLINE="$GLINE $n(share ${shares[$i]}) ${ITERS[$n]:-?}"
+        ITERS[$n]=${ITERS[$n]:-0} # a tenant that did not finish did nothing
+        TOTAL=$((TOTAL + ${ITERS[$n]}))
+        GLINE="$GLINE $n(share ${shares[$i]}) ${ITERS[$n]}"
     done
     GLINE="$GLINE iterations; $TOTAL together"
 }
@@ -240,7 +242,7 @@ torch_say() {
 }
 torch_pair() { # torch_pair LABEL SHARE_A SHARE_B: torch_group of two; IA, IB, and TA (a's %)
     torch_group "$@"
-    IA=${ITERS[a]:-} IB=${ITERS[b]:-}
+    IA=${ITERS[a]} IB=${ITERS[b]}
     TA=$(python3 -c "print(round(100*${IA:-0}/max(${IA:-0}+${IB:-0},1), 1))")
     say "torch $1: a(share $2) ${IA:-?} iterations, b(share $3) ${IB:-?}: a did $TA % of the work $(grep -v iters= "$WORK/tt-a" | tail -1)"
     say_looks
@@ -447,7 +449,7 @@ if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
     if $torch_ok && scen torch-ten; then
         torch_group limited-ten-bare bare bare bare bare bare bare bare bare bare bare
         torch_say
-        declare -A UITERS
+        declare -A UITERS=()
         for k in "${!ITERS[@]}"; do UITERS[$k]=${ITERS[$k]}; done
         utotal=$TOTAL
         torch_group limited-ten 10 10 10 10 10 10 10 10 10 10
@@ -456,7 +458,7 @@ if $cg_ok && [ "${LIMITED:-1}" != 0 ]; then
             "$(python3 -c "
 u = [${UITERS[*]/%/,}]
 v = [${ITERS[*]/%/,}]
-print('true' if len(v) == 10 and sum(v) >= 0.9 * $utotal and min(v) >= 0.9 * min(u) else 'false')")"
+print('true' if len(v) == 10 and min(u) > 0 and sum(v) >= 0.9 * $utotal and min(v) >= 0.9 * min(u) else 'false')")"
     fi
     # The same tenants with every tenant holding the GPU alone (co-holding off, ADR 0029's
     # baseline): figures, no check.
