@@ -316,17 +316,23 @@ for f in sys.argv[1:]:
         continue
     for t in v.get("tenants", []):
         g = (t.get("gpus") or [{}])[0]
-        waits.setdefault(os.path.basename(t.get("key", "?")), []).append(g.get("throttled_ns") or 0)
+        waits.setdefault(os.path.basename(t.get("key", "?")), []).append(
+            (g.get("throttled_ns") or 0, g.get("gpu_time_ns") or 0))
         co = "+co" if g.get("co_held") else ""
         rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
             f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
             f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}"
             f" slice {pct((g.get('slice_ns') or 0) / 1e6)} ms"
             f" queue {pct((g.get('queue_ahead_ns') or 0) / 1e6)} ms")
-# Waited for the GPU between the first and the last look (1.2 s apart each).
+# Waited for the GPU, and charged GPU time, between the first and the last look (1.2 s
+# apart each), as parts of that time.
 def waited(k):
     w = waits.get(k, [])
-    return f", waited {100 * (w[-1] - w[0]) / (1.2e9 * (len(w) - 1)):.0f} %" if len(w) > 1 else ""
+    if len(w) < 2:
+        return ""
+    span = 1.2e9 * (len(w) - 1)
+    return (f", waited {100 * (w[-1][0] - w[0][0]) / span:.0f} %"
+            f", charged {100 * (w[-1][1] - w[0][1]) / span:.0f} %")
 print("; ".join(f"{k}: " + ", ".join(r) + waited(k) for k, r in sorted(rows.items())))
 PY
 )
