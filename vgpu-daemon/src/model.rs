@@ -75,8 +75,8 @@ pub struct TenantGpu {
     pub slice_ns: u64,
     /// The queue-ahead bound its next exclusive grant names, ns: the shims' bound, more
     /// for a tenant slow to start under its grants and to report its drains (ADR 0032);
-    /// a best-effort holder beside latency-sensitive tenants is granted 300 µs instead;
-    /// 0: not known (or unbounded).
+    /// a best-effort holder beside latency-sensitive tenants is granted 300 µs instead
+    /// (or the shims' bound where shorter); 0: not known (or unbounded).
     #[serde(default)]
     pub queue_ahead_ns: u64,
 }
