@@ -704,23 +704,16 @@ impl Runner {
         }
     }
 
-    /// How many launches may be outstanding on GPU `i`: the queue-ahead bound over the
-    /// measured GPU time per launch (`UNMEASURED_ALLOWED` until measured; unbounded if the
-    /// bound is 0).
+    /// How many launches may be outstanding on GPU `i` ([`allowed_launches`]).
     fn set_allowed(&mut self, i: usize) {
         let gate = &self.g.gates[i];
-        let per = self.devs[i].launch_cost_ns();
-        let ahead = self.devs[i].queue_ahead_ns as f64;
-        let (allowed, every) = if ahead <= 0.0 {
-            (UNBOUNDED, u64::MAX / 4)
-        } else if per <= 0.0 {
-            // A marker after every launch until measured: two consecutive ones give
-            // the first sample, within one slice even for long kernels.
-            (UNMEASURED_ALLOWED, 1)
-        } else {
-            let a = ((ahead / per).ceil() as u64).clamp(2, 1 << 20);
-            (a, (a / 4).max(1))
-        };
+        let d = &self.devs[i];
+        let (allowed, every) = allowed_launches(
+            d.queue_ahead_ns,
+            d.launch_cost_ns(),
+            d.device_per_launch_ns > 0.0,
+            gate.allowed.load(Ordering::Relaxed),
+        );
         gate.allowed.store(allowed, Ordering::Relaxed);
         gate.mark_every.store(every, Ordering::Relaxed);
         let launched = gate.launched.load(Ordering::Relaxed);
@@ -730,6 +723,35 @@ impl Runner {
         }
         gate.publish_budget();
     }
+}
+
+/// How many launches may be outstanding, and a marker every how many: the queue-ahead
+/// bound (`ahead_ns`; 0: unbounded) over the GPU time per launch (`per_ns`; 0: not
+/// measured yet, `UNMEASURED_ALLOWED` with a marker after each, so that two consecutive
+/// ones give the first sample within one slice even for long kernels).
+///
+/// An estimate polled on the host only (`device_measured` false) raises the count at most
+/// twofold over the one in force (`prev`) per update: such an estimate can read far below
+/// the GPU's time (a late poll, two polls microseconds apart), and one that read 3.2 µs
+/// for 5 ms launches let 100 ms be queued under a 20 % cap (ADR 0028). The device's
+/// measure is taken as it is.
+fn allowed_launches(ahead_ns: u64, per_ns: f64, device_measured: bool, prev: u64) -> (u64, u64) {
+    if ahead_ns == 0 {
+        return (UNBOUNDED, u64::MAX / 4);
+    }
+    if per_ns <= 0.0 || !per_ns.is_finite() {
+        return (UNMEASURED_ALLOWED, 1);
+    }
+    let mut a = ((ahead_ns as f64 / per_ns).ceil() as u64).clamp(2, 1 << 20);
+    if !device_measured {
+        let base = if prev >= UNBOUNDED {
+            UNMEASURED_ALLOWED
+        } else {
+            prev.max(UNMEASURED_ALLOWED)
+        };
+        a = a.min(base.saturating_mul(2));
+    }
+    (a, (a / 4).max(1))
 }
 
 /// Maps the first page of a descriptor the daemon sent (the board, the claim page),
@@ -747,4 +769,38 @@ fn map_for_life(fd: &OwnedFd, writable: bool) -> io::Result<*mut u8> {
     let base = m.as_ptr();
     std::mem::forget(m);
     Ok(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{UNBOUNDED, UNMEASURED_ALLOWED, allowed_launches};
+
+    #[test]
+    fn the_queue_ahead_count_follows_the_device_measure_and_a_host_estimate_only_slowly() {
+        // No bound: unbounded, no markers.
+        assert_eq!(allowed_launches(0, 5e6, true, 4).0, UNBOUNDED);
+        // Not measured yet: a few launches, a marker after each.
+        assert_eq!(
+            allowed_launches(2_000_000, 0.0, false, UNBOUNDED),
+            (UNMEASURED_ALLOWED, 1)
+        );
+        assert_eq!(
+            allowed_launches(2_000_000, f64::NAN, false, 4),
+            (UNMEASURED_ALLOWED, 1)
+        );
+        // Measured on the device: the bound over the time per launch, at once.
+        assert_eq!(allowed_launches(2_000_000, 10_000.0, true, 4), (200, 50));
+        assert_eq!(allowed_launches(2_000_000, 5e6, true, 625), (2, 1));
+        // A host-polled estimate far too low (3.2 µs for 5 ms launches, one late poll)
+        // doubles the count in force, no more.
+        assert_eq!(allowed_launches(2_000_000, 3_205.0, false, 4), (8, 2));
+        assert_eq!(allowed_launches(2_000_000, 3_205.0, false, 8), (16, 4));
+        // From unbounded (a bound of 0 before), it starts over from the unmeasured count.
+        assert_eq!(
+            allowed_launches(2_000_000, 3_205.0, false, UNBOUNDED),
+            (8, 2)
+        );
+        // Lowering is never slowed.
+        assert_eq!(allowed_launches(2_000_000, 1e6, false, 200), (2, 1));
+    }
 }

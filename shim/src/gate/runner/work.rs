@@ -34,6 +34,9 @@ impl Runner {
     fn poll_markers_of(&mut self, i: usize, synchronized: bool) {
         let gate = &self.g.gates[i];
         let mut advanced = false;
+        // The observation of an earlier poll: a host-polled sample spans polls, never
+        // completions this one finds together (see `host_sample`).
+        let before = self.devs[i].last_obs;
         loop {
             let front = gate.markers().pending.front().copied();
             let Some(k) = front else {
@@ -86,30 +89,23 @@ impl Runner {
                 };
             }
             let now = mono_ns();
+            let launched = gate.launched.load(Ordering::Relaxed);
+            self.devs[i].last_obs = Some((now, seq, launched > seq));
+            gate.completed.fetch_max(seq, Ordering::Relaxed);
+            advanced = true;
+        }
+        if advanced && !synchronized {
             let d = &mut self.devs[i];
-            // Host-polled: the time between two completions seen, when the queue was
-            // not empty at the first. Not over a longer span than `HOST_SAMPLE_MAX_NS`:
-            // that spans a pause in the process's launches (the GPU idle in it). Such
-            // samples (5 to 30 times the GPU's time per launch in `shim-bench` on the
-            // simulator) shrank the queue-ahead bound until launchers waited at it for a
-            // GPU that had nothing queued.
-            if let Some((t0, s0, busy)) = d.last_obs
-                && busy
-                && !synchronized
-                && seq > s0
-                && now.saturating_sub(t0) <= HOST_SAMPLE_MAX_NS
+            if let Some(sample) = d
+                .last_obs
+                .and_then(|(now, seq, _)| host_sample(before, now, seq))
             {
-                let sample = now.saturating_sub(t0) as f64 / (seq - s0) as f64;
                 d.per_launch_ns = if d.per_launch_ns <= 0.0 {
                     sample
                 } else {
                     0.8 * d.per_launch_ns + 0.2 * sample
                 };
             }
-            let launched = gate.launched.load(Ordering::Relaxed);
-            d.last_obs = Some((now, seq, launched > seq));
-            gate.completed.fetch_max(seq, Ordering::Relaxed);
-            advanced = true;
         }
         if advanced {
             self.set_allowed(i);
@@ -282,6 +278,25 @@ impl Runner {
     }
 }
 
+/// A host-polled sample of the GPU time per launch, ns: from the completion an earlier
+/// poll saw last (`before`: when, launch count, whether more was queued then) to the last
+/// one this poll saw (`seq`, at `now`). None when there is no such earlier observation,
+/// when the queue was empty at it (the span holds the launcher's pause), or over more
+/// than `HOST_SAMPLE_MAX_NS` (a pause of the launcher, the GPU idle in it: such samples,
+/// 5 to 30 times the GPU's time per launch in `shim-bench` on the simulator, shrank the
+/// queue-ahead bound until launchers waited at it for a GPU that had nothing queued).
+///
+/// Never between two completions one poll finds together: their span is the poll's own
+/// few microseconds, not the GPU's. A gate thread 5–10 ms late after a grant saw a graph's
+/// first two markers at once, measured 3.2 µs for a 5 ms launch, allowed 625 launches
+/// ahead, and the process queued 100 ms of work under a 20 % cap (ADR 0028).
+pub(super) fn host_sample(before: Option<(u64, u64, bool)>, now: u64, seq: u64) -> Option<f64> {
+    let (t0, s0, busy) = before?;
+    let span = now.checked_sub(t0)?;
+    (busy && seq > s0 && span > 0 && span <= HOST_SAMPLE_MAX_NS)
+        .then(|| span as f64 / (seq - s0) as f64)
+}
+
 /// Device time `launches` launches occupied, at `per_launch_ns` each (measured on the
 /// device between marker events with no idle gap between them; 0: not measured yet,
 /// None), at most the slice they ran in (`held_ns`). Every launch under a grant ran
@@ -297,7 +312,36 @@ pub(super) fn occupied_ns(launches: u64, per_launch_ns: f64, held_ns: u64) -> Op
 
 #[cfg(test)]
 mod tests {
-    use super::occupied_ns;
+    use super::{HOST_SAMPLE_MAX_NS, host_sample, occupied_ns};
+
+    #[test]
+    fn a_host_polled_sample_spans_two_polls_of_a_busy_queue() {
+        // An earlier poll saw launch 10 complete at 1 ms with more queued; this one sees
+        // launch 14 at 1.5 ms: 125 µs per launch.
+        assert_eq!(
+            host_sample(Some((1_000_000, 10, true)), 1_500_000, 14),
+            Some(125_000.0)
+        );
+        // No earlier poll's observation: the first completions a poll finds give none,
+        // however many it finds together.
+        assert_eq!(host_sample(None, 1_500_000, 14), None);
+        // The queue was empty at the earlier observation: the span holds a pause.
+        assert_eq!(
+            host_sample(Some((1_000_000, 10, false)), 1_500_000, 14),
+            None
+        );
+        // Too long a span, no new completion, a clock that went backwards: none.
+        let late = 1_000_000 + HOST_SAMPLE_MAX_NS + 1;
+        assert_eq!(host_sample(Some((1_000_000, 10, true)), late, 14), None);
+        assert_eq!(
+            host_sample(Some((1_000_000, 14, true)), 1_500_000, 14),
+            None
+        );
+        assert_eq!(
+            host_sample(Some((1_500_000, 10, true)), 1_000_000, 14),
+            None
+        );
+    }
 
     #[test]
     fn occupied_time_is_launches_at_their_device_time_within_the_slice() {
