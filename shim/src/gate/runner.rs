@@ -399,7 +399,7 @@ impl Runner {
             futex_wake(old);
         }
         for i in 0..self.devs.len() {
-            self.set_allowed(i);
+            self.set_allowed(i, false);
         }
         self.peer_checks = peer_checks;
         *self.g.ctl() = Some(writer);
@@ -456,7 +456,7 @@ impl Runner {
             futex_wake(&gate.local);
         }
         for i in 0..self.devs.len() {
-            self.set_allowed(i);
+            self.set_allowed(i, false);
         }
     }
 
@@ -672,7 +672,7 @@ impl Runner {
                 let ahead = queue_ahead_us.map_or(base, |q| q.saturating_mul(1000).min(base));
                 if ahead != d.queue_ahead_ns {
                     d.queue_ahead_ns = ahead;
-                    self.set_allowed(i);
+                    self.set_allowed(i, false);
                 }
                 let Some(d) = self.devs.get_mut(i) else {
                     return;
@@ -704,8 +704,9 @@ impl Runner {
         }
     }
 
-    /// How many launches may be outstanding on GPU `i` ([`allowed_launches`]).
-    fn set_allowed(&mut self, i: usize) {
+    /// How many launches may be outstanding on GPU `i` ([`allowed_launches`]); `ran_dry`:
+    /// a poll found the queue empty with launchers at the bound.
+    pub(super) fn set_allowed(&mut self, i: usize, ran_dry: bool) {
         let gate = &self.g.gates[i];
         let d = &self.devs[i];
         let (allowed, every) = allowed_launches(
@@ -713,6 +714,7 @@ impl Runner {
             d.launch_cost_ns(),
             d.device_per_launch_ns > 0.0,
             gate.allowed.load(Ordering::Relaxed),
+            ran_dry,
         );
         gate.allowed.store(allowed, Ordering::Relaxed);
         gate.mark_every.store(every, Ordering::Relaxed);
@@ -725,34 +727,58 @@ impl Runner {
     }
 }
 
-/// How many launches may be outstanding, and a marker every how many: the queue-ahead
-/// bound (`ahead_ns`; 0: unbounded) over the GPU time per launch (`per_ns`; 0: not
-/// measured yet, `UNMEASURED_ALLOWED` with a marker after each, so that two consecutive
-/// ones give the first sample within one slice even for long kernels).
+/// How many launches may be outstanding, and a marker every how many (a quarter of them):
+/// the queue-ahead bound (`ahead_ns`; 0: unbounded) over the GPU time per launch
+/// (`per_ns`; 0: not measured).
 ///
-/// An estimate polled on the host only (`device_measured` false) raises the count at most
-/// twofold over the one in force (`prev`) per update: such an estimate can read far below
-/// the GPU's time (a late poll, two polls microseconds apart), and one that read 3.2 µs
-/// for 5 ms launches let 100 ms be queued under a 20 % cap (ADR 0028). The device's
-/// measure is taken as it is.
-fn allowed_launches(ahead_ns: u64, per_ns: f64, device_measured: bool, prev: u64) -> (u64, u64) {
+/// - Measured on the device (`device_measured`): taken as it is, up or down.
+/// - Polled on the host only: it raises the count in force (`prev`) at most twofold per
+///   update. Such an estimate can read far below the GPU's time (a late poll, two polls
+///   microseconds apart): one that read 3.2 µs for 5 ms launches let 100 ms be queued
+///   under a 20 % cap (ADR 0028).
+/// - Not measured: `UNMEASURED_ALLOWED`, with a marker after each launch, so that two
+///   consecutive ones give the first sample within one slice even for long kernels; the
+///   count in force stays until a measure comes, and doubles each time a poll found the
+///   queue empty with launchers at the bound (`ran_dry`): the GPU finished all of it
+///   before the gate thread looked, which is the case (no contiguous markers, no host
+///   sample over a queue that is never busy) of kernels shorter than their launches.
+fn allowed_launches(
+    ahead_ns: u64,
+    per_ns: f64,
+    device_measured: bool,
+    prev: u64,
+    ran_dry: bool,
+) -> (u64, u64) {
     if ahead_ns == 0 {
         return (UNBOUNDED, u64::MAX / 4);
     }
-    if per_ns <= 0.0 || !per_ns.is_finite() {
-        return (UNMEASURED_ALLOWED, 1);
-    }
-    let mut a = ((ahead_ns as f64 / per_ns).ceil() as u64).clamp(2, 1 << 20);
-    if !device_measured {
-        let base = if prev >= UNBOUNDED {
-            UNMEASURED_ALLOWED
+    let prev = if prev >= UNBOUNDED {
+        UNMEASURED_ALLOWED
+    } else {
+        prev.max(UNMEASURED_ALLOWED)
+    };
+    let a = if per_ns > 0.0 && per_ns.is_finite() {
+        let a = ((ahead_ns as f64 / per_ns).ceil() as u64).clamp(2, MAX_ALLOWED);
+        if device_measured {
+            a
         } else {
-            prev.max(UNMEASURED_ALLOWED)
-        };
-        a = a.min(base.saturating_mul(2));
-    }
-    (a, (a / 4).max(1))
+            a.min(prev.saturating_mul(2))
+        }
+    } else if ran_dry {
+        prev.saturating_mul(2).min(MAX_ALLOWED)
+    } else {
+        prev
+    };
+    let every = if a <= UNMEASURED_ALLOWED && !device_measured && per_ns <= 0.0 {
+        1
+    } else {
+        (a / 4).max(1)
+    };
+    (a, every)
 }
+
+/// Most launches ever allowed ahead.
+const MAX_ALLOWED: u64 = 1 << 20;
 
 /// Maps the first page of a descriptor the daemon sent (the board, the claim page),
 /// shared, for the process's life: the gates keep pointers into it (see `Gate::word`),
@@ -777,30 +803,45 @@ mod tests {
 
     #[test]
     fn the_queue_ahead_count_follows_the_device_measure_and_a_host_estimate_only_slowly() {
+        let b = 2_000_000;
         // No bound: unbounded, no markers.
-        assert_eq!(allowed_launches(0, 5e6, true, 4).0, UNBOUNDED);
+        assert_eq!(allowed_launches(0, 5e6, true, 4, false).0, UNBOUNDED);
         // Not measured yet: a few launches, a marker after each.
         assert_eq!(
-            allowed_launches(2_000_000, 0.0, false, UNBOUNDED),
+            allowed_launches(b, 0.0, false, UNBOUNDED, false),
             (UNMEASURED_ALLOWED, 1)
         );
         assert_eq!(
-            allowed_launches(2_000_000, f64::NAN, false, 4),
+            allowed_launches(b, f64::NAN, false, 4, false),
             (UNMEASURED_ALLOWED, 1)
         );
         // Measured on the device: the bound over the time per launch, at once.
-        assert_eq!(allowed_launches(2_000_000, 10_000.0, true, 4), (200, 50));
-        assert_eq!(allowed_launches(2_000_000, 5e6, true, 625), (2, 1));
+        assert_eq!(allowed_launches(b, 10_000.0, true, 4, false), (200, 50));
+        assert_eq!(allowed_launches(b, 5e6, true, 625, false), (2, 1));
         // A host-polled estimate far too low (3.2 µs for 5 ms launches, one late poll)
         // doubles the count in force, no more.
-        assert_eq!(allowed_launches(2_000_000, 3_205.0, false, 4), (8, 2));
-        assert_eq!(allowed_launches(2_000_000, 3_205.0, false, 8), (16, 4));
+        assert_eq!(allowed_launches(b, 3_205.0, false, 4, false), (8, 2));
+        assert_eq!(allowed_launches(b, 3_205.0, false, 8, false), (16, 4));
         // From unbounded (a bound of 0 before), it starts over from the unmeasured count.
         assert_eq!(
-            allowed_launches(2_000_000, 3_205.0, false, UNBOUNDED),
+            allowed_launches(b, 3_205.0, false, UNBOUNDED, false),
             (8, 2)
         );
         // Lowering is never slowed.
-        assert_eq!(allowed_launches(2_000_000, 1e6, false, 200), (2, 1));
+        assert_eq!(allowed_launches(b, 1e6, false, 200, false), (2, 1));
+    }
+
+    #[test]
+    fn without_a_measure_the_count_doubles_only_when_the_queue_ran_dry_at_the_bound() {
+        let b = 2_000_000;
+        // The GPU finished everything before the poll, launchers waiting: twice as many.
+        assert_eq!(allowed_launches(b, 0.0, false, 4, true), (8, 2));
+        assert_eq!(allowed_launches(b, 0.0, false, 8, true), (16, 4));
+        // A poll that found work still queued keeps the count in force.
+        assert_eq!(allowed_launches(b, 0.0, false, 16, false), (16, 4));
+        // Never past the ceiling.
+        assert_eq!(allowed_launches(b, 0.0, false, 1 << 20, true).0, 1 << 20);
+        // A measure, once there, decides (dry or not).
+        assert_eq!(allowed_launches(b, 5e6, true, 1024, true), (2, 1));
     }
 }

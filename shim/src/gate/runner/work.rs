@@ -108,7 +108,14 @@ impl Runner {
             }
         }
         if advanced {
-            self.set_allowed(i);
+            // The queue ran dry at the bound: every launch made has completed (a launcher
+            // out of budget marks its last launch), and the budget was spent.
+            let launched = gate.launched.load(Ordering::Relaxed);
+            let ran_dry = !synchronized
+                && gate.markers().pending.is_empty()
+                && gate.completed.load(Ordering::Relaxed) >= launched
+                && launched >= gate.budget.load(Ordering::Relaxed);
+            self.set_allowed(i, ran_dry);
         }
         if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
             let m = gate.markers();
