@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUevent, CUfunction, CUgraphExec, CUhostFn, CUlaunchConfig, CUmemAllocationProp,
+    CUevent, CUfunction, CUgraph, CUgraphExec, CUhostFn, CUlaunchConfig, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUresult,
     CUstream, CUuuid,
 };
@@ -237,6 +237,17 @@ pub type PFN_cuLaunchCooperativeKernel = unsafe extern "C" fn(
 ) -> CUresult;
 /// `cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)` (also `_ptsz`).
 pub type PFN_cuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+/// `cuStreamBeginCapture(CUstream hStream)` (CUDA 10.0; also `_ptsz`).
+pub type PFN_cuStreamBeginCapture = unsafe extern "C" fn(CUstream) -> CUresult;
+/// `cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)` (also `_ptsz`).
+pub type PFN_cuStreamBeginCapture_v2 = unsafe extern "C" fn(CUstream, c_uint) -> CUresult;
+/// `cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)` (also `_ptsz`).
+pub type PFN_cuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
+/// `cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)` (also
+/// `_ptsz`).
+pub type PFN_cuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_uint) -> CUresult;
+/// `cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)`.
+pub type PFN_cuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_uint) -> CUresult;
 
 // ---- NVML ----------------------------------------------------------------------------------
 

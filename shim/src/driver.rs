@@ -1,10 +1,11 @@
 //! Safe wrappers of the real driver's calls that the shim makes for itself, not on the
 //! application's behalf: the current device, context and memory pool, the allocation
-//! granularity, pool attributes, the devices' UUIDs, and the gate thread's events and
-//! context synchronisation. Each function is resolved by name from the real library
-//! once ([`crate::real`]), never through the hooks, and no lock is held while it runs.
+//! granularity, pool attributes, the devices' UUIDs, streams' capture state, and the
+//! gate thread's events, context synchronisation and capture mode. Each function is
+//! resolved by name from the real library once ([`crate::real`]), never through the
+//! hooks, and no lock is held while it runs.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, c_int, c_uint};
 use std::sync::OnceLock;
 
 use vgpu_cuda_abi::cuda::*;
@@ -231,6 +232,47 @@ pub(crate) fn event_elapsed_ns(start: usize, end: usize) -> Option<u64> {
     // context lock).
     let r = unsafe { f(&mut ms, start as CUevent, end as CUevent) };
     (r == CUDA_SUCCESS && ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+}
+
+/// Whether `stream` (a launch's stream; `ptsz`: the launch was the per-thread-default-
+/// stream variant) is capturing: its launches build a graph and run nothing. An error
+/// (the legacy stream while another captures, an unknown handle) counts as not
+/// capturing: the launch is then gated as any other.
+pub(crate) fn stream_capturing(stream: usize, ptsz: bool) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    static P_PTSZ: OnceLock<usize> = OnceLock::new();
+    let p = if ptsz {
+        extra(&P_PTSZ, c"cuStreamIsCapturing_ptsz")
+    } else {
+        extra(&P, c"cuStreamIsCapturing")
+    };
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuStreamIsCapturing>(p) };
+    let mut status: c_uint = 0;
+    // SAFETY: the stream the application passed; a valid out-pointer.
+    let r = unsafe { f(stream as CUstream, &mut status) };
+    // CU_STREAM_CAPTURE_STATUS_ACTIVE 1, _INVALIDATED 2: both still capture.
+    r == CUDA_SUCCESS && status != 0
+}
+
+/// Puts the calling thread (the gate thread) in the relaxed stream capture mode, so that
+/// its calls are never the "potentially unsafe" ones a global-mode capture of the
+/// application's forbids from every thread. False: the driver refused or lacks it.
+pub(crate) fn relax_capture_mode() -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = extra(&P, c"cuThreadExchangeStreamCaptureMode");
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*).
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuThreadExchangeStreamCaptureMode>(p) };
+    // CU_STREAM_CAPTURE_MODE_RELAXED.
+    let mut mode: c_uint = 2;
+    // SAFETY: a valid in/out pointer.
+    unsafe { f(&mut mode) == CUDA_SUCCESS }
 }
 
 /// Whether `event` has completed (an error counts as completed: nothing to wait for).

@@ -169,13 +169,60 @@ struct Marker {
 }
 
 /// Most marker events per gate.
-const MAX_MARKERS: usize = 16;
+pub(crate) const MAX_MARKERS: usize = 16;
 /// Launches allowed outstanding before the GPU time per launch is measured (a marker
 /// after each: two consecutive ones give the first measure). Kernels of any length may
 /// come first: four of 5 ms overrun a slice by 20 ms once, four of 10 µs wait 40 µs.
 const UNMEASURED_ALLOWED: u64 = 4;
 /// Unbounded.
 const UNBOUNDED: u64 = u64::MAX / 2;
+
+/// Stream captures begun in this process and not ended (the hooks of
+/// `cuStreamBeginCapture*` and `cuStreamEndCapture*`; a capture begun some other way is
+/// not counted). While one is open (ADR 0033): a launch into a capturing stream passes
+/// ungated (it runs nothing); every gated launch is followed by a marker, at most
+/// [`MAX_MARKERS`] ahead; and a drain waits for those markers instead of synchronizing
+/// the device, which would invalidate the application's capture.
+static CAPTURES: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a stream capture is open in this process.
+pub(crate) fn captures_open() -> bool {
+    CAPTURES.load(Ordering::Relaxed) > 0
+}
+
+/// A stream capture is about to begin on `stream` (before the real call; `ptsz`: the
+/// per-thread-default-stream variant): counted, and the work queued on the stream so far
+/// gets a marker now, while it still can, so that a drain during the capture waits for it.
+pub(crate) fn capture_begins(stream: usize, ptsz: bool) {
+    CAPTURES.fetch_add(1, Ordering::SeqCst);
+    let Some(Some(g)) = GATES.get() else { return };
+    let dev = match g.single.load(Ordering::Relaxed) {
+        usize::MAX => match crate::driver::current_device() {
+            Some(d) => d,
+            None => return,
+        },
+        d => d,
+    };
+    let Some(gate) = g.gates.get(dev) else { return };
+    if !gate.enabled.load(Ordering::Relaxed) {
+        return;
+    }
+    let launched = gate.launched.load(Ordering::Relaxed);
+    gate.mark_every.store(1, Ordering::Relaxed);
+    gate.next_mark.store(launched + 1, Ordering::Relaxed);
+    gate.allowed
+        .fetch_min(MAX_MARKERS as u64, Ordering::Relaxed);
+    gate.publish_budget();
+    if launched > gate.completed.load(Ordering::Relaxed) {
+        gate.mark(launched, stream, ptsz);
+    }
+}
+
+/// A stream capture ended (`cuStreamEndCapture` returned a graph, or said the capture
+/// was invalidated: either way it is over). Never below zero.
+pub(crate) fn capture_ended() {
+    let _ = CAPTURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+}
 
 impl Gate {
     fn new() -> Gate {
@@ -280,7 +327,9 @@ impl Gate {
         };
         // A per-thread-default-stream launch on stream 0 used this thread's stream.
         let stream = if ptsz && stream == 0 { 2 } else { stream };
-        let contiguous = {
+        // Not looked at while a capture is open: the launching thread may be the one
+        // capturing, and an event query is not a call it may make then.
+        let contiguous = !captures_open() && {
             let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
             // Read under the lock: a destroyed context's markers are gone by then.
             let before = self.markers().pending.back().map(|k| k.event);
@@ -543,6 +592,12 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
         .name("vgpu-gate".into())
         .spawn(move || {
             raise_gate_thread_priority(shim);
+            // Its event queries may then run beside an application's global-mode capture.
+            if !crate::driver::relax_capture_mode() {
+                crate::process::log(shim, || {
+                    "gate thread keeps the default stream capture mode".to_owned()
+                });
+            }
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()));
             if r.is_err() {
                 // Never leave launchers waiting on a gate nobody runs: open them all.

@@ -1096,6 +1096,12 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 /// Runs `launch` once the gate admits it (enforcing mode), else directly.
 fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
     enforcing(CUDA_ERROR_NOT_PERMITTED, launch, |shim, launch| {
+        // A launch into a stream capture builds a graph and runs nothing: not gated, not
+        // counted, no marker (an event recorded into a capture cannot be queried). Its
+        // graph's launch is gated. Looked at only while a capture is open (ADR 0033).
+        if crate::gate::captures_open() && driver::stream_capturing(stream as usize, ptsz) {
+            return launch();
+        }
         let pass = match crate::gate::enter(shim, current_device, stream as usize, ptsz) {
             Ok(p) => p,
             // A GPU the container was not granted: no compute share.
@@ -1131,6 +1137,58 @@ macro_rules! gated_launch_hook {
         }
     };
 }
+
+/// A `cuStreamBeginCapture` hook: the capture is counted before the real call (and
+/// uncounted if it fails), see `crate::gate::capture_begins`.
+macro_rules! begin_capture_hook {
+    ($name:ident, $ty:ty, $stream:ident, ($($arg:ident: $t:ty),* $(,)?)) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> CUresult {
+            let real = real_or!($name, $ty, CUDA_ERROR_NOT_INITIALIZED);
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { real($($arg),*) };
+            let ptsz = stringify!($name).ends_with("_ptsz");
+            guard(CUDA_ERROR_UNKNOWN, call, || {
+                crate::gate::capture_begins($stream as usize, ptsz);
+                let r = call();
+                if r != CUDA_SUCCESS {
+                    crate::gate::capture_ended();
+                }
+                r
+            })
+        }
+    };
+}
+begin_capture_hook!(cuStreamBeginCapture, fns::PFN_cuStreamBeginCapture, hStream, (hStream: CUstream));
+begin_capture_hook!(cuStreamBeginCapture_ptsz, fns::PFN_cuStreamBeginCapture, hStream, (hStream: CUstream));
+begin_capture_hook!(cuStreamBeginCapture_v2, fns::PFN_cuStreamBeginCapture_v2, hStream, (hStream: CUstream, mode: c_uint));
+begin_capture_hook!(cuStreamBeginCapture_v2_ptsz, fns::PFN_cuStreamBeginCapture_v2, hStream, (hStream: CUstream, mode: c_uint));
+
+/// A `cuStreamEndCapture` hook: a capture that ended (a graph, or
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`) is uncounted.
+macro_rules! end_capture_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult {
+            let real = real_or!(
+                $name,
+                fns::PFN_cuStreamEndCapture,
+                CUDA_ERROR_NOT_INITIALIZED
+            );
+            // SAFETY: forwarding the caller's arguments.
+            let call = || unsafe { real(hStream, phGraph) };
+            guard(CUDA_ERROR_UNKNOWN, call, || {
+                let r = call();
+                if r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
+                    crate::gate::capture_ended();
+                }
+                r
+            })
+        }
+    };
+}
+end_capture_hook!(cuStreamEndCapture);
+end_capture_hook!(cuStreamEndCapture_ptsz);
 
 macro_rules! launch_kernel_hook {
     ($name:ident) => {

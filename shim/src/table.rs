@@ -113,6 +113,12 @@ macro_rules! rows {
             cuLaunchCooperativeKernel_ptsz: Cuda "cuLaunchCooperativeKernel" 9000 true PFN_cuLaunchCooperativeKernel;
             cuGraphLaunch: Cuda "cuGraphLaunch" 10000 false PFN_cuGraphLaunch;
             cuGraphLaunch_ptsz: Cuda "cuGraphLaunch" 10000 true PFN_cuGraphLaunch;
+            cuStreamBeginCapture: Cuda "cuStreamBeginCapture" 10000 false PFN_cuStreamBeginCapture;
+            cuStreamBeginCapture_ptsz: Cuda "cuStreamBeginCapture" 10000 true PFN_cuStreamBeginCapture;
+            cuStreamBeginCapture_v2: Cuda "cuStreamBeginCapture" 10010 false PFN_cuStreamBeginCapture_v2;
+            cuStreamBeginCapture_v2_ptsz: Cuda "cuStreamBeginCapture" 10010 true PFN_cuStreamBeginCapture_v2;
+            cuStreamEndCapture: Cuda "cuStreamEndCapture" 10000 false PFN_cuStreamEndCapture;
+            cuStreamEndCapture_ptsz: Cuda "cuStreamEndCapture" 10000 true PFN_cuStreamEndCapture;
             nvmlInit: Nvml "nvmlInit" 0 false PFN_nvmlInit_v2;
             nvmlInit_v2: Nvml "nvmlInit_v2" 0 false PFN_nvmlInit_v2;
             nvmlInitWithFlags: Nvml "nvmlInitWithFlags" 0 false PFN_nvmlInitWithFlags;

@@ -175,6 +175,59 @@ print(json.dumps({"capturing": int(status), "before": list(before)[:2], "after":
     assert r["after"]
 
 
+def test_a_device_synchronization_from_another_thread_invalidates_a_capture(node):
+    # CUDA's behaviour (measured on NVIDIA hardware by others): a device-wide
+    # synchronization while a stream of the device captures is refused and invalidates
+    # the capture, whichever thread makes it and in whatever capture mode. An event last
+    # recorded in a capture cannot be queried until it is recorded outside one.
+    out = run(
+        node,
+        r"""
+import threading
+mod = ck(cu.cuModuleLoadData(PTX))
+spin = ck(cu.cuModuleGetFunction(mod, b"vgpu_sim_spin"))
+stream = ck(cu.cuStreamCreate(0))
+ev = ck(cu.cuEventCreate(0))
+res = {}
+for mode in ("GLOBAL", "THREAD_LOCAL", "RELAXED"):
+    ck(cu.cuStreamBeginCapture(stream, getattr(cu.CUstreamCaptureMode, "CU_STREAM_CAPTURE_MODE_" + mode)))
+    p, keep = params(1000)
+    ck(cu.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, ctypes.addressof(p), 0))
+    ck(cu.cuEventRecord(ev, stream))
+    query = cu.cuEventQuery(ev)[0]
+    def other():
+        ck(cu.cuCtxSetCurrent(ctx))
+        # The other thread in relaxed mode: its synchronization still invalidates.
+        ck(cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        res[mode + "_sync"] = cu.cuCtxSynchronize()[0].name
+    t = threading.Thread(target=other)
+    t.start(); t.join()
+    res[mode + "_status"] = int(ck(cu.cuStreamIsCapturing(stream)))
+    res[mode + "_end"] = cu.cuStreamEndCapture(stream)[0].name
+    res[mode + "_query"] = query.name
+ck(cu.cuEventRecord(ev, stream))
+ck(cu.cuStreamSynchronize(stream))
+res["query_after"] = cu.cuEventQuery(ev)[0].name
+# The mode a thread sets is the one it gets back.
+old = ck(cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+back = ck(cu.cuThreadExchangeStreamCaptureMode(old))
+res["modes"] = [int(old), int(back)]
+# Without a capture, a synchronization is a synchronization.
+res["sync_idle"] = cu.cuCtxSynchronize()[0].name
+print(json.dumps(res))
+""",
+    )
+    r = json.loads(out)
+    for mode in ("GLOBAL", "THREAD_LOCAL", "RELAXED"):
+        assert r[mode + "_sync"] == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", (mode, r)
+        assert r[mode + "_status"] == 2, (mode, r)  # invalidated
+        assert r[mode + "_end"] == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", (mode, r)
+        assert r[mode + "_query"] == "CUDA_ERROR_CAPTURED_EVENT", (mode, r)
+    assert r["query_after"] == "CUDA_SUCCESS", r
+    assert r["modes"] == [0, 2], r
+    assert r["sync_idle"] == "CUDA_SUCCESS", r
+
+
 def test_out_of_memory_on_a_small_gpu(node):
     node.configure('[[device]]\nmemory = "1Gi"\ncontext_overhead = "256Mi"\n')
     out = run(

@@ -732,6 +732,58 @@ fn every_launch_path_stays_under_its_cap(
     }
 }
 
+/// An application that captures a CUDA graph after real work (PyTorch synchronizes after
+/// its warm-up, then captures on a side stream, in global mode): the gate thread drains
+/// the slice it held while the capture is open. A device synchronization then would
+/// invalidate the capture (CUDA's rule, simulated), and the application would fail at
+/// `cuStreamEndCapture`; the launches into the capture run nothing and must not wait for
+/// the GPU or count as the tenant's work.
+#[test]
+fn a_graph_captured_after_real_work_is_not_broken_by_the_gate() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let mut c = container(50, "burst");
+    c.env.push(("VGPU_LOG".into(), "1".into()));
+    // A second tenant keeps the GPU contended: grants are revoked and drained too.
+    let other = node.tenant(
+        &container(50, "burst"),
+        &d.socket,
+        &strs(&load_args(3, 1_000_000, now_ms())),
+    );
+    for pause_ms in ["5", "30"] {
+        let t = node.tenant(
+            &c,
+            &d.socket,
+            &["init", "capture", "8", "1000000", pause_ms],
+        );
+        let (out, log) = finish_with_log(t);
+        assert!(
+            out.contains("capture=ok") && out.contains("graph=ok"),
+            "a pause of {pause_ms} ms in the capture: {out}\n{log}"
+        );
+        // The slices' launches, as the shim logged them at each drain: the 8 real ones
+        // and the graph's (when its slice drained before the process exited), never the
+        // 8 captured.
+        let launches: u64 = log
+            .lines()
+            .filter_map(|l| {
+                l.split(" launches at ")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        assert!(
+            (8..=9).contains(&launches),
+            "{launches} launches counted under grants:\n{log}"
+        );
+    }
+    finish(other);
+}
+
 #[test]
 fn a_killed_tenant_releases_its_slice_at_once() {
     let _serial = serial();

@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -448,6 +448,8 @@ impl Worker {
                 if ev.gen_.load(Ordering::Acquire) == *gen_ {
                     let t = eng.pos.max(at).min(mono_ns());
                     ev.time.store(t.max(1), Ordering::Release);
+                    // A graph's record node: the event was last recorded by the graph.
+                    ev.captured.store(false, Ordering::Release);
                 }
             }
             Work::Host { f, data } => {
@@ -737,6 +739,19 @@ impl Stream {
         Ok(())
     }
 
+    /// Invalidates the capture in progress on this stream, if any (true: there was one).
+    /// A synchronization of the whole device does it to every capture on the device,
+    /// whatever thread or capture mode made it.
+    pub fn invalidate_capture(&self) -> bool {
+        match self.capture_lock().as_mut() {
+            Some(c) => {
+                c.invalid = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// `cuStreamSynchronize`.
     pub fn synchronize(&self, drv: &'static Driver) -> CuResult<()> {
         self.check_not_capturing()?;
@@ -804,6 +819,10 @@ pub struct Event {
     pub rec: Mutex<Option<(usize, u64)>>,
     /// Device time at which the latest record completed (mono ns; 0 = not yet).
     pub time: AtomicU64,
+    /// The latest record was made into a stream capture: querying, synchronizing or
+    /// timing the event is refused (`CUDA_ERROR_CAPTURED_EVENT`) until it is recorded
+    /// outside one (or a graph's record node records it).
+    pub captured: AtomicBool,
 }
 
 /// `CU_EVENT_DISABLE_TIMING`.
@@ -818,6 +837,7 @@ impl Event {
             gen_: AtomicU64::new(0),
             rec: Mutex::new(None),
             time: AtomicU64::new(0),
+            captured: AtomicBool::new(false),
         })
     }
 
@@ -825,18 +845,32 @@ impl Event {
         *self.rec.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `cuEventRecord` on `stream`.
-    pub fn record(self: &Arc<Self>, drv: &'static Driver, stream: &Stream) -> CuResult<()> {
+    /// `cuEventRecord` on `stream` (`external`: `cuEventRecordWithFlags` with
+    /// `CU_EVENT_RECORD_EXTERNAL`). Into a stream capture, a plain record only marks a
+    /// point of the capture (for other captured streams to wait on), not a node of the
+    /// graph; an external one is a node that records the event when the graph runs.
+    /// Either way the event was last recorded in a capture.
+    pub fn record(
+        self: &Arc<Self>,
+        drv: &'static Driver,
+        stream: &Stream,
+        external: bool,
+    ) -> CuResult<()> {
         let gen_ = self.gen_.fetch_add(1, Ordering::AcqRel) + 1;
         if stream.is_capturing() {
-            return stream.enqueue(
-                drv,
-                Work::EventRecord {
-                    ev: self.clone(),
-                    gen_,
-                },
-            );
+            if external {
+                stream.enqueue(
+                    drv,
+                    Work::EventRecord {
+                        ev: self.clone(),
+                        gen_,
+                    },
+                )?;
+            }
+            self.captured.store(true, Ordering::Release);
+            return Ok(());
         }
+        self.captured.store(false, Ordering::Release);
         self.time.store(0, Ordering::Release);
         let w = drv.worker(stream.dev);
         // Hold the record slot while queuing, so a concurrent query sees a consistent pair.
@@ -850,8 +884,17 @@ impl Event {
         Ok(())
     }
 
+    /// Refuses an event last recorded in a capture.
+    fn check_not_captured(&self) -> CuResult<()> {
+        if self.captured.load(Ordering::Acquire) {
+            return Err(CUDA_ERROR_CAPTURED_EVENT);
+        }
+        Ok(())
+    }
+
     /// `cuEventQuery`.
     pub fn query(&self, drv: &'static Driver) -> CuResult<()> {
+        self.check_not_captured()?;
         match self.rec() {
             None => Ok(()),
             Some((d, seq)) if drv.worker(d).is_done_on_device(seq) => Ok(()),
@@ -860,10 +903,12 @@ impl Event {
     }
 
     /// `cuEventSynchronize`.
-    pub fn synchronize(&self, drv: &'static Driver) {
+    pub fn synchronize(&self, drv: &'static Driver) -> CuResult<()> {
+        self.check_not_captured()?;
         if let Some((d, seq)) = self.rec() {
             drv.worker(d).wait_on_device(seq);
         }
+        Ok(())
     }
 
     /// (device, seq) a stream must wait for to follow this event.
@@ -876,6 +921,8 @@ impl Event {
         if start.flags & CU_EVENT_DISABLE_TIMING != 0 || end.flags & CU_EVENT_DISABLE_TIMING != 0 {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
+        start.check_not_captured()?;
+        end.check_not_captured()?;
         if start.rec().is_none() || end.rec().is_none() {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }

@@ -514,6 +514,7 @@ export! {
 
     fn cuCtxSynchronize() {
         let (d, c) = cur()?;
+        refuse_during_capture(d, c.dev)?;
         d.worker(c.dev).synchronize();
         Ok(())
     }
@@ -521,6 +522,7 @@ export! {
     fn cuCtxSynchronize_v2(ctx: CUcontext) {
         let d = driver()?;
         let c = if ctx.is_null() { d.current()? } else { d.ctx(from_ptr(ctx, Kind::Ctx).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?)? };
+        refuse_during_capture(d, c.dev)?;
         d.worker(c.dev).synchronize();
         Ok(())
     }
@@ -1211,12 +1213,15 @@ export! {
     }
     fn cuEventRecord [cuEventRecord_ptsz] (hEvent: CUevent, hStream: CUstream) {
         let (d, s) = stream(hStream)?;
-        event(d, hEvent)?.record(d, &s)
+        event(d, hEvent)?.record(d, &s, false)
     }
     fn cuEventRecordWithFlags [cuEventRecordWithFlags_ptsz] (hEvent: CUevent, hStream: CUstream, flags: c_uint) {
         let (d, s) = stream(hStream)?;
-        let _ = flags;
-        event(d, hEvent)?.record(d, &s)
+        // CU_EVENT_RECORD_DEFAULT 0, CU_EVENT_RECORD_EXTERNAL 1.
+        if flags > 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        event(d, hEvent)?.record(d, &s, flags == 1)
     }
     fn cuEventQuery(hEvent: CUevent) {
         let d = driver()?;
@@ -1224,8 +1229,7 @@ export! {
     }
     fn cuEventSynchronize(hEvent: CUevent) {
         let d = driver()?;
-        event(d, hEvent)?.synchronize(d);
-        Ok(())
+        event(d, hEvent)?.synchronize(d)
     }
     fn cuEventElapsedTime [cuEventElapsedTime_v2] (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) {
         let d = driver()?;
@@ -1552,6 +1556,38 @@ export! {
 
 // ---- graphs (stream capture) -------------------------------------------------------------------
 
+thread_local! {
+    /// This thread's stream capture interaction mode (`cuThreadExchangeStreamCaptureMode`;
+    /// CU_STREAM_CAPTURE_MODE_GLOBAL by default). Kept and answered; the prohibitions it
+    /// selects for other API calls are not simulated, except the device synchronization's
+    /// (`refuse_during_capture`), which holds in every mode.
+    static CAPTURE_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(0) };
+}
+
+/// A synchronization of device `dev` (`cuCtxSynchronize`) while any stream of it is
+/// capturing: refused, and every such capture invalidated, whatever thread or capture
+/// mode (relaxed included) made it or makes the call. This is CUDA's behaviour as
+/// measured on NVIDIA hardware by others (a device synchronization from a second thread
+/// invalidated a capture on the same GPU, in global and thread-local mode alike); the
+/// driver's documentation only lists it among the unsafe calls.
+fn refuse_during_capture(d: &Driver, dev: usize) -> CuResult<()> {
+    let streams: Vec<_> = d
+        .objects()
+        .streams
+        .values()
+        .filter(|s| s.dev == dev)
+        .cloned()
+        .collect();
+    let mut any = false;
+    for s in streams {
+        any |= s.invalidate_capture();
+    }
+    if any {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    Ok(())
+}
+
 fn new_graph(d: &Driver, g: Graph) -> u64 {
     let id = rt::new_handle(Kind::Graph);
     d.objects()
@@ -1683,7 +1719,7 @@ export! {
         if m > 2 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        out!(mode, m)
+        out!(mode, CAPTURE_MODE.with(|c| c.replace(m)))
     }
 }
 

@@ -71,4 +71,9 @@ check! {
     PFN_cuLaunchKernelEx: cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
     PFN_cuLaunchCooperativeKernel: cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
     PFN_cuGraphLaunch: cuGraphLaunch, cuGraphLaunch_ptsz;
+    PFN_cuStreamBeginCapture: cuStreamBeginCapture, cuStreamBeginCapture_ptsz;
+    PFN_cuStreamBeginCapture_v2: cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz;
+    PFN_cuStreamEndCapture: cuStreamEndCapture, cuStreamEndCapture_ptsz;
+    PFN_cuStreamIsCapturing: cuStreamIsCapturing, cuStreamIsCapturing_ptsz;
+    PFN_cuThreadExchangeStreamCaptureMode: cuThreadExchangeStreamCaptureMode;
 }

@@ -709,13 +709,18 @@ impl Runner {
     pub(super) fn set_allowed(&mut self, i: usize, ran_dry: bool) {
         let gate = &self.g.gates[i];
         let d = &self.devs[i];
-        let (allowed, every) = allowed_launches(
+        let (mut allowed, mut every) = allowed_launches(
             d.queue_ahead_ns,
             d.launch_cost_ns(),
             d.device_per_launch_ns > 0.0,
             gate.allowed.load(Ordering::Relaxed),
             ran_dry,
         );
+        // While a capture is open, every launch is marked, so that a drain can wait for
+        // the markers instead of synchronizing the device ([`super::captures_open`]).
+        if super::captures_open() {
+            (allowed, every) = (allowed.min(super::MAX_MARKERS as u64), 1);
+        }
         gate.allowed.store(allowed, Ordering::Relaxed);
         gate.mark_every.store(every, Ordering::Relaxed);
         let launched = gate.launched.load(Ordering::Relaxed);

@@ -24,6 +24,10 @@
 //! spin PATH N KERNEL_NS        N kernels through launch path PATH (kernel, kernel-ptsz,
 //!                              ex, ex-ptsz, coop, coop-ptsz, graph, graph-ptsz), then
 //!                              synchronize; spin=ok wall_us=
+//! capture N KERNEL_NS PAUSE_MS  N kernels on a stream, synchronized; then a capture
+//!                              (global mode) on another stream of N kernels with a
+//!                              pause of PAUSE_MS in it, ended, and its graph launched
+//!                              and synchronized: capture=ok|err code= graph=ok wall_us=
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
 //! route dlsym|global|procaddr|procaddr-ptds
 //!                              how entry points are resolved (before init): dlsym on the
@@ -514,6 +518,59 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
         }
         c.check("cuStreamSynchronize", ssync(stream))?;
         println!("spin=ok wall_us={}", start.elapsed().as_micros());
+    }
+    Ok(())
+}
+
+/// `capture`: real work first (the process then holds the GPU, or just did), then a
+/// stream capture in global mode with a pause in it, as an application that captures a
+/// CUDA graph after its warm-up does (PyTorch synchronizes, then captures).
+fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
+    let c = cuda(st)?;
+    // SAFETY: each entry point is called with its driver API signature; parameters
+    // point to live locals for the duration of each call.
+    unsafe {
+        let func = spin_function(c)?;
+        let mut ns = kernel_ns;
+        let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+            c.sym("cuStreamCreate")?;
+        let ssync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuStreamSynchronize")?;
+        let begin: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult =
+            c.sym("cuStreamBeginCapture_v2")?;
+        let end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult =
+            c.sym("cuStreamEndCapture")?;
+        let inst: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult =
+            c.sym("cuGraphInstantiateWithFlags")?;
+        let glaunch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
+            c.sym("cuGraphLaunch")?;
+        let launch: LaunchFn = c.sym("cuLaunchKernel")?;
+        let (mut work, mut side) = (std::ptr::null_mut(), std::ptr::null_mut());
+        c.check("cuStreamCreate", mk_stream(&mut work, 0))?;
+        c.check("cuStreamCreate", mk_stream(&mut side, 0))?;
+        let start = Instant::now();
+        for _ in 0..n {
+            launch_spin(c, launch, func, work, &mut ns)?;
+        }
+        c.check("cuStreamSynchronize", ssync(work))?;
+        c.check("cuStreamBeginCapture", begin(side, 0))?;
+        for i in 0..n {
+            launch_spin(c, launch, func, side, &mut ns)?;
+            if i == 0 {
+                std::thread::sleep(Duration::from_millis(pause_ms));
+            }
+        }
+        let mut graph = std::ptr::null_mut();
+        let r = end(side, &mut graph);
+        if r != 0 {
+            println!("capture=err code={r}");
+            return Ok(());
+        }
+        println!("capture=ok");
+        let mut exec = std::ptr::null_mut();
+        c.check("cuGraphInstantiate", inst(&mut exec, graph, 0))?;
+        c.check("cuGraphLaunch", glaunch(exec, side))?;
+        c.check("cuStreamSynchronize", ssync(side))?;
+        println!("graph=ok wall_us={}", start.elapsed().as_micros());
     }
     Ok(())
 }
@@ -1155,6 +1212,12 @@ fn main() -> Result<()> {
                 let n = arg(&mut it, "kernels")?;
                 let kns = arg(&mut it, "kernel ns")?;
                 spin(&st, path, n, kns)?;
+            }
+            "capture" => {
+                let n = arg(&mut it, "kernels")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                let pause = arg(&mut it, "pause ms")?;
+                capture(&st, n, kns, pause)?;
             }
             "nvml" => nvml(st.device)?,
             "ready" => println!("ready pid={}", std::process::id()),

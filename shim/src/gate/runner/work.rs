@@ -10,12 +10,17 @@ use std::time::{Duration, Instant};
 use vgpu_core::sched_proto::{GrantWord, ShimMsg, encode};
 use vgpu_sys::{futex_wake, mono_ns};
 
-use super::super::{CTX_LOCK, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, TICK, sync_device};
+use super::super::{
+    CTX_LOCK, IDLE_TICKS, INFLIGHT_POLL, LOCAL_QUANTUM_NS, TICK, captures_open, sync_device,
+};
 use super::Runner;
 
 /// Longest span between two completions seen that gives a host-polled sample of the GPU
 /// time per launch (four ticks: a poll that ran late still counts).
 const HOST_SAMPLE_MAX_NS: u64 = 4 * TICK.as_nanos() as u64;
+
+/// Longest a drain waits for its markers while a capture is open ([`Runner::settle`]).
+const SETTLE_MAX: Duration = Duration::from_secs(10);
 
 impl Runner {
     /// Learns which launches completed from the marker events (in order), and the GPU
@@ -178,7 +183,7 @@ impl Runner {
             std::thread::sleep(INFLIGHT_POLL);
         }
         let inflight_wait = t0.elapsed();
-        sync_device(self.shim, i);
+        self.settle(i);
         let end = mono_ns();
         let sync_wait = t0.elapsed() - inflight_wait;
         self.poll_markers_of(i, true);
@@ -233,6 +238,41 @@ impl Runner {
         }
     }
 
+    /// Waits until the process's queued work on GPU `i` completed: the device
+    /// synchronized, or, while an application's stream capture is open, every marker
+    /// (a device synchronization would invalidate the capture, whichever thread makes
+    /// it; every launch is marked meanwhile, ADR 0033). A marker that never completes
+    /// is waited for at most `SETTLE_MAX`, then the drain goes on (and says so).
+    fn settle(&mut self, i: usize) {
+        if !captures_open() {
+            sync_device(self.shim, i);
+            return;
+        }
+        let gate = &self.g.gates[i];
+        let t0 = Instant::now();
+        loop {
+            let done = {
+                let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                gate.markers()
+                    .pending
+                    .iter()
+                    .all(|k| crate::driver::event_done(k.event))
+            };
+            if done {
+                return;
+            }
+            if t0.elapsed() >= SETTLE_MAX {
+                crate::process::log(self.shim, || {
+                    format!(
+                        "GPU {i}: queued work not complete after {SETTLE_MAX:?} during a capture; drained anyway"
+                    )
+                });
+                return;
+            }
+            std::thread::sleep(INFLIGHT_POLL);
+        }
+    }
+
     /// Fallback: a duty cycle at the share, over measured time.
     pub(super) fn fallback_tick(&mut self) {
         let now = mono_ns();
@@ -255,7 +295,8 @@ impl Runner {
                     {
                         std::thread::sleep(INFLIGHT_POLL);
                     }
-                    sync_device(self.shim, i);
+                    self.settle(i);
+                    let d = &mut self.devs[i];
                     let end = mono_ns();
                     let used = end.saturating_sub(d.grant_at);
                     d.closed_until = end + used * (100 - share) / share;
