@@ -494,24 +494,17 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
                 }
             }
             "graph" => {
-                let begin: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult =
-                    c.sym("cuStreamBeginCapture_v2")?;
-                let end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult =
-                    c.sym("cuStreamEndCapture")?;
-                let inst: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult =
-                    c.sym("cuGraphInstantiateWithFlags")?;
-                let glaunch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
-                    c.sym(&format!("cuGraphLaunch{sfx}"))?;
+                let g = GraphApi::resolve(c, sfx)?;
                 let launch: LaunchFn = c.sym("cuLaunchKernel")?;
                 // Captured on the stream: the capture itself launches nothing.
-                c.check("cuStreamBeginCapture", begin(stream, 0))?;
+                c.check("cuStreamBeginCapture", (g.begin)(stream, 0))?;
                 launch_spin(c, launch, func, stream, &mut ns)?;
                 let mut graph = std::ptr::null_mut();
-                c.check("cuStreamEndCapture", end(stream, &mut graph))?;
+                c.check("cuStreamEndCapture", (g.end)(stream, &mut graph))?;
                 let mut exec = std::ptr::null_mut();
-                c.check("cuGraphInstantiate", inst(&mut exec, graph, 0))?;
+                c.check("cuGraphInstantiate", (g.instantiate)(&mut exec, graph, 0))?;
                 for _ in 0..n {
-                    c.check("cuGraphLaunch", glaunch(exec, stream))?;
+                    c.check("cuGraphLaunch", (g.launch)(exec, stream))?;
                 }
             }
             other => bail!("unknown launch path {other:?}"),
@@ -520,6 +513,27 @@ fn spin(st: &State, path: &str, n: u64, kernel_ns: u64) -> Result<()> {
         println!("spin=ok wall_us={}", start.elapsed().as_micros());
     }
     Ok(())
+}
+
+/// The stream capture and graph entry points the probe uses.
+struct GraphApi {
+    begin: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult,
+    end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult,
+    instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult,
+    launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
+}
+
+impl GraphApi {
+    /// `cuStreamBeginCapture_v2`, `cuStreamEndCapture`, `cuGraphInstantiateWithFlags`
+    /// and `cuGraphLaunch{sfx}` (`sfx`: "" or "_ptsz").
+    fn resolve(c: &Cuda, sfx: &str) -> Result<GraphApi> {
+        Ok(GraphApi {
+            begin: c.sym("cuStreamBeginCapture_v2")?,
+            end: c.sym("cuStreamEndCapture")?,
+            instantiate: c.sym("cuGraphInstantiateWithFlags")?,
+            launch: c.sym(&format!("cuGraphLaunch{sfx}"))?,
+        })
+    }
 }
 
 /// `capture`: real work first (the process then holds the GPU, or just did), then a
@@ -535,14 +549,7 @@ fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
         let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
             c.sym("cuStreamCreate")?;
         let ssync: unsafe extern "C" fn(*mut c_void) -> CuResult = c.sym("cuStreamSynchronize")?;
-        let begin: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult =
-            c.sym("cuStreamBeginCapture_v2")?;
-        let end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult =
-            c.sym("cuStreamEndCapture")?;
-        let inst: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult =
-            c.sym("cuGraphInstantiateWithFlags")?;
-        let glaunch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult =
-            c.sym("cuGraphLaunch")?;
+        let g = GraphApi::resolve(c, "")?;
         let launch: LaunchFn = c.sym("cuLaunchKernel")?;
         let (mut work, mut side) = (std::ptr::null_mut(), std::ptr::null_mut());
         c.check("cuStreamCreate", mk_stream(&mut work, 0))?;
@@ -552,7 +559,7 @@ fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
             launch_spin(c, launch, func, work, &mut ns)?;
         }
         c.check("cuStreamSynchronize", ssync(work))?;
-        c.check("cuStreamBeginCapture", begin(side, 0))?;
+        c.check("cuStreamBeginCapture", (g.begin)(side, 0))?;
         for i in 0..n {
             launch_spin(c, launch, func, side, &mut ns)?;
             if i == 0 {
@@ -560,15 +567,15 @@ fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
             }
         }
         let mut graph = std::ptr::null_mut();
-        let r = end(side, &mut graph);
+        let r = (g.end)(side, &mut graph);
         if r != 0 {
             println!("capture=err code={r}");
             return Ok(());
         }
         println!("capture=ok");
         let mut exec = std::ptr::null_mut();
-        c.check("cuGraphInstantiate", inst(&mut exec, graph, 0))?;
-        c.check("cuGraphLaunch", glaunch(exec, side))?;
+        c.check("cuGraphInstantiate", (g.instantiate)(&mut exec, graph, 0))?;
+        c.check("cuGraphLaunch", (g.launch)(exec, side))?;
         c.check("cuStreamSynchronize", ssync(side))?;
         println!("graph=ok wall_us={}", start.elapsed().as_micros());
     }
