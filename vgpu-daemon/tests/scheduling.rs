@@ -682,6 +682,42 @@ fn every_launch_path_is_gated_in_a_cpu_limited_container() {
     every_launch_path_stays_under_its_cap(Some(&g), "CPU-limited");
 }
 
+/// A process that leaves a stream capture open: its drains wait for its markers instead of
+/// synchronizing the device (ADR 0033), and its launches on other streams still stay under
+/// its cap (24 % measured). A guard of that path: the library of before it passed too
+/// (its refused synchronizations returned at once; the queue-ahead bound held the cap).
+#[test]
+fn a_capture_left_open_does_not_lift_the_cap() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let mut c = container(20, "cap");
+    c.env.push(("VGPU_LOG".into(), "1".into()));
+    for path in ["kernel", "graph"] {
+        let t = node.tenant(
+            &c,
+            &d.socket,
+            &["init", "capture-open", "spin", path, "20", "5000000"],
+        );
+        let pid = t.id();
+        let (out, log) = finish_with_log(t);
+        assert!(out.contains("capture_open=ok"), "{out}\n{log}");
+        let wall_us = vgpu_tests::num(&out, "wall_us");
+        let busy = node.busy().get(&pid).copied().unwrap_or(0);
+        assert!(busy >= 100_000_000, "{path}: only {busy} ns ran\n{log}");
+        let frac = busy as f64 / (wall_us as f64 * 1000.0);
+        eprintln!(
+            "a capture left open, {path}: {:.1} % of the GPU over {wall_us} µs",
+            frac * 100.0
+        );
+        assert!(
+            frac < 0.40,
+            "a capture left open, {path}: {:.0} % of the GPU under a 20 % cap ({out})\n{log}",
+            frac * 100.0
+        );
+    }
+}
+
 /// Each launch path, 20 kernels of 5 ms (100 ms of device time) under a 20 % cap, one
 /// process each in one container (in `group` when given): none may use 40 % of the GPU
 /// over its run (ungated they take 100 ms: 100 %).

@@ -28,6 +28,8 @@
 //!                              (global mode) on another stream of N kernels with a
 //!                              pause of PAUSE_MS in it, ended, and its graph launched
 //!                              and synchronized: capture=ok|err code= graph=ok wall_us=
+//! capture-open                 begins a capture (relaxed mode) on a new stream and
+//!                              leaves it open for the rest of the run: capture_open=ok
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
 //! route dlsym|global|procaddr|procaddr-ptds
 //!                              how entry points are resolved (before init): dlsym on the
@@ -1225,6 +1227,20 @@ fn main() -> Result<()> {
                 let kns = arg(&mut it, "kernel ns")?;
                 let pause = arg(&mut it, "pause ms")?;
                 capture(&st, n, kns, pause)?;
+            }
+            "capture-open" => {
+                let c = cuda(&st)?;
+                let g = GraphApi::resolve(c, "")?;
+                // SAFETY: cuStreamCreate's signature; a live out-pointer.
+                unsafe {
+                    let mk_stream: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+                        c.sym("cuStreamCreate")?;
+                    let mut s = std::ptr::null_mut();
+                    c.check("cuStreamCreate", mk_stream(&mut s, 0))?;
+                    // CU_STREAM_CAPTURE_MODE_RELAXED: the thread launches elsewhere too.
+                    c.check("cuStreamBeginCapture", (g.begin)(s, 2))?;
+                }
+                println!("capture_open=ok");
             }
             "nvml" => nvml(st.device)?,
             "ready" => println!("ready pid={}", std::process::id()),
