@@ -196,17 +196,9 @@ pub(crate) fn captures_open() -> bool {
 pub(crate) fn capture_begins(stream: usize, ptsz: bool) {
     CAPTURES.fetch_add(1, Ordering::SeqCst);
     let Some(Some(g)) = GATES.get() else { return };
-    let dev = match g.single.load(Ordering::Relaxed) {
-        usize::MAX => match crate::driver::current_device() {
-            Some(d) => d,
-            None => return,
-        },
-        d => d,
-    };
-    let Some(gate) = g.gates.get(dev) else { return };
-    if !gate.enabled.load(Ordering::Relaxed) {
+    let Some((_, gate)) = g.enabled_gate(crate::driver::current_device) else {
         return;
-    }
+    };
     let launched = gate.launched.load(Ordering::Relaxed);
     gate.mark_every.store(1, Ordering::Relaxed);
     gate.next_mark.store(launched + 1, Ordering::Relaxed);
@@ -459,19 +451,9 @@ pub fn enter(
             None => return Ok(None),
         },
     };
-    let dev = match g.single.load(Ordering::Relaxed) {
-        usize::MAX => match current_device() {
-            Some(d) => d,
-            None => return Ok(None),
-        },
-        d => d,
-    };
-    let Some(gate) = g.gates.get(dev) else {
+    let Some((dev, gate)) = g.enabled_gate(current_device) else {
         return Ok(None);
     };
-    if !gate.enabled.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
     if gate.not_granted.load(Ordering::Relaxed) {
         if !gate.refusal_said.swap(true, Ordering::Relaxed) {
             crate::say!(
@@ -488,12 +470,7 @@ pub fn enter(
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
         {
             if gate.claim(w) {
-                // SAFETY-free: `g` is 'static, so the gate is too.
-                return Ok(Some(Pass {
-                    gate: &g.gates[dev],
-                    stream,
-                    ptsz,
-                }));
+                return Ok(Some(Pass { gate, stream, ptsz }));
             }
             // Revoked (or granted anew) while claiming: look at the word again.
             gate.inflight.fetch_sub(1, Ordering::SeqCst);
@@ -505,6 +482,20 @@ pub fn enter(
 }
 
 impl Gates {
+    /// The enabled gate of the current context's device (the only one when a single
+    /// device is enabled), with its ordinal; None: no current device, or not gated.
+    fn enabled_gate(
+        &'static self,
+        current_device: impl FnOnce() -> Option<usize>,
+    ) -> Option<(usize, &'static Gate)> {
+        let dev = match self.single.load(Ordering::Relaxed) {
+            usize::MAX => current_device()?,
+            d => d,
+        };
+        let gate = self.gates.get(dev)?;
+        gate.enabled.load(Ordering::Relaxed).then_some((dev, gate))
+    }
+
     fn ctl(&self) -> MutexGuard<'_, Option<UnixStream>> {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
