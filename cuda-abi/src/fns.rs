@@ -14,9 +14,9 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUevent, CUfunction, CUgraph, CUgraphExec, CUhostFn, CUlaunchConfig, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUresult,
-    CUstream, CUuuid,
+    CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUhostFn, CUlaunchConfig,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
+    CUmipmappedArray, CUresult, CUstream, CUuuid,
 };
 use crate::nvml::{
     nvmlAffinityScope_t, nvmlDevice_t, nvmlEnableState_t, nvmlGpuP2PCapsIndex_t,
@@ -241,6 +241,17 @@ pub type PFN_cuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUre
 pub type PFN_cuStreamBeginCapture = unsafe extern "C" fn(CUstream) -> CUresult;
 /// `cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)` (also `_ptsz`).
 pub type PFN_cuStreamBeginCapture_v2 = unsafe extern "C" fn(CUstream, c_uint) -> CUresult;
+/// `cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode
+/// *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies,
+/// CUstreamCaptureMode mode)` (CUDA 12.3; also `_ptsz`).
+pub type PFN_cuStreamBeginCaptureToGraph = unsafe extern "C" fn(
+    CUstream,
+    CUgraph,
+    *const CUgraphNode,
+    *const c_void,
+    usize,
+    c_uint,
+) -> CUresult;
 /// `cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)` (also `_ptsz`).
 pub type PFN_cuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
 /// `cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)` (also

@@ -178,9 +178,10 @@ const UNMEASURED_ALLOWED: u64 = 4;
 const UNBOUNDED: u64 = u64::MAX / 2;
 
 /// Stream captures begun in this process and not ended (the hooks of
-/// `cuStreamBeginCapture*` and `cuStreamEndCapture*`; a capture begun some other way is
-/// not counted). While one is open (ADR 0033): a launch into a capturing stream passes
-/// ungated (it runs nothing); every gated launch is followed by a marker, at most
+/// `cuStreamBeginCapture*`, `cuStreamBeginCaptureToGraph*` and `cuStreamEndCapture*`; a
+/// capture begun some other way is not counted). While one is open (ADR 0033): a launch
+/// into a capturing stream passes ungated (it runs nothing); every gated launch is
+/// followed by a marker, at most
 /// [`MAX_MARKERS`] ahead; and a drain waits for those markers instead of synchronizing
 /// the device, which would invalidate the application's capture.
 static CAPTURES: AtomicU32 = AtomicU32::new(0);

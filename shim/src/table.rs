@@ -117,6 +117,8 @@ macro_rules! rows {
             cuStreamBeginCapture_ptsz: Cuda "cuStreamBeginCapture" 10000 true PFN_cuStreamBeginCapture;
             cuStreamBeginCapture_v2: Cuda "cuStreamBeginCapture" 10010 false PFN_cuStreamBeginCapture_v2;
             cuStreamBeginCapture_v2_ptsz: Cuda "cuStreamBeginCapture" 10010 true PFN_cuStreamBeginCapture_v2;
+            cuStreamBeginCaptureToGraph: Cuda "cuStreamBeginCaptureToGraph" 12030 false PFN_cuStreamBeginCaptureToGraph;
+            cuStreamBeginCaptureToGraph_ptsz: Cuda "cuStreamBeginCaptureToGraph" 12030 true PFN_cuStreamBeginCaptureToGraph;
             cuStreamEndCapture: Cuda "cuStreamEndCapture" 10000 false PFN_cuStreamEndCapture;
             cuStreamEndCapture_ptsz: Cuda "cuStreamEndCapture" 10000 true PFN_cuStreamEndCapture;
             nvmlInit: Nvml "nvmlInit" 0 false PFN_nvmlInit_v2;

@@ -175,6 +175,56 @@ print(json.dumps({"capturing": int(status), "before": list(before)[:2], "after":
     assert r["after"]
 
 
+def test_a_capture_adds_to_the_graph_it_names(node):
+    # cuStreamBeginCaptureToGraph (CUDA 12.3): the captured nodes go into an existing
+    # graph, after the dependencies named, and cuStreamEndCapture returns that graph.
+    out = run(
+        node,
+        r"""
+mod = ck(cu.cuModuleLoadData(PTX))
+fill = ck(cu.cuModuleGetFunction(mod, b"vgpu_sim_fill_u32"))
+stream = ck(cu.cuStreamCreate(0))
+a, b = ck(cu.cuMemAlloc(4 * 64)), ck(cu.cuMemAlloc(4 * 64))
+GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+graph = ck(cu.cuGraphCreate(0))
+ck(cu.cuStreamBeginCaptureToGraph(stream, graph, None, None, 0, GLOBAL))
+pa, keep_a = params(int(a), ctypes.c_uint32(7), 64)
+ck(cu.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, stream, ctypes.addressof(pa), 0))
+first = ck(cu.cuStreamEndCapture(stream))
+nodes, n = ck(cu.cuGraphGetNodes(graph, 8))
+# A second capture into the same graph, after the first one's node.
+ck(cu.cuStreamBeginCaptureToGraph(stream, graph, [nodes[0]], None, 1, GLOBAL))
+pb, keep_b = params(int(b), ctypes.c_uint32(9), 64)
+ck(cu.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, stream, ctypes.addressof(pb), 0))
+second = ck(cu.cuStreamEndCapture(stream))
+_, n2 = ck(cu.cuGraphGetNodes(graph, 8))
+exe = ck(cu.cuGraphInstantiate(graph, 0))
+ck(cu.cuGraphLaunch(exe, stream))
+ck(cu.cuStreamSynchronize(stream))
+va, vb = (ctypes.c_uint32 * 64)(), (ctypes.c_uint32 * 64)()
+ck(cu.cuMemcpyDtoH(ctypes.addressof(va), a, 256))
+ck(cu.cuMemcpyDtoH(ctypes.addressof(vb), b, 256))
+# A dependency that is no node of the graph, and no graph at all, are refused.
+other = ck(cu.cuGraphCreate(0))
+bad_dep = cu.cuStreamBeginCaptureToGraph(stream, other, [nodes[0]], None, 1, GLOBAL)[0].name
+status = int(ck(cu.cuStreamIsCapturing(stream)))
+print(json.dumps({
+    "same": [int(first) == int(graph), int(second) == int(graph)],
+    "nodes": [n, n2],
+    "filled": [all(v == 7 for v in va), all(v == 9 for v in vb)],
+    "bad_dep": bad_dep,
+    "status_after_bad": status,
+}))
+""",
+    )
+    r = json.loads(out)
+    assert r["same"] == [True, True], r
+    assert r["nodes"] == [1, 2], r
+    assert r["filled"] == [True, True], r
+    assert r["bad_dep"] == "CUDA_ERROR_INVALID_VALUE", r
+    assert r["status_after_bad"] == 0, r
+
+
 def test_a_device_synchronization_from_another_thread_invalidates_a_capture(node):
     # CUDA's behaviour (measured on NVIDIA hardware by others): a device-wide
     # synchronization while a stream of the device captures is refused and invalidates

@@ -788,17 +788,22 @@ fn a_graph_captured_after_real_work_is_not_broken_by_the_gate() {
         &d.socket,
         &strs(&load_args(3, 1_000_000, now_ms())),
     );
-    for pause_ms in ["5", "30"] {
-        let t = node.tenant(
-            &c,
-            &d.socket,
-            &["init", "capture", "8", "1000000", pause_ms],
-        );
+    // The capture begun with `cuStreamBeginCapture_v2`, and with
+    // `cuStreamBeginCaptureToGraph` into a graph made first (CUDA 12.3).
+    for (how, pause_ms) in [
+        ("capture", "5"),
+        ("capture", "30"),
+        ("capture-to-graph", "30"),
+    ] {
+        let t = node.tenant(&c, &d.socket, &["init", how, "8", "1000000", pause_ms]);
         let (out, log) = finish_with_log(t);
         assert!(
             out.contains("capture=ok") && out.contains("graph=ok"),
-            "a pause of {pause_ms} ms in the capture: {out}\n{log}"
+            "{how}, a pause of {pause_ms} ms in the capture: {out}\n{log}"
         );
+        if how == "capture-to-graph" {
+            assert!(out.contains("graph_same=1"), "{out}");
+        }
         // The slices' launches, as the shim logged them at each drain: the 8 real ones
         // and the graph's (when its slice drained before the process exited), never the
         // 8 captured.
@@ -815,7 +820,7 @@ fn a_graph_captured_after_real_work_is_not_broken_by_the_gate() {
             .sum();
         assert!(
             (8..=9).contains(&launches),
-            "{launches} launches counted under grants:\n{log}"
+            "{how}: {launches} launches counted under grants:\n{log}"
         );
     }
     finish(other);

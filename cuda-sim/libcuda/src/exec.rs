@@ -659,6 +659,9 @@ pub struct Capture {
     pub invalid: bool,
     /// Capture sequence id.
     pub id: u64,
+    /// The graph the capture adds its nodes to (`cuStreamBeginCaptureToGraph`); None:
+    /// a new graph at the end.
+    pub into: Option<u64>,
 }
 
 /// A stream.
@@ -773,8 +776,8 @@ impl Stream {
         }
     }
 
-    /// `cuStreamBeginCapture`.
-    pub fn begin_capture(&self, mode: u32) -> CuResult<()> {
+    /// `cuStreamBeginCapture` (`into`: the graph of `cuStreamBeginCaptureToGraph`).
+    pub fn begin_capture(&self, mode: u32, into: Option<u64>) -> CuResult<()> {
         let mut cap = self.capture_lock();
         if cap.is_some() {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
@@ -782,26 +785,29 @@ impl Stream {
         *cap = Some(Capture {
             mode,
             id: CAPTURE_IDS.fetch_add(1, Ordering::Relaxed),
+            into,
             ..Capture::default()
         });
         Ok(())
     }
 
-    /// `cuStreamEndCapture`: the captured graph's work.
-    pub fn end_capture(&self) -> CuResult<Vec<Work>> {
+    /// `cuStreamEndCapture`: the captured work, and the graph it goes into (None: a new
+    /// one).
+    pub fn end_capture(&self) -> CuResult<(Vec<Work>, Option<u64>)> {
         let c = self.capture_lock().take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
         if c.invalid {
             return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
         }
-        Ok(c.work)
+        Ok((c.work, c.into))
     }
 
-    /// Capture status (0 none, 1 active, 2 invalidated) and id.
-    pub fn capture_info(&self) -> (u32, u64) {
+    /// Capture status (0 none, 1 active, 2 invalidated), id, and the graph it adds to
+    /// (`cuStreamBeginCaptureToGraph`'s).
+    pub fn capture_info(&self) -> (u32, u64, Option<u64>) {
         match &*self.capture_lock() {
-            None => (0, 0),
-            Some(c) if c.invalid => (2, c.id),
-            Some(c) => (1, c.id),
+            None => (0, 0, None),
+            Some(c) if c.invalid => (2, c.id, c.into),
+            Some(c) => (1, c.id, c.into),
         }
     }
 }

@@ -1615,7 +1615,7 @@ export! {
         if (hStream as usize) <= CU_STREAM_PER_THREAD {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        s.begin_capture(0)
+        s.begin_capture(0, None)
     }
     fn cuStreamBeginCapture_v2 [cuStreamBeginCapture_v2_ptsz] (hStream: CUstream, mode: c_uint) {
         let (_, s) = stream(hStream)?;
@@ -1625,13 +1625,47 @@ export! {
         if mode > 2 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        s.begin_capture(mode)
+        s.begin_capture(mode, None)
+    }
+    fn cuStreamBeginCaptureToGraph [cuStreamBeginCaptureToGraph_ptsz] (hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const c_void, numDependencies: usize, mode: c_uint) {
+        let (d, s) = stream(hStream)?;
+        if (hStream as usize) <= CU_STREAM_PER_THREAD {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if mode > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let id = from_ptr(hGraph, Kind::Graph)?;
+        let g = d.objects().graphs.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if numDependencies > 0 {
+            nn(dependencies)?;
+            let nodes = g.lock().unwrap_or_else(|p| p.into_inner()).work.len() as u64;
+            for i in 0..numDependencies {
+                // SAFETY: the API contract: `dependencies` holds `numDependencies` nodes.
+                let node = unsafe { *dependencies.add(i) } as u64;
+                // The graph's nodes, as `cuGraphGetNodes` names them. The simulator's
+                // graphs run their nodes in order, so a dependency on one of them holds.
+                if node & 0xff != Kind::GraphNode as u64 || !(1..=nodes).contains(&(node >> 8)) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+            }
+        }
+        // Edge data (CUgraphEdgeData) only qualifies the dependencies' edges.
+        let _ = dependencyData;
+        s.begin_capture(mode, Some(id))
     }
     fn cuStreamEndCapture [cuStreamEndCapture_ptsz] (hStream: CUstream, phGraph: *mut CUgraph) {
         let (d, s) = stream(hStream)?;
         nn(phGraph)?;
-        let work = s.end_capture()?;
-        out!(phGraph, to_ptr(new_graph(d, Graph { work })))
+        let (work, into) = s.end_capture()?;
+        let Some(id) = into else {
+            return out!(phGraph, to_ptr(new_graph(d, Graph { work })));
+        };
+        // A capture begun with `cuStreamBeginCaptureToGraph`: its nodes go after the
+        // graph's, and the graph is the one returned.
+        let g = d.objects().graphs.get(&id).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        g.lock().unwrap_or_else(|p| p.into_inner()).work.extend(work);
+        out!(phGraph, to_ptr(id))
     }
     fn cuStreamIsCapturing [cuStreamIsCapturing_ptsz] (hStream: CUstream, captureStatus: *mut c_uint) {
         let (_, s) = stream(hStream)?;
@@ -1639,7 +1673,7 @@ export! {
     }
     fn cuStreamGetCaptureInfo [cuStreamGetCaptureInfo_ptsz] (hStream: CUstream, captureStatus: *mut c_uint, id: *mut u64) {
         let (_, s) = stream(hStream)?;
-        let (st, cid) = s.capture_info();
+        let (st, cid, _) = s.capture_info();
         if !id.is_null() {
             out!(id, cid)?;
         }
@@ -1647,12 +1681,14 @@ export! {
     }
     fn cuStreamGetCaptureInfo_v2 [cuStreamGetCaptureInfo_v2_ptsz] (hStream: CUstream, captureStatus: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, numDeps: *mut usize) {
         let (_, s) = stream(hStream)?;
-        let (st, cid) = s.capture_info();
+        let (st, cid, into) = s.capture_info();
         if !id.is_null() {
             out!(id, cid)?;
         }
         if !graph.is_null() {
-            out!(graph, std::ptr::null_mut())?;
+            // The graph a capture adds to when it was named (`cuStreamBeginCaptureToGraph`);
+            // the simulator builds the others' at the end.
+            out!(graph, into.map_or(std::ptr::null_mut(), to_ptr))?;
         }
         if !deps.is_null() {
             out!(deps, std::ptr::null())?;

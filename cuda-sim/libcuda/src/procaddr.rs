@@ -205,6 +205,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Version>> {
             "cuStreamAddCallback" => [5000: cuStreamAddCallback | cuStreamAddCallback_ptsz],
             "cuLaunchHostFunc" => [10000: cuLaunchHostFunc | cuLaunchHostFunc_ptsz],
             "cuStreamBeginCapture" => [10000: cuStreamBeginCapture | cuStreamBeginCapture_ptsz, 10010: cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz],
+            "cuStreamBeginCaptureToGraph" => [12030: cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz],
             "cuStreamEndCapture" => [10000: cuStreamEndCapture | cuStreamEndCapture_ptsz],
             "cuStreamIsCapturing" => [10000: cuStreamIsCapturing | cuStreamIsCapturing_ptsz],
             "cuStreamGetCaptureInfo" => [10010: cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz, 11030: cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz, 12030: none],

@@ -73,6 +73,7 @@ check! {
     PFN_cuGraphLaunch: cuGraphLaunch, cuGraphLaunch_ptsz;
     PFN_cuStreamBeginCapture: cuStreamBeginCapture, cuStreamBeginCapture_ptsz;
     PFN_cuStreamBeginCapture_v2: cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz;
+    PFN_cuStreamBeginCaptureToGraph: cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz;
     PFN_cuStreamEndCapture: cuStreamEndCapture, cuStreamEndCapture_ptsz;
     PFN_cuStreamIsCapturing: cuStreamIsCapturing, cuStreamIsCapturing_ptsz;
     PFN_cuThreadExchangeStreamCaptureMode: cuThreadExchangeStreamCaptureMode;

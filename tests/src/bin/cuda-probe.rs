@@ -28,6 +28,11 @@
 //!                              (global mode) on another stream of N kernels with a
 //!                              pause of PAUSE_MS in it, ended, and its graph launched
 //!                              and synchronized: capture=ok|err code= graph=ok wall_us=
+//! capture-to-graph N KERNEL_NS PAUSE_MS
+//!                              the same, the capture begun with
+//!                              cuStreamBeginCaptureToGraph into a graph made first
+//!                              (cuGraphCreate); also graph_same=0|1: the capture's graph
+//!                              is the one named
 //! capture-open                 begins a capture (relaxed mode) on a new stream and
 //!                              leaves it open for the rest of the run: capture_open=ok
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
@@ -540,8 +545,9 @@ impl GraphApi {
 
 /// `capture`: real work first (the process then holds the GPU, or just did), then a
 /// stream capture in global mode with a pause in it, as an application that captures a
-/// CUDA graph after its warm-up does (PyTorch synchronizes, then captures).
-fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
+/// CUDA graph after its warm-up does (PyTorch synchronizes, then captures). `to_graph`:
+/// the capture adds to a graph made first (`cuStreamBeginCaptureToGraph`, CUDA 12.3).
+fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64, to_graph: bool) -> Result<()> {
     let c = cuda(st)?;
     // SAFETY: each entry point is called with its driver API signature; parameters
     // point to live locals for the duration of each call.
@@ -561,7 +567,26 @@ fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
             launch_spin(c, launch, func, work, &mut ns)?;
         }
         c.check("cuStreamSynchronize", ssync(work))?;
-        c.check("cuStreamBeginCapture", (g.begin)(side, 0))?;
+        let mut target = std::ptr::null_mut();
+        if to_graph {
+            let create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult =
+                c.sym("cuGraphCreate")?;
+            let begin: unsafe extern "C" fn(
+                *mut c_void,
+                *mut c_void,
+                *const *mut c_void,
+                *const c_void,
+                usize,
+                c_int,
+            ) -> CuResult = c.sym("cuStreamBeginCaptureToGraph")?;
+            c.check("cuGraphCreate", create(&mut target, 0))?;
+            c.check(
+                "cuStreamBeginCaptureToGraph",
+                begin(side, target, std::ptr::null(), std::ptr::null(), 0, 0),
+            )?;
+        } else {
+            c.check("cuStreamBeginCapture", (g.begin)(side, 0))?;
+        }
         for i in 0..n {
             launch_spin(c, launch, func, side, &mut ns)?;
             if i == 0 {
@@ -575,6 +600,9 @@ fn capture(st: &State, n: u64, kernel_ns: u64, pause_ms: u64) -> Result<()> {
             return Ok(());
         }
         println!("capture=ok");
+        if to_graph {
+            println!("graph_same={}", u8::from(graph == target));
+        }
         let mut exec = std::ptr::null_mut();
         c.check("cuGraphInstantiate", (g.instantiate)(&mut exec, graph, 0))?;
         c.check("cuGraphLaunch", (g.launch)(exec, side))?;
@@ -1226,7 +1254,13 @@ fn main() -> Result<()> {
                 let n = arg(&mut it, "kernels")?;
                 let kns = arg(&mut it, "kernel ns")?;
                 let pause = arg(&mut it, "pause ms")?;
-                capture(&st, n, kns, pause)?;
+                capture(&st, n, kns, pause, false)?;
+            }
+            "capture-to-graph" => {
+                let n = arg(&mut it, "kernels")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                let pause = arg(&mut it, "pause ms")?;
+                capture(&st, n, kns, pause, true)?;
             }
             "capture-open" => {
                 let c = cuda(&st)?;
