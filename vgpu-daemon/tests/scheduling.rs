@@ -1155,3 +1155,64 @@ fn operators_settings_survive_a_daemon_restart() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("state.json"), "{err}");
 }
+
+/// A tenant that yields its slices when idle, beside one that keeps the GPU contended:
+/// its idle yields and the daemon's revocations at slice ends cross now and then. A
+/// process drains and reports each slice once: a revocation of a generation it already
+/// yielded is not drained again (it logged the slice twice, and reported it twice).
+#[test]
+fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
+    use vgpu_tests::cpu_load::CpuLimited;
+    if let Some(why) = CpuLimited::unavailable() {
+        eprintln!("SKIPPED a_revocation_crossing_an_idle_yield_is_not_drained_twice: {why}");
+        return;
+    }
+    let _serial = serial();
+    let node = Node::new();
+    // A starved daemon (0.2 CPU, no real-time priority, saturated CPUs) reads the yield's
+    // report late: the window in which its revocation crosses the report is wider.
+    let d = node.daemon(&["--sched-priority", "0"]);
+    let g = CpuLimited::new("vgpu-test-crossing", 200).expect("cpu cgroup");
+    g.add(d.child.id()).expect("move the daemon");
+    let _hogs = vgpu_tests::cpu_load::CpuHogs::saturate().expect("CPU hogs");
+    let at = now_ms() + 500;
+    let at_s = at.to_string();
+    let mut c = container(50, "burst");
+    c.env.push(("VGPU_LOG".into(), "1".into()));
+    let other = node.tenant(
+        &container(50, "burst"),
+        &d.socket,
+        &strs(&load_args(4, 1_000_000, at)),
+    );
+    // Rounds of eight 1 ms kernels, synchronized, then 4 ms without a launch: the
+    // process yields its slice 2 ms into the pause, about when the slice (10 ms) ends.
+    let mut args = vec!["init", "at", &at_s];
+    for _ in 0..120 {
+        args.extend(["spin", "kernel", "8", "1000000", "sleep", "4"]);
+    }
+    let t = node.tenant(&c, &d.socket, &args);
+    let (_, log) = finish_with_log(t);
+    finish(other);
+    let mut seen = std::collections::HashMap::new();
+    for l in log.lines() {
+        if let Some(g) = l
+            .split("GPU 0 slice ")
+            .nth(1)
+            .and_then(|r| r.split(':').next())
+            .and_then(|g| g.parse::<u32>().ok())
+        {
+            *seen.entry(g).or_insert(0u32) += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "{} slices drained, {} of them more than once",
+        seen.len(),
+        twice.len()
+    );
+    assert!(seen.len() > 20, "too few slices to tell:\n{log}");
+    assert!(
+        twice.is_empty(),
+        "slices drained more than once: {twice:?}\n{log}"
+    );
+}

@@ -38,6 +38,10 @@ struct Dev {
     settings: ComputeSettings,
     /// Generation held (daemon grant, or local open).
     holding: Option<u32>,
+    /// The generation this process last drained and reported since the last grant it
+    /// was sent: a revocation of it that crossed the report (an idle yield) is not
+    /// drained and reported twice.
+    reported: Option<u32>,
     grant_at: u64,
     launched_at_grant: u64,
     last_launched: u64,
@@ -132,6 +136,7 @@ impl Runner {
                     granted,
                     settings,
                     holding: None,
+                    reported: None,
                     grant_at: 0,
                     launched_at_grant: 0,
                     last_launched: 0,
@@ -377,6 +382,7 @@ impl Runner {
             d.word_index = w;
             d.settings = st;
             d.holding = None;
+            d.reported = None;
             let gate = &self.g.gates[i];
             // SAFETY: `w * BOARD_STRIDE` is inside the page-sized mapping, u32-aligned;
             // the mapping is never unmapped (see `Gate::word`).
@@ -679,6 +685,7 @@ impl Runner {
                 };
                 let gate = &self.g.gates[i];
                 d.holding = Some(generation);
+                d.reported = None;
                 d.grant_at = mono_ns();
                 d.launched_at_grant = d
                     .launched_at_release
@@ -687,7 +694,9 @@ impl Runner {
                 d.idle_ticks = 0;
             }
             DaemonMsg::Revoke { gpu, generation } => {
-                if let Some(i) = self.dev_of(gpu) {
+                if let Some(i) = self.dev_of(gpu)
+                    && self.devs[i].reported != Some(generation)
+                {
                     self.drain(i, generation, false);
                 }
             }

@@ -206,6 +206,7 @@ impl Runner {
         });
         // Launches from now on belong to the next grant (none happen before it).
         d.launched_at_release = launched;
+        d.reported = Some(generation);
         gate.all_completed();
         d.last_obs = None;
         d.holding = None;
