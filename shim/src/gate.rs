@@ -4,7 +4,8 @@
 //! Fast path (the container holds its slice): one load of the grant word in shared
 //! memory, the in-flight counter, the queue-ahead budget: no syscall, no lock. A
 //! blocked launch tells the daemon (one frame on the socket) and waits on the grant
-//! word with a futex; it never sleeps in a loop.
+//! word with a futex; it never sleeps in a loop. A launch out of budget looks at the
+//! marker events itself, and between looks waits on the budget word (ADR 0028).
 //!
 //! One thread per process (the "gate thread") talks to the daemon: it registers (the
 //! daemon takes the process's PID from the socket), receives grants and revocations,
@@ -35,7 +36,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vgpu_core::sched_proto::{CLAIM_TIME_OFFSET, GrantWord, ShimMsg, encode};
 use vgpu_sys::{futex_wait, futex_wake};
@@ -132,6 +133,9 @@ pub struct Gate {
     completed: AtomicU64,
     /// Launches allowed beyond `completed` (u64::MAX / 2: unbounded).
     allowed: AtomicU64,
+    /// A launcher's look found every launch complete with the budget spent (taken by the
+    /// gate thread's next poll: the count grows as when a poll finds it so).
+    ran_dry: AtomicBool,
     /// Record a marker event at this launch count.
     next_mark: AtomicU64,
     /// Launches between two markers.
@@ -176,6 +180,12 @@ pub(crate) const MAX_MARKERS: usize = 16;
 const UNMEASURED_ALLOWED: u64 = 4;
 /// Unbounded.
 const UNBOUNDED: u64 = u64::MAX / 2;
+/// Longest a launcher out of budget waits before it looks at the gate again.
+const BUDGET_WAIT: Duration = Duration::from_millis(2);
+/// First and longest interval at which a launcher out of budget looks at the oldest
+/// marker itself (`Gate::wait_for_budget`).
+const BUDGET_POLL_MIN: Duration = Duration::from_micros(10);
+const BUDGET_POLL_MAX: Duration = Duration::from_micros(200);
 
 /// Stream captures begun in this process and not ended (the hooks of
 /// `cuStreamBeginCapture*`, `cuStreamBeginCaptureToGraph*` and `cuStreamEndCapture*`; a
@@ -237,6 +247,7 @@ impl Gate {
             budget_waiting: AtomicU32::new(0),
             completed: AtomicU64::new(0),
             allowed: AtomicU64::new(UNBOUNDED),
+            ran_dry: AtomicBool::new(false),
             next_mark: AtomicU64::new(u64::MAX),
             mark_every: AtomicU64::new(1),
             markers: Mutex::new(Markers::default()),
@@ -338,6 +349,92 @@ impl Gate {
         } else {
             self.markers().free.push((ctx, event));
         }
+    }
+
+    /// A launcher out of budget waits for the queue to progress, at most
+    /// [`BUDGET_WAIT`]. It looks at the markers itself ([`Gate::look`]), at once and then
+    /// after sleeps doubling from [`BUDGET_POLL_MIN`] to [`BUDGET_POLL_MAX`], and raises
+    /// the budget the moment one completed: waiting for the gate thread instead held
+    /// launches of short kernels up to a tick (0.5 ms) behind a GPU that had long
+    /// finished the work, and far longer where the gate thread waits for a CPU (a
+    /// CPU-limited container: the queue ran dry meanwhile). The launcher only advances
+    /// `completed` (and says when it found the queue dry at the bound); markers, samples
+    /// and the count stay the gate thread's (ADR 0028).
+    fn wait_for_budget(&self, seq: u32, stream: usize, ptsz: bool) {
+        if self.look(stream, ptsz) {
+            return;
+        }
+        let t0 = Instant::now();
+        let mut step = BUDGET_POLL_MIN;
+        while t0.elapsed() < BUDGET_WAIT {
+            if futex_wait(&self.budget_seq, seq, step)
+                || self.budget_seq.load(Ordering::Acquire) != seq
+                || self.look(stream, ptsz)
+            {
+                return;
+            }
+            step = (step * 2).min(BUDGET_POLL_MAX);
+        }
+    }
+
+    /// A launcher's look at the queue: the pending markers not counted yet, oldest first,
+    /// while they have completed; the launches before the last complete one count as
+    /// completed and the budget grows (the gate thread takes the markers off, with their
+    /// device-time samples, at its next poll). True: the budget grew. When no pending
+    /// marker covers the last launch (all of them counted, or the queue full of counted
+    /// ones the gate thread has not taken off yet), that launch gets one if it can, so
+    /// the next look learns something. Never while a stream capture is open: the
+    /// launching thread may be the one capturing, and may not query an event then.
+    fn look(&self, stream: usize, ptsz: bool) -> bool {
+        if captures_open() {
+            return false;
+        }
+        let launched = self.launched.load(Ordering::Relaxed);
+        let mut counted = None;
+        for _ in 0..MAX_MARKERS {
+            let completed = self.completed.load(Ordering::Relaxed);
+            // Past the markers this look (or another launcher's) counted already.
+            let Some(k) = self
+                .markers()
+                .pending
+                .iter()
+                .find(|k| k.seq > completed)
+                .copied()
+            else {
+                break;
+            };
+            let done = {
+                let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+                // Still pending under the lock: a context destroyed meanwhile took its
+                // markers away (`forget_context`), and its events with them; a marker the
+                // gate thread took off may be recorded again for a later launch.
+                self.markers()
+                    .pending
+                    .iter()
+                    .any(|f| f.event == k.event && f.seq == k.seq)
+                    && crate::driver::event_done(k.event)
+            };
+            if !done {
+                break;
+            }
+            self.completed.fetch_max(k.seq, Ordering::Relaxed);
+            counted = Some(k.seq);
+        }
+        let Some(seq) = counted else {
+            let completed = self.completed.load(Ordering::Relaxed);
+            let covered = self.markers().pending.iter().any(|k| k.seq >= launched);
+            if launched > completed && !covered {
+                self.mark(launched, stream, ptsz);
+            }
+            return false;
+        };
+        // Everything launched had completed with the budget spent: the GPU ran the whole
+        // queue before anyone looked, which the gate thread's count grows on.
+        if seq >= launched && launched >= self.budget.load(Ordering::Relaxed) {
+            self.ran_dry.store(true, Ordering::Relaxed);
+        }
+        self.publish_budget();
+        true
     }
 
     fn word(&self) -> &AtomicU32 {
@@ -504,9 +601,10 @@ impl Gates {
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
     fn block(&self, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
         if gate.held(w) {
-            // Out of budget: wait until the gate thread sees more of the queue
-            // complete (or a revoke/grant wakes us). With no marker outstanding it
-            // would learn nothing: mark what this thread launched so far.
+            // Out of budget: wait until a look (this launcher's, or the gate thread's)
+            // sees more of the queue complete, or a revoke/grant wakes us. With no
+            // marker outstanding nobody would learn anything: mark what this thread
+            // launched so far.
             let seq = gate.budget_seq.load(Ordering::Acquire);
             let launched = gate.launched.load(Ordering::Relaxed);
             if launched >= gate.budget.load(Ordering::Relaxed) {
@@ -514,7 +612,7 @@ impl Gates {
                     gate.mark(launched, stream, ptsz);
                 }
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
-                futex_wait(&gate.budget_seq, seq, Duration::from_millis(2));
+                gate.wait_for_budget(seq, stream, ptsz);
                 gate.budget_waiting.fetch_sub(1, Ordering::SeqCst);
             }
             return;

@@ -114,12 +114,15 @@ impl Runner {
         }
         if advanced {
             // The queue ran dry at the bound: every launch made has completed (a launcher
-            // out of budget marks its last launch), and the budget was spent.
+            // out of budget marks its last launch), and the budget was spent; seen by this
+            // poll, or by a launcher's look since the last one (`Gate::look`).
             let launched = gate.launched.load(Ordering::Relaxed);
+            let looked_dry = gate.ran_dry.swap(false, Ordering::Relaxed);
             let ran_dry = !synchronized
-                && gate.markers().pending.is_empty()
-                && gate.completed.load(Ordering::Relaxed) >= launched
-                && launched >= gate.budget.load(Ordering::Relaxed);
+                && (looked_dry
+                    || (gate.markers().pending.is_empty()
+                        && gate.completed.load(Ordering::Relaxed) >= launched
+                        && launched >= gate.budget.load(Ordering::Relaxed)));
             self.set_allowed(i, ran_dry);
         }
         if cfg!(debug_assertions) && std::env::var_os("VGPU_GATE_DEBUG").is_some() {
