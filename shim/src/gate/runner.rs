@@ -771,17 +771,21 @@ fn allowed_launches(
     } else {
         prev.max(UNMEASURED_ALLOWED)
     };
+    // No launch is ever counted as less than MIN_LAUNCH_NS of GPU time: a count past
+    // the bound over it buys no throughput (launches take longer than that on the host),
+    // and is what a process that turns to long kernels could queue at once.
+    let ceiling = (ahead_ns / MIN_LAUNCH_NS).clamp(2, MAX_ALLOWED);
     let a = if per_ns > 0.0 && per_ns.is_finite() {
-        let a = ((ahead_ns as f64 / per_ns).ceil() as u64).clamp(2, MAX_ALLOWED);
+        let a = ((ahead_ns as f64 / per_ns).ceil() as u64).clamp(2, ceiling);
         if device_measured {
             a
         } else {
             a.min(prev.saturating_mul(2))
         }
     } else if ran_dry {
-        prev.saturating_mul(2).min(MAX_ALLOWED)
+        prev.saturating_mul(2).min(ceiling)
     } else {
-        prev
+        prev.min(ceiling.max(UNMEASURED_ALLOWED))
     };
     let every = if a <= UNMEASURED_ALLOWED && !device_measured && per_ns <= 0.0 {
         1
@@ -793,6 +797,10 @@ fn allowed_launches(
 
 /// Most launches ever allowed ahead.
 const MAX_ALLOWED: u64 = 1 << 20;
+/// The least GPU time a launch is counted for in the queue-ahead bound, ns: no driver
+/// launches faster than one a microsecond from one thread, so a count above the bound
+/// over it only lets a process queue more long kernels at once after short ones.
+const MIN_LAUNCH_NS: u64 = 1_000;
 
 /// Maps the first page of a descriptor the daemon sent (the board, the claim page),
 /// shared, for the process's life: the gates keep pointers into it (see `Gate::word`),
@@ -853,8 +861,18 @@ mod tests {
         assert_eq!(allowed_launches(b, 0.0, false, 8, true), (16, 4));
         // A poll that found work still queued keeps the count in force.
         assert_eq!(allowed_launches(b, 0.0, false, 16, false), (16, 4));
-        // Never past the ceiling.
-        assert_eq!(allowed_launches(b, 0.0, false, 1 << 20, true).0, 1 << 20);
+        // Never past the bound over a microsecond a launch (2,000 for 2 ms): before, empty
+        // kernels doubled it to 2^20, and a process that then turned to 5 ms kernels
+        // queued all of them at once.
+        assert_eq!(allowed_launches(b, 0.0, false, 1024, true).0, 2_000);
+        assert_eq!(allowed_launches(b, 0.0, false, 2_000, true).0, 2_000);
+        assert_eq!(allowed_launches(b, 0.0, false, 1 << 20, false).0, 2_000);
+        // Nor for a measure below a microsecond (851 ns measured for empty kernels).
+        assert_eq!(allowed_launches(b, 851.0, true, 4, false).0, 2_000);
+        assert_eq!(
+            allowed_launches(20_000_000, 851.0, true, 4, false).0,
+            20_000
+        );
         // A measure, once there, decides (dry or not).
         assert_eq!(allowed_launches(b, 5e6, true, 1024, true), (2, 1));
     }
