@@ -1193,7 +1193,7 @@ fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
     let t = node.tenant(&c, &d.socket, &args);
     let (_, log) = finish_with_log(t);
     finish(other);
-    let mut seen = std::collections::HashMap::new();
+    let mut seen = HashMap::new();
     for l in log.lines() {
         if let Some(g) = l
             .split("GPU 0 slice ")
