@@ -1163,22 +1163,8 @@ begin_capture_hook!(cuStreamBeginCapture, fns::PFN_cuStreamBeginCapture, hStream
 begin_capture_hook!(cuStreamBeginCapture_ptsz, fns::PFN_cuStreamBeginCapture, hStream, (hStream: CUstream));
 begin_capture_hook!(cuStreamBeginCapture_v2, fns::PFN_cuStreamBeginCapture_v2, hStream, (hStream: CUstream, mode: c_uint));
 begin_capture_hook!(cuStreamBeginCapture_v2_ptsz, fns::PFN_cuStreamBeginCapture_v2, hStream, (hStream: CUstream, mode: c_uint));
-begin_capture_hook!(cuStreamBeginCaptureToGraph, fns::PFN_cuStreamBeginCaptureToGraph, hStream, (
-    hStream: CUstream,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const c_void,
-    numDependencies: usize,
-    mode: c_uint,
-));
-begin_capture_hook!(cuStreamBeginCaptureToGraph_ptsz, fns::PFN_cuStreamBeginCaptureToGraph, hStream, (
-    hStream: CUstream,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const c_void,
-    numDependencies: usize,
-    mode: c_uint,
-));
+begin_capture_hook!(cuStreamBeginCaptureToGraph, fns::PFN_cuStreamBeginCaptureToGraph, hStream, (hStream: CUstream, hGraph: CUgraph, deps: *const CUgraphNode, depData: *const c_void, numDeps: usize, mode: c_uint));
+begin_capture_hook!(cuStreamBeginCaptureToGraph_ptsz, fns::PFN_cuStreamBeginCaptureToGraph, hStream, (hStream: CUstream, hGraph: CUgraph, deps: *const CUgraphNode, depData: *const c_void, numDeps: usize, mode: c_uint));
 
 /// A `cuStreamEndCapture` hook: a capture that ended (a graph, or
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`) is uncounted.

@@ -93,6 +93,15 @@ impl Node {
         self.daemon_at(&socket, &api, extra)
     }
 
+    /// A daemon without real-time priority in a cgroup of its own limited to 0.2 CPU
+    /// (named `group`; the caller checked that CPU limits are available).
+    fn starved_daemon(&self, group: &str) -> (Daemon, vgpu_tests::cpu_load::CpuLimited) {
+        let d = self.daemon(&["--sched-priority", "0"]);
+        let g = vgpu_tests::cpu_load::CpuLimited::new(group, 200).expect("cpu cgroup");
+        g.add(d.child.id()).expect("move the daemon");
+        (d, g)
+    }
+
     fn daemon_at(&self, socket: &Path, api: &Path, extra: &[&str]) -> Daemon {
         // A killed daemon leaves its socket files behind: wait for the new ones.
         let _ = std::fs::remove_file(socket);
@@ -540,9 +549,7 @@ fn shares_hold_when_the_daemon_is_starved() {
     }
     let _serial = serial();
     let node = Node::new();
-    let d = node.daemon(&["--sched-priority", "0"]);
-    let g = CpuLimited::new("vgpu-test-daemon", 200).expect("cpu cgroup");
-    g.add(d.child.id()).expect("move the daemon");
+    let (d, _g) = node.starved_daemon("vgpu-test-daemon");
     let at = now_ms() + 1500;
     let args = load_args(5, 1_000_000, at);
     let (c1, c2) = (container(25, "burst"), container(75, "burst"));
@@ -1169,11 +1176,9 @@ fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
     }
     let _serial = serial();
     let node = Node::new();
-    // A starved daemon (0.2 CPU, no real-time priority, saturated CPUs) reads the yield's
-    // report late: the window in which its revocation crosses the report is wider.
-    let d = node.daemon(&["--sched-priority", "0"]);
-    let g = CpuLimited::new("vgpu-test-crossing", 200).expect("cpu cgroup");
-    g.add(d.child.id()).expect("move the daemon");
+    // A starved daemon (saturated CPUs besides) reads the yield's report late: the window
+    // in which its revocation crosses the report is wider.
+    let (d, _g) = node.starved_daemon("vgpu-test-crossing");
     let _hogs = vgpu_tests::cpu_load::CpuHogs::saturate().expect("CPU hogs");
     let at = now_ms() + 500;
     let at_s = at.to_string();
