@@ -191,9 +191,9 @@ const BUDGET_POLL_MAX: Duration = Duration::from_micros(200);
 /// `cuStreamBeginCapture*`, `cuStreamBeginCaptureToGraph*` and `cuStreamEndCapture*`; a
 /// capture begun some other way is not counted). While one is open (ADR 0033): a launch
 /// into a capturing stream passes ungated (it runs nothing); every gated launch is
-/// followed by a marker, at most
-/// [`MAX_MARKERS`] ahead; and a drain waits for those markers instead of synchronizing
-/// the device, which would invalidate the application's capture.
+/// followed by a marker, at most [`MAX_MARKERS`] ahead; and a drain waits for those
+/// markers instead of synchronizing the device, which would invalidate the
+/// application's capture.
 static CAPTURES: AtomicU32 = AtomicU32::new(0);
 
 /// Whether a stream capture is open in this process.
