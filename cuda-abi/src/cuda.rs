@@ -259,8 +259,67 @@ pub mod attr {
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
     pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
     pub const CLUSTER_LAUNCH: i32 = 120;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1` (the v1 memory operations).
+    pub const CAN_USE_STREAM_MEM_OPS_V1: i32 = 92;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1`.
+    pub const CAN_USE_64_BIT_STREAM_MEM_OPS_V1: i32 = 93;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1`.
+    pub const CAN_USE_STREAM_WAIT_VALUE_NOR_V1: i32 = 94;
+    pub const CAN_FLUSH_REMOTE_WRITES: i32 = 98;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` (CUDA 12).
+    pub const CAN_USE_64_BIT_STREAM_MEM_OPS: i32 = 122;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR` (CUDA 12).
+    pub const CAN_USE_STREAM_WAIT_VALUE_NOR: i32 = 123;
     /// One past the highest attribute value the simulator accepts.
     pub const MAX: i32 = 160;
+}
+
+/// Stream memory operations (`cuStreamWaitValue32`, `cuStreamWriteValue32`,
+/// `cuStreamBatchMemOp` and their 64-bit forms): `CUstreamWaitValue_flags`,
+/// `CUstreamWriteValue_flags` and `CUstreamBatchMemOpType`.
+pub mod memop {
+    #![allow(missing_docs)]
+    /// Wait until `(int32_t)(*addr - value) >= 0` (cyclic; `int64_t` for 64 bits).
+    pub const WAIT_VALUE_GEQ: u32 = 0;
+    /// Wait until `*addr == value`.
+    pub const WAIT_VALUE_EQ: u32 = 1;
+    /// Wait until `(*addr & value) != 0`.
+    pub const WAIT_VALUE_AND: u32 = 2;
+    /// Wait until `~(*addr | value) != 0`.
+    pub const WAIT_VALUE_NOR: u32 = 3;
+    /// Flush outstanding remote writes after the wait.
+    pub const WAIT_VALUE_FLUSH: u32 = 1 << 30;
+    pub const WRITE_VALUE_DEFAULT: u32 = 0;
+    /// v1 only: the write may be reordered with earlier writes.
+    pub const WRITE_VALUE_NO_MEMORY_BARRIER: u32 = 1;
+    pub const OP_WAIT_VALUE_32: u32 = 1;
+    pub const OP_WRITE_VALUE_32: u32 = 2;
+    pub const OP_FLUSH_REMOTE_WRITES: u32 = 3;
+    pub const OP_WAIT_VALUE_64: u32 = 4;
+    pub const OP_WRITE_VALUE_64: u32 = 5;
+    pub const OP_BARRIER: u32 = 6;
+}
+
+/// `CUstreamBatchMemOpParams` (48 bytes): a union whose wait and write members share one
+/// layout (`operation`, `address`, `value`/`value64`, `flags`, `alias`); the barrier
+/// and flush members keep their flags in `word1`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUstreamBatchMemOpParams {
+    /// `CUstreamBatchMemOpType`.
+    pub operation: u32,
+    /// `memoryBarrier.flags` / `flushRemoteWrites.flags`.
+    pub word1: u32,
+    /// `waitValue.address` / `writeValue.address`.
+    pub address: CUdeviceptr,
+    /// `value` (low 32 bits) or `value64`.
+    pub value: u64,
+    /// `waitValue.flags` / `writeValue.flags`.
+    pub flags: u32,
+    pub pad0: u32,
+    /// `alias` (unused by the driver).
+    pub alias: CUdeviceptr,
+    pub pad1: u64,
 }
 
 /// `CUDA_MEMCPY2D` (v2).
@@ -447,6 +506,8 @@ mod tests {
         assert_eq!(size_of::<CUlaunchAttribute>(), 72);
         assert_eq!(std::mem::offset_of!(CUlaunchConfig, hStream), 32);
         assert_eq!(size_of::<CUlaunchConfig>(), 56);
+        assert_eq!(size_of::<CUstreamBatchMemOpParams>(), 48);
+        assert_eq!(std::mem::offset_of!(CUstreamBatchMemOpParams, flags), 24);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
     CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUhostFn, CUlaunchConfig,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
-    CUmipmappedArray, CUresult, CUstream, CUuuid,
+    CUmipmappedArray, CUresult, CUstream, CUstreamBatchMemOpParams, CUuuid,
 };
 use crate::nvml::{
     nvmlAffinityScope_t, nvmlDevice_t, nvmlEnableState_t, nvmlGpuP2PCapsIndex_t,
@@ -182,6 +182,19 @@ pub type PFN_cuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
 pub type PFN_cuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
 /// `cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)` (also `_ptsz`).
 pub type PFN_cuLaunchHostFunc = unsafe extern "C" fn(CUstream, CUhostFn, *mut c_void) -> CUresult;
+/// `cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned
+/// int flags)` (also `_ptsz`, and the v1 `cuStreamWaitValue32`), and
+/// `cuStreamWriteValue32_v2` (and v1) of the same signature.
+pub type PFN_cuStreamWaitValue32_v2 =
+    unsafe extern "C" fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
+/// `cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned
+/// int flags)` (also `_ptsz`, v1), and `cuStreamWriteValue64_v2` (and v1).
+pub type PFN_cuStreamWaitValue64_v2 =
+    unsafe extern "C" fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
+/// `cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams
+/// *paramArray, unsigned int flags)` (also `_ptsz`, v1).
+pub type PFN_cuStreamBatchMemOp_v2 =
+    unsafe extern "C" fn(CUstream, c_uint, *mut CUstreamBatchMemOpParams, c_uint) -> CUresult;
 /// `cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream
 /// hStream)` (also `_ptsz`).
 pub type PFN_cuMemcpyDtoDAsync_v2 =

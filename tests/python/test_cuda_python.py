@@ -225,6 +225,80 @@ print(json.dumps({
     assert r["status_after_bad"] == 0, r
 
 
+def test_stream_memory_operations_wait_for_and_write_words(node):
+    # cuStreamWaitValue32/64, cuStreamWriteValue32/64 and cuStreamBatchMemOp: a stream
+    # waiting on a word of mapped host memory runs nothing after the wait until the host
+    # writes the word; the writes land in order after the work before them.
+    out = run(
+        node,
+        r"""
+import time
+A = cu.CUdevice_attribute
+attrs = [ck(cu.cuDeviceGetAttribute(getattr(A, n), dev)) for n in (
+    "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS",
+    "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR")]
+mod = ck(cu.cuModuleLoadData(PTX))
+fill = ck(cu.cuModuleGetFunction(mod, b"vgpu_sim_fill_u32"))
+stream = ck(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+host = ck(cu.cuMemHostAlloc(4096, 2))  # CU_MEMHOSTALLOC_DEVICEMAP
+words = (ctypes.c_uint32 * 16).from_address(int(host))
+dflag = int(ck(cu.cuMemHostGetDevicePointer(host, 0)))
+buf = ck(cu.cuMemAlloc(4 * 64))
+W = cu.CUstreamWaitValue_flags
+ck(cu.cuStreamWaitValue32(stream, dflag, 1, W.CU_STREAM_WAIT_VALUE_GEQ))
+pa, keep = params(int(buf), ctypes.c_uint32(5), 64)
+ck(cu.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, stream, ctypes.addressof(pa), 0))
+ck(cu.cuStreamWriteValue32(stream, dflag + 4, 42, 0))
+time.sleep(0.1)
+held = [cu.cuStreamQuery(stream)[0].name, words[1]]
+words[0] = 1
+ck(cu.cuStreamSynchronize(stream))
+after = words[1]
+# A batch: a 64-bit write, a wait on it, then a 32-bit write.
+P = cu.CUstreamBatchMemOpType
+ops = [cu.CUstreamBatchMemOpParams() for _ in range(3)]
+ops[0].writeValue.operation = P.CU_STREAM_MEM_OP_WRITE_VALUE_64
+ops[0].writeValue.address = dflag + 8
+ops[0].writeValue.value64 = 0x1122334455667788
+ops[1].waitValue.operation = P.CU_STREAM_MEM_OP_WAIT_VALUE_64
+ops[1].waitValue.address = dflag + 8
+ops[1].waitValue.value64 = 0x1122334455667788
+ops[1].waitValue.flags = W.CU_STREAM_WAIT_VALUE_EQ
+ops[2].writeValue.operation = P.CU_STREAM_MEM_OP_WRITE_VALUE_32
+ops[2].writeValue.address = dflag + 16
+ops[2].writeValue.value = 7
+ck(cu.cuStreamBatchMemOp(stream, 3, ops, 0))
+ck(cu.cuStreamSynchronize(stream))
+wide = words[2] | (words[3] << 32)
+filled = (ctypes.c_uint32 * 64)()
+ck(cu.cuMemcpyDtoH(ctypes.addressof(filled), buf, 256))
+pageable = (ctypes.c_uint32 * 4)()
+errors = [
+    cu.cuStreamWaitValue32(stream, dflag + 2, 1, 0)[0].name,
+    cu.cuStreamWaitValue32(stream, ctypes.addressof(pageable), 1, 0)[0].name,
+    cu.cuStreamWaitValue32(stream, dflag, 1, W.CU_STREAM_WAIT_VALUE_FLUSH)[0].name,
+    cu.cuStreamWriteValue64(stream, dflag + 4, 1, 0)[0].name,
+]
+print(json.dumps({"attrs": attrs, "held": held, "after": after, "wide": wide,
+                  "batch32": words[4], "filled": all(v == 5 for v in filled),
+                  "errors": errors}))
+""",
+    )
+    r = json.loads(out)
+    assert r["attrs"] == [1, 1], r
+    assert r["held"] == ["CUDA_ERROR_NOT_READY", 0], r
+    assert r["after"] == 42, r
+    assert r["wide"] == 0x1122334455667788, r
+    assert r["batch32"] == 7, r
+    assert r["filled"], r
+    assert r["errors"] == [
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_NOT_SUPPORTED",
+        "CUDA_ERROR_INVALID_VALUE",
+    ], r
+
+
 def test_a_device_synchronization_from_another_thread_invalidates_a_capture(node):
     # CUDA's behaviour (measured on NVIDIA hardware by others): a device-wide
     # synchronization while a stream of the device captures is refused and invalidates

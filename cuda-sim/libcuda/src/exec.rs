@@ -123,6 +123,65 @@ pub enum Work {
     },
     /// An instantiated graph's work, in order.
     Batch(Arc<Vec<Work>>),
+    /// Waits until the word at `addr` meets `flags`' condition against `value`
+    /// (`cuStreamWaitValue32`/`64`; [`wait_value_met`]).
+    WaitValue {
+        /// The word's address (device or mapped host memory, aligned).
+        addr: usize,
+        /// The operand.
+        value: u64,
+        /// `CU_STREAM_WAIT_VALUE_*` (the flush bit cleared).
+        flags: u32,
+        /// A 64-bit word.
+        wide: bool,
+    },
+    /// Writes `value` to the word at `addr` (`cuStreamWriteValue32`/`64`).
+    WriteValue {
+        /// The word's address (device or mapped host memory, aligned).
+        addr: usize,
+        /// The value.
+        value: u64,
+        /// A 64-bit word.
+        wide: bool,
+    },
+}
+
+/// Whether a stream wait on a word reading `cur` against `value` with condition `flags`
+/// (`CU_STREAM_WAIT_VALUE_GEQ`, `EQ`, `AND`, `NOR`) is over. 32-bit words compare their
+/// low 32 bits; `GEQ` is cyclic (`(int32_t)(cur - value) >= 0`, as `cuda.h` defines it).
+pub fn wait_value_met(cur: u64, value: u64, flags: u32, wide: bool) -> bool {
+    use vgpu_cuda_abi::cuda::memop;
+    let (cur, value) = if wide {
+        (cur, value)
+    } else {
+        (cur & 0xffff_ffff, value & 0xffff_ffff)
+    };
+    let mask = if wide { u64::MAX } else { 0xffff_ffff };
+    match flags {
+        memop::WAIT_VALUE_GEQ if wide => cur.wrapping_sub(value) as i64 >= 0,
+        memop::WAIT_VALUE_GEQ => (cur as u32).wrapping_sub(value as u32) as i32 >= 0,
+        memop::WAIT_VALUE_EQ => cur == value,
+        memop::WAIT_VALUE_AND => cur & value != 0,
+        memop::WAIT_VALUE_NOR => !(cur | value) & mask != 0,
+        _ => true,
+    }
+}
+
+/// Reads the word of a stream memory operation (acquire: what the writer stored before
+/// it is visible after).
+///
+/// # Safety
+/// `addr` is aligned and valid for reads of the word, as checked when the operation was
+/// queued (memory is unmapped only after this queue drains).
+unsafe fn read_word(addr: usize, wide: bool) -> u64 {
+    use std::sync::atomic::AtomicU32;
+    if wide {
+        // SAFETY: per the function's contract.
+        unsafe { &*(addr as *const AtomicU64) }.load(Ordering::Acquire)
+    } else {
+        // SAFETY: per the function's contract.
+        u64::from(unsafe { &*(addr as *const AtomicU32) }.load(Ordering::Acquire))
+    }
 }
 
 impl Work {
@@ -468,11 +527,55 @@ impl Worker {
             }
             Work::Free { ptr } => crate::mem::free_now(self.drv, *ptr),
             Work::WaitOther { dev, seq } => self.drv.worker(*dev).wait_for(*seq),
+            Work::WaitValue {
+                addr,
+                value,
+                flags,
+                wide,
+            } => self.wait_value(*addr, *value, *flags, *wide, eng),
+            Work::WriteValue { addr, value, wide } => {
+                use std::sync::atomic::AtomicU32;
+                // The write comes after the work before it on the device's clock.
+                wait_until(eng.pos.max(at));
+                // SAFETY: checked aligned and mapped when queued (see `read_word`).
+                unsafe {
+                    if *wide {
+                        (&*(*addr as *const AtomicU64)).store(*value, Ordering::Release);
+                    } else {
+                        (&*(*addr as *const AtomicU32)).store(*value as u32, Ordering::Release);
+                    }
+                }
+                eng.pos = eng.pos.max(at);
+            }
             Work::Batch(b) => {
                 for w in b.iter() {
                     self.execute(w, at, eng);
                 }
             }
+        }
+    }
+
+    /// A stream's wait on a word (`cuStreamWaitValue32`/`64`): the engine is given up
+    /// while the condition does not hold (a real GPU runs other contexts meanwhile), the
+    /// word is looked at again after 10 µs, doubling to 160 µs, and the device's clock
+    /// resumes when the condition is seen to hold. The simulator's one queue per process
+    /// and device means the wait holds up the process's other streams on that device too
+    /// (a real GPU's other streams go on): a wait for a word that a later operation of
+    /// the same process on another stream writes never ends here.
+    fn wait_value(&self, addr: usize, value: u64, flags: u32, wide: bool, eng: &mut Engine) {
+        let mut nap = 10_000u64;
+        loop {
+            // SAFETY: checked when the operation was queued (see `read_word`).
+            let cur = unsafe { read_word(addr, wide) };
+            if wait_value_met(cur, value, flags, wide) {
+                eng.pos = eng.pos.max(mono_ns());
+                return;
+            }
+            if eng.held {
+                self.release_engine(eng);
+            }
+            wait_until(mono_ns() + nap);
+            nap = (nap * 2).min(160_000);
         }
     }
 
@@ -989,6 +1092,41 @@ mod tests {
 
     fn kernel(seq: u64, at: u64, ns: u64) -> (u64, u64, Work) {
         (seq, at, Work::Kernel { ns })
+    }
+
+    #[test]
+    fn stream_waits_compare_as_cuda_h_defines() {
+        use vgpu_cuda_abi::cuda::memop::*;
+        // GEQ is cyclic: a counter that wrapped is still ahead of the value.
+        assert!(wait_value_met(5, 5, WAIT_VALUE_GEQ, false));
+        assert!(!wait_value_met(4, 5, WAIT_VALUE_GEQ, false));
+        assert!(wait_value_met(2, 0xffff_fffe, WAIT_VALUE_GEQ, false));
+        assert!(!wait_value_met(0xffff_fffe, 2, WAIT_VALUE_GEQ, false));
+        assert!(wait_value_met(1, u64::MAX, WAIT_VALUE_GEQ, true));
+        // A 32-bit wait reads the low word only.
+        assert!(wait_value_met(0x1_0000_0007, 7, WAIT_VALUE_EQ, false));
+        assert!(!wait_value_met(0x1_0000_0007, 7, WAIT_VALUE_EQ, true));
+        assert!(wait_value_met(0b0110, 0b0100, WAIT_VALUE_AND, false));
+        assert!(!wait_value_met(0b0010, 0b0100, WAIT_VALUE_AND, false));
+        // NOR: some bit is clear in both.
+        assert!(wait_value_met(
+            0xffff_0000,
+            0x0000_fff0,
+            WAIT_VALUE_NOR,
+            false
+        ));
+        assert!(!wait_value_met(
+            0xffff_0000,
+            0x0000_ffff,
+            WAIT_VALUE_NOR,
+            false
+        ));
+        assert!(wait_value_met(
+            0xffff_0000,
+            0x0000_ffff,
+            WAIT_VALUE_NOR,
+            true
+        ));
     }
 
     #[test]

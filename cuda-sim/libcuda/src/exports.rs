@@ -129,6 +129,119 @@ fn event(d: &Driver, e: CUevent) -> CuResult<Arc<Event>> {
         .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
+// ---- stream memory operations ----------------------------------------------------------
+
+/// The `Work` of a wait on the word at `addr` (`flags`: `CU_STREAM_WAIT_VALUE_*`; the
+/// flush bit is refused, as on a device whose `CAN_FLUSH_REMOTE_WRITES` is 0).
+fn wait_value_work(d: &Driver, addr: u64, value: u64, flags: u32, wide: bool) -> CuResult<Work> {
+    if flags & memop::WAIT_VALUE_FLUSH != 0 {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if flags > memop::WAIT_VALUE_NOR {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    mem::check_memop_word(&d.objects(), addr, if wide { 8 } else { 4 })?;
+    Ok(Work::WaitValue {
+        addr: addr as usize,
+        value,
+        flags,
+        wide,
+    })
+}
+
+/// The `Work` of a write of `value` to the word at `addr` (`v2`: the v2 entry point,
+/// which takes no flag; v1 also takes `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`).
+fn write_value_work(
+    d: &Driver,
+    addr: u64,
+    value: u64,
+    flags: u32,
+    wide: bool,
+    v2: bool,
+) -> CuResult<Work> {
+    let allowed = if v2 {
+        memop::WRITE_VALUE_DEFAULT
+    } else {
+        memop::WRITE_VALUE_NO_MEMORY_BARRIER
+    };
+    if flags & !allowed != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    mem::check_memop_word(&d.objects(), addr, if wide { 8 } else { 4 })?;
+    Ok(Work::WriteValue {
+        addr: addr as usize,
+        value,
+        wide,
+    })
+}
+
+fn stream_wait_value(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+    wide: bool,
+) -> CuResult<()> {
+    let (d, st) = stream(s)?;
+    let w = wait_value_work(d, addr, value, flags, wide)?;
+    st.enqueue(d, w)
+}
+
+fn stream_write_value(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+    wide: bool,
+    v2: bool,
+) -> CuResult<()> {
+    let (d, st) = stream(s)?;
+    let w = write_value_work(d, addr, value, flags, wide, v2)?;
+    st.enqueue(d, w)
+}
+
+/// `cuStreamBatchMemOp`: every operation is checked before any is queued; the batch is
+/// queued as one piece of work, in order. A barrier orders nothing more than the queue
+/// already does; flushing remote writes is not supported (as `CAN_FLUSH_REMOTE_WRITES`
+/// says). At most 256 operations, as `cuda.h` documents for the count.
+fn stream_batch_mem_op(
+    s: CUstream,
+    count: c_uint,
+    ops: *mut CUstreamBatchMemOpParams,
+    flags: c_uint,
+    v2: bool,
+) -> CuResult<()> {
+    let (d, st) = stream(s)?;
+    if flags != 0 || count == 0 || count > 256 || ops.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the API contract: `paramArray` holds `count` parameter unions.
+    let ops = unsafe { std::slice::from_raw_parts(ops.cast_const(), count as usize) };
+    let mut work = Vec::with_capacity(ops.len());
+    for op in ops {
+        match op.operation {
+            memop::OP_WAIT_VALUE_32 | memop::OP_WAIT_VALUE_64 => {
+                let wide = op.operation == memop::OP_WAIT_VALUE_64;
+                work.push(wait_value_work(d, op.address, op.value, op.flags, wide)?);
+            }
+            memop::OP_WRITE_VALUE_32 | memop::OP_WRITE_VALUE_64 => {
+                let wide = op.operation == memop::OP_WRITE_VALUE_64;
+                work.push(write_value_work(
+                    d, op.address, op.value, op.flags, wide, v2,
+                )?);
+            }
+            memop::OP_BARRIER => {}
+            memop::OP_FLUSH_REMOTE_WRITES => return Err(CUDA_ERROR_NOT_SUPPORTED),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    match work.len() {
+        0 => Ok(()),
+        1 => st.enqueue(d, work.pop().expect("one")),
+        _ => st.enqueue(d, Work::Batch(Arc::new(work))),
+    }
+}
+
 // ---- errors, init, version -------------------------------------------------------------
 
 static NAMES: std::sync::OnceLock<Vec<(CUresult, std::ffi::CString, std::ffi::CString)>> =
@@ -237,6 +350,12 @@ fn attribute(d: &Driver, dev: usize, a: c_int) -> CuResult<c_int> {
         attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
         | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
         attr::MEMORY_POOLS_SUPPORTED => 1,
+        attr::CAN_USE_STREAM_MEM_OPS_V1
+        | attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1
+        | attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+        | attr::CAN_USE_64_BIT_STREAM_MEM_OPS
+        | attr::CAN_USE_STREAM_WAIT_VALUE_NOR => 1,
+        attr::CAN_FLUSH_REMOTE_WRITES => 0,
         attr::COMPUTE_CAPABILITY_MAJOR => i.cc_major as c_int,
         attr::COMPUTE_CAPABILITY_MINOR => i.cc_minor as c_int,
         attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 * 1024,
@@ -1180,6 +1299,30 @@ export! {
             Some((dev, seq)) if dev != s.dev => s.enqueue(d, Work::WaitOther { dev, seq }),
             _ => Ok(()),
         }
+    }
+    fn cuStreamWaitValue32_v2 [cuStreamWaitValue32_v2_ptsz, cuStreamWaitValue32, cuStreamWaitValue32_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) {
+        stream_wait_value(stream_, addr, u64::from(value), flags, false)
+    }
+    fn cuStreamWaitValue64_v2 [cuStreamWaitValue64_v2_ptsz, cuStreamWaitValue64, cuStreamWaitValue64_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) {
+        stream_wait_value(stream_, addr, value, flags, true)
+    }
+    fn cuStreamWriteValue32_v2 [cuStreamWriteValue32_v2_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) {
+        stream_write_value(stream_, addr, u64::from(value), flags, false, true)
+    }
+    fn cuStreamWriteValue32 [cuStreamWriteValue32_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) {
+        stream_write_value(stream_, addr, u64::from(value), flags, false, false)
+    }
+    fn cuStreamWriteValue64_v2 [cuStreamWriteValue64_v2_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) {
+        stream_write_value(stream_, addr, value, flags, true, true)
+    }
+    fn cuStreamWriteValue64 [cuStreamWriteValue64_ptsz] (stream_: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) {
+        stream_write_value(stream_, addr, value, flags, true, false)
+    }
+    fn cuStreamBatchMemOp_v2 [cuStreamBatchMemOp_v2_ptsz] (stream_: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint) {
+        stream_batch_mem_op(stream_, count, paramArray, flags, true)
+    }
+    fn cuStreamBatchMemOp [cuStreamBatchMemOp_ptsz] (stream_: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint) {
+        stream_batch_mem_op(stream_, count, paramArray, flags, false)
     }
     fn cuStreamAddCallback [cuStreamAddCallback_ptsz] (hStream: CUstream, callback: CUstreamCallback, userData: *mut c_void, flags: c_uint) {
         let (d, s) = stream(hStream)?;

@@ -421,6 +421,19 @@ pub fn check_device_range(o: &Objects, p: u64, len: u64) -> CuResult<usize> {
     Ok(a.dev)
 }
 
+/// Checks the word of `len` bytes (4 or 8) at `p` that a stream memory operation waits
+/// on or writes: aligned to its size, in device memory or in memory the device can map
+/// (pinned, registered or managed host memory).
+pub fn check_memop_word(o: &Objects, p: u64, len: u64) -> CuResult<()> {
+    if p == 0 || !p.is_multiple_of(len) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if is_pinned(o, p, len) {
+        return Ok(());
+    }
+    check_device_range(o, p, len).map(|_| ())
+}
+
 /// Whether `[p, p+len)` is pinned host memory (or device-accessible managed memory).
 fn is_pinned(o: &Objects, p: u64, len: u64) -> bool {
     find(o, p, len).is_some_and(|a| {

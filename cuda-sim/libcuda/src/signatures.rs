@@ -16,6 +16,14 @@ macro_rules! check {
 
 check! {
     PFN_cuInit: cuInit;
+    PFN_cuStreamWaitValue32_v2: cuStreamWaitValue32_v2, cuStreamWaitValue32_v2_ptsz, cuStreamWaitValue32,
+        cuStreamWaitValue32_ptsz, cuStreamWriteValue32_v2, cuStreamWriteValue32_v2_ptsz,
+        cuStreamWriteValue32, cuStreamWriteValue32_ptsz;
+    PFN_cuStreamWaitValue64_v2: cuStreamWaitValue64_v2, cuStreamWaitValue64_v2_ptsz, cuStreamWaitValue64,
+        cuStreamWaitValue64_ptsz, cuStreamWriteValue64_v2, cuStreamWriteValue64_v2_ptsz,
+        cuStreamWriteValue64, cuStreamWriteValue64_ptsz;
+    PFN_cuStreamBatchMemOp_v2: cuStreamBatchMemOp_v2, cuStreamBatchMemOp_v2_ptsz, cuStreamBatchMemOp,
+        cuStreamBatchMemOp_ptsz;
     PFN_cuGetProcAddress: cuGetProcAddress;
     PFN_cuGetProcAddress_v2: cuGetProcAddress_v2;
     PFN_cuDeviceGetCount: cuDeviceGetCount;
