@@ -220,3 +220,32 @@ fn a_process_killed_while_holding_the_gpu_does_not_stall_the_others() {
         "GPU share after the holder was killed: {after} vs {alone} alone ({out})"
     );
 }
+
+#[test]
+fn a_stream_waiting_on_a_word_holds_its_work_and_not_the_gpu() {
+    // Stream memory operations (`cuStreamWaitValue32`): work behind a wait does not run
+    // before the word is written, and the waiting process leaves the engine to the others
+    // meanwhile, as a real GPU runs other contexts.
+    let node = small_node();
+    let mut a = node.spawn_probe(
+        &["init", "ready", "memop-block", "20000"],
+        Duration::from_secs(20),
+    );
+    let blocked = a.next_line(Duration::from_secs(20)).unwrap_or_default();
+    assert!(blocked.contains("blocked=ok"), "{blocked:?}");
+    // B's 200 ms of kernels end while A still waits (A writes its word after 20 s: an
+    // engine kept by the waiting process would hold B until then, and A would have
+    // printed its release by the time B is done).
+    let out = node.probe(&["init", "spin", "kernel", "200", "1000000"]);
+    assert!(out.contains("spin=ok"), "{out}");
+    let after = a.next_line(Duration::ZERO);
+    a.kill9();
+    assert_eq!(
+        after, None,
+        "the waiting process printed this before B's kernels ended: it kept the GPU until its word was written (or went on before)"
+    );
+    // A wait on a closed word holds in each of 20 trials, and the stream goes on once
+    // the host writes the word (the probe fails if it does not within 2 s).
+    let out = node.probe(&["init", "memop-gate", "200", "10000"]);
+    assert!(out.contains("held=20/20"), "{out}");
+}

@@ -558,19 +558,24 @@ impl Worker {
     /// A stream's wait on a word (`cuStreamWaitValue32`/`64`): the engine is given up
     /// while the condition does not hold (a real GPU runs other contexts meanwhile), the
     /// word is looked at again after 10 µs, doubling to 160 µs, and the device's clock
-    /// resumes when the condition is seen to hold. The simulator's one queue per process
+    /// resumes when the condition is seen to hold (not moved when it held at the first
+    /// look: the device did not wait). The simulator's one queue per process
     /// and device means the wait holds up the process's other streams on that device too
     /// (a real GPU's other streams go on): a wait for a word that a later operation of
     /// the same process on another stream writes never ends here.
     fn wait_value(&self, addr: usize, value: u64, flags: u32, wide: bool, eng: &mut Engine) {
         let mut nap = 10_000u64;
+        let mut waited = false;
         loop {
             // SAFETY: checked when the operation was queued (see `read_word`).
             let cur = unsafe { read_word(addr, wide) };
             if wait_value_met(cur, value, flags, wide) {
-                eng.pos = eng.pos.max(mono_ns());
+                if waited {
+                    eng.pos = eng.pos.max(mono_ns());
+                }
                 return;
             }
+            waited = true;
             if eng.held {
                 self.release_engine(eng);
             }

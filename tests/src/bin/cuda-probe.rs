@@ -33,6 +33,13 @@
 //!                              cuStreamBeginCaptureToGraph into a graph made first
 //!                              (cuGraphCreate); also graph_same=0|1: the capture's graph
 //!                              is the one named
+//! memop-gate N KERNEL_NS        stream memory operations (device-side gating's footing,
+//!                              ADR 0034): host ns per launch plain and after a stream
+//!                              wait, whether a waiting stream holds, how soon it goes
+//!                              on: plain_launch_ns= gated_launch_ns= held=K/20
+//!                              open_p50_us= open_max_us= (and wall times)
+//! memop-block MS               a stream waits on a word nobody writes, a kernel before
+//!                              and one behind it, for MS ms: blocked=ok, released=ok
 //! capture-open                 begins a capture (relaxed mode) on a new stream and
 //!                              leaves it open for the rest of the run: capture_open=ok
 //! nvml                         nvml_used= nvml_total= procs=pid:bytes,...
@@ -84,6 +91,9 @@ use vgpu_cuda_abi::fns;
 use vgpu_cuda_sim::bench::SPIN_PTX;
 
 type CuResult = c_uint;
+
+#[path = "cuda-probe/memops.rs"]
+mod memops;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -1262,6 +1272,12 @@ fn main() -> Result<()> {
                 let pause = arg(&mut it, "pause ms")?;
                 capture(&st, n, kns, pause, true)?;
             }
+            "memop-gate" => {
+                let n = arg(&mut it, "kernels")?;
+                let kns = arg(&mut it, "kernel ns")?;
+                memops::gate(&st, n, kns)?;
+            }
+            "memop-block" => memops::block(&st, arg(&mut it, "milliseconds")?)?,
             "capture-open" => {
                 let c = cuda(&st)?;
                 let g = GraphApi::resolve(c, "")?;
