@@ -4,7 +4,8 @@
 #   tests/gpu/real-gpu.sh BIN_DIR RESULTS_DIR
 #
 # PART=compute: only the compute part and the bench; PART=limited: only the CPU-limited
-# scenarios and the bench; PROCS=0: the bench without its start-up figure; BENCH=0: no
+# scenarios and the bench; PART=memops: only the stream memory operations (5d) and the
+# bench; PROCS=0: the bench without its start-up figure; BENCH=0: no
 # bench; ROUNDS=N: the CPU-limited scenarios N times (default 1), LIMITED=0: none of
 # them; SCEN: which of them (default "3 1ms ten torch torch-ten": three tenants of 10 us
 # kernels, two of 1 ms, ten of 10 us, two PyTorch, ten PyTorch); DAEMON_ARGS: extra
@@ -161,6 +162,7 @@ check nvidia-smi "nvidia-smi under the shim shows the 3 GiB quota (3072 MiB)" \
     "$([ "$(echo "$out" | tr -d ' ')" = 3072 ] && echo true || echo false)"
 
 fi
+if [ "${PART:-all}" != memops ]; then
 say "== 5. compute shares on the real GPU (daemon + shim; each tenant counts its spin kernels' device time)"
 daemon() { # daemon [ARGS...]: (re)starts the daemon with these extra arguments
     if [ -n "${dpid:-}" ]; then
@@ -554,6 +556,25 @@ timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" gpus 2>&1 | head -8 | te
 kill $dpid 2>/dev/null
 wait $dpid 2>/dev/null
 cp "$WORK/daemon.log" "$RES/" 2>/dev/null
+
+fi # PART != memops
+if [ "${PART:-all}" = all ] || [ "${PART:-all}" = memops ]; then
+say "== 5d. stream memory operations on the real driver, bare (device-side gating's footing, ADR 0034)"
+out=$(probe init memop-gate 2000 10000 | tail -1)
+say "memop-gate 2000 x 10 us: $out"
+check memop-holds "a stream waiting on a word of mapped host memory runs nothing behind the wait until the host writes it (20 of 20)" \
+    "$([ "$(val held "$out")" = 20/20 ] && echo true || echo false)"
+say "a process whose stream waits on a word nobody writes, and a neighbour's 200 x 1 ms kernels beside it:"
+alone=$(probe init spin kernel 200 1000000 | tail -1)
+probe init memop-block 6000 >"$WORK/memop-block" &
+bp=$!
+sleep 1
+beside=$(probe init spin kernel 200 1000000 | tail -1)
+wait $bp
+say "alone: $alone; beside the waiting process: $beside; it: $(tr '\n' ' ' <"$WORK/memop-block")"
+check memop-neighbour "a waiting stream leaves the GPU to another process (its 200 ms of kernels within 1.2x of alone)" \
+    "$(python3 -c "print('true' if ${beside##*wall_us=} <= 1.2 * ${alone##*wall_us=} else 'false')" 2>/dev/null || echo false)"
+fi
 
 say "== 6. shim overhead on the real driver (shim-bench: interleaved A/B in one process)"
 variants="default off"
