@@ -9,6 +9,7 @@
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
 //! - [`enforcement`]: the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): admits the
 //!   shim's processes, releases a process's slices at its exit, counts refusals per pod.
+//! - [`log_budget`]: a bound on the warning lines clients can make the daemon write.
 //! - [`gate_events`]: the gate's events attributed, the latest kept, one bounded queue
 //!   per subscriber of the gRPC stream (a slow one loses events, counted).
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
@@ -35,6 +36,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod enforcement;
 pub mod gate_events;
+pub mod log_budget;
 pub mod metrics;
 pub mod model;
 pub mod nvml;

@@ -79,7 +79,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, &mut buf)).await {
         Ok(r) => r?,
         Err(_) => {
-            warn!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+            if crate::log_budget::client_warning() {
+                warn!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+            } else {
+                debug!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+            }
             return Ok(());
         }
     };
@@ -97,7 +101,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
             return Ok(());
         }
         _ => {
-            warn!(pid, "first frame is not Hello: closing");
+            if crate::log_budget::client_warning() {
+                warn!(pid, "first frame is not Hello: closing");
+            } else {
+                debug!(pid, "first frame is not Hello: closing");
+            }
             return Ok(());
         }
     };
@@ -212,7 +220,11 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
     }
     .await;
     if let Err(e) = &result {
-        warn!(pid, conn, "protocol error, closing: {e}");
+        if crate::log_budget::client_warning() {
+            warn!(pid, conn, "protocol error, closing: {e}");
+        } else {
+            debug!(pid, conn, "protocol error, closing: {e}");
+        }
     }
     daemon.disconnect(conn);
     writer.abort();

@@ -294,7 +294,7 @@ impl Daemon {
         h.last_refusal = cut(&reason, MAX_REASON);
         let n = h.refused_registrations;
         drop(g);
-        if first {
+        if first && crate::log_budget::client_warning() {
             warn!(tenant = %ident.key, pid, "registration refused: {reason}");
         } else {
             debug!(tenant = %ident.key, pid, refused = n, "registration refused again: {reason}");
@@ -326,12 +326,16 @@ impl Daemon {
         h.fallback_ms = h.fallback_ms.saturating_add(total_ms);
         h.last_fallback_reason = cut(reason, MAX_REASON);
         drop(g);
-        warn!(
-            tenant = %key,
-            periods,
-            total_ms,
-            "a process of this container enforced its share locally: {reason}"
-        );
+        if crate::log_budget::client_warning() {
+            warn!(
+                tenant = %key,
+                periods,
+                total_ms,
+                "a process of this container enforced its share locally: {reason}"
+            );
+        } else {
+            debug!(tenant = %key, periods, total_ms, "local enforcement reported: {reason}");
+        }
         Ok(())
     }
 }
