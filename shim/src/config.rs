@@ -16,6 +16,7 @@
 //! | `VGPU_LOG` | `1`/`true`/`debug`: log to stderr (rate-limited) | off |
 //! | `VGPU_REAL_LIBCUDA` | path or name of the real driver | `libcuda.so.1` |
 //! | `VGPU_REAL_LIBNVML` | path or name of the real NVML | `libnvidia-ml.so.1` |
+//! | `VGPU_DEVICE_GATE` | gate on the device too: a stream wait on a word the gate thread closes at a revocation, before every N launches of a thread on a stream (1–4096; `off`/0: none; ADR 0034, not measured on a GPU yet) | off |
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -72,6 +73,9 @@ pub struct Config {
     /// The container's quota file as read at start (the only read in this process; see
     /// [`Config::apply_quota_file`]), None without one.
     pub quota: Option<ContainerQuota>,
+    /// Launches of a thread on a stream per device-side wait (`VGPU_DEVICE_GATE`; 0: no
+    /// device-side gating).
+    pub device_gate_every: u32,
 }
 
 /// What this process may do on one visible device, by the quota file's one rule
@@ -143,6 +147,7 @@ impl Config {
             priority: None,
             tenant: None,
             quota: None,
+            device_gate_every: 0,
         };
         let mut all = None;
         let mut per_device = Vec::new();
@@ -198,6 +203,21 @@ impl Config {
                         return Err(bad(k, v, "longer than 256 bytes"));
                     }
                     cfg.tenant = Some(v.to_owned());
+                }
+                "VGPU_DEVICE_GATE" => {
+                    cfg.device_gate_every = match v.trim() {
+                        "" | "off" | "0" => 0,
+                        t => match t.parse::<u32>() {
+                            Ok(n) if (1..=4096).contains(&n) => n,
+                            _ => {
+                                return Err(bad(
+                                    k,
+                                    v,
+                                    "expected launches per device-side wait, 1–4096, or `off`",
+                                ));
+                            }
+                        },
+                    }
                 }
                 "VGPU_REAL_LIBCUDA" if !v.is_empty() => cfg.real_libcuda = v.to_owned(),
                 "VGPU_REAL_LIBNVML" if !v.is_empty() => cfg.real_libnvml = v.to_owned(),
@@ -464,6 +484,27 @@ mod tests {
         assert_eq!(c.device_grant(&A.to_lowercase()), DeviceGrant::Granted(st));
         assert_eq!(c.device_grant(B), DeviceGrant::NotGranted);
         assert_eq!(c.quota.as_ref().map(|q| q.pod.as_str()), Some("p"));
+    }
+
+    #[test]
+    fn device_side_gating_is_off_unless_asked_and_bad_values_are_named() {
+        assert_eq!(cfg(&[]).unwrap().device_gate_every, 0);
+        assert_eq!(
+            cfg(&[("VGPU_DEVICE_GATE", "off")])
+                .unwrap()
+                .device_gate_every,
+            0
+        );
+        assert_eq!(
+            cfg(&[("VGPU_DEVICE_GATE", " 8 ")])
+                .unwrap()
+                .device_gate_every,
+            8
+        );
+        for bad in ["-1", "4097", "eight", "1.5"] {
+            let e = cfg(&[("VGPU_DEVICE_GATE", bad)]).unwrap_err().to_string();
+            assert!(e.contains("VGPU_DEVICE_GATE") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -202,6 +202,86 @@ pub(crate) fn create_event() -> Option<usize> {
     (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
 }
 
+/// Registers the page at `host` (4096 bytes, page-aligned, the caller's for the
+/// process's life) with the driver in the current context, mapped into the device
+/// (`cuMemHostRegister_v2`, portable and mapped: the real one, not the hook): the
+/// address the device reads it at (None: the driver refused).
+pub(crate) fn register_host_page(host: usize) -> Option<u64> {
+    static REG: OnceLock<usize> = OnceLock::new();
+    static DPTR: OnceLock<usize> = OnceLock::new();
+    let (r, d) = (
+        extra(&REG, c"cuMemHostRegister_v2"),
+        extra(&DPTR, c"cuMemHostGetDevicePointer_v2"),
+    );
+    if r == 0 || d == 0 {
+        return None;
+    }
+    type Register = unsafe extern "C" fn(*mut std::ffi::c_void, usize, c_uint) -> CUresult;
+    type DevicePointer =
+        unsafe extern "C" fn(*mut CUdeviceptr, *mut std::ffi::c_void, c_uint) -> CUresult;
+    // SAFETY: `r` is the real cuMemHostRegister_v2(void*, size_t, unsigned int), `d` the
+    // real cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int).
+    let (register, dptr) = unsafe {
+        (
+            std::mem::transmute::<usize, Register>(r),
+            std::mem::transmute::<usize, DevicePointer>(d),
+        )
+    };
+    let p = host as *mut std::ffi::c_void;
+    // SAFETY: a page-aligned page the caller keeps for the process's life;
+    // CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP.
+    if unsafe { register(p, 4096, 0x1 | 0x2) } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut dev: CUdeviceptr = 0;
+    // SAFETY: a valid out-pointer and the page just registered.
+    let ok = unsafe { dptr(&mut dev, p, 0) } == CUDA_SUCCESS && dev != 0;
+    ok.then_some(dev)
+}
+
+/// Queues on `stream` (`_ptsz` when `ptsz`) a wait until the 32-bit word the device
+/// reads at `word` is at least 1 (`cuStreamWaitValue32_v2`, `CU_STREAM_WAIT_VALUE_GEQ`).
+/// False: not queued.
+pub(crate) fn stream_wait_open(word: u64, stream: usize, ptsz: bool) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    static PTSZ: OnceLock<usize> = OnceLock::new();
+    let p = if ptsz {
+        extra(&PTSZ, c"cuStreamWaitValue32_v2_ptsz")
+    } else {
+        extra(&P, c"cuStreamWaitValue32_v2")
+    };
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuStreamWaitValue32_v2(CUstream, CUdeviceptr, cuuint32_t,
+    // unsigned int) or its `_ptsz` variant.
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuStreamWaitValue32_v2>(p) };
+    // SAFETY: the stream the application launches on, and a word of a page this shim
+    // mapped for the process's life.
+    unsafe { f(stream as CUstream, word, 1, memop::WAIT_VALUE_GEQ) == CUDA_SUCCESS }
+}
+
+/// Queues on `stream` (`_ptsz` when `ptsz`) a write of `value` to the 32-bit word the
+/// device reads at `word` (`cuStreamWriteValue32_v2`). False: not queued.
+pub(crate) fn stream_write_word(word: u64, value: u32, stream: usize, ptsz: bool) -> bool {
+    static P: OnceLock<usize> = OnceLock::new();
+    static PTSZ: OnceLock<usize> = OnceLock::new();
+    let p = if ptsz {
+        extra(&PTSZ, c"cuStreamWriteValue32_v2_ptsz")
+    } else {
+        extra(&P, c"cuStreamWriteValue32_v2")
+    };
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: `p` is the real cuStreamWriteValue32_v2(CUstream, CUdeviceptr, cuuint32_t,
+    // unsigned int) or its `_ptsz` variant (the wait's signature).
+    let f = unsafe { std::mem::transmute::<usize, PFN_cuStreamWaitValue32_v2>(p) };
+    // SAFETY: the stream the application launches on, and a word of a page this shim
+    // mapped for the process's life.
+    unsafe { f(stream as CUstream, word, value, 0) == CUDA_SUCCESS }
+}
+
 /// Records `event` on `stream` (after the launch just made on it).
 pub(crate) fn record_event(event: usize, stream: usize) -> bool {
     static P: OnceLock<usize> = OnceLock::new();

@@ -141,6 +141,196 @@ pub struct Gate {
     /// Launches between two markers.
     mark_every: AtomicU64,
     markers: Mutex<Markers>,
+    /// The word the device waits on (device-side gating, ADR 0034).
+    device: DeviceWord,
+}
+
+/// Device-side gating (ADR 0034, opt-in: `VGPU_DEVICE_GATE`): a thread's launches on a
+/// stream go in runs; before each run the stream waits on the gate's word until it is at
+/// least 1, then writes the run's number to the run's slot (the run started on the
+/// device). The gate thread sets the word 0 at a revocation, waits for the runs that
+/// started, and sets it 1 at the next grant (or for good at a fallback or at exit): what
+/// runs on the device past a revocation is the runs that had started, at most one per
+/// stream. A run ends at `every` launches or [`RUN_NS`] of estimated device time.
+///
+/// One page per context the process launches in (registered host memory mapped into the
+/// device), word 0 the gate's, the rest the runs' slots; the pages are allocated for the
+/// process's life, so the host's writes stay valid whatever the application destroys.
+#[derive(Debug)]
+struct DeviceWord {
+    /// Launches of a thread on a stream per run at most (0: no device-side gating).
+    every: AtomicU32,
+    /// The gate thread's estimate of the device time per launch, ns (0: not measured).
+    est_launch_ns: AtomicU64,
+    /// The next run's number (from 1); run `r` writes `r` to slot `1 + r % RUN_SLOTS`.
+    runs: AtomicU64,
+    /// What the word should say: whether the process holds its slice here.
+    open: AtomicBool,
+    /// The pages, by context.
+    pages: Mutex<Vec<Page>>,
+}
+
+/// A page of the device-side word in one context.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    ctx: usize,
+    /// Host address (page-aligned, never freed; 0: the driver refused to map it here).
+    host: usize,
+    /// The address the device reads it at.
+    dev: u64,
+}
+
+/// Estimated device time after which a run of launches ends (the next launch waits on
+/// the word again): what runs past a revocation, per stream, when the estimate holds.
+const RUN_NS: u64 = 500_000;
+/// Slots of a page for runs' start marks (word 0 is the gate's).
+const RUN_SLOTS: u64 = 1023;
+
+impl DeviceWord {
+    fn new() -> DeviceWord {
+        DeviceWord {
+            every: AtomicU32::new(0),
+            est_launch_ns: AtomicU64::new(0),
+            runs: AtomicU64::new(1),
+            open: AtomicBool::new(true),
+            pages: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn pages(&self) -> MutexGuard<'_, Vec<Page>> {
+        self.pages.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current context's page, mapped first if need be (None: no context, or the
+    /// driver refused; not asked again in that context).
+    fn page(&self) -> Option<Page> {
+        let ctx = crate::driver::current_context();
+        if ctx == 0 {
+            return None;
+        }
+        let mut pages = self.pages();
+        if let Some(p) = pages.iter().find(|p| p.ctx == ctx) {
+            return (p.host != 0).then_some(*p);
+        }
+        let layout = std::alloc::Layout::from_size_align(4096, 4096).ok()?;
+        // SAFETY: a non-zero size; the page is never freed (the device may read it, and
+        // the gate thread writes it, whatever becomes of the context).
+        let host = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+        if host == 0 {
+            return None;
+        }
+        // SAFETY: a fresh, page-aligned page of 1024 words, kept for the process's life.
+        unsafe { &*(host as *const AtomicU32) }.store(
+            u32::from(self.open.load(Ordering::SeqCst)),
+            Ordering::SeqCst,
+        );
+        let page = match crate::driver::register_host_page(host) {
+            Some(dev) => Page { ctx, host, dev },
+            None => Page {
+                ctx,
+                host: 0,
+                dev: 0,
+            },
+        };
+        pages.push(page);
+        (page.host != 0).then_some(page)
+    }
+
+    /// Starts a run on `stream`: its slot cleared, then a wait on the word and the write
+    /// of its number to the slot queued. The run's number and its page's host address
+    /// (None: no page, or the driver refused the wait).
+    fn start_run(&self, stream: usize, ptsz: bool) -> Option<(u64, usize)> {
+        let page = self.page()?;
+        let r = self.runs.fetch_add(1, Ordering::Relaxed);
+        let slot = 1 + r % RUN_SLOTS;
+        // SAFETY: a word of a mapped page (see `page`).
+        unsafe { &*((page.host + 4 * slot as usize) as *const AtomicU32) }
+            .store(0, Ordering::SeqCst);
+        if !crate::driver::stream_wait_open(page.dev, stream, ptsz) {
+            return None;
+        }
+        let _ = crate::driver::stream_write_word(page.dev + 4 * slot, r as u32, stream, ptsz);
+        Some((r, page.host))
+    }
+
+    /// Whether run `r` (of the page at `host`) started on the device.
+    fn run_started(r: u64, host: usize) -> bool {
+        if host == 0 {
+            return true;
+        }
+        let slot = 1 + r % RUN_SLOTS;
+        // SAFETY: a word of a page kept for the process's life.
+        unsafe { &*((host + 4 * slot as usize) as *const AtomicU32) }.load(Ordering::SeqCst)
+            == r as u32
+    }
+
+    /// Whether some stream of the process may wait on the word.
+    fn mapped(&self) -> bool {
+        self.pages().iter().any(|p| p.host != 0)
+    }
+
+    /// Opens (1) or closes (0) the word in every page. `wait`: take the lock (not at
+    /// exit, where a thread that died holding it must not stop the process).
+    fn set(&self, open: bool, wait: bool) {
+        let pages = if wait {
+            Some(self.pages())
+        } else {
+            self.pages.try_lock().ok()
+        };
+        self.open.store(open, Ordering::SeqCst);
+        for p in pages.iter().flat_map(|g| g.iter()).filter(|p| p.host != 0) {
+            // SAFETY: word 0 of a page kept for the process's life.
+            unsafe { &*(p.host as *const AtomicU32) }.store(u32::from(open), Ordering::SeqCst);
+        }
+    }
+
+    /// Context `ctx` is being destroyed: its page is not waited on again (its memory
+    /// stays the process's).
+    fn forget(&self, ctx: usize) {
+        self.pages().retain(|p| p.ctx != ctx);
+    }
+}
+
+/// A thread's run of launches on one stream, between two device-side waits.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    gate: usize,
+    key: usize,
+    launches: u64,
+    /// Its number (0: none started).
+    id: u64,
+    /// Its page's host address.
+    page: usize,
+}
+
+thread_local! {
+    /// This thread's current run.
+    static RUN: std::cell::Cell<Run> = const {
+        std::cell::Cell::new(Run { gate: 0, key: 0, launches: 0, id: 0, page: 0 })
+    };
+}
+
+/// The run this thread's launches on `stream` of `gate` belong to, and its page ((0, 0):
+/// none).
+fn current_run(gate: &Gate, stream: usize, ptsz: bool) -> (u64, usize) {
+    let key = stream * 2 + usize::from(ptsz);
+    let r = RUN.with(std::cell::Cell::get);
+    if r.gate == gate as *const Gate as usize && r.key == key {
+        (r.id, r.page)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Opens every device-side word of the process for good (at exit: nothing may wait on
+/// a word that nobody will write).
+extern "C" fn open_device_words() {
+    if let Some(Some(g)) = GATES.get() {
+        for gate in &g.gates {
+            gate.device.every.store(0, Ordering::SeqCst);
+            gate.device.set(true, false);
+        }
+    }
 }
 
 /// Marker events: recorded after a launch every `mark_every` launches, on the launch's
@@ -170,6 +360,8 @@ struct Marker {
     /// between the two was queued before the earlier one completed, so the device had
     /// this process's work all along between their completions (no idle gap in it).
     contiguous: bool,
+    /// The device-side run of the launch it follows (0: none; ADR 0034), and its page.
+    run: (u64, usize),
 }
 
 /// Most marker events per gate.
@@ -251,7 +443,72 @@ impl Gate {
             next_mark: AtomicU64::new(u64::MAX),
             mark_every: AtomicU64::new(1),
             markers: Mutex::new(Markers::default()),
+            device: DeviceWord::new(),
         }
+    }
+
+    /// Whether this gate's work waits on its device-side word (ADR 0034): enabled and
+    /// mapped. A drain then cannot synchronize after a revocation (the work behind a
+    /// closed word does not complete before the next grant).
+    pub(super) fn device_gated(&self) -> bool {
+        self.device.every.load(Ordering::Relaxed) > 0 && self.device.mapped()
+    }
+
+    /// Whether a marker still pending may yet complete before the next grant: its run
+    /// started on the device (or it has none), and it is not complete.
+    pub(super) fn started_work_pending(&self) -> bool {
+        let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
+        let pending: Vec<Marker> = self.markers().pending.iter().copied().collect();
+        pending.iter().any(|k| {
+            (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
+                && !crate::driver::event_done(k.event)
+        })
+    }
+
+    /// Sets the estimate of device time per launch that ends runs (the gate thread).
+    pub(super) fn set_device_estimate(&self, ns: f64) {
+        let v = if ns.is_finite() && ns > 0.0 {
+            ns as u64
+        } else {
+            0
+        };
+        self.device.est_launch_ns.store(v, Ordering::Relaxed);
+    }
+
+    /// No pending marker closes a device-time sample (a revocation held their work back
+    /// on the device, ADR 0034).
+    pub(super) fn markers_not_contiguous(&self) {
+        for k in self.markers().pending.iter_mut() {
+            k.contiguous = false;
+        }
+    }
+
+    /// Launches of a thread on a stream per device-side wait (0: no device-side gating).
+    pub(super) fn device_every(&self) -> u32 {
+        self.device.every.load(Ordering::Relaxed)
+    }
+
+    /// Whether work waits on the device for the next grant: the device-side word is
+    /// closed and launches are not known complete.
+    pub(super) fn device_held_back(&self) -> bool {
+        self.device_gated()
+            && !self.device.open.load(Ordering::SeqCst)
+            && self.launched.load(Ordering::Relaxed) > self.completed.load(Ordering::Relaxed)
+    }
+
+    /// Claims the grant in force for the work held back on the device (the gate thread,
+    /// at a grant): as the first launch under it would.
+    pub(super) fn claim_for_held_back(&self) {
+        let w = self.word().load(Ordering::SeqCst);
+        if self.held(w) {
+            let _ = self.claim(w);
+        }
+    }
+
+    /// Opens or closes the device-side word (the gate thread: at grants, revocations,
+    /// fallback).
+    pub(super) fn set_device_open(&self, open: bool) {
+        self.device.set(open, true);
     }
 
     fn markers(&self) -> MutexGuard<'_, Markers> {
@@ -340,11 +597,13 @@ impl Gate {
             before.is_some_and(|e| !crate::driver::event_done(e))
         };
         if crate::driver::record_event(event, stream) {
+            let run = current_run(self, stream, ptsz);
             self.markers().pending.push_back(Marker {
                 ctx,
                 event,
                 seq: n,
                 contiguous,
+                run,
             });
         } else {
             self.markers().free.push((ctx, event));
@@ -513,6 +772,66 @@ pub struct Pass {
     ptsz: bool,
 }
 
+impl Pass {
+    /// Just before the real launch: with device-side gating (ADR 0034), a wait on the
+    /// gate's word first when this thread's run of launches on the stream is new or has
+    /// reached its length. Never while a stream capture is open (a wait in a capturing
+    /// stream would become a node of the application's graph; the host gate holds then).
+    pub fn device_wait(&self) {
+        let every = u64::from(self.gate.device.every.load(Ordering::Relaxed));
+        if every == 0 || captures_open() {
+            return;
+        }
+        let (g, key) = (
+            self.gate as *const Gate as usize,
+            self.stream * 2 + usize::from(self.ptsz),
+        );
+        // A run ends at `every` launches, or at RUN_NS of estimated device time (at one
+        // launch while the estimate is not known).
+        let est = self.gate.device.est_launch_ns.load(Ordering::Relaxed);
+        let limit = RUN_NS.checked_div(est).map_or(1, |n| n.clamp(1, every));
+        let r = RUN.with(std::cell::Cell::get);
+        if r.gate == g && r.key == key && r.id != 0 && r.launches < limit {
+            RUN.with(|c| {
+                c.set(Run {
+                    launches: r.launches + 1,
+                    ..r
+                })
+            });
+            return;
+        }
+        // The run this thread had on the stream ends: a marker after its last launch,
+        // so that a revocation's drain knows when it is over.
+        if r.gate == g && r.key == key && r.id != 0 {
+            let launched = self.gate.launched.load(Ordering::Relaxed);
+            if launched > self.gate.completed.load(Ordering::Relaxed)
+                && !self
+                    .gate
+                    .markers()
+                    .pending
+                    .iter()
+                    .any(|k| k.seq >= launched)
+            {
+                self.gate.mark(launched, self.stream, self.ptsz);
+            }
+        }
+        let (id, page) = self
+            .gate
+            .device
+            .start_run(self.stream, self.ptsz)
+            .unwrap_or((0, 0));
+        RUN.with(|c| {
+            c.set(Run {
+                gate: g,
+                key,
+                launches: 1,
+                id,
+                page,
+            })
+        });
+    }
+}
+
 impl Drop for Pass {
     fn drop(&mut self) {
         let n = self.gate.launched.fetch_add(1, Ordering::Relaxed) + 1;
@@ -669,6 +988,13 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
     }));
     for gate in &g.gates[..n] {
         gate.enabled.store(true, Ordering::Relaxed);
+        gate.device
+            .every
+            .store(shim.cfg.device_gate_every, Ordering::Relaxed);
+    }
+    if shim.cfg.device_gate_every > 0 {
+        // SAFETY: registers a function without arguments that only stores to atomics.
+        unsafe { libc::atexit(open_device_words) };
     }
     let mut runner = Runner::new(g, shim, uuids[..n].to_vec());
     // The first connection attempt happens before the first launch is admitted, so
@@ -692,6 +1018,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
             if r.is_err() {
                 // Never leave launchers waiting on a gate nobody runs: open them all.
                 crate::say!("vgpu: ERROR: the launch gate failed; compute sharing is OFF");
+                open_device_words();
                 for gate in &g.gates {
                     gate.enabled.store(false, Ordering::SeqCst);
                     gate.budget.store(UNBOUNDED, Ordering::SeqCst);
@@ -739,6 +1066,7 @@ fn sync_device(shim: &Shim, dev: usize) {
 pub fn forget_context(ctx: usize) {
     let Some(Some(g)) = GATES.get() else { return };
     for gate in &g.gates {
+        gate.device.forget(ctx);
         let mut m = gate.markers();
         let before = m.pending.len() + m.free.len() + usize::from(m.last.is_some());
         m.pending.retain(|k| k.ctx != ctx);

@@ -1107,6 +1107,9 @@ fn gated(stream: CUstream, ptsz: bool, launch: impl FnOnce() -> CUresult) -> CUr
             // A GPU the container was not granted: no compute share.
             Err(crate::gate::NotGranted) => return CUDA_ERROR_NOT_PERMITTED,
         };
+        if let Some(p) = &pass {
+            p.device_wait();
+        }
         let r = launch();
         drop(pass);
         r

@@ -1221,3 +1221,143 @@ fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
         "slices drained more than once: {twice:?}\n{log}"
     );
 }
+
+/// Device-side gating (ADR 0034, `VGPU_DEVICE_GATE`): a tenant capped at 20 % turns from
+/// 10 µs kernels to 400 of 5 ms beside a saturating neighbour. The host gate's count,
+/// measured on the short kernels, let it queue about 200 of the long ones: one slice then
+/// ran 1.2-1.3 s (stop 37, without it). With the device holding its runs (at most 8
+/// launches each, the runs that started finish before the GPU is handed over), no slice
+/// of it may last 300 ms, it stays under its cap over its run, and the work held back at
+/// each revocation completes after the next grant (its synchronization returns).
+#[test]
+fn a_capped_tenant_turning_to_long_kernels_is_held_on_the_device() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1000;
+    let neighbour = node.tenant(
+        &container(80, "burst"),
+        &d.socket,
+        &strs(&load_args(14, 1_000_000, at)),
+    );
+    let mut c = container(20, "cap");
+    c.env.push(("VGPU_LOG".into(), "1".into()));
+    c.env.push(("VGPU_DEVICE_GATE".into(), "8".into()));
+    std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
+    let t = node.tenant(
+        &c,
+        &d.socket,
+        &[
+            "init", "spin", "kernel", "2000", "10000", "spin", "kernel", "400", "5000000",
+        ],
+    );
+    let pid = t.id();
+    let (out, log) = finish_with_log(t);
+    let busy = node.busy().get(&pid).copied().unwrap_or(0);
+    let mut neighbour = neighbour;
+    let _ = neighbour.kill();
+    let _ = neighbour.wait();
+    let wall_us: u64 = out
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("wall_us="))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    let longest_us = log
+        .split("held ")
+        .skip(1)
+        .filter_map(|s| s.split(' ').next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    let frac = busy as f64 / (wall_us.max(1) as f64 * 1000.0);
+    eprintln!(
+        "capped tenant: {:.1} % of the GPU over {wall_us} µs, longest slice {longest_us} µs",
+        frac * 100.0
+    );
+    assert!(
+        busy >= 2_000_000_000,
+        "only {busy} ns of its 2.02 s ran ({out})"
+    );
+    assert!(
+        longest_us < 300_000,
+        "a slice of the capped tenant lasted {longest_us} µs ({out})\n{log}"
+    );
+    assert!(
+        frac < 0.35,
+        "{:.0} % of the GPU under a 20 % cap ({out})\n{log}",
+        frac * 100.0
+    );
+}
+
+/// Device-side gating: work held back on the device at a revocation waits for the next
+/// grant; if the daemon dies instead, or freezes, the process falls back and opens the
+/// device for good, and its work completes (the daemon killed, or stopped, while the
+/// capped tenant's long kernels are held back; without the fallback's opening, or the
+/// frozen daemon's ping while only the device waits, it waited until the 60 s bound).
+#[test]
+fn work_held_back_on_the_device_completes_when_the_daemon_dies() {
+    let _serial = serial();
+    held_back_work_completes_without_the_daemon("-KILL");
+}
+
+/// [`work_held_back_on_the_device_completes_when_the_daemon_dies`], the daemon frozen:
+/// the tenant has no launch blocked (it synchronizes), yet it pings the daemon and falls
+/// back after the peer deadline (ADR 0016).
+#[test]
+fn work_held_back_on_the_device_completes_when_the_daemon_freezes() {
+    let _serial = serial();
+    held_back_work_completes_without_the_daemon("-STOP");
+}
+
+fn held_back_work_completes_without_the_daemon(sig: &str) {
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1000;
+    let neighbour = node.tenant(
+        &container(80, "burst"),
+        &d.socket,
+        &strs(&load_args(8, 1_000_000, at)),
+    );
+    let mut c = container(20, "cap");
+    c.env.push(("VGPU_DEVICE_GATE".into(), "8".into()));
+    std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
+    // The short kernels raise the queue-ahead count: the 40 long ones are then all
+    // queued at once, and the application waits in its synchronization, not in a launch.
+    let mut t = node.tenant(
+        &c,
+        &d.socket,
+        &[
+            "init", "spin", "kernel", "2000", "10000", "spin", "kernel", "40", "5000000",
+        ],
+    );
+    let pid = t.id();
+    std::thread::sleep(Duration::from_millis(400));
+    signal(d.child.id(), sig);
+    let t0 = Instant::now();
+    // Work left behind a closed device-side word would never complete: bounded here.
+    while !matches!(t.try_wait(), Ok(Some(_))) {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = t.kill();
+            signal(d.child.id(), "-CONT");
+            panic!("the tenant did not finish within 60 s of the daemon's {sig}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(d.child.id(), "-CONT");
+    let (out, log) = finish_with_log(t);
+    let mut neighbour = neighbour;
+    let _ = neighbour.kill();
+    let _ = neighbour.wait();
+    let busy = node.busy().get(&pid).copied().unwrap_or(0);
+    assert!(out.contains("spin=ok"), "{out}\n{log}");
+    assert!(
+        busy >= 220_000_000,
+        "only {busy} ns of its 220 ms ran\n{log}"
+    );
+    // It falls back when its work was held back at the signal (most runs); a tenant
+    // that held the GPU then may finish before it would need the daemon again.
+    eprintln!(
+        "finished {:.1} s after the daemon's {sig}; fell back: {}",
+        t0.elapsed().as_secs_f64(),
+        log.contains("enforced locally")
+    );
+}

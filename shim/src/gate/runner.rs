@@ -53,8 +53,11 @@ struct Dev {
     /// markers with no idle gap between them (the busy time reported at a drain).
     device_per_launch_ns: f64,
     /// Launch count when the last grant ended (or at registration): launches after it
-    /// belong to the next grant, even those made before the gate thread saw it.
+    /// belong to the next grant, even those made before the gate thread saw it. After a
+    /// revocation that held work back on the device (ADR 0034), the launches completed by
+    /// then: each launch is reported once it is known complete.
     launched_at_release: u64,
+
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
     /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
@@ -454,6 +457,9 @@ impl Runner {
             d.grant_at = now;
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
             gate.yielded.store(NONE, Ordering::SeqCst);
+            // The local duty cycle drains by synchronizing: nothing waits on the
+            // device-side word meanwhile (ADR 0034).
+            gate.set_device_open(true);
             gate.local
                 .store(GrantWord::held(d.local_gen).pack(), Ordering::SeqCst);
             let old = gate.word();
@@ -477,11 +483,15 @@ impl Runner {
         }
     }
 
-    /// Whether a launcher waits on a registered GPU.
+    /// Whether a launcher waits on a registered GPU, or work waits on the device for the
+    /// next grant (device-side gating, ADR 0034: the application may be synchronizing
+    /// on it, without a launch to block).
     fn launchers_waiting(&self) -> bool {
-        self.registered
-            .iter()
-            .any(|&i| self.g.gates[i].waiting.load(Ordering::SeqCst) > 0)
+        self.registered.iter().any(|&i| {
+            let gate = &self.g.gates[i];
+            gate.waiting.load(Ordering::SeqCst) > 0
+                || (self.devs[i].holding.is_none() && gate.device_held_back())
+        })
     }
 
     /// With launches blocked, a daemon that stays silent is pinged, then given
@@ -684,6 +694,14 @@ impl Runner {
                     return;
                 };
                 let gate = &self.g.gates[i];
+                // What a revocation held back on the device goes on (ADR 0034), under
+                // this grant: claimed as a launch would claim it (ADR 0030), since no
+                // launch may come (the application may be synchronizing on that work),
+                // and a grant nobody claims is taken back.
+                if gate.device_held_back() {
+                    gate.claim_for_held_back();
+                }
+                gate.set_device_open(true);
                 d.holding = Some(generation);
                 d.reported = None;
                 d.grant_at = mono_ns();
@@ -729,6 +747,17 @@ impl Runner {
         // the markers instead of synchronizing the device ([`super::captures_open`]).
         if super::captures_open() {
             (allowed, every) = (allowed.min(super::MAX_MARKERS as u64), 1);
+        }
+        // With device-side gating, a marker at least every run of launches between two
+        // waits: a revocation's report counts what completed (ADR 0034).
+        let runs = u64::from(gate.device_every());
+        if runs > 0 {
+            every = every.min(runs);
+            // Every run ends with a marker, so that a revocation waits for each run that
+            // started: at most all the markers' worth queued (kernels shorter than the
+            // queue-ahead bound over this many launches queue less than the bound).
+            allowed = allowed.min(super::MAX_MARKERS as u64 * every);
+            gate.set_device_estimate(d.launch_cost_ns());
         }
         gate.allowed.store(allowed, Ordering::Relaxed);
         gate.mark_every.store(every, Ordering::Relaxed);

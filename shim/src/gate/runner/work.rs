@@ -21,6 +21,9 @@ const HOST_SAMPLE_MAX_NS: u64 = 4 * TICK.as_nanos() as u64;
 
 /// Longest a drain waits for its markers while a capture is open ([`Runner::settle`]).
 const SETTLE_MAX: Duration = Duration::from_secs(10);
+/// Longest a revocation with device-side gating waits for the runs that started (ADR
+/// 0034): the daemon's drain timeout.
+const HELD_BACK_MAX: Duration = Duration::from_millis(500);
 
 impl Runner {
     /// Learns which launches completed from the marker events (in order), and the GPU
@@ -174,11 +177,18 @@ impl Runner {
     }
 
     /// Ends this process's part of a slice: no new launches, in-flight ones finish,
-    /// queued work completes; then reports when.
+    /// queued work completes; then reports when. With device-side gating (ADR 0034) a
+    /// revocation closes the device-side word first and does not wait for the queue: the
+    /// device stops each stream at its next wait (at most a run of launches on), the
+    /// rest waits for the next grant, and the report says so (`waiting`: work queued).
     pub(super) fn drain(&mut self, i: usize, generation: u32, idle: bool) {
         let gate = &self.g.gates[i];
         if idle {
             gate.yielded.store(generation, Ordering::SeqCst);
+        }
+        let held_back = !idle && gate.device_gated();
+        if held_back {
+            gate.set_device_open(false);
         }
         let t0 = Instant::now();
         while gate.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < Duration::from_millis(200)
@@ -186,16 +196,48 @@ impl Runner {
             std::thread::sleep(INFLIGHT_POLL);
         }
         let inflight_wait = t0.elapsed();
-        self.settle(i);
+        if held_back {
+            // The runs that started on the device before the word closed go on to their
+            // end (at most one per stream); the GPU is not handed over before they are
+            // done. Bounded: a marker lost with its context, or (on the simulator, whose
+            // streams share one queue) a run queued behind another stream's closed wait.
+            while gate.started_work_pending() && t0.elapsed() < HELD_BACK_MAX {
+                std::thread::sleep(INFLIGHT_POLL);
+            }
+            self.poll_markers_of(i, false);
+            // The markers still pending complete after the next grant: the time between
+            // one of them and the marker before it spans the wait for that grant, not
+            // the work's device time.
+            gate.markers_not_contiguous();
+        } else {
+            self.settle(i);
+        }
         let end = mono_ns();
         let sync_wait = t0.elapsed() - inflight_wait;
-        self.poll_markers_of(i, true);
+        if !held_back {
+            self.poll_markers_of(i, true);
+        }
         let gate = &self.g.gates[i];
         let d = &mut self.devs[i];
         let launched = gate.launched.load(Ordering::Relaxed);
-        let launches = launched.saturating_sub(d.launched_at_grant);
         let held = end.saturating_sub(d.grant_at);
-        let busy_ns = occupied_ns(launches, d.device_per_launch_ns, held);
+        // Held back on the device: the launches completed count (the rest belong to the
+        // next grant, when they run).
+        let (counted, launches, busy_ns) = if held_back {
+            let completed = gate.completed.load(Ordering::Relaxed).min(launched);
+            let launches = completed.saturating_sub(d.launched_at_grant);
+            // Charged the whole hold: it ends once the runs that started are over, so
+            // it covers all the device ran for this process since the grant (marker
+            // samples across the wait for a grant are not its device time).
+            (completed, launches, None)
+        } else {
+            let launches = launched.saturating_sub(d.launched_at_grant);
+            (
+                launched,
+                launches,
+                occupied_ns(launches, d.device_per_launch_ns, held),
+            )
+        };
         let per = d.device_per_launch_ns;
         crate::process::log(self.shim, || {
             format!(
@@ -207,10 +249,13 @@ impl Runner {
                 if idle { " (yielded)" } else { "" }
             )
         });
-        // Launches from now on belong to the next grant (none happen before it).
-        d.launched_at_release = launched;
+        // Launches from now on belong to the next grant (none happen before it); so do
+        // those held back on the device.
+        d.launched_at_release = counted;
         d.reported = Some(generation);
-        gate.all_completed();
+        if !held_back {
+            gate.all_completed();
+        }
         d.last_obs = None;
         d.holding = None;
         d.idle_ticks = 0;
@@ -218,7 +263,10 @@ impl Runner {
         // `waiting` is read under the writer lock, which launchers hold while they
         // count themselves and send a demand: no demand is lost between the two.
         let mut ctl = self.g.ctl();
-        let waiting = gate.waiting.load(Ordering::SeqCst) > 0;
+        // Work held back on the device wants the GPU as a blocked launch does.
+        let waiting = gate.waiting.load(Ordering::SeqCst) > 0
+            || (held_back
+                && gate.launched.load(Ordering::Relaxed) > gate.completed.load(Ordering::Relaxed));
         let msg = if idle {
             ShimMsg::Idle {
                 gpu,
