@@ -264,6 +264,14 @@ impl DeviceWord {
             == r as u32
     }
 
+    /// Launches in a run: at most `every`, and [`RUN_NS`] of estimated device time (one
+    /// while nothing is measured).
+    fn run_limit(&self) -> u64 {
+        let every = u64::from(self.every.load(Ordering::Relaxed)).max(1);
+        let est = self.est_launch_ns.load(Ordering::Relaxed);
+        RUN_NS.checked_div(est).map_or(1, |n| n.clamp(1, every))
+    }
+
     /// Whether some stream of the process may wait on the word.
     fn mapped(&self) -> bool {
         self.pages().iter().any(|p| p.host != 0)
@@ -494,6 +502,16 @@ impl Gate {
         self.device_gated()
             && !self.device.open.load(Ordering::SeqCst)
             && self.launched.load(Ordering::Relaxed) > self.completed.load(Ordering::Relaxed)
+    }
+
+    /// A marker after launch `n` on `stream` unless one already covers it (or all of it
+    /// completed).
+    fn cover(&self, n: u64, stream: usize, ptsz: bool) {
+        if n > self.completed.load(Ordering::Relaxed)
+            && !self.markers().pending.iter().any(|k| k.seq >= n)
+        {
+            self.mark(n, stream, ptsz);
+        }
     }
 
     /// Claims the grant in force for the work held back on the device (the gate thread,
@@ -788,8 +806,7 @@ impl Pass {
         );
         // A run ends at `every` launches, or at RUN_NS of estimated device time (at one
         // launch while the estimate is not known).
-        let est = self.gate.device.est_launch_ns.load(Ordering::Relaxed);
-        let limit = RUN_NS.checked_div(est).map_or(1, |n| n.clamp(1, every));
+        let limit = self.gate.device.run_limit();
         let r = RUN.with(std::cell::Cell::get);
         if r.gate == g && r.key == key && r.id != 0 && r.launches < limit {
             RUN.with(|c| {
@@ -804,16 +821,7 @@ impl Pass {
         // so that a revocation's drain knows when it is over.
         if r.gate == g && r.key == key && r.id != 0 {
             let launched = self.gate.launched.load(Ordering::Relaxed);
-            if launched > self.gate.completed.load(Ordering::Relaxed)
-                && !self
-                    .gate
-                    .markers()
-                    .pending
-                    .iter()
-                    .any(|k| k.seq >= launched)
-            {
-                self.gate.mark(launched, self.stream, self.ptsz);
-            }
+            self.gate.cover(launched, self.stream, self.ptsz);
         }
         let (id, page) = self
             .gate
@@ -837,6 +845,23 @@ impl Drop for Pass {
         let n = self.gate.launched.fetch_add(1, Ordering::Relaxed) + 1;
         self.gate.inflight.fetch_sub(1, Ordering::SeqCst);
         self.gate.maybe_mark(n, self.stream, self.ptsz);
+        // A run that is full ends with a marker at once (ADR 0034): a revocation waits
+        // for the runs that started by their markers, and a tail without one would run
+        // on past it uncharged.
+        if self.gate.device_every() > 0 {
+            let (g, key) = (
+                self.gate as *const Gate as usize,
+                self.stream * 2 + usize::from(self.ptsz),
+            );
+            let r = RUN.with(std::cell::Cell::get);
+            if r.gate == g
+                && r.key == key
+                && r.id != 0
+                && r.launches >= self.gate.device.run_limit()
+            {
+                self.gate.cover(n, self.stream, self.ptsz);
+            }
+        }
     }
 }
 
@@ -919,6 +944,10 @@ impl Gates {
 
     /// The slow path: wait for the budget to grow, or for a grant (asking for it).
     fn block(&self, gate: &Gate, w: u32, stream: usize, ptsz: bool) {
+        // This thread's run stops here for a while: its tail gets its marker (ADR 0034).
+        if gate.device_every() > 0 && current_run(gate, stream, ptsz).0 != 0 {
+            gate.cover(gate.launched.load(Ordering::Relaxed), stream, ptsz);
+        }
         if gate.held(w) {
             // Out of budget: wait until a look (this launcher's, or the gate thread's)
             // sees more of the queue complete, or a revoke/grant wakes us. With no

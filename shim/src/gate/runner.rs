@@ -57,6 +57,9 @@ struct Dev {
     /// revocation that held work back on the device (ADR 0034), the launches completed by
     /// then: each launch is reported once it is known complete.
     launched_at_release: u64,
+    /// The grant held now began with work held back on the device (ADR 0034): its
+    /// report charges the hold, as the revocation before it did.
+    held_back_at_grant: bool,
 
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
@@ -147,6 +150,7 @@ impl Runner {
                     per_launch_ns: 0.0,
                     device_per_launch_ns: 0.0,
                     launched_at_release: 0,
+                    held_back_at_grant: false,
                     last_obs: None,
                     queue_ahead_ns: 2_000_000,
                     closed_until: 0,
@@ -698,10 +702,12 @@ impl Runner {
                 // this grant: claimed as a launch would claim it (ADR 0030), since no
                 // launch may come (the application may be synchronizing on that work),
                 // and a grant nobody claims is taken back.
-                if gate.device_held_back() {
+                let held_back = gate.device_held_back();
+                if held_back {
                     gate.claim_for_held_back();
                 }
                 gate.set_device_open(true);
+                d.held_back_at_grant = held_back;
                 d.holding = Some(generation);
                 d.reported = None;
                 d.grant_at = mono_ns();

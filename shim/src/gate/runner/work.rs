@@ -230,6 +230,11 @@ impl Runner {
             // it covers all the device ran for this process since the grant (marker
             // samples across the wait for a grant are not its device time).
             (completed, launches, None)
+        } else if d.held_back_at_grant {
+            // The grant ran work held back at the last revocation: its launches' device
+            // time is not measured (their markers span the wait for this grant); the
+            // hold, synchronized, covers it.
+            (launched, launched.saturating_sub(d.launched_at_grant), None)
         } else {
             let launches = launched.saturating_sub(d.launched_at_grant);
             (
