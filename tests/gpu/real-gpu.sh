@@ -551,6 +551,22 @@ if $torch_ok; then
     check torch-graph "a PyTorch CUDA graph captured (global mode, a pause in the capture) and replayed under the shim beside a contending tenant" \
         "$(echo "$out" | grep -q 'graph=ok' && echo true || echo false)"
 fi
+say "== 5e. a capped tenant turning to long kernels, with and without device-side gating (ADR 0034)"
+for gate in off 8; do
+    VGPU_COMPUTE_SHARE=80 SOCK=$WORK/d.sock contained "$WORK/dg-n-$gate" \
+        probe init load 14 1000000 0 1 >"$WORK/dg-n-$gate.out" 2>&1 &
+    np=$!
+    sleep 1
+    out=$(VGPU_COMPUTE_SHARE=20 VGPU_COMPUTE_POLICY=cap VGPU_LOG=1 VGPU_DEVICE_GATE=$gate \
+        SOCK=$WORK/d.sock contained "$WORK/dg-$gate" \
+        timeout 120 "$BIN/cuda-probe" init spin kernel 2000 10000 spin kernel 400 5000000 \
+        2>"$WORK/dg-$gate.err" | tail -1)
+    wait $np
+    longest=$(grep -o 'held [0-9]* ' "$WORK/dg-$gate.err" | awk '{print $2}' | sort -n | tail -1)
+    say "VGPU_DEVICE_GATE=$gate: $out; longest slice ${longest:-?} us over $(grep -c 'held ' "$WORK/dg-$gate.err") slices; the neighbour: $(tail -1 "$WORK/dg-n-$gate.out")"
+    [ "$gate" = 8 ] && check device-gate "with device-side gating no slice of a capped tenant of 5 ms kernels lasts 300 ms" \
+        "$([ -n "$longest" ] && [ "$longest" -lt 300000 ] && echo true || echo false)"
+done
 fi
 timeout 10 "$BIN/vgpuctl" --api-socket "$WORK/api.sock" gpus 2>&1 | head -8 | tee -a "$RES/summary.txt"
 kill $dpid 2>/dev/null
