@@ -250,15 +250,7 @@ pub(crate) fn stream_wait_open(word: u64, stream: usize, ptsz: bool) -> bool {
     } else {
         extra(&P, c"cuStreamWaitValue32_v2")
     };
-    if p == 0 {
-        return false;
-    }
-    // SAFETY: `p` is the real cuStreamWaitValue32_v2(CUstream, CUdeviceptr, cuuint32_t,
-    // unsigned int) or its `_ptsz` variant.
-    let f = unsafe { std::mem::transmute::<usize, PFN_cuStreamWaitValue32_v2>(p) };
-    // SAFETY: the stream the application launches on, and a word of a page this shim
-    // mapped for the process's life.
-    unsafe { f(stream as CUstream, word, 1, memop::WAIT_VALUE_GEQ) == CUDA_SUCCESS }
+    word_op(p, stream, word, 1, memop::WAIT_VALUE_GEQ)
 }
 
 /// Queues on `stream` (`_ptsz` when `ptsz`) a write of `value` to the 32-bit word the
@@ -271,15 +263,20 @@ pub(crate) fn stream_write_word(word: u64, value: u32, stream: usize, ptsz: bool
     } else {
         extra(&P, c"cuStreamWriteValue32_v2")
     };
+    word_op(p, stream, word, value, 0)
+}
+
+/// Calls `p`, a real stream memory operation on a 32-bit word (`cuStreamWaitValue32_v2`
+/// or `cuStreamWriteValue32_v2`, one signature; 0: absent). False: not queued.
+fn word_op(p: usize, stream: usize, word: u64, value: u32, flags: c_uint) -> bool {
     if p == 0 {
         return false;
     }
-    // SAFETY: `p` is the real cuStreamWriteValue32_v2(CUstream, CUdeviceptr, cuuint32_t,
-    // unsigned int) or its `_ptsz` variant (the wait's signature).
+    // SAFETY: `p` is the real function, of `PFN_cuStreamWaitValue32_v2`'s signature.
     let f = unsafe { std::mem::transmute::<usize, PFN_cuStreamWaitValue32_v2>(p) };
     // SAFETY: the stream the application launches on, and a word of a page this shim
     // mapped for the process's life.
-    unsafe { f(stream as CUstream, word, value, 0) == CUDA_SUCCESS }
+    unsafe { f(stream as CUstream, word, value, flags) == CUDA_SUCCESS }
 }
 
 /// Records `event` on `stream` (after the launch just made on it).

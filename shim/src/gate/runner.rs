@@ -60,7 +60,6 @@ struct Dev {
     /// The grant held now began with work held back on the device (ADR 0034): its
     /// report charges the hold, as the revocation before it did.
     held_back_at_grant: bool,
-
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
     /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
