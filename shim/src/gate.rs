@@ -467,9 +467,12 @@ impl Gate {
     pub(super) fn started_work_pending(&self) -> bool {
         let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
         let pending: Vec<Marker> = self.markers().pending.iter().copied().collect();
+        // The event first: a marker done ends its run whatever the slot says yet (the
+        // simulator's worker thread, starved of CPU, writes it when it gets to it; a
+        // query of a later event settles it).
         pending.iter().any(|k| {
-            (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
-                && !crate::driver::event_done(k.event)
+            !crate::driver::event_done(k.event)
+                && (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
         })
     }
 
@@ -483,11 +486,16 @@ impl Gate {
         self.device.est_launch_ns.store(v, Ordering::Relaxed);
     }
 
-    /// No pending marker closes a device-time sample (a revocation held their work back
-    /// on the device, ADR 0034).
+    /// No pending marker whose run waits on the device for the next grant closes a
+    /// device-time sample (a revocation held it back, ADR 0034): the time from the
+    /// marker before it spans that wait. A marker whose run had started (or with no run:
+    /// not known) keeps its own: its run went on past the revocation without waiting,
+    /// and was the only measure of a slice of one run of long kernels.
     pub(super) fn markers_not_contiguous(&self) {
         for k in self.markers().pending.iter_mut() {
-            k.contiguous = false;
+            if k.run.0 == 0 || !DeviceWord::run_started(k.run.0, k.run.1) {
+                k.contiguous = false;
+            }
         }
     }
 

@@ -52,14 +52,15 @@ struct Dev {
     /// Device time per launch, ns (0: unknown yet), from the device's timestamps of two
     /// markers with no idle gap between them (the busy time reported at a drain).
     device_per_launch_ns: f64,
+    /// The device time measured between contiguous markers of the grant held now, and
+    /// the launches it covers: the grant's busy time, where it has them (see
+    /// [`work::occupied_ns`]).
+    measured: work::Measured,
     /// Launch count when the last grant ended (or at registration): launches after it
     /// belong to the next grant, even those made before the gate thread saw it. After a
     /// revocation that held work back on the device (ADR 0034), the launches completed by
     /// then: each launch is reported once it is known complete.
     launched_at_release: u64,
-    /// The grant held now began with work held back on the device (ADR 0034): its
-    /// report charges the hold, as the revocation before it did.
-    held_back_at_grant: bool,
     /// Last marker completion seen: (when, launch count, whether more was queued).
     last_obs: Option<(u64, u64, bool)>,
     /// Queue-ahead bound in force, ns (the Welcome's, or a tighter one of the grant).
@@ -148,8 +149,8 @@ impl Runner {
                     idle_ticks: 0,
                     per_launch_ns: 0.0,
                     device_per_launch_ns: 0.0,
+                    measured: work::Measured::default(),
                     launched_at_release: 0,
-                    held_back_at_grant: false,
                     last_obs: None,
                     queue_ahead_ns: 2_000_000,
                     closed_until: 0,
@@ -459,6 +460,7 @@ impl Runner {
             d.holding = Some(d.local_gen);
             d.grant_at = now;
             d.launched_at_grant = gate.launched.load(Ordering::Relaxed);
+            d.measured = work::Measured::default();
             gate.yielded.store(NONE, Ordering::SeqCst);
             // The local duty cycle drains by synchronizing: nothing waits on the
             // device-side word meanwhile (ADR 0034).
@@ -706,10 +708,10 @@ impl Runner {
                     gate.claim_for_held_back();
                 }
                 gate.set_device_open(true);
-                d.held_back_at_grant = held_back;
                 d.holding = Some(generation);
                 d.reported = None;
                 d.grant_at = mono_ns();
+                d.measured = work::Measured::default();
                 d.launched_at_grant = d
                     .launched_at_release
                     .min(gate.launched.load(Ordering::Relaxed));
