@@ -467,9 +467,7 @@ impl Gate {
     pub(super) fn started_work_pending(&self) -> bool {
         let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
         let pending: Vec<Marker> = self.markers().pending.iter().copied().collect();
-        // The event first: a marker done ends its run whatever the slot says yet (the
-        // simulator's worker thread, starved of CPU, writes it when it gets to it; a
-        // query of a later event settles it).
+        // A marker that is done ends its run, whatever its slot says.
         pending.iter().any(|k| {
             !crate::driver::event_done(k.event)
                 && (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
