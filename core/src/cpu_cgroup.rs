@@ -117,6 +117,36 @@ pub fn choose_cpu_controller(
     })
 }
 
+/// Finds the `cpu` controller from `/proc/self/mounts` ([`choose_cpu_controller`]).
+pub fn find_cpu_controller() -> Result<CpuController, String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")
+        .map_err(|e| format!("cannot read /proc/self/mounts: {e}"))?;
+    choose_cpu_controller(&mounts, |root| {
+        std::fs::read_to_string(root.join("cgroup.controllers")).ok()
+    })
+}
+
+/// Where a thread writes its id to leave its process's `cpu` group for the hierarchy's
+/// root, out of the group's CPU limit (`own`: the process's group, from
+/// [`CpuController::group_of`]). `Ok(None)`: already at the root, nothing to do. A v1
+/// hierarchy places threads one by one (`tasks`); cgroup2 moves a thread out of its
+/// process's group only within a threaded subtree, which a container's group is not.
+pub fn thread_escape(ctl: &CpuController, own: Option<&Path>) -> Result<Option<PathBuf>, String> {
+    match ctl {
+        CpuController::V2(_) => {
+            Err("cgroup2 moves no single thread out of its process's group".to_owned())
+        }
+        CpuController::V1(root) => match own {
+            None => Err(format!(
+                "the process's group in the cpu hierarchy at {} is not known",
+                root.display()
+            )),
+            Some(g) if g == root.as_path() => Ok(None),
+            Some(_) => Ok(Some(root.join("tasks"))),
+        },
+    }
+}
+
 /// A group's CFS bandwidth statistics (`cpu.stat`, cgroup2 or v1).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Bandwidth {
@@ -199,6 +229,30 @@ pub fn stopped_part(before: Bandwidth, after: Bandwidth, quota_ns: Option<u64>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_leaves_a_v1_group_through_the_roots_tasks_file() {
+        let v1 = CpuController::V1(PathBuf::from("/sys/fs/cgroup/cpu"));
+        let limited = v1.group_of("3:cpu,cpuacct:/kubepods/pod1/c1\n");
+        assert_eq!(
+            thread_escape(&v1, limited.as_deref()),
+            Ok(Some(PathBuf::from("/sys/fs/cgroup/cpu/tasks")))
+        );
+        let at_root = v1.group_of("3:cpu,cpuacct:/\n");
+        assert_eq!(thread_escape(&v1, at_root.as_deref()), Ok(None));
+        assert!(
+            thread_escape(&v1, None)
+                .unwrap_err()
+                .contains("/sys/fs/cgroup/cpu")
+        );
+        let v2 = CpuController::V2(PathBuf::from("/sys/fs/cgroup"));
+        let g = v2.group_of("0::/kubepods/pod1/c1\n");
+        assert!(
+            thread_escape(&v2, g.as_deref())
+                .unwrap_err()
+                .contains("cgroup2")
+        );
+    }
 
     const HYBRID: &str = "\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

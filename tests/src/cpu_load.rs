@@ -9,17 +9,7 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-pub use vgpu_core::cpu_cgroup::{CpuController, choose_cpu_controller};
-
-/// Finds the `cpu` controller from `/proc/self/mounts`
-/// ([`vgpu_core::cpu_cgroup::choose_cpu_controller`]).
-pub fn find_cpu_controller() -> std::result::Result<CpuController, String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts")
-        .map_err(|e| format!("cannot read /proc/self/mounts: {e}"))?;
-    choose_cpu_controller(&mounts, |root| {
-        std::fs::read_to_string(root.join("cgroup.controllers")).ok()
-    })
-}
+pub use vgpu_core::cpu_cgroup::{CpuController, choose_cpu_controller, find_cpu_controller};
 
 fn hog() -> Result<Child> {
     Command::new("sh")

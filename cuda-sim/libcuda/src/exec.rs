@@ -31,6 +31,7 @@ use vgpu_sys::mono_ns;
 
 use crate::rt::{CuResult, Driver, Kind, from_ptr, new_handle};
 
+mod host_cpu;
 mod tail;
 
 /// Where a copy reads from.
@@ -390,6 +391,7 @@ impl Worker {
         // Precise sleeps: the default 50 µs timer slack would distort short kernels.
         // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only this thread.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+        host_cpu::leave_cpu_limit();
         let mut eng = Engine {
             held: false,
             lost_claim: 0,
@@ -402,6 +404,10 @@ impl Worker {
                 loop {
                     if let Some(op) = q.ops.pop_front() {
                         q.tail.popped(op.0, &op.2, op.1);
+                        // Under the lock: a query of the queue never sees the work taken
+                        // off it with a position that does not count it yet (it would
+                        // predict what comes after too early).
+                        self.ahead.store(u64::MAX, Ordering::Release);
                         break op;
                     }
                     if eng.held {

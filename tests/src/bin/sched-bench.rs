@@ -807,6 +807,23 @@ fn latency(b: &Bench, r: &mut Report, be_kernel_ns: u64) -> Result<()> {
     Ok(())
 }
 
+/// Where the simulator's device worker threads run against the tenants' CPU limits
+/// (`cuda-sim`'s `exec::host_cpu`): outside them on cgroup v1 (as a GPU runs whatever
+/// its tenants' CPUs do), unless `VGPU_SIM_DEVICE_CPU=inherit` keeps them in.
+fn device_cpu() -> &'static str {
+    if std::env::var("VGPU_SIM_DEVICE_CPU").as_deref() == Ok("inherit") {
+        return "inside the containers' CPU limits (VGPU_SIM_DEVICE_CPU=inherit): the device stalls with its tenant's CPU";
+    }
+    match vgpu_tests::cpu_load::find_cpu_controller() {
+        Ok(vgpu_tests::cpu_load::CpuController::V1(_)) => {
+            "outside the containers' CPU limits, as a GPU runs whatever its tenants' CPUs do"
+        }
+        _ => {
+            "inside the containers' CPU limits (cgroup2 moves no single thread out of a group): the device stalls with its tenant's CPU"
+        }
+    }
+}
+
 /// The simulator's own fidelity: the device time it records for a process without vgpu
 /// against the kernels the process saw complete × their length (1.000: exact). Before
 /// the simulator's virtual device clock, a worker preempted while it spun a short kernel
@@ -957,6 +974,10 @@ fn under_load(
             continue;
         }
         r.say(label.into());
+        r.say(format!(
+            "  the simulated GPU's worker threads: {}",
+            device_cpu()
+        ));
         b.cpu_limit.set(Some(millicpu));
         let res = load_scenarios(b, r);
         b.cpu_limit.set(None);
