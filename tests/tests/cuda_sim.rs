@@ -249,3 +249,107 @@ fn a_stream_waiting_on_a_word_holds_its_work_and_not_the_gpu() {
     let out = node.probe(&["init", "memop-gate", "200", "10000"]);
     assert!(out.contains("held=20/20"), "{out}");
 }
+
+/// The `cpu` group line of a thread's `/proc/.../cgroup` text (the path in the hierarchy).
+fn cpu_group(task: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(task.join("cgroup")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "cpu")
+                .then(|| path.to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// Each thread of `pid` with its name and its `cpu` group.
+fn threads_and_groups(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read the probe's tasks")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        out.push((comm.trim().to_owned(), cpu_group(&e.path())));
+    }
+    out
+}
+
+#[test]
+fn the_simulated_gpu_does_not_run_in_its_processs_cpu_limit() {
+    // ADR 0035: a real GPU runs the work queued to it whatever its tenant's CPU does; the
+    // simulator's device is a worker thread of the process, which leaves the process's
+    // CPU-limited group (cgroup v1) for the hierarchy's root when it starts.
+    if let Some(why) = vgpu_tests::cpu_load::CpuLimited::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let v1 = matches!(
+        vgpu_tests::cpu_load::find_cpu_controller(),
+        Ok(vgpu_tests::cpu_load::CpuController::V1(_))
+    );
+    let node = small_node();
+    let g = vgpu_tests::cpu_load::CpuLimited::new("vgpu-test-sim-device", 200).expect("cpu cgroup");
+    let start = |mode: Option<&str>| {
+        let mut cmd = g.command(&vgpu_tests::probe_bin());
+        cmd.env("LD_LIBRARY_PATH", vgpu_tests::sim_lib_dir())
+            .env("VGPU_SIM_DIR", node.state_dir());
+        if let Some(m) = mode {
+            cmd.env("VGPU_SIM_DEVICE_CPU", m);
+        }
+        Probe::start(
+            cmd,
+            &["init", "spin", "kernel", "1", "1000", "ready", "wait"],
+            Duration::from_secs(20),
+        )
+    };
+    // (the main thread's group, the worker's, every thread) once the worker has run
+    // and, when `moved`, left the group, or after 10 s. A new thread is named (and
+    // moves itself) when it first runs, which a throttled group may delay past the
+    // probe's `ready`: the work was done on the device's clock without it.
+    let look = |p: &Probe, moved: bool| {
+        let t0 = Instant::now();
+        loop {
+            let threads = threads_and_groups(p.pid());
+            let of = |n: &str| {
+                threads
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .map(|(_, g)| g.clone())
+            };
+            let (main, worker) = (of("cuda-probe"), of("cuda-sim-gpu0"));
+            let done = worker.is_some() && (!moved || worker != main);
+            if done || t0.elapsed() > Duration::from_secs(10) {
+                return (main, worker, threads);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let p = start(None);
+    let (main, worker, threads) = look(&p, v1);
+    p.kill9();
+    let main = main.unwrap_or_else(|| panic!("no main thread among {threads:?}"));
+    let worker = worker.unwrap_or_else(|| panic!("no device worker among {threads:?}"));
+    assert!(
+        main.ends_with(&format!("vgpu-test-sim-device-{}", std::process::id())),
+        "the probe is not in the limited group: {threads:?}"
+    );
+    if v1 {
+        assert_eq!(
+            worker, "/",
+            "the device worker stayed in its process's CPU limit: {threads:?}"
+        );
+    } else {
+        // cgroup2 moves no single thread out of a domain group: it stays (ADR 0035).
+        assert_eq!(worker, main, "{threads:?}");
+    }
+    // Kept in with `inherit` (the simulator before ADR 0035): the check above can fail.
+    let p = start(Some("inherit"));
+    let (main, worker, threads) = look(&p, false);
+    p.kill9();
+    assert!(worker.is_some(), "no device worker among {threads:?}");
+    assert_eq!(worker, main, "{threads:?}");
+}
