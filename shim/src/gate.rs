@@ -467,10 +467,9 @@ impl Gate {
     pub(super) fn started_work_pending(&self) -> bool {
         let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
         let pending: Vec<Marker> = self.markers().pending.iter().copied().collect();
-        // A marker that is done ends its run, whatever its slot says.
         pending.iter().any(|k| {
-            !crate::driver::event_done(k.event)
-                && (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
+            (k.run.0 == 0 || DeviceWord::run_started(k.run.0, k.run.1))
+                && !crate::driver::event_done(k.event)
         })
     }
 

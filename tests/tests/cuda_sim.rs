@@ -250,30 +250,19 @@ fn a_stream_waiting_on_a_word_holds_its_work_and_not_the_gpu() {
     assert!(out.contains("held=20/20"), "{out}");
 }
 
-/// The `cpu` group line of a thread's `/proc/.../cgroup` text (the path in the hierarchy).
-fn cpu_group(task: &std::path::Path) -> String {
-    let text = std::fs::read_to_string(task.join("cgroup")).unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            controllers
-                .split(',')
-                .any(|c| c == "cpu")
-                .then(|| path.to_owned())
-        })
-        .unwrap_or_default()
-}
-
-/// Each thread of `pid` with its name and its `cpu` group.
-fn threads_and_groups(pid: u32) -> Vec<(String, String)> {
+/// Each thread of `pid` with its name and its group in the `cpu` hierarchy `ctl`.
+fn threads_and_groups(
+    ctl: &vgpu_tests::cpu_load::CpuController,
+    pid: u32,
+) -> Vec<(String, Option<std::path::PathBuf>)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("read the probe's tasks")
         .flatten()
     {
         let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        out.push((comm.trim().to_owned(), cpu_group(&e.path())));
+        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        out.push((comm.trim().to_owned(), ctl.group_of(&cgroup)));
     }
     out
 }
@@ -287,10 +276,8 @@ fn the_simulated_gpu_does_not_run_in_its_processs_cpu_limit() {
         eprintln!("SKIPPED: {why}");
         return;
     }
-    let v1 = matches!(
-        vgpu_tests::cpu_load::find_cpu_controller(),
-        Ok(vgpu_tests::cpu_load::CpuController::V1(_))
-    );
+    let ctl = vgpu_tests::cpu_load::find_cpu_controller().expect("the cpu controller");
+    let v1 = matches!(ctl, vgpu_tests::cpu_load::CpuController::V1(_));
     let node = small_node();
     let g = vgpu_tests::cpu_load::CpuLimited::new("vgpu-test-sim-device", 200).expect("cpu cgroup");
     let start = |mode: Option<&str>| {
@@ -313,12 +300,12 @@ fn the_simulated_gpu_does_not_run_in_its_processs_cpu_limit() {
     let look = |p: &Probe, moved: bool| {
         let t0 = Instant::now();
         loop {
-            let threads = threads_and_groups(p.pid());
+            let threads = threads_and_groups(&ctl, p.pid());
             let of = |n: &str| {
                 threads
                     .iter()
                     .find(|(name, _)| name == n)
-                    .map(|(_, g)| g.clone())
+                    .and_then(|(_, g)| g.clone())
             };
             let (main, worker) = (of("cuda-probe"), of("cuda-sim-gpu0"));
             let done = worker.is_some() && (!moved || worker != main);
@@ -333,13 +320,15 @@ fn the_simulated_gpu_does_not_run_in_its_processs_cpu_limit() {
     p.kill9();
     let main = main.unwrap_or_else(|| panic!("no main thread among {threads:?}"));
     let worker = worker.unwrap_or_else(|| panic!("no device worker among {threads:?}"));
-    assert!(
-        main.ends_with(&format!("vgpu-test-sim-device-{}", std::process::id())),
+    assert_eq!(
+        main,
+        g.path(),
         "the probe is not in the limited group: {threads:?}"
     );
     if v1 {
         assert_eq!(
-            worker, "/",
+            worker,
+            ctl.root(),
             "the device worker stayed in its process's CPU limit: {threads:?}"
         );
     } else {

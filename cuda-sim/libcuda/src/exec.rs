@@ -416,7 +416,6 @@ impl Worker {
                     q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            self.ahead.store(u64::MAX, Ordering::Release);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.execute(&work, at, &mut eng)
             }));

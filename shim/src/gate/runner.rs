@@ -703,8 +703,7 @@ impl Runner {
                 // this grant: claimed as a launch would claim it (ADR 0030), since no
                 // launch may come (the application may be synchronizing on that work),
                 // and a grant nobody claims is taken back.
-                let held_back = gate.device_held_back();
-                if held_back {
+                if gate.device_held_back() {
                     gate.claim_for_held_back();
                 }
                 gate.set_device_open(true);
