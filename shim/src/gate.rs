@@ -330,6 +330,14 @@ fn current_run(gate: &Gate, stream: usize, ptsz: bool) -> (u64, usize) {
     }
 }
 
+/// Whether the calling thread's next launch on `stream` of `gate` goes on in its current
+/// run (a run started, below `limit` launches).
+fn run_continues(gate: &Gate, stream: usize, ptsz: bool, limit: u64) -> bool {
+    let key = stream * 2 + usize::from(ptsz);
+    let r = RUN.with(std::cell::Cell::get);
+    r.gate == gate as *const Gate as usize && r.key == key && r.id != 0 && r.launches < limit
+}
+
 /// Opens every device-side word of the process for good (at exit: nothing may wait on
 /// a word that nobody will write).
 extern "C" fn open_device_words() {
@@ -370,10 +378,14 @@ struct Marker {
     contiguous: bool,
     /// The device-side run of the launch it follows (0: none; ADR 0034), and its page.
     run: (u64, usize),
+    /// Recorded at the start of its run, after the run's wait on the device-side word
+    /// (ADR 0034): the run's end marker times the run alone, whatever the run waited
+    /// for (never a sample's end: the time from the marker before it spans the wait).
+    start: bool,
 }
 
 /// Most marker events per gate.
-pub(crate) const MAX_MARKERS: usize = 16;
+pub(crate) const MAX_MARKERS: usize = 32;
 /// Launches allowed outstanding before the GPU time per launch is measured (a marker
 /// after each: two consecutive ones give the first measure). Kernels of any length may
 /// come first: four of 5 ms overrun a slice by 20 ms once, four of 10 µs wait 40 µs.
@@ -417,7 +429,7 @@ pub(crate) fn capture_begins(stream: usize, ptsz: bool) {
         .fetch_min(MAX_MARKERS as u64, Ordering::Relaxed);
     gate.publish_budget();
     if launched > gate.completed.load(Ordering::Relaxed) {
-        gate.mark(launched, stream, ptsz);
+        gate.mark(launched, stream, ptsz, false);
     }
 }
 
@@ -488,17 +500,46 @@ impl Gate {
     /// marker before it spans that wait. A marker whose run had started (or with no run:
     /// not known) keeps its own: its run went on past the revocation without waiting,
     /// and was the only measure of a slice of one run of long kernels.
+    ///
+    /// A marker right after its own run's start marker keeps its sample either way: the
+    /// start marker completes after the wait, so the pair times the run alone (without
+    /// it, a slice whose only run had been held back by the revocation before measured
+    /// nothing, and a tenant turning to long kernels was charged them at its short
+    /// kernels' time: 68 % of the GPU under a 20 % cap, in CI).
     pub(super) fn markers_not_contiguous(&self) {
+        let mut before: Option<Marker> = None;
         for k in self.markers().pending.iter_mut() {
-            if k.run.0 == 0 || !DeviceWord::run_started(k.run.0, k.run.1) {
+            let after_own_start = before.is_some_and(|b| b.start && k.run.0 != 0 && b.run == k.run);
+            if !after_own_start && (k.run.0 == 0 || !DeviceWord::run_started(k.run.0, k.run.1)) {
                 k.contiguous = false;
             }
+            before = Some(*k);
         }
     }
 
     /// Launches of a thread on a stream per device-side wait (0: no device-side gating).
     pub(super) fn device_every(&self) -> u32 {
         self.device.every.load(Ordering::Relaxed)
+    }
+
+    /// Whether the calling thread's next launch on `stream` would start a device-side
+    /// run (ADR 0034) for which the marker pool has no room: a run needs two markers (at
+    /// its start and its end). Such a launch waits as one out of budget does: a run
+    /// without its markers is invisible to the gate thread, which neither waits for it
+    /// at a revocation nor charges it (a tenant turning from 10 µs kernels to 5 ms ones
+    /// queued 87 launches without a marker: 20 grants in a row charged nothing while
+    /// they ran).
+    fn run_wants_room(&self, stream: usize, ptsz: bool) -> bool {
+        // Cheapest first: on most launches the thread's run goes on.
+        if self.device_every() == 0
+            || run_continues(self, stream, ptsz, self.device.run_limit())
+            || captures_open()
+            || !self.device.mapped()
+        {
+            return false;
+        }
+        let m = self.markers();
+        m.pending.len() + usize::from(m.last.is_some()) + 2 > MAX_MARKERS
     }
 
     /// Whether work waits on the device for the next grant: the device-side word is
@@ -515,7 +556,7 @@ impl Gate {
         if n > self.completed.load(Ordering::Relaxed)
             && !self.markers().pending.iter().any(|k| k.seq >= n)
         {
-            self.mark(n, stream, ptsz);
+            self.mark(n, stream, ptsz, false);
         }
     }
 
@@ -574,13 +615,20 @@ impl Gate {
         if n < self.next_mark.load(Ordering::Relaxed) {
             return;
         }
+        // A launch of a device-side run: the run's own markers (at its start and end)
+        // take the place of the periodic one, which would take the pool's room for them
+        // (ADR 0034).
+        if self.device_every() > 0 && current_run(self, stream, ptsz).0 != 0 {
+            return;
+        }
         let every = self.mark_every.load(Ordering::Relaxed).max(1);
         self.next_mark.store(n + every, Ordering::Relaxed);
-        self.mark(n, stream, ptsz);
+        self.mark(n, stream, ptsz, false);
     }
 
-    /// Records a marker after launch `n` on `stream` (the calling thread's launches).
-    fn mark(&self, n: u64, stream: usize, ptsz: bool) {
+    /// Records a marker after launch `n` on `stream` (the calling thread's launches);
+    /// `start`: at the start of the thread's run on the stream, after its wait (ADR 0034).
+    fn mark(&self, n: u64, stream: usize, ptsz: bool, start: bool) {
         let ctx = crate::driver::current_context();
         if ctx == 0 {
             return;
@@ -613,7 +661,7 @@ impl Gate {
         let stream = if ptsz && stream == 0 { 2 } else { stream };
         // Not looked at while a capture is open: the launching thread may be the one
         // capturing, and an event query is not a call it may make then.
-        let contiguous = !captures_open() && {
+        let contiguous = !start && !captures_open() && {
             let _held = CTX_LOCK.read().unwrap_or_else(|p| p.into_inner());
             // Read under the lock: a destroyed context's markers are gone by then.
             let before = self.markers().pending.back().map(|k| k.event);
@@ -627,6 +675,7 @@ impl Gate {
                 seq: n,
                 contiguous,
                 run,
+                start,
             });
         } else {
             self.markers().free.push((ctx, event));
@@ -706,7 +755,7 @@ impl Gate {
             let completed = self.completed.load(Ordering::Relaxed);
             let covered = self.markers().pending.iter().any(|k| k.seq >= launched);
             if launched > completed && !covered {
-                self.mark(launched, stream, ptsz);
+                self.mark(launched, stream, ptsz, false);
             }
             return false;
         };
@@ -813,7 +862,7 @@ impl Pass {
         // launch while the estimate is not known).
         let limit = self.gate.device.run_limit();
         let r = RUN.with(std::cell::Cell::get);
-        if r.gate == g && r.key == key && r.id != 0 && r.launches < limit {
+        if run_continues(self.gate, self.stream, self.ptsz, limit) {
             RUN.with(|c| {
                 c.set(Run {
                     launches: r.launches + 1,
@@ -842,6 +891,12 @@ impl Pass {
                 page,
             })
         });
+        // The run's start on the device, after its wait: its end marker is timed from
+        // here (see `Gate::markers_not_contiguous`).
+        if id != 0 {
+            let launched = self.gate.launched.load(Ordering::Relaxed);
+            self.gate.mark(launched, self.stream, self.ptsz, true);
+        }
     }
 }
 
@@ -915,6 +970,7 @@ pub fn enter(
         let w = gate.word().load(Ordering::SeqCst);
         if gate.held(w)
             && gate.launched.load(Ordering::Relaxed) < gate.budget.load(Ordering::Relaxed)
+            && !gate.run_wants_room(stream, ptsz)
         {
             if gate.claim(w) {
                 return Ok(Some(Pass { gate, stream, ptsz }));
@@ -960,9 +1016,10 @@ impl Gates {
             // launched so far.
             let seq = gate.budget_seq.load(Ordering::Acquire);
             let launched = gate.launched.load(Ordering::Relaxed);
-            if launched >= gate.budget.load(Ordering::Relaxed) {
+            if launched >= gate.budget.load(Ordering::Relaxed) || gate.run_wants_room(stream, ptsz)
+            {
                 if gate.markers().pending.is_empty() {
-                    gate.mark(launched, stream, ptsz);
+                    gate.mark(launched, stream, ptsz, false);
                 }
                 gate.budget_waiting.fetch_add(1, Ordering::SeqCst);
                 gate.wait_for_budget(seq, stream, ptsz);

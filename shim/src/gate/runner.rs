@@ -759,10 +759,11 @@ impl Runner {
         let runs = u64::from(gate.device_every());
         if runs > 0 {
             every = every.min(runs);
-            // Every run ends with a marker, so that a revocation waits for each run that
-            // started: at most all the markers' worth queued (kernels shorter than the
-            // queue-ahead bound over this many launches queue less than the bound).
-            allowed = allowed.min(super::MAX_MARKERS as u64 * every);
+            // Every run starts and ends with a marker, so that a revocation waits for
+            // each run that started and its report charges it: at most the markers'
+            // worth queued (kernels shorter than the queue-ahead bound over this many
+            // launches queue less than the bound).
+            allowed = allowed.min(super::MAX_MARKERS as u64 / 2 * every);
             gate.set_device_estimate(d.launch_cost_ns());
         }
         gate.allowed.store(allowed, Ordering::Relaxed);
