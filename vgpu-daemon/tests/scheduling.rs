@@ -385,7 +385,7 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
 }
 
 /// What three tenants of `kernel_ns` kernels in containers stopped most of each CFS
-/// period (0.2 CPU beside a busy loop each) did over 3 s with co-holding on (at the
+/// period (0.1 CPU beside a busy loop each) did over 3 s with co-holding on (at the
 /// bound it was measured with): in how many of the looks several held the GPU at once
 /// (one co-held), of how many; each one's device time, ns; the most each container was
 /// stopped, as the API showed it, percent.
@@ -406,7 +406,7 @@ fn stopped_tenants(kernel_ns: u64) -> Stopped {
     let args = load_args(6, kernel_ns, at);
     let cs = [20, 30, 50].map(|s| container(s, "burst"));
     let groups: Vec<CpuLimited> = (0..3)
-        .map(|i| CpuLimited::new(&format!("vgpu-test-stopped{i}"), 200).expect("cpu cgroup"))
+        .map(|i| CpuLimited::new(&format!("vgpu-test-stopped{i}"), 100).expect("cpu cgroup"))
         .collect();
     let ts: Vec<Child> = cs
         .iter()
@@ -489,7 +489,7 @@ impl Stopped {
     }
 }
 
-/// ADR 0029: tenants whose containers are stopped most of each CFS period (0.2 CPU
+/// ADR 0029: tenants whose containers are stopped most of each CFS period (0.1 CPU
 /// beside a busy loop each) cannot fill the GPU: the daemon reads their throttling from
 /// the kernel and lets them hold the GPU together, so each runs when its container does.
 /// Before, granted one at a time mostly while stopped, they got 12–27 % of what they use
