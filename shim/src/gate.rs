@@ -385,7 +385,7 @@ struct Marker {
 }
 
 /// Most marker events per gate.
-pub(crate) const MAX_MARKERS: usize = 32;
+pub(crate) const MAX_MARKERS: usize = 64;
 /// Launches allowed outstanding before the GPU time per launch is measured (a marker
 /// after each: two consecutive ones give the first measure). Kernels of any length may
 /// come first: four of 5 ms overrun a slice by 20 ms once, four of 10 µs wait 40 µs.
@@ -538,8 +538,21 @@ impl Gate {
         {
             return false;
         }
+        // Every marker not taken off by the gate thread holds its event, counted by a
+        // look or not: letting launches through on the count (the markers a look found
+        // complete) left runs without markers again when the gate thread was behind
+        // (16 slices charged nothing in one run of the capped tenant).
         let m = self.markers();
         m.pending.len() + usize::from(m.last.is_some()) + 2 > MAX_MARKERS
+    }
+
+    /// The gate thread took markers off: launchers waiting for room in the pool look
+    /// again at once (their budget may not have changed, which alone wakes them).
+    pub(super) fn markers_taken_off(&self) {
+        if self.budget_waiting.load(Ordering::SeqCst) > 0 {
+            self.budget_seq.fetch_add(1, Ordering::Release);
+            futex_wake(&self.budget_seq);
+        }
     }
 
     /// Whether work waits on the device for the next grant: the device-side word is

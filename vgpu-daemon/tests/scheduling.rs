@@ -1227,8 +1227,9 @@ fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
 /// measured on the short kernels, let it queue about 200 of the long ones: one slice then
 /// ran 1.2-1.3 s (stop 37, without it). With the device holding its runs (at most 8
 /// launches each, the runs that started finish before the GPU is handed over), no slice
-/// of it may last 300 ms, it stays under its cap over its run, and the work held back at
-/// each revocation completes after the next grant (its synchronization returns).
+/// of it may last 300 ms, it stays under its cap over its run, the work held back at
+/// each revocation completes after the next grant (its synchronization returns), and its
+/// slices' reports charge what the device ran of it.
 #[test]
 fn a_capped_tenant_turning_to_long_kernels_is_held_on_the_device() {
     let _serial = serial();
@@ -1260,10 +1261,18 @@ fn a_capped_tenant_turning_to_long_kernels_is_held_on_the_device() {
         .filter_map(|s| s.split(' ').next()?.parse::<u64>().ok())
         .max()
         .unwrap_or(0);
+    // What its slices' reports charged (µs each), against what the device ran of it.
+    let charged_us: u64 = log
+        .split("busy Some(")
+        .skip(1)
+        .filter_map(|s| s.split(')').next()?.parse::<u64>().ok())
+        .sum();
+    let charged = charged_us as f64 * 1000.0 / busy.max(1) as f64;
     let frac = busy as f64 / (wall_us.max(1) as f64 * 1000.0);
     eprintln!(
-        "capped tenant: {:.1} % of the GPU over {wall_us} µs, longest slice {longest_us} µs",
-        frac * 100.0
+        "capped tenant: {:.1} % of the GPU over {wall_us} µs, longest slice {longest_us} µs, charged {:.3} of its device time",
+        frac * 100.0,
+        charged
     );
     assert!(
         busy >= 2_000_000_000,
@@ -1277,6 +1286,13 @@ fn a_capped_tenant_turning_to_long_kernels_is_held_on_the_device() {
         frac < 0.40,
         "{:.0} % of the GPU under a 20 % cap ({out})\n{log}",
         frac * 100.0
+    );
+    // Every run timed and marked (ADR 0034, stop 39): before, runs held back at a
+    // revocation were charged at the short kernels' time, and runs queued without
+    // markers not at all (0.52-0.76 of its device time charged).
+    assert!(
+        (0.9..=1.1).contains(&charged),
+        "its slices charged {charged:.3} of the {busy} ns it ran ({out})\n{log}"
     );
 }
 

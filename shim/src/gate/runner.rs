@@ -763,7 +763,7 @@ impl Runner {
             // each run that started and its report charges it: at most the markers'
             // worth queued (kernels shorter than the queue-ahead bound over this many
             // launches queue less than the bound).
-            allowed = allowed.min(super::MAX_MARKERS as u64 / 2 * every);
+            allowed = allowed.min(super::MAX_MARKERS as u64 / 4 * every);
             gate.set_device_estimate(d.launch_cost_ns());
         }
         gate.allowed.store(allowed, Ordering::Relaxed);

@@ -123,6 +123,7 @@ impl Runner {
             }
         }
         if advanced {
+            gate.markers_taken_off();
             // The queue ran dry at the bound: every launch made has completed (a launcher
             // out of budget marks its last launch), and the budget was spent; seen by this
             // poll, or by a launcher's look since the last one (`Gate::look`).
