@@ -309,13 +309,28 @@ struct Run {
     id: u64,
     /// Its page's host address.
     page: usize,
+    /// The context current when it started, for the stream handles every context has
+    /// (0 otherwise; see [`run_ctx`]).
+    ctx: usize,
 }
 
 thread_local! {
     /// This thread's current run.
     static RUN: std::cell::Cell<Run> = const {
-        std::cell::Cell::new(Run { gate: 0, key: 0, launches: 0, id: 0, page: 0 })
+        std::cell::Cell::new(Run { gate: 0, key: 0, launches: 0, id: 0, page: 0, ctx: 0 })
     };
+}
+
+/// The context a run on `stream` belongs to, beyond the handle: the current one for the
+/// handles every context has (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`: a thread
+/// that changed its current context launches into another context's stream under the
+/// same handle, which has not waited on the word), 0 for a stream object (one context's).
+fn run_ctx(stream: usize) -> usize {
+    if stream <= vgpu_cuda_abi::cuda::CU_STREAM_PER_THREAD {
+        crate::driver::current_context()
+    } else {
+        0
+    }
 }
 
 /// The run this thread's launches on `stream` of `gate` belong to, and its page ((0, 0):
@@ -875,7 +890,10 @@ impl Pass {
         // launch while the estimate is not known).
         let limit = self.gate.device.run_limit();
         let r = RUN.with(std::cell::Cell::get);
-        if run_continues(self.gate, self.stream, self.ptsz, limit) {
+        // Only here is the context compared (a driver call): the other looks at the run
+        // during this launch come after this one, or decide nothing a new run would not.
+        let ctx = run_ctx(self.stream);
+        if run_continues(self.gate, self.stream, self.ptsz, limit) && r.ctx == ctx {
             RUN.with(|c| {
                 c.set(Run {
                     launches: r.launches + 1,
@@ -885,8 +903,9 @@ impl Pass {
             return;
         }
         // The run this thread had on the stream ends: a marker after its last launch,
-        // so that a revocation's drain knows when it is over.
-        if r.gate == g && r.key == key && r.id != 0 {
+        // so that a revocation's drain knows when it is over (not from another context:
+        // the marker would go to this one's stream).
+        if r.gate == g && r.key == key && r.id != 0 && r.ctx == ctx {
             let launched = self.gate.launched.load(Ordering::Relaxed);
             self.gate.cover(launched, self.stream, self.ptsz);
         }
@@ -902,6 +921,7 @@ impl Pass {
                 launches: 1,
                 id,
                 page,
+                ctx,
             })
         });
         // The run's start on the device, after its wait: its end marker is timed from
