@@ -333,24 +333,29 @@ fn run_ctx(stream: usize) -> usize {
     }
 }
 
+/// The key of a thread's run on `stream` (`ptsz`: the per-thread default stream variant).
+fn run_key(stream: usize, ptsz: bool) -> usize {
+    stream * 2 + usize::from(ptsz)
+}
+
+/// This thread's current run if it is its run on `stream` of `gate` (a started one: its
+/// number is not 0). The context is not compared ([`run_ctx`]).
+fn this_run(gate: &Gate, stream: usize, ptsz: bool) -> Option<Run> {
+    let r = RUN.with(std::cell::Cell::get);
+    (r.gate == gate as *const Gate as usize && r.key == run_key(stream, ptsz) && r.id != 0)
+        .then_some(r)
+}
+
 /// The run this thread's launches on `stream` of `gate` belong to, and its page ((0, 0):
 /// none).
 fn current_run(gate: &Gate, stream: usize, ptsz: bool) -> (u64, usize) {
-    let key = stream * 2 + usize::from(ptsz);
-    let r = RUN.with(std::cell::Cell::get);
-    if r.gate == gate as *const Gate as usize && r.key == key {
-        (r.id, r.page)
-    } else {
-        (0, 0)
-    }
+    this_run(gate, stream, ptsz).map_or((0, 0), |r| (r.id, r.page))
 }
 
 /// Whether the calling thread's next launch on `stream` of `gate` goes on in its current
 /// run (a run started, below `limit` launches).
 fn run_continues(gate: &Gate, stream: usize, ptsz: bool, limit: u64) -> bool {
-    let key = stream * 2 + usize::from(ptsz);
-    let r = RUN.with(std::cell::Cell::get);
-    r.gate == gate as *const Gate as usize && r.key == key && r.id != 0 && r.launches < limit
+    this_run(gate, stream, ptsz).is_some_and(|r| r.launches < limit)
 }
 
 /// Opens every device-side word of the process for good (at exit: nothing may wait on
@@ -882,18 +887,14 @@ impl Pass {
         if every == 0 || captures_open() {
             return;
         }
-        let (g, key) = (
-            self.gate as *const Gate as usize,
-            self.stream * 2 + usize::from(self.ptsz),
-        );
         // A run ends at `every` launches, or at RUN_NS of estimated device time (at one
         // launch while the estimate is not known).
         let limit = self.gate.device.run_limit();
-        let r = RUN.with(std::cell::Cell::get);
         // Only here is the context compared (a driver call): the other looks at the run
         // during this launch come after this one, or decide nothing a new run would not.
         let ctx = run_ctx(self.stream);
-        if run_continues(self.gate, self.stream, self.ptsz, limit) && r.ctx == ctx {
+        let run = this_run(self.gate, self.stream, self.ptsz).filter(|r| r.ctx == ctx);
+        if let Some(r) = run.filter(|r| r.launches < limit) {
             RUN.with(|c| {
                 c.set(Run {
                     launches: r.launches + 1,
@@ -905,7 +906,7 @@ impl Pass {
         // The run this thread had on the stream ends: a marker after its last launch,
         // so that a revocation's drain knows when it is over (not from another context:
         // the marker would go to this one's stream).
-        if r.gate == g && r.key == key && r.id != 0 && r.ctx == ctx {
+        if run.is_some() {
             let launched = self.gate.launched.load(Ordering::Relaxed);
             self.gate.cover(launched, self.stream, self.ptsz);
         }
@@ -916,8 +917,8 @@ impl Pass {
             .unwrap_or((0, 0));
         RUN.with(|c| {
             c.set(Run {
-                gate: g,
-                key,
+                gate: self.gate as *const Gate as usize,
+                key: run_key(self.stream, self.ptsz),
                 launches: 1,
                 id,
                 page,
@@ -941,19 +942,11 @@ impl Drop for Pass {
         // A run that is full ends with a marker at once (ADR 0034): a revocation waits
         // for the runs that started by their markers, and a tail without one would run
         // on past it uncharged.
-        if self.gate.device_every() > 0 {
-            let (g, key) = (
-                self.gate as *const Gate as usize,
-                self.stream * 2 + usize::from(self.ptsz),
-            );
-            let r = RUN.with(std::cell::Cell::get);
-            if r.gate == g
-                && r.key == key
-                && r.id != 0
-                && r.launches >= self.gate.device.run_limit()
-            {
-                self.gate.cover(n, self.stream, self.ptsz);
-            }
+        if self.gate.device_every() > 0
+            && this_run(self.gate, self.stream, self.ptsz)
+                .is_some_and(|r| r.launches >= self.gate.device.run_limit())
+        {
+            self.gate.cover(n, self.stream, self.ptsz);
         }
     }
 }
