@@ -288,9 +288,16 @@ struct T {
     /// Its lag then (virtual clock minus its virtual time, at least 0): time it was owed
     /// for having waited, which a sleep does not forfeit.
     idle_lag: f64,
-    /// Device time per launch its processes last reported (busy / launches of a slice),
-    /// ns; None until a slice that launched was measured.
+    /// Device time per launch its processes last reported (busy / launches of a slice
+    /// it did not share), ns; None until such a slice that launched was measured.
     launch_cost_ns: Option<u64>,
+    /// Its current or last grant ran beside another tenant's (co-holding): its
+    /// processes' markers then also timed the other contexts' kernels
+    /// ([`Scheduler::note_launches`]).
+    shared: bool,
+    /// The launches its processes reported with the drain now being settled (None: not
+    /// reported).
+    reported_launches: Option<u64>,
     /// Device time and time held of its past grants, each grant weighing
     /// [`FILL_DECAY`] of the one after it; their ratio is its fill (None: never held).
     fill_busy: f64,
@@ -489,6 +496,8 @@ impl Scheduler {
             idle_since: 0,
             idle_lag: 0.0,
             launch_cost_ns: None,
+            shared: false,
+            reported_launches: None,
             fill_busy: 0.0,
             fill_held: 0.0,
             stopped: 0.0,
@@ -604,8 +613,13 @@ impl Scheduler {
     /// tenant's device time per launch, which bounds how long its queued work can take
     /// after a revoke ([`handoff_delay`]).
     pub fn note_launches(&mut self, id: TenantId, busy_ns: Option<u64>, launches: u64) {
-        if let (Some(t), Some(busy)) = (self.tenants.get_mut(&id), busy_ns)
+        let Some(t) = self.tenants.get_mut(&id) else {
+            return;
+        };
+        t.reported_launches = Some(launches);
+        if let Some(busy) = busy_ns
             && launches > 0
+            && !t.shared
         {
             t.launch_cost_ns = Some(busy / launches);
         }
@@ -876,6 +890,10 @@ impl Scheduler {
             _ => settled,
         };
         let unclaimed = revoked.is_some_and(|r| r.unclaimed);
+        let busy_ns = self
+            .tenants
+            .get_mut(&id)
+            .map_or(busy_ns, |t| shared_busy(t, busy_ns));
         let (since, granted, provisional, revoked, deadline) = match self.st {
             St::Holding {
                 t,
@@ -1311,6 +1329,7 @@ impl Scheduler {
             t.throttled_ns += now.saturating_sub(s);
         }
         t.grants += 1;
+        t.shared = false;
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
         let slice = slice_of(&self.p, t, min_slice);
@@ -1384,6 +1403,10 @@ impl Scheduler {
             }
             t.grants += 1;
             t.queue_ns = queue_ns;
+            t.shared = true;
+            if let Some(ht) = self.tenants.get_mut(&h) {
+                ht.shared = true;
+            }
             self.co.insert(
                 id,
                 CoGrant {
@@ -1488,7 +1511,11 @@ impl Scheduler {
             self.revoke_co(now, out);
             if go_on {
                 // A holder that could hold beside others is not waited for: settled like
-                // a co-holder, when its report comes.
+                // a co-holder, when its report comes (its markers may time the next
+                // holder's first kernels).
+                if let Some(x) = self.tenants.get_mut(&t) {
+                    x.shared = true;
+                }
                 self.settling.insert(t, r);
                 self.st = St::Idle;
                 self.pick(now, out);
@@ -1712,6 +1739,22 @@ pub fn handoff_delay(p: &Params, launch_cost_ns: u64, queue_ns: u64) -> Option<u
 /// the gate as the revoke came) is over within a quantum.
 fn queued_work_is_short(p: &Params, launch_cost_ns: u64) -> bool {
     launch_cost_ns.saturating_mul(3) <= p.quantum_ns
+}
+
+/// The device time tenant `t`'s processes ran in the grant now settled (what it is
+/// charged, and its fill), from what they measured (`busy_ns`): for a grant it shared
+/// with another tenant's (co-holding, or the GPU going on from it at its revoke), at most
+/// its launches at the device time per launch measured in grants it did not share. Its
+/// markers then also timed the other contexts' kernels run between them (the GPU
+/// time-slices between contexts), which charged co-held tenants of 5 ms kernels 1.8–3.6×
+/// their device time (`sched-bench --only load-stopped`). Takes the launches its
+/// processes reported with the drain.
+fn shared_busy(t: &mut T, busy_ns: Option<u64>) -> Option<u64> {
+    let launches = t.reported_launches.take();
+    match (busy_ns, launches, t.launch_cost_ns) {
+        (Some(b), Some(n), Some(c)) if t.shared => Some(b.min(n.saturating_mul(c))),
+        _ => busy_ns,
+    }
 }
 
 /// What a slice costs a tenant: the device time its processes measured (`busy_ns`) at
@@ -3178,6 +3221,53 @@ mod tests {
         }
         assert_eq!(sched.holder(), Some(5));
         assert!(sched.co_holders().is_empty(), "{:?}", sched.co_holders());
+    }
+
+    #[test]
+    fn a_shared_grant_is_charged_its_launches_at_their_unshared_device_time() {
+        let mut sched = Scheduler::new(co_holding());
+        for id in 1..=2 {
+            sched.add(id, burst(50), 0);
+            sched.note_stopped(id, 0.8, PERIOD);
+        }
+        // Alone, each measured 100 µs per launch (10 of them in 1 ms of 10 ms held).
+        let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
+        now = measured(&mut sched, 2, MS, 10 * MS, now);
+        now += 100 * MS;
+        let acts = sched.demand(1, now);
+        let [Action::Grant { generation: g1, .. }] = acts[..] else {
+            panic!("tenant 1 not granted: {acts:?}");
+        };
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation: g2, .. }] = acts[..] else {
+            panic!("tenant 2 not co-held: {acts:?}");
+        };
+        let used = |s: &Scheduler, id| s.stats(id, 0).expect("known").used_ns;
+        let before = used(&sched, 2);
+        // Beside the holder, its markers also timed the holder's kernels: 6 ms for 20
+        // launches. It is charged the 20 launches at 100 µs, and its device time per
+        // launch is not taken from that report.
+        sched.note_launches(2, Some(6 * MS), 20);
+        sched.release(2, g2, now + 5 * MS, Some(6 * MS), false, now + 5 * MS);
+        assert_eq!(used(&sched, 2) - before, 2 * MS);
+        assert_eq!(sched.tenants[&2].launch_cost_ns, Some(MS / 10));
+        // Measured less than its launches at that cost (kernels grew shorter): the
+        // measure, as for a grant it did not share.
+        now += 6 * MS;
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation: g2, .. }] = acts[..] else {
+            panic!("tenant 2 not co-held again: {acts:?}");
+        };
+        let before = used(&sched, 2);
+        sched.note_launches(2, Some(MS / 2), 20);
+        sched.release(2, g2, now + MS, Some(MS / 2), false, now + MS);
+        assert_eq!(used(&sched, 2) - before, MS / 2);
+        // The holder shared its grant too; a report without launches (none reported)
+        // is charged as measured.
+        assert_eq!(sched.holder(), Some(1));
+        let before = used(&sched, 1);
+        sched.release(1, g1, now + 2 * MS, Some(3 * MS), false, now + 2 * MS);
+        assert_eq!(used(&sched, 1) - before, 3 * MS);
     }
 
     #[test]
