@@ -146,6 +146,10 @@ const LAG_DECAY: f64 = 0.5;
 /// before it count for.
 const FILL_DECAY: f64 = 0.5;
 
+/// Least device time a tenant's unshared grants must have measured (weighted as the
+/// fill) before its shared grants are charged per launch ([`T::unshared_cost`]).
+const MIN_COST_SAMPLE_NS: u64 = 1_000_000;
+
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -288,8 +292,8 @@ struct T {
     /// Its lag then (virtual clock minus its virtual time, at least 0): time it was owed
     /// for having waited, which a sleep does not forfeit.
     idle_lag: f64,
-    /// Device time per launch its processes last reported (busy / launches of a slice
-    /// it did not share), ns; None until such a slice that launched was measured.
+    /// Device time per launch its processes last reported (busy / launches of a slice),
+    /// ns; None until a slice that launched was measured.
     launch_cost_ns: Option<u64>,
     /// Its current or last grant ran beside another tenant's (co-holding): its
     /// processes' markers then also timed the other contexts' kernels
@@ -298,6 +302,15 @@ struct T {
     /// The launches its processes reported with the drain now being settled (None: not
     /// reported).
     reported_launches: Option<u64>,
+    /// Device time of launches its shared grants counted that their measures did not
+    /// cover yet (work queued at a grant's end runs in the next one), ns
+    /// ([`shared_busy`]).
+    shared_carry_ns: u64,
+    /// Device time and launches measured in its grants it did not share, each grant
+    /// weighing [`FILL_DECAY`] of the one after it: their ratio is the device time per
+    /// launch its shared grants are charged at ([`T::unshared_cost`]).
+    unshared_busy: f64,
+    unshared_launches: f64,
     /// Device time and time held of its past grants, each grant weighing
     /// [`FILL_DECAY`] of the one after it; their ratio is its fill (None: never held).
     fill_busy: f64,
@@ -353,6 +366,14 @@ impl T {
             _ => self.stopped,
         };
         Some((fill * (1.0 - self.stopped) + run_on).min(1.0))
+    }
+
+    /// The device time per launch its grants it did not share measured, ns, once they
+    /// measured at least [`MIN_COST_SAMPLE_NS`] (None before: a first grant's measure
+    /// can miss most of its launches; one read 0.3 µs per 10 µs kernel).
+    fn unshared_cost(&self) -> Option<u64> {
+        (self.unshared_busy >= MIN_COST_SAMPLE_NS as f64 && self.unshared_launches > 0.0)
+            .then(|| (self.unshared_busy / self.unshared_launches).round() as u64)
     }
 
     /// What a hand-over to and from it costs the GPU, ns: its launcher's start after a
@@ -498,6 +519,9 @@ impl Scheduler {
             launch_cost_ns: None,
             shared: false,
             reported_launches: None,
+            shared_carry_ns: 0,
+            unshared_busy: 0.0,
+            unshared_launches: 0.0,
             fill_busy: 0.0,
             fill_held: 0.0,
             stopped: 0.0,
@@ -619,9 +643,12 @@ impl Scheduler {
         t.reported_launches = Some(launches);
         if let Some(busy) = busy_ns
             && launches > 0
-            && !t.shared
         {
             t.launch_cost_ns = Some(busy / launches);
+            if !t.shared {
+                t.unshared_busy = t.unshared_busy * FILL_DECAY + busy as f64;
+                t.unshared_launches = t.unshared_launches * FILL_DECAY + launches as f64;
+            }
         }
     }
 
@@ -893,7 +920,7 @@ impl Scheduler {
         let busy_ns = self
             .tenants
             .get_mut(&id)
-            .map_or(busy_ns, |t| shared_busy(t, busy_ns));
+            .map_or(busy_ns, |t| shared_busy(t, busy_ns, self.p.queue_ahead_ns));
         let (since, granted, provisional, revoked, deadline) = match self.st {
             St::Holding {
                 t,
@@ -1329,7 +1356,9 @@ impl Scheduler {
             t.throttled_ns += now.saturating_sub(s);
         }
         t.grants += 1;
-        t.shared = false;
+        // Granted while revoked grants' queued work may still run (the GPU did not wait
+        // for their reports): its markers may time that work too.
+        t.shared = !self.settling.is_empty();
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
         let slice = slice_of(&self.p, t, min_slice);
@@ -1742,18 +1771,30 @@ fn queued_work_is_short(p: &Params, launch_cost_ns: u64) -> bool {
 }
 
 /// The device time tenant `t`'s processes ran in the grant now settled (what it is
-/// charged, and its fill), from what they measured (`busy_ns`): for a grant it shared
-/// with another tenant's (co-holding, or the GPU going on from it at its revoke), at most
-/// its launches at the device time per launch measured in grants it did not share. Its
-/// markers then also timed the other contexts' kernels run between them (the GPU
+/// charged, and its fill), from what they measured (`busy_ns`). For a grant it shared
+/// with another tenant's (co-holding, or the GPU going on from it at its revoke): at most
+/// its launches at the device time per launch measured in grants it did not share, plus
+/// what earlier shared grants' launches were owed and their measures did not cover (work
+/// queued at a grant's end runs in the next: a grant of no launches measures its
+/// predecessor's). What stays owed is carried to the next shared grant, at most the run-on
+/// a queue allows (`queue_ahead_ns`, or two launches); an unshared grant's measure covers
+/// it. Markers time the other contexts' kernels run between them too (the GPU
 /// time-slices between contexts), which charged co-held tenants of 5 ms kernels 1.8–3.6×
 /// their device time (`sched-bench --only load-stopped`). Takes the launches its
 /// processes reported with the drain.
-fn shared_busy(t: &mut T, busy_ns: Option<u64>) -> Option<u64> {
+fn shared_busy(t: &mut T, busy_ns: Option<u64>, queue_ahead_ns: u64) -> Option<u64> {
     let launches = t.reported_launches.take();
-    match (busy_ns, launches, t.launch_cost_ns) {
-        (Some(b), Some(n), Some(c)) if t.shared => Some(b.min(n.saturating_mul(c))),
-        _ => busy_ns,
+    match (busy_ns, launches, t.unshared_cost()) {
+        (Some(b), Some(n), Some(c)) if t.shared => {
+            let owed = n.saturating_mul(c).saturating_add(t.shared_carry_ns);
+            let ran = b.min(owed);
+            t.shared_carry_ns = (owed - ran).min(queue_ahead_ns.max(c.saturating_mul(2)));
+            Some(ran)
+        }
+        _ => {
+            t.shared_carry_ns = 0;
+            busy_ns
+        }
     }
 }
 
@@ -3250,7 +3291,7 @@ mod tests {
         sched.note_launches(2, Some(6 * MS), 20);
         sched.release(2, g2, now + 5 * MS, Some(6 * MS), false, now + 5 * MS);
         assert_eq!(used(&sched, 2) - before, 2 * MS);
-        assert_eq!(sched.tenants[&2].launch_cost_ns, Some(MS / 10));
+        assert_eq!(sched.tenants[&2].unshared_cost(), Some(MS / 10));
         // Measured less than its launches at that cost (kernels grew shorter): the
         // measure, as for a grant it did not share.
         now += 6 * MS;
@@ -3262,12 +3303,67 @@ mod tests {
         sched.note_launches(2, Some(MS / 2), 20);
         sched.release(2, g2, now + MS, Some(MS / 2), false, now + MS);
         assert_eq!(used(&sched, 2) - before, MS / 2);
+        // A grant of no launches measures what was queued at the last one's end: it is
+        // charged what that grant's launches were owed and did not measure (1.5 ms), at
+        // most its measure.
+        now += 2 * MS;
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation: g2, .. }] = acts[..] else {
+            panic!("tenant 2 not co-held a third time: {acts:?}");
+        };
+        let before = used(&sched, 2);
+        sched.note_launches(2, Some(MS), 0);
+        sched.release(2, g2, now + MS, Some(MS), false, now + MS);
+        assert_eq!(used(&sched, 2) - before, MS);
         // The holder shared its grant too; a report without launches (none reported)
         // is charged as measured.
         assert_eq!(sched.holder(), Some(1));
         let before = used(&sched, 1);
-        sched.release(1, g1, now + 2 * MS, Some(3 * MS), false, now + 2 * MS);
+        sched.release(1, g1, now + MS, Some(3 * MS), false, now + MS);
         assert_eq!(used(&sched, 1) - before, 3 * MS);
+    }
+
+    #[test]
+    fn a_shared_grant_is_charged_its_measure_until_unshared_grants_measured_enough() {
+        let mut sched = Scheduler::new(co_holding());
+        for id in 1..=2 {
+            sched.add(id, burst(50), 0);
+            sched.note_stopped(id, 0.8, PERIOD);
+        }
+        // Tenant 2's only unshared grant measured 18 µs for 61 launches (a first
+        // grant's measure missing most of them): not a cost to charge at.
+        let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation, .. }] = acts[..] else {
+            panic!("tenant 2 not granted: {acts:?}");
+        };
+        sched.note_launches(2, Some(18_000), 61);
+        sched.release(
+            2,
+            generation,
+            now + 10 * MS,
+            Some(18_000),
+            false,
+            now + 10 * MS,
+        );
+        assert_eq!(sched.tenants[&2].unshared_cost(), None);
+        now += 110 * MS;
+        sched.demand(1, now);
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation, .. }] = acts[..] else {
+            panic!("tenant 2 not co-held: {acts:?}");
+        };
+        let before = sched.stats(2, 0).expect("known").used_ns;
+        sched.note_launches(2, Some(3 * MS), 200);
+        sched.release(
+            2,
+            generation,
+            now + 5 * MS,
+            Some(3 * MS),
+            false,
+            now + 5 * MS,
+        );
+        assert_eq!(sched.stats(2, 0).expect("known").used_ns - before, 3 * MS);
     }
 
     #[test]
