@@ -917,10 +917,6 @@ impl Scheduler {
             _ => settled,
         };
         let unclaimed = revoked.is_some_and(|r| r.unclaimed);
-        let busy_ns = self
-            .tenants
-            .get_mut(&id)
-            .map_or(busy_ns, |t| shared_busy(t, busy_ns, self.p.queue_ahead_ns));
         let (since, granted, provisional, revoked, deadline) = match self.st {
             St::Holding {
                 t,
@@ -939,6 +935,11 @@ impl Scheduler {
                 (None, None) => return out,
             },
         };
+        // Only past a report of one of its grants (a stale one changes nothing).
+        let busy_ns = self
+            .tenants
+            .get_mut(&id)
+            .map_or(busy_ns, |t| shared_busy(t, busy_ns, self.p.queue_ahead_ns));
         // A report read before the revoke it answers (a caller's clock read before the
         // revoke was decided) counts as read at the revoke.
         let now = now.max(since).max(revoked.unwrap_or(since));
