@@ -1358,8 +1358,9 @@ impl Scheduler {
         }
         t.grants += 1;
         // Granted while revoked grants' queued work may still run (the GPU did not wait
-        // for their reports): its markers may time that work too.
-        t.shared = !self.settling.is_empty();
+        // for their reports): its markers may time that work too. A grant revoked
+        // unclaimed has nothing on the GPU.
+        t.shared = self.settling.values().any(|r| !r.unclaimed);
         self.vclock = self.vclock.max(t.vtime);
         self.placed_max = None;
         let slice = slice_of(&self.p, t, min_slice);
