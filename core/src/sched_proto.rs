@@ -48,6 +48,17 @@
 //! the time (CLOCK_MONOTONIC ns, a `u64` at [`CLAIM_TIME_OFFSET`] in the word's
 //! stride): how long after the grant the tenant started, which the daemon's slices
 //! follow (additive: 0 from an older shim, not read by an older daemon).
+//!
+//! Expiry (additive, ADR 0036): beside a grant word the board may say when that grant
+//! ends without word from the daemon: the generation it is for (a `u32` at
+//! [`EXPIRY_GEN_OFFSET`] in the word's stride) and the time (CLOCK_MONOTONIC ns, a `u64`
+//! at [`EXPIRY_AT_OFFSET`]; 0: none). The daemon sets it while another tenant waits for
+//! the GPU, to the holder's slice end plus a margin: a shim still holding that grant
+//! then yields it as if revoked (a daemon starved of CPU, or frozen, otherwise left the
+//! holder the GPU for as long as it did not run). Written as a sequence lock: the
+//! generation [`EXPIRY_WRITING`], the time, then the generation; a reader takes the
+//! time only between two reads of the same generation, the one it holds. An older
+//! shim ignores it; an older daemon leaves it 0.
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +71,15 @@ pub const BOARD_STRIDE: usize = 64;
 /// Offset, within a claim word's stride, of the time of the claim (a `u64`,
 /// CLOCK_MONOTONIC ns, stored before the claim word).
 pub const CLAIM_TIME_OFFSET: usize = 8;
+/// Offset, within a grant word's stride of the board, of its grant's expiry time (a
+/// `u64`, CLOCK_MONOTONIC ns; 0: none). See "Expiry" above.
+pub const EXPIRY_AT_OFFSET: usize = 8;
+/// Offset, within a grant word's stride of the board, of the generation its expiry is
+/// for (a `u32`).
+pub const EXPIRY_GEN_OFFSET: usize = 16;
+/// The expiry's generation while the daemon writes its time (no generation is this:
+/// generations have 31 bits).
+pub const EXPIRY_WRITING: u32 = u32::MAX;
 /// Most GPUs one process may register.
 pub const MAX_GPUS: usize = 16;
 /// Size of a board, bytes (one page).

@@ -38,7 +38,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use vgpu_core::sched_proto::{CLAIM_TIME_OFFSET, GrantWord, ShimMsg, encode};
+use vgpu_core::sched_proto::{
+    CLAIM_TIME_OFFSET, EXPIRY_AT_OFFSET, EXPIRY_GEN_OFFSET, GrantWord, ShimMsg, encode,
+};
 use vgpu_sys::{futex_wait, futex_wake};
 
 use crate::config::MAX_DEVICES;
@@ -810,6 +812,41 @@ impl Gate {
         // mapping that is never unmapped (boards of past connections are leaked on
         // purpose, one page each, so a launcher holding the old pointer stays valid).
         unsafe { &*p }
+    }
+
+    /// When grant `generation`, held here, expires without word from the daemon
+    /// (CLOCK_MONOTONIC ns), as the board says beside the grant word (ADR 0036; the
+    /// sequence lock of [`vgpu_core::sched_proto`], "Expiry"). None: no board word (the
+    /// local fallback's), no expiry, one for another grant, or the word does not say
+    /// this grant is held any more.
+    fn expiry(&self, generation: u32) -> Option<u64> {
+        let p = self.word.load(Ordering::Acquire);
+        if p.is_null() || std::ptr::eq(p, &self.local) {
+            return None;
+        }
+        // SAFETY: a non-null pointer other than `self.local` is a grant word of a board
+        // mapping that is never unmapped (see `Gate::word`), at a multiple of the
+        // stride of a page-aligned mapping, so the expiry's fields in its stride are in
+        // the page and aligned; the board is only read, atomically.
+        let (word, gen_of, at) = unsafe {
+            let base = p.cast::<u8>();
+            (
+                &*p,
+                &*base.add(EXPIRY_GEN_OFFSET).cast::<AtomicU32>(),
+                &*base.add(EXPIRY_AT_OFFSET).cast::<AtomicU64>(),
+            )
+        };
+        if gen_of.load(Ordering::SeqCst) != generation {
+            return None;
+        }
+        let t = at.load(Ordering::SeqCst);
+        if t == 0
+            || gen_of.load(Ordering::SeqCst) != generation
+            || word.load(Ordering::SeqCst) != GrantWord::held(generation).pack()
+        {
+            return None;
+        }
+        Some(t)
     }
 
     fn held(&self, w: u32) -> bool {

@@ -18,7 +18,10 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, GrantWord};
+use vgpu_core::sched_proto::{
+    BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, EXPIRY_AT_OFFSET, EXPIRY_GEN_OFFSET,
+    EXPIRY_WRITING, GrantWord,
+};
 use vgpu_sys::futex_wake;
 use vgpu_sys::shm::{SharedMap, memfd, seal_size, seal_writes_by_others};
 
@@ -89,6 +92,22 @@ impl Board {
             "board word {i} out of range"
         );
         self.map.atomic_u32(i * BOARD_STRIDE)
+    }
+
+    /// Says beside word `i` that grant `generation` expires at `at_ns` (CLOCK_MONOTONIC;
+    /// 0: it does not), for the tenant's shims (ADR 0036; the sequence lock of
+    /// [`vgpu_core::sched_proto`], "Expiry"). The daemon is the one writer (under its
+    /// lock); an unchanged expiry is not written again.
+    pub fn set_expiry(&self, i: usize, generation: u32, at_ns: u64) {
+        let _ = self.word(i);
+        let g = self.map.atomic_u32(i * BOARD_STRIDE + EXPIRY_GEN_OFFSET);
+        let at = self.map.atomic_u64(i * BOARD_STRIDE + EXPIRY_AT_OFFSET);
+        if g.load(Ordering::SeqCst) == generation && at.load(Ordering::SeqCst) == at_ns {
+            return;
+        }
+        g.store(EXPIRY_WRITING, Ordering::SeqCst);
+        at.store(at_ns, Ordering::SeqCst);
+        g.store(generation, Ordering::SeqCst);
     }
 
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.

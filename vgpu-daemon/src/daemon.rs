@@ -1159,4 +1159,22 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
             apply(g, uuid, more, now);
         }
     }
+    publish_expiries(g, uuid);
+}
+
+/// Writes beside the grant words of the tenants granted `uuid` when their grants expire
+/// ([`Scheduler::expiry`]; 0: they do not), after every decision: a new waiter, a
+/// renewal or a new grant may have moved it (ADR 0036). Only the granted tenants' words:
+/// an expiry beside a word that is not held, or that names another generation, is not
+/// read.
+fn publish_expiries(g: &Inner, uuid: &str) {
+    let Some(rec) = g.gpus.get(uuid) else {
+        return;
+    };
+    for (tid, generation) in &rec.grants {
+        let (generation, at) = rec.sched.expiry(*tid).unwrap_or((*generation, 0));
+        if let Some((b, w)) = board_word(g, uuid, *tid) {
+            b.set_expiry(w, generation, at);
+        }
+    }
 }

@@ -91,6 +91,17 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(0..=10_000_000)
     )]
     max_queue_ahead_us: u64,
+    /// How long past its slice's end, ms, a grant held while another tenant waits (or a
+    /// capped tenant's) expires in the tenant's shims if the daemon has not revoked it:
+    /// bounds what a daemon starved of CPU or frozen lets a holder overrun (ADR 0036);
+    /// 0: grants never expire.
+    #[arg(
+        long,
+        env = "VGPU_GRANT_EXPIRY_MS",
+        default_value_t = Params::default().grant_expiry_margin_ns / 1_000_000,
+        value_parser = clap::value_parser!(u64).range(0..=60_000)
+    )]
+    grant_expiry_ms: u64,
     /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
     /// reads it through /proc/PID/root and ignores the shim's proposed settings.
     #[arg(long)]
@@ -209,6 +220,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
                 claim_timeout_ns: a.claim_timeout_ms.0,
                 max_slice_quanta: a.max_slice_quanta,
                 max_queue_ahead_ns: a.max_queue_ahead_us.saturating_mul(1000),
+                grant_expiry_margin_ns: a.grant_expiry_ms.saturating_mul(1_000_000),
                 ..Params::default()
             },
             trusted_quota_file: a.trusted_quota_file.clone(),

@@ -150,6 +150,11 @@ const FILL_DECAY: f64 = 0.5;
 /// fill) before its shared grants are charged per launch ([`T::unshared_cost`]).
 const MIN_COST_SAMPLE_NS: u64 = 1_000_000;
 
+/// Default [`Params::grant_expiry_margin_ns`]: five quanta. A daemon throttled by a CPU
+/// limit misses up to most of a 100 ms CFS period; what it did not revoke within this
+/// margin the holder's shim yields by itself (ADR 0036).
+pub const DEFAULT_GRANT_EXPIRY_MARGIN_NS: u64 = 50_000_000;
+
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -205,6 +210,12 @@ pub struct Params {
     /// `queue_ahead_ns`, at most half its slice; ADR 0032), ns; at most `queue_ahead_ns`:
     /// every holder's bound is `queue_ahead_ns`.
     pub max_queue_ahead_ns: u64,
+    /// How long past its slice's end a grant made or held while another tenant waits
+    /// (or a capped tenant's, whose tokens end with its slice) expires in the shims
+    /// without word from the daemon ([`Scheduler::expiry`], ADR 0036), ns; 0: never.
+    /// Bounds what a daemon too starved of CPU to revoke on time (or frozen) lets a
+    /// holder run beyond its slice.
+    pub grant_expiry_margin_ns: u64,
 }
 
 impl Default for Params {
@@ -222,6 +233,7 @@ impl Default for Params {
             claim_timeout_ns: DEFAULT_CLAIM_TIMEOUT_NS,
             max_slice_quanta: DEFAULT_MAX_SLICE_QUANTA,
             max_queue_ahead_ns: DEFAULT_MAX_QUEUE_AHEAD_NS,
+            grant_expiry_margin_ns: DEFAULT_GRANT_EXPIRY_MARGIN_NS,
         }
     }
 }
@@ -1381,6 +1393,40 @@ impl Scheduler {
         self.co_grant(now, out);
     }
 
+    /// When `id`'s grant in force expires in its shims without word from the daemon
+    /// (ADR 0036): its generation and the holder's slice end plus
+    /// [`Params::grant_expiry_margin_ns`], while another tenant waits for the GPU (its
+    /// slice then ends in a revoke), or for a capped holder (its tokens end with its
+    /// slice). None: `id` holds no grant, nobody waits (a lone holder's slice is renewed
+    /// at its end), or expiry is off. The daemon writes it beside the tenant's grant
+    /// word whenever a decision may have changed it; a renewal or a new waiter moves it.
+    pub fn expiry(&self, id: TenantId) -> Option<(u32, u64)> {
+        let margin = self.p.grant_expiry_margin_ns;
+        let St::Holding {
+            t: h,
+            generation,
+            deadline,
+            ..
+        } = self.st
+        else {
+            return None;
+        };
+        if margin == 0 {
+            return None;
+        }
+        let generation = if id == h {
+            generation
+        } else {
+            self.co.get(&id)?.generation
+        };
+        let capped = id == h
+            && self
+                .tenants
+                .get(&id)
+                .is_some_and(|t| t.settings.policy == ComputePolicy::Cap);
+        (capped || self.others_waiting(id)).then(|| (generation, deadline.saturating_add(margin)))
+    }
+
     /// The holder's slice end (None: nobody holds).
     fn deadline(&self) -> Option<u64> {
         match self.st {
@@ -2065,6 +2111,61 @@ mod tests {
         let used = run_saturated(&mut sched, &[1], 10_000 * MS, 0);
         let pct = used[&1] as f64 * 100.0 / (10_000 * MS) as f64;
         assert!((pct - 30.0).abs() < 1.0, "cap 30 % alone got {pct:.2} %");
+    }
+
+    #[test]
+    fn a_grant_expires_past_its_slice_only_while_another_tenant_waits_or_when_capped() {
+        let margin = Params::default().grant_expiry_margin_ns;
+        let mut sched = Scheduler::new(Params::default());
+        sched.add(1, burst(50), 0);
+        sched.add(2, burst(50), 0);
+        sched.demand(1, 0);
+        assert_eq!(sched.expiry(1), None, "alone: its slice is renewed");
+        assert_eq!(sched.expiry(2), None, "no grant");
+        // Renewed alone: the slice moves on, still without expiry.
+        assert!(sched.tick(10 * MS).is_empty());
+        assert_eq!(sched.expiry(1), None);
+        // A waiter: the holder's grant expires at its (renewed) slice's end plus the margin.
+        assert!(sched.demand(2, 13 * MS).is_empty());
+        assert_eq!(sched.expiry(1), Some((1, 20 * MS + margin)));
+        // Revoked at the slice's end: no grant of its in force any more; the next
+        // holder's expires while the first one waits again.
+        let acts = sched.tick(20 * MS);
+        assert_eq!(
+            acts,
+            vec![Action::Revoke {
+                tenant: 1,
+                generation: 1
+            }]
+        );
+        assert_eq!(sched.expiry(1), None);
+        let acts = sched.release(1, 1, 20 * MS, Some(10 * MS), true, 20 * MS);
+        assert_eq!(
+            acts,
+            vec![Action::Grant {
+                tenant: 2,
+                generation: 2
+            }]
+        );
+        let (g, at) = sched.expiry(2).expect("tenant 1 waits");
+        assert_eq!(g, 2);
+        assert_eq!(at, sched.next_deadline().expect("a slice") + margin);
+        // Off: never.
+        let mut off = Scheduler::new(Params {
+            grant_expiry_margin_ns: 0,
+            ..Params::default()
+        });
+        off.add(1, burst(50), 0);
+        off.add(2, burst(50), 0);
+        off.demand(1, 0);
+        off.demand(2, 0);
+        assert_eq!(off.expiry(1), None);
+        // A capped holder's tokens end with its slice: its grant expires even alone.
+        let mut cap = Scheduler::new(Params::default());
+        cap.add(1, s(30, ComputePolicy::Cap, Priority::BestEffort), 0);
+        cap.demand(1, 0);
+        let end = cap.next_deadline().expect("its slice");
+        assert_eq!(cap.expiry(1), Some((1, end + margin)));
     }
 
     #[test]

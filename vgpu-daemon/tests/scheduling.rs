@@ -602,6 +602,46 @@ fn shares_hold_when_the_daemon_is_starved() {
     finish_registered(t2, "starved daemon");
 }
 
+/// A daemon frozen (SIGSTOP) while two tenants saturate the GPU does not leave it to the
+/// holder for the freeze: the grant, which the daemon would have revoked at its slice's
+/// end since the other tenant waits, expires in the holder's shims (ADR 0036). The
+/// freeze (1.2 s) is shorter than the shims' peer deadline: both go on with the daemon,
+/// nobody falls back. With expiry off (`--grant-expiry-ms 0`) the holder ran the whole
+/// freeze (1,200 ms of device time, twice; checked by hand).
+#[test]
+fn a_holders_grant_expires_when_the_daemon_freezes() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(5, 1_000_000, at);
+    let (c1, c2) = (container(50, "burst"), container(50, "burst"));
+    let t1 = node.tenant(&c1, &d.socket, &strs(&args));
+    let t2 = node.tenant(&c2, &d.socket, &strs(&args));
+    std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    signal(d.child.id(), "-STOP");
+    let busy = window(&node, &[t1.id(), t2.id()], Duration::from_millis(1200));
+    signal(d.child.id(), "-CONT");
+    let most = busy.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "figure: device time during a 1.2 s daemon freeze: {} / {} ms",
+        busy[0] / 1_000_000,
+        busy[1] / 1_000_000
+    );
+    // The slice (10-40 ms), the expiry margin (50 ms) and the drain bound it; 400 ms
+    // leaves room for a loaded machine, a third of the freeze.
+    assert!(
+        most < 400_000_000,
+        "a holder ran {} ms of a 1.2 s daemon freeze ({busy:?} ns)",
+        most / 1_000_000
+    );
+    for c in [&c1, &c2] {
+        assert_never_fell_back(&d.api, c, "frozen daemon");
+    }
+    finish_registered(t1, "frozen daemon");
+    finish_registered(t2, "frozen daemon");
+}
+
 /// A holder too starved of CPU to report its drain (here: stopped) does not keep the GPU
 /// from a waiting tenant beyond its queued work: the daemon hands the GPU on, and charges
 /// the holder when it reports (issue 16: throttled containers held the GPU idle). What

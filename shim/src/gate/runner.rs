@@ -721,7 +721,7 @@ impl Runner {
                 if let Some(i) = self.dev_of(gpu)
                     && self.devs[i].reported != Some(generation)
                 {
-                    self.drain(i, generation, false);
+                    self.drain(i, generation, work::Ending::Revoked);
                 }
             }
             DaemonMsg::Settings { gpu, settings } => {

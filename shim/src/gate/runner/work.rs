@@ -25,6 +25,18 @@ const SETTLE_MAX: Duration = Duration::from_secs(10);
 /// 0034): the daemon's drain timeout.
 const HELD_BACK_MAX: Duration = Duration::from_millis(500);
 
+/// How a slice of this process ends ([`Runner::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// The daemon revoked it.
+    Revoked,
+    /// The process stopped launching: it yields the slice (reported as `Idle`).
+    Idle,
+    /// Past its expiry (ADR 0036), not revoked: the process yields it, reported as a
+    /// drain with its blocked launches (`waiting`).
+    Expired,
+}
+
 impl Runner {
     /// Learns which launches completed from the marker events (in order), and the GPU
     /// time per launch while the queue stayed busy.
@@ -177,9 +189,22 @@ impl Runner {
             }
             // Idle: no launch for IDLE_TICKS ticks and at least two launches' time.
             let ticks = IDLE_TICKS.max((2.0 * d.launch_cost_ns() / TICK.as_nanos() as f64) as u32);
-            let _ = now;
             if d.idle_ticks >= ticks {
-                self.drain(i, generation, true);
+                self.drain(i, generation, Ending::Idle);
+                continue;
+            }
+            // Past its expiry the daemon should have revoked it (another tenant waits):
+            // a daemon starved of CPU or frozen does not keep the GPU for this process.
+            if let Some(at) = gate.expiry(generation)
+                && now >= at
+            {
+                let late = (now - at) / 1000;
+                crate::process::log(self.shim, || {
+                    format!(
+                        "GPU {i} slice {generation}: expired {late} µs ago, not revoked by the daemon; yielding it"
+                    )
+                });
+                self.drain(i, generation, Ending::Expired);
             }
         }
     }
@@ -189,9 +214,11 @@ impl Runner {
     /// revocation closes the device-side word first and does not wait for the queue: the
     /// device stops each stream at its next wait (at most a run of launches on), the
     /// rest waits for the next grant, and the report says so (`waiting`: work queued).
-    pub(super) fn drain(&mut self, i: usize, generation: u32, idle: bool) {
+    pub(super) fn drain(&mut self, i: usize, generation: u32, how: Ending) {
         let gate = &self.g.gates[i];
-        if idle {
+        let idle = how == Ending::Idle;
+        // Ended here, not by the daemon: the word still says held.
+        if how != Ending::Revoked {
             gate.yielded.store(generation, Ordering::SeqCst);
         }
         let held_back = !idle && gate.device_gated();
@@ -253,7 +280,11 @@ impl Runner {
                 busy_ns.map(|b| b / 1000),
                 inflight_wait.as_micros(),
                 sync_wait.as_micros(),
-                if idle { " (yielded)" } else { "" }
+                match how {
+                    Ending::Revoked => "",
+                    Ending::Idle => " (yielded)",
+                    Ending::Expired => " (expired)",
+                }
             )
         });
         // Launches from now on belong to the next grant (none happen before it); so do
