@@ -52,10 +52,10 @@
 //! Expiry (additive, ADR 0036): beside a grant word the board may say when that grant
 //! ends without word from the daemon: the generation it is for (a `u32` at
 //! [`EXPIRY_GEN_OFFSET`] in the word's stride) and the time (CLOCK_MONOTONIC ns, a `u64`
-//! at [`EXPIRY_AT_OFFSET`]; 0: none). The daemon sets it while another tenant waits for
-//! the GPU, to the holder's slice end plus a margin: a shim still holding that grant
-//! then yields it as if revoked (a daemon starved of CPU, or frozen, otherwise left the
-//! holder the GPU for as long as it did not run). Written as a sequence lock: the
+//! at [`EXPIRY_AT_OFFSET`]; 0: none). The daemon sets it to the holder's slice end plus
+//! a margin (longer when nobody waits, and moved on at each renewal): a shim still
+//! holding that grant then yields it as if revoked (a daemon starved of CPU, or frozen,
+//! otherwise left the holder the GPU for as long as it did not run). Written as a sequence lock: the
 //! generation [`EXPIRY_WRITING`], the time, then the generation; a reader takes the
 //! time only between two reads of the same generation, the one it holds. An older
 //! shim ignores it; an older daemon leaves it 0.

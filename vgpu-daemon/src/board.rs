@@ -126,6 +126,26 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     #[test]
+    fn an_expiry_is_written_beside_its_word_generation_last() {
+        let b = Board::new("e").expect("memfd");
+        b.set(2, 7, true);
+        b.set_expiry(2, 7, 123_456);
+        let at = |i: usize| b.map.atomic_u64(i * BOARD_STRIDE + EXPIRY_AT_OFFSET);
+        let gen_of = |i: usize| b.map.atomic_u32(i * BOARD_STRIDE + EXPIRY_GEN_OFFSET);
+        assert_eq!(gen_of(2).load(Ordering::SeqCst), 7);
+        assert_eq!(at(2).load(Ordering::SeqCst), 123_456);
+        // The word itself and the neighbours' fields are untouched.
+        assert_eq!(b.word(2).load(Ordering::SeqCst), GrantWord::held(7).pack());
+        assert_eq!(at(1).load(Ordering::SeqCst), 0);
+        assert_eq!(gen_of(3).load(Ordering::SeqCst), 0);
+        b.set_expiry(2, 8, 0);
+        assert_eq!(
+            (gen_of(2).load(Ordering::SeqCst), at(2).load(Ordering::SeqCst)),
+            (8, 0)
+        );
+    }
+
+    #[test]
     fn sealed_board_cannot_be_mapped_writable_by_others() {
         let b = Board::new("t").expect("memfd");
         b.set(3, 5, true);

@@ -92,9 +92,10 @@ struct Args {
     )]
     max_queue_ahead_us: u64,
     /// How long past its slice's end, ms, a grant held while another tenant waits (or a
-    /// capped tenant's) expires in the tenant's shims if the daemon has not revoked it:
-    /// bounds what a daemon starved of CPU or frozen lets a holder overrun (ADR 0036);
-    /// 0: grants never expire.
+    /// capped tenant's) expires in the tenant's shims if the daemon has not revoked it,
+    /// a lone holder's four times that if the daemon has not renewed it: bounds what a
+    /// daemon starved of CPU or frozen lets a holder overrun (ADR 0036); 0: grants never
+    /// expire.
     #[arg(
         long,
         env = "VGPU_GRANT_EXPIRY_MS",

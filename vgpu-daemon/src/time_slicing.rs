@@ -155,6 +155,11 @@ const MIN_COST_SAMPLE_NS: u64 = 1_000_000;
 /// margin the holder's shim yields by itself (ADR 0036).
 pub const DEFAULT_GRANT_EXPIRY_MARGIN_NS: u64 = 50_000_000;
 
+/// A lone holder's grant expires this many [`Params::grant_expiry_margin_ns`] past its
+/// slice's end ([`Scheduler::expiry`]): a tenant may have started waiting that a stalled
+/// daemon did not read.
+pub const ALONE_EXPIRY_MARGINS: u64 = 4;
+
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -210,9 +215,10 @@ pub struct Params {
     /// `queue_ahead_ns`, at most half its slice; ADR 0032), ns; at most `queue_ahead_ns`:
     /// every holder's bound is `queue_ahead_ns`.
     pub max_queue_ahead_ns: u64,
-    /// How long past its slice's end a grant made or held while another tenant waits
-    /// (or a capped tenant's, whose tokens end with its slice) expires in the shims
-    /// without word from the daemon ([`Scheduler::expiry`], ADR 0036), ns; 0: never.
+    /// How long past its slice's end a grant held while another tenant waits (or a
+    /// capped tenant's, whose tokens end with its slice) expires in the shims without
+    /// word from the daemon ([`Scheduler::expiry`], ADR 0036), ns; a lone holder's,
+    /// [`ALONE_EXPIRY_MARGINS`] times that; 0: never.
     /// Bounds what a daemon too starved of CPU to revoke on time (or frozen) lets a
     /// holder run beyond its slice.
     pub grant_expiry_margin_ns: u64,
@@ -1394,12 +1400,14 @@ impl Scheduler {
     }
 
     /// When `id`'s grant in force expires in its shims without word from the daemon
-    /// (ADR 0036): its generation and the holder's slice end plus
-    /// [`Params::grant_expiry_margin_ns`], while another tenant waits for the GPU (its
-    /// slice then ends in a revoke), or for a capped holder (its tokens end with its
-    /// slice). None: `id` holds no grant, nobody waits (a lone holder's slice is renewed
-    /// at its end), or expiry is off. The daemon writes it beside the tenant's grant
-    /// word whenever a decision may have changed it; a renewal or a new waiter moves it.
+    /// (ADR 0036): its generation, and the holder's slice end plus
+    /// [`Params::grant_expiry_margin_ns`] while another tenant waits for the GPU (its
+    /// slice then ends in a revoke) or for a capped holder (its tokens end with its
+    /// slice); [`ALONE_EXPIRY_MARGINS`] margins when nobody waits (the daemon renews a
+    /// lone holder's slice at its end, and moves the expiry with it; a tenant that
+    /// starts waiting meanwhile may not be read by a stalled daemon). None: `id` holds
+    /// no grant, or expiry is off. The daemon writes it beside the tenant's grant word
+    /// whenever a decision may have changed it.
     pub fn expiry(&self, id: TenantId) -> Option<(u32, u64)> {
         let margin = self.p.grant_expiry_margin_ns;
         let St::Holding {
@@ -1424,7 +1432,12 @@ impl Scheduler {
                 .tenants
                 .get(&id)
                 .is_some_and(|t| t.settings.policy == ComputePolicy::Cap);
-        (capped || self.others_waiting(id)).then(|| (generation, deadline.saturating_add(margin)))
+        let margin = if capped || self.others_waiting(id) {
+            margin
+        } else {
+            margin.saturating_mul(ALONE_EXPIRY_MARGINS)
+        };
+        Some((generation, deadline.saturating_add(margin)))
     }
 
     /// The holder's slice end (None: nobody holds).
@@ -2114,18 +2127,19 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_expires_past_its_slice_only_while_another_tenant_waits_or_when_capped() {
+    fn a_grant_expires_a_margin_past_its_slice_while_another_tenant_waits_or_when_capped() {
         let margin = Params::default().grant_expiry_margin_ns;
         let mut sched = Scheduler::new(Params::default());
         sched.add(1, burst(50), 0);
         sched.add(2, burst(50), 0);
         sched.demand(1, 0);
-        assert_eq!(sched.expiry(1), None, "alone: its slice is renewed");
+        let alone = ALONE_EXPIRY_MARGINS * margin;
+        assert_eq!(sched.expiry(1), Some((1, 10 * MS + alone)), "alone");
         assert_eq!(sched.expiry(2), None, "no grant");
-        // Renewed alone: the slice moves on, still without expiry.
+        // Renewed alone: the expiry moves on with the slice.
         assert!(sched.tick(10 * MS).is_empty());
-        assert_eq!(sched.expiry(1), None);
-        // A waiter: the holder's grant expires at its (renewed) slice's end plus the margin.
+        assert_eq!(sched.expiry(1), Some((1, 20 * MS + alone)));
+        // A waiter: the holder's grant expires at its slice's end plus the margin.
         assert!(sched.demand(2, 13 * MS).is_empty());
         assert_eq!(sched.expiry(1), Some((1, 20 * MS + margin)));
         // Revoked at the slice's end: no grant of its in force any more; the next
