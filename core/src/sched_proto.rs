@@ -306,7 +306,8 @@ pub enum ShimMsg {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         since_ns: Option<u64>,
     },
-    /// The grant `generation` on `gpu` was revoked and this process's work has drained.
+    /// The grant `generation` on `gpu` was revoked (or expired, `expired`) and this
+    /// process's work has drained.
     Drained {
         /// GPU index.
         gpu: u32,
@@ -323,6 +324,10 @@ pub enum ShimMsg {
         /// Additive: an older daemon ignores it, an older shim does not send it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         busy_ns: Option<u64>,
+        /// The process yielded the grant at its expiry (ADR 0036): the daemon had not
+        /// revoked it in time. Additive: absent means false.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        expired: bool,
     },
     /// Under grant `generation` the process launched nothing for a while, stopped using the
     /// grant (a later launch asks again with [`ShimMsg::Demand`]) and its work has
@@ -579,7 +584,14 @@ mod tests {
             r#"{"Drained":{"gpu":0,"generation":3,"end_ns":5,"launches":2,"waiting":false}}"#,
         )
         .expect("an older shim's report");
-        assert!(matches!(old, ShimMsg::Drained { busy_ns: None, .. }));
+        assert!(matches!(
+            old,
+            ShimMsg::Drained {
+                busy_ns: None,
+                expired: false,
+                ..
+            }
+        ));
         let idle = ShimMsg::Idle {
             gpu: 0,
             generation: 3,
@@ -604,6 +616,7 @@ mod tests {
             launches: 12,
             waiting: true,
             busy_ns: Some(40),
+            expired: true,
         };
         let mut wire = encode(&a);
         wire.extend(encode(&b));

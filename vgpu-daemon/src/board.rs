@@ -140,7 +140,10 @@ mod tests {
         assert_eq!(gen_of(3).load(Ordering::SeqCst), 0);
         b.set_expiry(2, 8, 0);
         assert_eq!(
-            (gen_of(2).load(Ordering::SeqCst), at(2).load(Ordering::SeqCst)),
+            (
+                gen_of(2).load(Ordering::SeqCst),
+                at(2).load(Ordering::SeqCst)
+            ),
             (8, 0)
         );
     }

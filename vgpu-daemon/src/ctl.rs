@@ -332,6 +332,7 @@ pub fn tenant_json(t: &pb::Tenant) -> Value {
                 "fill_pct": g.fill_pct,
                 "cpu_stopped_pct": g.cpu_stopped_pct,
                 "unclaimed_grants": g.unclaimed_grants,
+                "expired_grants": g.expired_grants,
                 "slice_ns": g.slice_ns,
                 "queue_ahead_ns": g.queue_ahead_ns,
             })

@@ -519,6 +519,18 @@ impl Daemon {
         Ok(())
     }
 
+    /// A process yielded grant `generation` on its GPU `gpu` at its expiry (ADR 0036):
+    /// counted once per grant ([`Scheduler::note_expired`]); its drain report follows.
+    pub fn expired(&self, conn: u64, gpu: u32, generation: u32) -> Result<(), DaemonError> {
+        let mut g = self.lock();
+        if let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)?
+            && let Some(rec) = g.gpus.get_mut(&uuid)
+        {
+            rec.sched.note_expired(tid, generation);
+        }
+        Ok(())
+    }
+
     /// A process reports its work drained after a revoke, or that it yielded its grant
     /// (an `Idle`, with `waiting` false), with the device time its work occupied
     /// (`busy_ns`, None: not measured).
@@ -876,6 +888,7 @@ impl Daemon {
                             fill_pct: st.and_then(|s| s.fill).map(|f| f * 100.0),
                             cpu_stopped_pct: st.map_or(0.0, |s| s.stopped * 100.0),
                             unclaimed_grants: st.map_or(0, |s| s.unclaimed),
+                            expired_grants: st.map_or(0, |s| s.expired),
                             slice_ns: st.map_or(0, |s| s.slice_ns),
                             queue_ahead_ns: st.map_or(0, |s| s.queue_ahead_ns),
                         }

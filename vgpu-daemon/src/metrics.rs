@@ -131,6 +131,11 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Counter,
         "Time slices taken back before any of the tenant's processes launched under them (granted while its container was stopped).",
     );
+    let mut expired = Family::new(
+        "vgpu_tenant_expired_grants_total",
+        Counter,
+        "Time slices the tenant's shims yielded at their expiry because the daemon had not revoked or renewed them in time (the daemon starved of CPU or frozen).",
+    );
     let mut mem_used = Family::new(
         "vgpu_tenant_memory_used_bytes",
         Gauge,
@@ -203,6 +208,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             throttled.sample(&l, ns_to_s(g.throttled_ns));
             grants.sample(&l, g.grants as f64);
             unclaimed.sample(&l, g.unclaimed_grants as f64);
+            expired.sample(&l, g.expired_grants as f64);
             mem_used.sample(&l, g.memory_used as f64);
             co_held.sample(&l, if g.co_held { 1.0 } else { 0.0 });
             cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
@@ -413,6 +419,7 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &throttled,
         &grants,
         &unclaimed,
+        &expired,
         &mem_used,
         &mem_quota,
         &state,

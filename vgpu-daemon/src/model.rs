@@ -68,6 +68,10 @@ pub struct TenantGpu {
     /// its container was stopped (ADR 0030).
     #[serde(default)]
     pub unclaimed_grants: u64,
+    /// Grants its shims yielded at their expiry because the daemon had not revoked (or
+    /// renewed) them in time: the daemon was starved of CPU or frozen (ADR 0036).
+    #[serde(default)]
+    pub expired_grants: u64,
     /// How long its next exclusive slice lasts, ns: the quantum, longer for a tenant
     /// slow to start under its grants and to report its drains (its container starved
     /// or throttled of CPU); 0: not known.

@@ -185,7 +185,15 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     waiting,
                     busy_ns,
                     launches,
-                } => daemon.released(conn, gpu, generation, end_ns, busy_ns, launches, waiting),
+                    expired,
+                } => (if expired {
+                    daemon.expired(conn, gpu, generation)
+                } else {
+                    Ok(())
+                })
+                .and_then(|()| {
+                    daemon.released(conn, gpu, generation, end_ns, busy_ns, launches, waiting)
+                }),
                 ShimMsg::Idle {
                     gpu,
                     generation,

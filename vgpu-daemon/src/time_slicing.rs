@@ -286,6 +286,9 @@ pub struct TenantStats {
     pub stopped: f64,
     /// Grants revoked before any of its processes launched under them (ADR 0030).
     pub unclaimed: u64,
+    /// Grants its shims yielded at their expiry, not revoked or renewed in time by the
+    /// daemon (ADR 0036).
+    pub expired: u64,
     /// How long its next slice lasts, ns: a quantum, longer for a tenant slow to start
     /// and to report ([`stretched_slice`]; a capped tenant's slice is its tokens').
     pub slice_ns: u64,
@@ -340,6 +343,9 @@ struct T {
     period_ns: Option<u64>,
     /// Grants revoked before any of its processes launched under them.
     unclaimed: u64,
+    expired: u64,
+    /// The last grant counted in `expired`.
+    last_expired: Option<u32>,
     /// How long after a grant its claim is looked at ([`next_look_after`]), ns; and when
     /// its last grant was withdrawn at a look.
     look_after_ns: u64,
@@ -545,6 +551,8 @@ impl Scheduler {
             stopped: 0.0,
             period_ns: None,
             unclaimed: 0,
+            expired: 0,
+            last_expired: None,
             look_after_ns: self.p.claim_timeout_ns,
             withdrawn_at: None,
             withdrawn_in_row: 0,
@@ -1199,6 +1207,7 @@ impl Scheduler {
             fill: t.fill(),
             stopped: t.stopped,
             unclaimed: t.unclaimed,
+            expired: t.expired,
             slice_ns: slice,
             queue_ahead_ns: queue_of(&self.p, t, slice, self.preemptible(t)),
         })
@@ -1438,6 +1447,18 @@ impl Scheduler {
             margin.saturating_mul(ALONE_EXPIRY_MARGINS)
         };
         Some((generation, deadline.saturating_add(margin)))
+    }
+
+    /// Counts grant `generation` of `id`, which its shims yielded at its expiry
+    /// ([`Scheduler::expiry`]): the daemon did not revoke or renew it in time. Each of
+    /// the tenant's processes says so; the grant counts once.
+    pub fn note_expired(&mut self, id: TenantId, generation: u32) {
+        if let Some(t) = self.tenants.get_mut(&id)
+            && t.last_expired != Some(generation)
+        {
+            t.last_expired = Some(generation);
+            t.expired += 1;
+        }
     }
 
     /// The holder's slice end (None: nobody holds).
@@ -2180,6 +2201,11 @@ mod tests {
         cap.demand(1, 0);
         let end = cap.next_deadline().expect("its slice");
         assert_eq!(cap.expiry(1), Some((1, end + margin)));
+        // Each process of a tenant says its grant expired: the grant counts once.
+        for g in [1, 1, 2] {
+            sched.note_expired(1, g);
+        }
+        assert_eq!(sched.stats(1, 30 * MS).map(|s| s.expired), Some(2));
     }
 
     #[test]

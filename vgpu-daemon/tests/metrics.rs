@@ -201,6 +201,7 @@ fn evil_snapshot() -> NodeSnapshot {
         fill_pct: Some(40.0),
         cpu_stopped_pct: 72.5,
         unclaimed_grants: 5,
+        expired_grants: 3,
         slice_ns: 40_000_000,
         queue_ahead_ns: 12_000_000,
     };
@@ -329,6 +330,7 @@ fn text_format_parses_back() {
     assert_eq!(v("vgpu_tenant_throttled_seconds_total"), Some(0.25));
     assert_eq!(v("vgpu_tenant_grants_total"), Some(42.0));
     assert_eq!(v("vgpu_tenant_unclaimed_grants_total"), Some(5.0));
+    assert_eq!(v("vgpu_tenant_expired_grants_total"), Some(3.0));
     // Co-holding and the container's CPU throttling, as the scheduler sees them.
     assert_eq!(types["vgpu_tenant_co_held"], "gauge");
     assert_eq!(v("vgpu_tenant_co_held"), Some(1.0));

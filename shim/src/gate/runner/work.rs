@@ -321,6 +321,7 @@ impl Runner {
                 launches,
                 waiting,
                 busy_ns,
+                expired: how == Ending::Expired,
             }
         };
         if let Some(w) = ctl.as_mut() {
