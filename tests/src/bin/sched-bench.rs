@@ -21,7 +21,8 @@
 //! `cpu.max` where the node has it, else the v1 `cpu` controller). `load-stopped` (not in
 //! `load`): the same with containers stopped most of each CFS period, as 0.5-CPU
 //! containers running three threads are on a node with CPUs to spare (0.2 CPU and a
-//! busy loop each here).
+//! busy loop each here). `daemon-starved`: every CPU saturated and the daemon in a
+//! 0.2-CPU group of its own with a busy loop, with grant expiry (ADR 0036) and without.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -55,12 +56,19 @@ struct Bench {
     cpu_limit: std::cell::Cell<Option<u32>>,
     /// Options added to every daemon's command line (`SCHED_BENCH_DAEMON_ARGS`).
     daemon_args: Vec<String>,
+    /// Daemons start starved: without real-time priority, in a CPU-limited group of
+    /// their own (millicpu) with a busy loop (`daemon-starved`).
+    daemon_cpu: std::cell::Cell<Option<u32>>,
+    /// Daemons start with grant expiry off (`--grant-expiry-ms 0`; ADR 0036).
+    expiry_off: std::cell::Cell<bool>,
 }
 
 struct Daemon {
     child: Child,
     socket: PathBuf,
     api: PathBuf,
+    /// The daemon's CPU-limited group, if any (removed after the daemon).
+    _cpu: Option<CpuLimited>,
 }
 
 impl Drop for Daemon {
@@ -114,6 +122,16 @@ impl Bench {
             .args(["--metrics-addr", "off", "--nvml-interval-ms", "0"])
             .args(extra)
             .args(&self.daemon_args)
+            .args(if self.daemon_cpu.get().is_some() {
+                &["--sched-priority", "0"][..]
+            } else {
+                &[]
+            })
+            .args(if self.expiry_off.get() {
+                &["--grant-expiry-ms", "0"][..]
+            } else {
+                &[]
+            })
             .env(
                 "VGPU_DAEMON_LOG",
                 std::env::var("SCHED_BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
@@ -137,7 +155,20 @@ impl Bench {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(Daemon { child, socket, api })
+        let cpu = match self.daemon_cpu.get() {
+            Some(m) => {
+                let g = CpuLimited::new(&format!("vgpu-bench-daemon-{tag}"), m)?;
+                g.add(child.id())?;
+                Some(g)
+            }
+            None => None,
+        };
+        Ok(Daemon {
+            child,
+            socket,
+            api,
+            _cpu: cpu,
+        })
     }
 
     fn probe(&self) -> Command {
@@ -254,6 +285,7 @@ impl Bench {
                     waited_ns: a.waited_ns.saturating_sub(b.waited_ns),
                     grants: a.grants.saturating_sub(b.grants),
                     unclaimed: a.unclaimed.saturating_sub(b.unclaimed),
+                    expired: a.expired.saturating_sub(b.expired),
                     slice_ns: a.slice_ns,
                     queue_ns: a.queue_ns,
                 })
@@ -293,6 +325,7 @@ impl Bench {
                     waited_ns: field("throttled_ns"),
                     grants: field("grants"),
                     unclaimed: field("unclaimed_grants"),
+                    expired: field("expired_grants"),
                     slice_ns: field("slice_ns"),
                     queue_ns: field("queue_ahead_ns"),
                 }
@@ -311,6 +344,8 @@ struct Account {
     /// Grants, and those taken back before anything launched under them (ADR 0030).
     grants: u64,
     unclaimed: u64,
+    /// Grants its shims yielded at their expiry, the daemon late (ADR 0036).
+    expired: u64,
     /// How long its next exclusive slice lasts (ADR 0031; the latest figure, not a
     /// difference).
     slice_ns: u64,
@@ -373,6 +408,7 @@ fn shares(
     let mut filled = Vec::new();
     let mut waited = Vec::new();
     let mut grants = Vec::new();
+    let mut expired = Vec::new();
     let mut slices = Vec::new();
     let mut queues = Vec::new();
     for ((t, ns), c) in ts.iter().zip(&busy).zip(&charged) {
@@ -386,6 +422,7 @@ fn shares(
         ));
         waited.push(format!("{:.0}", c.waited_ns as f64 / 1e7 / secs));
         grants.push(format!("{}/{}", c.unclaimed, c.grants));
+        expired.push(c.expired.to_string());
         slices.push(format!("{:.0}", c.slice_ns as f64 / 1e6));
         queues.push(format!("{:.1}", c.queue_ns as f64 / 1e6));
     }
@@ -400,8 +437,9 @@ fn shares(
         waited.join(", ")
     ));
     r.say(format!(
-        "    grants taken back unclaimed / granted in the window [{}]; next slice [{}] ms, queue-ahead [{}] ms",
+        "    grants taken back unclaimed / granted in the window [{}]; expired at the shims [{}]; next slice [{}] ms, queue-ahead [{}] ms",
         grants.join(", "),
+        expired.join(", "),
         slices.join(", "),
         queues.join(", ")
     ));
@@ -986,8 +1024,55 @@ fn under_load(
     Ok(())
 }
 
+/// A starved daemon (`daemon-starved`): every CPU saturated, the daemon without
+/// real-time priority in a 0.2-CPU group with a busy loop of its own (as the
+/// `scheduling` test's), three tenants 20/30/50; grant expiry on (ADR 0036), then off as
+/// the baseline, in the same run.
+fn daemon_starved(b: &Bench, r: &mut Report) -> Result<()> {
+    if let Some(why) = CpuLimited::unavailable() {
+        r.say(format!("the daemon starved: skipped ({why})"));
+        return Ok(());
+    }
+    let hogs = CpuHogs::saturate()?;
+    r.say(format!(
+        "the daemon starved (every CPU saturated by {} busy loops; the daemon without real-time priority in a 0.2-CPU group with a busy loop of its own):",
+        hogs.len()
+    ));
+    let mut worst = [0.0f64; 2];
+    b.daemon_cpu.set(Some(200));
+    let mut res = Ok(());
+    'runs: for k in [SHORT_NS, LONG_NS] {
+        for (i, off) in [false, true].into_iter().enumerate() {
+            r.say(format!(
+                "  grant expiry {}:",
+                if off {
+                    "off (`--grant-expiry-ms 0`, the baseline)"
+                } else {
+                    "on (the default)"
+                }
+            ));
+            b.expiry_off.set(off);
+            match shares(b, r, &[20, 30, 50], k) {
+                Ok((w, _, _)) => worst[i] = worst[i].max(w),
+                Err(e) => {
+                    res = Err(e);
+                    break 'runs;
+                }
+            }
+        }
+    }
+    b.daemon_cpu.set(None);
+    b.expiry_off.set(false);
+    res?;
+    r.say(format!(
+        "  worst share error with the daemon starved: {:.2} pp with grant expiry, {:.2} pp without (target ±2)",
+        worst[0], worst[1]
+    ));
+    Ok(())
+}
+
 /// The names `--only` takes (`load` = `load-saturated,load-limited`).
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "shares",
     "jain",
     "converge",
@@ -999,6 +1084,7 @@ const SCENARIOS: [&str; 13] = [
     "load-saturated",
     "load-limited",
     "load-stopped",
+    "daemon-starved",
     "fidelity",
     "fine",
 ];
@@ -1063,6 +1149,8 @@ fn main() -> Result<()> {
         window: Duration::from_secs(window_s),
         warmup: Duration::from_secs(1),
         cpu_limit: std::cell::Cell::new(None),
+        daemon_cpu: std::cell::Cell::new(None),
+        expiry_off: std::cell::Cell::new(false),
         daemon_args: std::env::var("SCHED_BENCH_DAEMON_ARGS")
             .unwrap_or_default()
             .split_whitespace()
@@ -1147,6 +1235,9 @@ fn main() -> Result<()> {
             want("load") || want("load-limited"),
             want("load-stopped"),
         )?;
+    }
+    if want("daemon-starved") {
+        daemon_starved(&b, &mut r)?;
     }
     if want("fine") {
         fine::fine(&b, &mut r)?;
