@@ -1151,18 +1151,27 @@ fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
         if held {
             rec.grants.insert(tid, generation);
         } else {
-            rec.drains.insert(
-                tid,
-                Drain {
-                    generation,
-                    tenant: tid,
-                    pending: conns.into_iter().collect(),
-                    end: 0,
-                    busy: Some(0),
-                    launches: 0,
-                    waiting: false,
-                },
-            );
+            // Some of the tenant's processes may have yielded this grant already (a
+            // partial yield): their reports stand, and they will not report it again
+            // (their shims drained it), so the drain waits only for the others. A new
+            // drain in its place waited for the drain timeout.
+            match rec.drains.get(&tid) {
+                Some(d) if d.generation == generation => {}
+                _ => {
+                    rec.drains.insert(
+                        tid,
+                        Drain {
+                            generation,
+                            tenant: tid,
+                            pending: conns.into_iter().collect(),
+                            end: 0,
+                            busy: Some(0),
+                            launches: 0,
+                            waiting: false,
+                        },
+                    );
+                }
+            }
             // No process to drain: the GPU is free now.
             let mut more = finish_drain(rec, tid, now);
             // Nothing launched: the GPU goes on without waiting for the report.
