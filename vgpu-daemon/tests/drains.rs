@@ -20,9 +20,8 @@ const MS: u64 = 1_000_000;
 /// other still holds it when its slice ends with another tenant waiting. The revoke must
 /// not forget the yield: that process reported the grant already and its shim does not
 /// report it again, so a drain that waited for it waited for the drain timeout (the GPU
-/// idle, the tenant charged the whole wait). This was the 2-process 25 % tenant's 15.9 %
-/// beside three CPU hogs in stop 40's CI (a launcher off its CPU for two milliseconds
-/// yields).
+/// idle, the tenant charged the whole wait). A launcher off its CPU for two milliseconds
+/// yields: on a busy node, any tenant of several processes.
 #[test]
 fn a_revoke_during_a_tenants_partial_yield_waits_only_for_its_processes_yet_to_report() {
     let mut c = config();
