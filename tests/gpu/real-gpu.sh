@@ -324,6 +324,7 @@ for f in sys.argv[1:]:
         rows.setdefault(os.path.basename(t.get("key", "?")), []).append(
             f"{g.get('state', '?')}{co} fill {pct(g.get('fill_pct'))} stopped {pct(g.get('cpu_stopped_pct'))}"
             f" unclaimed {g.get('unclaimed_grants', '?')}/{g.get('grants', '?')}"
+            f" expired {g.get('expired_grants', '?')}"
             f" slice {pct((g.get('slice_ns') or 0) / 1e6)} ms"
             f" queue {pct((g.get('queue_ahead_ns') or 0) / 1e6)} ms")
 # Waited for the GPU, and charged GPU time, between the first and the last look (1.2 s
