@@ -20,6 +20,10 @@
 //! and reconnects (after 250 ms, doubling to 2 s); a daemon that comes back gets the
 //! process re-registered, and is told how long the process enforced locally.
 //!
+//! A grant does not outlast a late daemon: past the expiry the daemon writes beside the
+//! grant word (its slice's end plus a margin), the gate thread yields it as if revoked
+//! (ADR 0036).
+//!
 //! Every wait on the daemon has a deadline: the whole handshake (connect, `Hello`, the
 //! `Welcome`) `HANDSHAKE_DEADLINE_MS`; with launches blocked, a daemon that stays
 //! silent is pinged and given `PEER_DEADLINE_MS` to answer (`vgpu_core::sched_proto`). Past either, the process

@@ -193,8 +193,9 @@ impl Runner {
                 self.drain(i, generation, Ending::Idle);
                 continue;
             }
-            // Past its expiry the daemon should have revoked it (another tenant waits):
-            // a daemon starved of CPU or frozen does not keep the GPU for this process.
+            // Past its expiry the daemon should have revoked it (another tenant waits) or
+            // renewed it: a daemon starved of CPU or frozen does not keep the GPU for
+            // this process (ADR 0036).
             if let Some(at) = gate.expiry(generation)
                 && now >= at
             {
