@@ -297,6 +297,43 @@ fn a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_an
     assert!(w[0].contains(&d.socket.display().to_string()), "{}", w[0]);
 }
 
+/// A lone tenant holding the GPU when the daemon freezes: its grant expires (ADR 0036:
+/// four margins past its slice, the daemon not there to renew it), its launches wait
+/// for the daemon, and past the peer deadline it falls back and says so once, as a
+/// waiting tenant does. It does not run on unregulated for the freeze, and its load
+/// completes. (With `VGPU_GRANT_EXPIRY_MS=0` the daemon's grants never expire and this
+/// fails: the holder runs through the freeze and says nothing.)
+#[test]
+fn a_lone_holder_falls_back_when_the_daemon_freezes() {
+    let _serial = serial();
+    let node = SimNode::new(SIM);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = daemon(dir.path(), &[]);
+    let c = Container::new("1Gi").with("VGPU_COMPUTE_SHARE", "50");
+    let err = dir.path().join("lone.err");
+    // 8 s of 1 ms kernels, back to back: it holds the GPU, renewed slice after slice.
+    let t = spawn(
+        &node,
+        &c,
+        &d.socket,
+        &err,
+        &["init", "load", "8", "1000000", "0", "1"],
+    );
+    let key = c.dir().display().to_string();
+    wait_for("the tenant holding", Duration::from_secs(20), || {
+        tenant(&d.api, &key).is_some_and(|t| t["gpus"][0]["state"] == "holding")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    signal(d.child.id(), "STOP");
+    std::thread::sleep(Duration::from_secs(4));
+    signal(d.child.id(), "CONT");
+    let (ok, out, stderr) = finish(t, &err);
+    assert!(ok, "{out}\n{stderr}");
+    let w = warnings(&stderr);
+    assert_eq!(w.len(), 1, "says so once:\n{stderr}");
+    assert!(w[0].contains("did not answer"), "{}", w[0]);
+}
+
 /// A daemon socket that reads the Hello, then answers one byte every 50 ms (a length
 /// prefix announcing a 1000-byte frame, then its bytes), for at most 20 s.
 fn dribbling_peer(path: &Path) -> std::thread::JoinHandle<()> {
