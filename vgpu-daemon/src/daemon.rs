@@ -511,6 +511,13 @@ impl Daemon {
         // may come after this demand.
         if let Some(d) = rec.drains.get_mut(&tid) {
             d.waiting = true;
+            // This process yielded the grant in force and asks again while others of
+            // its tenant hold on (a partial yield): it may not launch under that grant
+            // any more, so the slice ends now and the tenant is granted again.
+            if rec.grants.get(&tid) == Some(&d.generation) && !d.pending.contains(&conn) {
+                let g = d.generation;
+                acts.extend(rec.sched.end_slice(tid, g, now));
+            }
         }
         acts.extend(rec.sched.demand_asked(tid, asked, now));
         apply(&mut g, &uuid, acts, now);

@@ -788,6 +788,21 @@ impl Scheduler {
         out
     }
 
+    /// Ends holder `id`'s slice `generation` now, as at its end, whoever waits: one of
+    /// the tenant's processes yielded the grant and asks again. A process that yielded a
+    /// grant does not launch under it any more, and the tenant keeps it while another
+    /// of its processes holds on: with nobody else waiting, it was renewed for as long
+    /// as that process launched, and the one that yielded waited all that time. Revoked,
+    /// the others drain, and the tenant, still asking, is granted again (at once if it
+    /// is the best waiter).
+    pub fn end_slice(&mut self, id: TenantId, generation: u32, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        if matches!(self.st, St::Holding { t, generation: g, .. } if t == id && g == generation) {
+            self.revoke(now, &mut out);
+        }
+        out
+    }
+
     /// No process of `id` launched under grant `generation`, revoked (its claim, read
     /// after the revocation was stored, names another grant): nothing of it can be on
     /// the GPU, which goes on now. The tenant is settling: not granted again before its

@@ -89,3 +89,47 @@ fn a_revoke_during_a_tenants_partial_yield_waits_only_for_its_processes_yet_to_r
         charged / MS
     );
 }
+
+/// Alone on the GPU, a tenant of two processes: one yields the grant (it paused), the
+/// other keeps it. When the first asks again, it must get to launch again, though its
+/// sibling never stops.
+#[test]
+fn a_process_that_yielded_its_tenants_grant_gets_back_in_while_its_sibling_holds() {
+    let mut c = config();
+    c.params.quantum_ns = 20 * MS;
+    c.params.drain_timeout_ns = 10_000 * MS;
+    c.params.co_hold_fill_pct = 0;
+    let d = Daemon::new(c);
+    d.spawn_timer().expect("timer thread");
+    let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
+    let mut a1 = register(&d, 5_100_001, "ns/a/c", "ns", "a", "c", &gpu);
+    let mut a2 = register(&d, 5_100_002, "ns/a/c", "ns", "a", "c", &gpu);
+    let within = Duration::from_secs(5);
+    d.demand(a1.reg.conn, 0, None).expect("demand");
+    let g = expect_slice(&mut a1, true, within, "A's grant");
+    assert_eq!(
+        expect_slice(&mut a2, true, within, "A's grant, second process"),
+        g
+    );
+    d.released(a2.reg.conn, 0, g, mono_ns(), Some(MS), 1, false)
+        .expect("yield accepted");
+    // Its launcher blocks again (its shim yielded g: it may not launch under it).
+    d.demand(a2.reg.conn, 0, Some(mono_ns())).expect("demand");
+    // Whatever the daemon does, the second process must be granted again; the first
+    // reports what it is asked to (it never stops launching).
+    let t0 = std::time::Instant::now();
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the process that yielded was not granted again within 2 s"
+        );
+        if let Some((g2, true)) = common::next_slice_msg(&mut a2, Duration::from_millis(5)) {
+            assert!(g2 > g);
+            break;
+        }
+        if let Some((gr, false)) = common::next_slice_msg(&mut a1, Duration::from_millis(1)) {
+            d.released(a1.reg.conn, 0, gr, mono_ns(), Some(10 * MS), 10, true)
+                .expect("drain accepted");
+        }
+    }
+}

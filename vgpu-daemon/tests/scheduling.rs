@@ -1159,6 +1159,36 @@ fn a_tenant_of_several_processes_shares_as_one() {
     finish(b);
 }
 
+/// A tenant of two processes alone on the GPU: one saturates it, the other sends a
+/// request (one 1 ms kernel, waited for) every 50 ms and yields the grant between them.
+/// Each request must run promptly: a process that yielded the tenant's grant may not
+/// launch under it again, and the tenant kept it while its sibling launched, renewed
+/// slice after slice (nobody else waits), so the requests waited for the sibling's whole
+/// load (the daemon now ends such a slice when the process asks again).
+#[test]
+fn a_paused_process_of_a_tenant_gets_back_in_beside_a_saturating_sibling() {
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let c = container(50, "burst");
+    let at = now_ms() + 1500;
+    let load = load_args(4, 1_000_000, at);
+    let busy = node.tenant(&c, &d.socket, &strs(&load));
+    let requests = node.tenant(
+        &c,
+        &d.socket,
+        &["init", "latency", "50", "1000000", "50000", &at.to_string()],
+    );
+    let out = finish(requests);
+    finish(busy);
+    let max_us = vgpu_tests::num(&out, "lat_max_us");
+    eprintln!("figure: worst request latency beside a saturating sibling: {max_us} µs");
+    assert!(
+        max_us < 500_000,
+        "a request of the paused process waited {max_us} µs beside its sibling's load"
+    );
+}
+
 #[test]
 fn operators_settings_survive_a_daemon_restart() {
     let _serial = serial();
