@@ -794,7 +794,7 @@ impl Scheduler {
     /// of its processes holds on: with nobody else waiting, it was renewed for as long
     /// as that process launched, and the one that yielded waited all that time. Revoked,
     /// the others drain, and the tenant, still asking, is granted again (at once if it
-    /// is the best waiter).
+    /// is the best waiter; ADR 0037).
     pub fn end_slice(&mut self, id: TenantId, generation: u32, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         if matches!(self.st, St::Holding { t, generation: g, .. } if t == id && g == generation) {
