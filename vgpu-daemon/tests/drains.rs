@@ -5,16 +5,41 @@
 mod common;
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{GPU0, config, expect_slice, register};
+use common::{GPU0, Proc, config, expect_slice, register};
 use vgpu_core::sched_proto::{BOARD_BYTES, BOARD_STRIDE, ComputePolicy, DaemonMsg, GrantWord};
 use vgpu_daemon::daemon::Daemon;
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
 
 const MS: u64 = 1_000_000;
+/// Every tenant's registration: GPU 0, 50 %, burst.
+const GPU: [(&str, u32, ComputePolicy, Option<u64>); 1] = [(GPU0, 50, ComputePolicy::Burst, None)];
+
+/// A daemon with its timer (slices of `quantum_ms`, a 10 s drain timeout: waiting for a
+/// report that never comes would show, exclusive slices), and tenant A (`ns/a/c`) of two
+/// processes (`pid`, `pid + 1`), granted: both processes got the grant (its generation).
+fn granted_two_process_tenant(quantum_ms: u64, pid: u32) -> (Arc<Daemon>, Proc, Proc, u32) {
+    let mut c = config();
+    c.params.quantum_ns = quantum_ms * MS;
+    c.params.drain_timeout_ns = 10_000 * MS;
+    c.params.co_hold_fill_pct = 0;
+    let d = Daemon::new(c);
+    d.spawn_timer().expect("timer thread");
+    let mut a1 = register(&d, pid, "ns/a/c", "ns", "a", "c", &GPU);
+    let mut a2 = register(&d, pid + 1, "ns/a/c", "ns", "a", "c", &GPU);
+    let within = Duration::from_secs(5);
+    d.demand(a1.reg.conn, 0, None).expect("demand");
+    let g = expect_slice(&mut a1, true, within, "A's grant to its first process");
+    assert_eq!(
+        expect_slice(&mut a2, true, within, "A's grant to its second process"),
+        g
+    );
+    (d, a1, a2, g)
+}
 
 /// One process of a two-process tenant yields the grant (it stopped launching), the
 /// other still holds it when its slice ends with another tenant waiting. The revoke must
@@ -24,25 +49,9 @@ const MS: u64 = 1_000_000;
 /// yields: on a busy node, any tenant of several processes.
 #[test]
 fn a_revoke_during_a_tenants_partial_yield_waits_only_for_its_processes_yet_to_report() {
-    let mut c = config();
-    c.params.quantum_ns = 50 * MS;
-    // Waiting for a report that never comes would show as a 10 s wait.
-    c.params.drain_timeout_ns = 10_000 * MS;
-    c.params.co_hold_fill_pct = 0;
-    let d = Daemon::new(c);
-    d.spawn_timer().expect("timer thread");
-    let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
-    let mut a1 = register(&d, 5_000_001, "ns/a/c", "ns", "a", "c", &gpu);
-    let mut a2 = register(&d, 5_000_002, "ns/a/c", "ns", "a", "c", &gpu);
-    let mut b = register(&d, 5_000_003, "ns/b/c", "ns", "b", "c", &gpu);
+    let (d, mut a1, mut a2, g) = granted_two_process_tenant(50, 5_000_001);
+    let mut b = register(&d, 5_000_003, "ns/b/c", "ns", "b", "c", &GPU);
     let within = Duration::from_secs(5);
-
-    d.demand(a1.reg.conn, 0, None).expect("demand");
-    let g = expect_slice(&mut a1, true, within, "A's grant to its first process");
-    assert_eq!(
-        expect_slice(&mut a2, true, within, "A's grant to its second process"),
-        g
-    );
     // The first process launches under it: it claims the grant in the tenant's claim
     // page, as its shim does (ADR 0030; an unclaimed grant's revoke waits for nobody).
     let word = match a1.reg.welcome {
@@ -95,22 +104,7 @@ fn a_revoke_during_a_tenants_partial_yield_waits_only_for_its_processes_yet_to_r
 /// sibling never stops.
 #[test]
 fn a_process_that_yielded_its_tenants_grant_gets_back_in_while_its_sibling_holds() {
-    let mut c = config();
-    c.params.quantum_ns = 20 * MS;
-    c.params.drain_timeout_ns = 10_000 * MS;
-    c.params.co_hold_fill_pct = 0;
-    let d = Daemon::new(c);
-    d.spawn_timer().expect("timer thread");
-    let gpu = [(GPU0, 50, ComputePolicy::Burst, None)];
-    let mut a1 = register(&d, 5_100_001, "ns/a/c", "ns", "a", "c", &gpu);
-    let mut a2 = register(&d, 5_100_002, "ns/a/c", "ns", "a", "c", &gpu);
-    let within = Duration::from_secs(5);
-    d.demand(a1.reg.conn, 0, None).expect("demand");
-    let g = expect_slice(&mut a1, true, within, "A's grant");
-    assert_eq!(
-        expect_slice(&mut a2, true, within, "A's grant, second process"),
-        g
-    );
+    let (d, mut a1, mut a2, g) = granted_two_process_tenant(20, 5_100_001);
     d.released(a2.reg.conn, 0, g, mono_ns(), Some(MS), 1, false)
         .expect("yield accepted");
     // Its launcher blocks again (its shim yielded g: it may not launch under it).
