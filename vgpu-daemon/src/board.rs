@@ -99,7 +99,6 @@ impl Board {
     /// [`vgpu_core::sched_proto`], "Expiry"). The daemon is the one writer (under its
     /// lock); an unchanged expiry is not written again.
     pub fn set_expiry(&self, i: usize, generation: u32, at_ns: u64) {
-        let _ = self.word(i);
         let g = self.map.atomic_u32(i * BOARD_STRIDE + EXPIRY_GEN_OFFSET);
         let at = self.map.atomic_u64(i * BOARD_STRIDE + EXPIRY_AT_OFFSET);
         if g.load(Ordering::SeqCst) == generation && at.load(Ordering::SeqCst) == at_ns {

@@ -527,15 +527,15 @@ impl Daemon {
     }
 
     /// A process yielded grant `generation` on its GPU `gpu` at its expiry (ADR 0036):
-    /// counted once per grant ([`Scheduler::note_expired`]); its drain report follows.
-    pub fn expired(&self, conn: u64, gpu: u32, generation: u32) -> Result<(), DaemonError> {
+    /// counted once per grant ([`Scheduler::note_expired`]). Its drain report follows,
+    /// and [`Daemon::released`] answers a GPU index the process did not register.
+    pub fn expired(&self, conn: u64, gpu: u32, generation: u32) {
         let mut g = self.lock();
-        if let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)?
+        if let Ok(Some((uuid, tid))) = self.conn_gpu(&g, conn, gpu)
             && let Some(rec) = g.gpus.get_mut(&uuid)
         {
             rec.sched.note_expired(tid, generation);
         }
-        Ok(())
     }
 
     /// A process reports its work drained after a revoke, or that it yielded its grant

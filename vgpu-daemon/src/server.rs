@@ -186,14 +186,12 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
                     busy_ns,
                     launches,
                     expired,
-                } => (if expired {
-                    daemon.expired(conn, gpu, generation)
-                } else {
-                    Ok(())
-                })
-                .and_then(|()| {
+                } => {
+                    if expired {
+                        daemon.expired(conn, gpu, generation);
+                    }
                     daemon.released(conn, gpu, generation, end_ns, busy_ns, launches, waiting)
-                }),
+                }
                 ShimMsg::Idle {
                     gpu,
                     generation,
