@@ -794,11 +794,15 @@ impl Scheduler {
     /// of its processes holds on: with nobody else waiting, it was renewed for as long
     /// as that process launched, and the one that yielded waited all that time. Revoked,
     /// the others drain, and the tenant, still asking, is granted again (at once if it
-    /// is the best waiter; ADR 0037).
+    /// is the best waiter; ADR 0037). A co-holder's grant ends alone: the holder and
+    /// the other co-holders go on, and the tenant is co-granted again after its drain if
+    /// it still fits.
     pub fn end_slice(&mut self, id: TenantId, generation: u32, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         if matches!(self.st, St::Holding { t, generation: g, .. } if t == id && g == generation) {
             self.revoke(now, &mut out);
+        } else if self.co.get(&id).is_some_and(|c| c.generation == generation) {
+            self.revoke_co_one(id, now, &mut out);
         }
         out
     }
@@ -1588,25 +1592,35 @@ impl Scheduler {
     /// (or at the drain timeout); the GPU does not wait for them.
     fn revoke_co(&mut self, now: u64, out: &mut Vec<Action>) {
         self.co_slices = 0;
-        for (t, c) in std::mem::take(&mut self.co) {
-            self.settling.insert(
-                t,
-                Revoked {
-                    t,
-                    generation: c.generation,
-                    since: c.since,
-                    revoked_at: now,
-                    granted: c.since,
-                    provisional: 0,
-                    co: true,
-                    unclaimed: false,
-                },
-            );
-            out.push(Action::Revoke {
-                tenant: t,
-                generation: c.generation,
-            });
+        let ids: Vec<TenantId> = self.co.keys().copied().collect();
+        for t in ids {
+            self.revoke_co_one(t, now, out);
         }
+    }
+
+    /// Revokes co-holder `t`'s grant (settled when its report comes, as
+    /// [`Scheduler::revoke_co`]).
+    fn revoke_co_one(&mut self, t: TenantId, now: u64, out: &mut Vec<Action>) {
+        let Some(c) = self.co.remove(&t) else {
+            return;
+        };
+        self.settling.insert(
+            t,
+            Revoked {
+                t,
+                generation: c.generation,
+                since: c.since,
+                revoked_at: now,
+                granted: c.since,
+                provisional: 0,
+                co: true,
+                unclaimed: false,
+            },
+        );
+        out.push(Action::Revoke {
+            tenant: t,
+            generation: c.generation,
+        });
     }
 
     fn revoke(&mut self, now: u64, out: &mut Vec<Action>) {
@@ -3582,6 +3596,54 @@ mod tests {
             sched.stats(2, late).expect("known").state,
             SliceState::Waiting
         );
+    }
+
+    /// ADR 0037 for a co-holder: one of its processes yielded the co-grant and asks
+    /// again. The co-grant ends alone (the holder goes on), and the tenant is co-granted
+    /// again once its other processes drained, rather than at the co-holders' refresh.
+    #[test]
+    fn a_co_holders_slice_ends_alone_when_a_process_that_yielded_asks_again() {
+        let mut sched = Scheduler::new(co_holding());
+        for id in 1..=2 {
+            sched.add(id, burst(50), 0);
+            sched.note_stopped(id, 0.8, PERIOD);
+        }
+        let mut now = measured(&mut sched, 1, MS, 10 * MS, 0);
+        now = measured(&mut sched, 2, MS, 10 * MS, now);
+        now += 100 * MS;
+        sched.demand(1, now);
+        let acts = sched.demand(2, now);
+        let [Action::Grant { generation: g2, .. }] = acts[..] else {
+            panic!("tenant 2 not co-held: {acts:?}");
+        };
+        assert_eq!(sched.holder(), Some(1));
+        // A stale generation or the holder's tenant under another generation: nothing.
+        assert!(sched.end_slice(2, g2 + 1, now + MS).is_empty());
+        let acts = sched.end_slice(2, g2, now + MS);
+        assert_eq!(
+            acts,
+            vec![Action::Revoke {
+                tenant: 2,
+                generation: g2
+            }]
+        );
+        assert_eq!(sched.holder(), Some(1), "the holder goes on");
+        assert!(sched.co_holders().is_empty());
+        // The process asks (the daemon's demand after the end), its siblings drain: the
+        // tenant is co-granted again, under a new generation.
+        assert!(sched.demand(2, now + MS).is_empty(), "not before its drain");
+        let acts = sched.release(2, g2, now + 2 * MS, Some(MS / 2), true, now + 2 * MS);
+        let [
+            Action::Grant {
+                tenant: 2,
+                generation,
+            },
+        ] = acts[..]
+        else {
+            panic!("not co-granted again: {acts:?}");
+        };
+        assert_ne!(generation, g2);
+        assert_eq!(sched.co_holders(), vec![(2, generation)]);
     }
 
     #[test]

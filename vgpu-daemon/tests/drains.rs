@@ -54,15 +54,7 @@ fn a_revoke_during_a_tenants_partial_yield_waits_only_for_its_processes_yet_to_r
     let within = Duration::from_secs(5);
     // The first process launches under it: it claims the grant in the tenant's claim
     // page, as its shim does (ADR 0030; an unclaimed grant's revoke waits for nobody).
-    let word = match a1.reg.welcome {
-        DaemonMsg::Welcome { ref words, .. } => words[0] as usize,
-        _ => panic!("not welcomed"),
-    };
-    let claims = SharedMap::map(a1.reg.board.claims_fd().as_fd(), BOARD_BYTES, true)
-        .expect("the claim page maps writable");
-    claims
-        .atomic_u32(word * BOARD_STRIDE)
-        .store(GrantWord::held(g).pack(), Ordering::SeqCst);
+    claim(&a1, g);
     // The second process stops launching: it yields the grant; the first holds on.
     d.released(a2.reg.conn, 0, g, mono_ns(), Some(MS), 1, false)
         .expect("yield accepted");
@@ -123,6 +115,109 @@ fn a_process_that_yielded_its_tenants_grant_gets_back_in_while_its_sibling_holds
         }
         if let Some((gr, false)) = common::next_slice_msg(&mut a1, Duration::from_millis(1)) {
             d.released(a1.reg.conn, 0, gr, mono_ns(), Some(10 * MS), 10, true)
+                .expect("drain accepted");
+        }
+    }
+}
+
+/// Claims grant `g` in process `p`'s tenant's claim page, as its shim does when it
+/// launches under it (ADR 0030).
+fn claim(p: &Proc, g: u32) {
+    let word = match p.reg.welcome {
+        DaemonMsg::Welcome { ref words, .. } => words[0] as usize,
+        _ => panic!("not welcomed"),
+    };
+    let claims = SharedMap::map(p.reg.board.claims_fd().as_fd(), BOARD_BYTES, true)
+        .expect("the claim page maps writable");
+    claims
+        .atomic_u32(word * BOARD_STRIDE)
+        .store(GrantWord::held(g).pack(), Ordering::SeqCst);
+}
+
+/// The same for a tenant co-held beside another (ADR 0029): both containers stopped by
+/// their CPU limits most of the time, both of low measured use. One process of the
+/// co-held tenant yields the co-grant, its sibling holds on, and the first asks again:
+/// it must be granted again soon, not at the co-holders' refresh (ten of the holder's
+/// slices, 2 s here) while the holder alone is renewed.
+#[test]
+fn a_process_that_yielded_its_co_held_tenants_grant_gets_back_in_while_its_sibling_holds() {
+    let mut c = config();
+    c.params.quantum_ns = 200 * MS;
+    c.params.drain_timeout_ns = 10_000 * MS;
+    c.params.queue_ahead_ns = 2 * MS;
+    let d = Daemon::new(c);
+    d.spawn_timer().expect("timer thread");
+    let within = Duration::from_secs(5);
+    let mut b = register(&d, 5_200_001, "ns/b/c", "ns", "b", "c", &GPU);
+    let mut a1 = register(&d, 5_200_002, "ns/a/c", "ns", "a", "c", &GPU);
+    let mut a2 = register(&d, 5_200_003, "ns/a/c", "ns", "a", "c", &GPU);
+    let ids = d.tenant_pids();
+    let tenant_id = |pid: u32| {
+        ids.iter()
+            .find(|(_, p)| *p == pid)
+            .map(|(t, _)| *t)
+            .expect("registered")
+    };
+    let (ta, tb) = (tenant_id(5_200_002), tenant_id(5_200_001));
+    // Each tenant holds the GPU once alone and uses 1 ms of it: its use is measured.
+    for p in [&mut b, &mut a1] {
+        d.demand(p.reg.conn, 0, None).expect("demand");
+    }
+    let gb = expect_slice(&mut b, true, within, "B's first grant");
+    claim(&b, gb);
+    std::thread::sleep(Duration::from_millis(20));
+    d.released(b.reg.conn, 0, gb, mono_ns(), Some(MS), 10, false)
+        .expect("B's yield");
+    let ga = expect_slice(&mut a1, true, within, "A's first grant");
+    assert_eq!(
+        expect_slice(&mut a2, true, within, "A's first grant, 2"),
+        ga
+    );
+    claim(&a1, ga);
+    std::thread::sleep(Duration::from_millis(20));
+    for p in [&a1, &a2] {
+        d.released(p.reg.conn, 0, ga, mono_ns(), Some(MS / 2), 5, false)
+            .expect("A's yield");
+    }
+    // Both containers are stopped 80 % of each 100 ms period (the kernel's figure).
+    for t in [ta, tb] {
+        d.note_stopped(t, 0.8, Some(100 * MS));
+    }
+    // B holds, A is co-granted beside it.
+    d.demand(b.reg.conn, 0, None).expect("demand");
+    let gb = expect_slice(&mut b, true, within, "B's grant");
+    claim(&b, gb);
+    d.demand(a1.reg.conn, 0, None).expect("demand");
+    let ga = expect_slice(&mut a1, true, within, "A's co-grant");
+    assert_eq!(expect_slice(&mut a2, true, within, "A's co-grant, 2"), ga);
+    claim(&a1, ga);
+    let co = d.snapshot();
+    assert!(
+        co.tenants
+            .iter()
+            .any(|t| t.key == "ns/a/c" && t.gpus[0].co_held),
+        "A not co-held beside B: {co:?}"
+    );
+    // The second process yields A's co-grant, then asks again.
+    d.released(a2.reg.conn, 0, ga, mono_ns(), Some(MS / 4), 2, false)
+        .expect("yield accepted");
+    d.demand(a2.reg.conn, 0, Some(mono_ns())).expect("demand");
+    let t0 = std::time::Instant::now();
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the process that yielded the co-grant was not granted again within 1 s"
+        );
+        if let Some((g2, true)) = common::next_slice_msg(&mut a2, Duration::from_millis(5)) {
+            assert!(g2 > ga);
+            break;
+        }
+        if let Some((gr, false)) = common::next_slice_msg(&mut a1, Duration::from_millis(1)) {
+            d.released(a1.reg.conn, 0, gr, mono_ns(), Some(MS), 10, true)
+                .expect("drain accepted");
+        }
+        if let Some((gr, false)) = common::next_slice_msg(&mut b, Duration::from_millis(1)) {
+            d.released(b.reg.conn, 0, gr, mono_ns(), Some(MS), 10, true)
                 .expect("drain accepted");
         }
     }
