@@ -3,7 +3,8 @@
 //! applications, the node daemon and the simulated driver call them.
 //!
 //! - [`clock`]: the node's monotonic clock in ns ([`mono_ns`]), the time base the shims,
-//!   the daemon and cuda-sim compare across processes.
+//!   the daemon and cuda-sim compare across processes, the same in every time namespace,
+//!   and absolute sleeps on it ([`clock::sleep_until`]).
 //! - [`futex`]: waiting on a shared `u32` word and waking its waiters, across processes
 //!   ([`futex_wait`], [`futex_wake`]).
 //! - [`slot_lock`]: process-slot liveness from open-file-description locks: a slot's

@@ -147,7 +147,7 @@ impl Node {
         socket: &Path,
         args: &[&str],
     ) -> Child {
-        let mut cmd = match group {
+        let cmd = match group {
             Some(g) => {
                 let mut w = self.sim.command(Path::new("sh"));
                 let inner = g.command(&probe_bin());
@@ -156,6 +156,27 @@ impl Node {
             }
             None => self.sim.command(probe_bin()),
         };
+        self.spawn_tenant(cmd, c, socket, args)
+    }
+
+    /// [`Node::tenant`], started in a time namespace whose monotonic clock is
+    /// `offset_s` seconds ahead of the node's (`unshare --time`, which executes the probe
+    /// in it: same PID).
+    fn tenant_in_time_namespace(
+        &self,
+        offset_s: u32,
+        c: &Container,
+        socket: &Path,
+        args: &[&str],
+    ) -> Child {
+        let mut cmd = self.sim.command(Path::new("unshare"));
+        cmd.args(["--time", "--monotonic", &offset_s.to_string()])
+            .arg(probe_bin());
+        self.spawn_tenant(cmd, c, socket, args)
+    }
+
+    /// Starts `cmd` (the probe, maybe wrapped) as a tenant in `c` with `args`.
+    fn spawn_tenant(&self, mut cmd: Command, c: &Container, socket: &Path, args: &[&str]) -> Child {
         c.apply(&mut cmd);
         cmd.env("VGPU_DAEMON_SOCKET", socket)
             .args(args)
@@ -654,6 +675,66 @@ fn a_holders_grant_expires_when_the_daemon_freezes() {
     }
     finish_registered(t1, "frozen daemon");
     finish_registered(t2, "frozen daemon");
+}
+
+/// A tenant whose container runs in a time namespace with a monotonic offset (a runtime
+/// may give one; ADR 0038): its shim's clock is the node's, so its grants' expiries
+/// (ADR 0036), claims and reports mean what they say. With its namespace's own clock,
+/// 1000 s ahead, every grant it got had expired already: it yielded each at once.
+#[test]
+fn a_tenant_in_a_time_namespace_gets_its_share() {
+    let probe = Command::new("unshare")
+        .args(["--time", "--monotonic", "1000", "true"])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "SKIPPED a_tenant_in_a_time_namespace_gets_its_share: no time namespaces here \
+             (`unshare --time` failed: {probe:?})"
+        );
+        return;
+    }
+    let _serial = serial();
+    let node = Node::new();
+    let d = node.daemon(&[]);
+    let at = now_ms() + 1500;
+    let args = load_args(5, 1_000_000, at);
+    let (c1, c2) = (container(50, "burst"), container(50, "burst"));
+    let t1 = node.tenant_in_time_namespace(1000, &c1, &d.socket, &strs(&args));
+    let t2 = node.tenant(&c2, &d.socket, &strs(&args));
+    // The probe runs in the namespace asked for (its children's namespace is its own).
+    let offsets =
+        std::fs::read_to_string(format!("/proc/{}/timens_offsets", t1.id())).unwrap_or_default();
+    assert!(
+        offsets
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["monotonic", "1000", "0"]),
+        "the tenant is not in a time namespace 1000 s ahead: {offsets:?}"
+    );
+    std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
+    let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
+    let share1 = busy[0] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
+    let t = tenant(&d.api, &key(&c1)).expect("listed");
+    let (grants, expired) = (
+        t["gpus"][0]["grants"].as_u64().unwrap_or(0),
+        t["gpus"][0]["expired_grants"].as_u64().unwrap_or(u64::MAX),
+    );
+    eprintln!(
+        "figure: tenant in a time namespace: {share1:.1} % of the device time, \
+         {expired} of {grants} grants expired"
+    );
+    assert!(
+        (share1 - 50.0).abs() < 8.0,
+        "the tenant in a time namespace got {share1:.1} % at 50/50 ({busy:?} ns)"
+    );
+    assert!(
+        expired * 10 <= grants,
+        "{expired} of its {grants} grants expired in its shim, the daemon running"
+    );
+    for c in [&c1, &c2] {
+        assert_never_fell_back(&d.api, c, "time namespace");
+    }
+    finish(t1);
+    finish(t2);
 }
 
 /// A holder too starved of CPU to report its drain (here: stopped) does not keep the GPU

@@ -682,23 +682,10 @@ fn predicted_end(w: &Work, pos: u64, at: u64) -> Option<u64> {
 /// wake-up delays when the host sees the work complete, never the device's clock.
 fn wait_until(deadline: u64) {
     loop {
-        let now = mono_ns();
-        if now >= deadline {
+        if mono_ns() >= deadline {
             return;
         }
-        let ts = libc::timespec {
-            tv_sec: (deadline / 1_000_000_000) as libc::time_t,
-            tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC; a null remainder is allowed.
-        unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
+        vgpu_sys::clock::sleep_until(deadline);
     }
 }
 
@@ -708,20 +695,7 @@ pub(crate) fn sleep_until(deadline: u64) {
     const SPIN_NS: u64 = 30_000;
     let now = mono_ns();
     if deadline > now + SPIN_NS {
-        let t = deadline - SPIN_NS;
-        let ts = libc::timespec {
-            tv_sec: (t / 1_000_000_000) as libc::time_t,
-            tv_nsec: (t % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC; a null remainder is allowed.
-        unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
+        vgpu_sys::clock::sleep_until(deadline - SPIN_NS);
     }
     while mono_ns() < deadline {
         std::hint::spin_loop();
