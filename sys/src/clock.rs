@@ -28,7 +28,7 @@ pub fn sleep_until(deadline: u64) {
     let local = deadline.saturating_add_signed(offset_ns());
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(local / 1_000_000_000).unwrap_or(libc::time_t::MAX),
-        tv_nsec: (local % 1_000_000_000) as libc::c_long,
+        tv_nsec: libc::c_long::try_from(local % 1_000_000_000).unwrap_or(0),
     };
     // SAFETY: a valid absolute timespec on CLOCK_MONOTONIC (the process's own reading,
     // which the kernel takes in its time namespace); a null remainder is allowed.
