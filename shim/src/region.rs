@@ -153,91 +153,173 @@ impl Region {
         let id = segment::dir_id(dir).map_err(ctx_err("stat container directory", dir))?;
         let len = size_of::<Layout>();
         let mut notes = Vec::new();
-        for probe in 0..segment::PROBES {
-            let key = segment::key(id, probe);
-            // A segment removed under us (dead garbage, or by a tenant) is tried again.
-            for _ in 0..4 {
-                let Some(seg) = segment::create_or_attach(key, len)
-                    .map_err(ctx_err("attach the accounting region of", dir))?
-                else {
-                    continue;
-                };
-                let base = seg.base.cast::<Layout>();
-                // SAFETY: `seg` is an attachment of `len` = size_of::<Layout>() bytes
-                // (created so, or its size checked), detached only by `Region::drop` or
-                // below; every field is an atomic, all-zero valid.
-                let l = unsafe { &*base };
-                let what = format!(
-                    "accounting region of {} (SysV shared memory key {key:#010x}, id {})",
-                    dir.display(),
-                    seg.id
-                );
-                let alive = |i: usize| slot_lock::owner_alive(&dir_file, i);
-                let verdict = if seg.created {
-                    write_header(l, id, dir);
-                    remove_dead_segments(len);
-                    Verdict::Ours
-                } else {
-                    wait_verdict(l, id)
-                };
-                match verdict {
-                    Verdict::Ours => {}
-                    Verdict::Foreign => {
-                        // SAFETY: `l` is not used after this.
-                        unsafe { segment::detach(seg.base) };
-                        break;
-                    }
-                    Verdict::Damaged(wrong) => {
-                        let attached = segment::stat(seg.id).map_or(u64::MAX, |s| s.attached);
-                        if attached <= 1 {
-                            // Nobody else uses it: replaced by a fresh one.
-                            notes.push(format!(
-                                "{what}: {wrong}; nobody uses it: replaced by a fresh region"
-                            ));
-                            let _ = segment::remove(seg.id);
-                            // SAFETY: `l` is not used after this.
-                            unsafe { segment::detach(seg.base) };
-                            continue;
-                        }
-                        // Processes use it (this container's, or a tenant's garbage
-                        // held open): repaired in place, so that they and we keep one
-                        // budget.
-                        repair(l, id, dir, alive);
-                        notes.push(format!(
-                            "{what}: {wrong}; {} other processes have it attached: header rewritten, device totals rebuilt from the live processes' slots",
-                            attached.saturating_sub(1)
-                        ));
-                    }
+        // A region a tenant removed (`IPC_RMID`) while processes use it keeps their
+        // charges; new processes join the oldest of it and the keyed one, so that the
+        // container keeps one budget (ADR 0015).
+        let removed = attach_removed_in_use(id, len);
+        let keyed = attach_keyed(dir, &dir_file, id, len, &mut notes);
+        let describe = |shmid: libc::c_int| {
+            format!(
+                "accounting region of {} (SysV shared memory id {shmid})",
+                dir.display()
+            )
+        };
+        let (key, shmid, base) = match (keyed, removed) {
+            (Ok(Some(k)), Some(r)) if r.0 < k.1 => {
+                // SAFETY: nothing refers into the keyed attachment (not used after this).
+                unsafe { segment::detach(k.2) };
+                notes.push(joined_note(&describe(r.0), r.0, k.1));
+                (k.0, r.0, r.1)
+            }
+            (Ok(Some(k)), removed) => {
+                if let Some(r) = removed {
+                    // SAFETY: nothing refers into this attachment (only looked at).
+                    unsafe { segment::detach(r.1) };
                 }
-                if segment::stat(seg.id).is_ok_and(|s| s.removed) {
-                    // Removed while we attached (by a process that found it damaged and
-                    // unused a moment ago): new processes will not find it; neither may we.
+                k
+            }
+            (Ok(None) | Err(_), Some(r)) => {
+                notes.push(joined_note(&describe(r.0), r.0, 0));
+                (segment::key(id, 0), r.0, r.1)
+            }
+            (Err(e), None) => return Err(e),
+            (Ok(None), None) => {
+                return Err(io::Error::other(format!(
+                    "no usable accounting region for {}: the {} shared memory keys derived from it are taken by segments of others{}",
+                    dir.display(),
+                    segment::PROBES,
+                    if notes.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", notes.join("; "))
+                    }
+                )));
+            }
+        };
+        Ok(Region {
+            base: base.cast(),
+            dir_file,
+            dir: dir.to_owned(),
+            key,
+            shmid,
+            notes,
+        })
+    }
+}
+
+/// What a process says when it joins a removed region: `keyed` is the id of the keyed
+/// segment it found beside it (0: none).
+fn joined_note(what: &str, removed: libc::c_int, keyed: libc::c_int) -> String {
+    let users = segment::stat(removed).map_or(0, |s| s.attached.saturating_sub(1));
+    format!(
+        "{what}: removed (IPC_RMID) while {users} other processes of the container use it: joined it{}, so that the container keeps one budget",
+        if keyed == 0 {
+            String::new()
+        } else {
+            format!(" rather than the newer segment id {keyed} under its key")
+        }
+    )
+}
+
+/// The oldest segment marked for removal that processes still have attached and whose
+/// header says it is the region of the directory `id`, attached read-write: (its id, where).
+fn attach_removed_in_use(id: DirId, len: usize) -> Option<(libc::c_int, *mut u8)> {
+    for sid in segment::removed_in_use_of_size(len) {
+        let Ok(ro) = segment::attach_read_only(sid) else {
+            continue;
+        };
+        // SAFETY: a read-only attachment of `len` = size_of::<Layout>() bytes (the size
+        // was checked); every field is an atomic, and only loaded here.
+        let ours = matches!(verdict(unsafe { &*ro.cast::<Layout>() }, id), Verdict::Ours);
+        // SAFETY: nothing refers into the read-only attachment after this.
+        unsafe { segment::detach(ro) };
+        if ours && let Ok(base) = segment::attach(sid) {
+            return Some((sid, base));
+        }
+    }
+    None
+}
+
+/// Attaches (creating it if absent) the segment under the directory's keys, repairing or
+/// replacing a damaged one (said in `notes`): (its key, its id, where); None when every
+/// key is taken by segments of others.
+fn attach_keyed(
+    dir: &Path,
+    dir_file: &File,
+    id: DirId,
+    len: usize,
+    notes: &mut Vec<String>,
+) -> io::Result<Option<(libc::key_t, libc::c_int, *mut u8)>> {
+    for probe in 0..segment::PROBES {
+        let key = segment::key(id, probe);
+        // A segment removed under us (dead garbage, or by a tenant) is tried again.
+        for _ in 0..4 {
+            let Some(seg) = segment::create_or_attach(key, len)
+                .map_err(ctx_err("attach the accounting region of", dir))?
+            else {
+                continue;
+            };
+            let base = seg.base.cast::<Layout>();
+            // SAFETY: `seg` is an attachment of `len` = size_of::<Layout>() bytes
+            // (created so, or its size checked), detached only by `Region::drop` or
+            // below; every field is an atomic, all-zero valid.
+            let l = unsafe { &*base };
+            let what = format!(
+                "accounting region of {} (SysV shared memory key {key:#010x}, id {})",
+                dir.display(),
+                seg.id
+            );
+            let alive = |i: usize| slot_lock::owner_alive(dir_file, i);
+            let verdict = if seg.created {
+                write_header(l, id, dir);
+                remove_dead_segments(len);
+                Verdict::Ours
+            } else {
+                wait_verdict(l, id)
+            };
+            match verdict {
+                Verdict::Ours => {}
+                Verdict::Foreign => {
                     // SAFETY: `l` is not used after this.
                     unsafe { segment::detach(seg.base) };
-                    continue;
+                    break;
                 }
-                return Ok(Region {
-                    base,
-                    dir_file,
-                    dir: dir.to_owned(),
-                    key,
-                    shmid: seg.id,
-                    notes,
-                });
+                Verdict::Damaged(wrong) => {
+                    let attached = segment::stat(seg.id).map_or(u64::MAX, |s| s.attached);
+                    if attached <= 1 {
+                        // Nobody else uses it: replaced by a fresh one.
+                        notes.push(format!(
+                            "{what}: {wrong}; nobody uses it: replaced by a fresh region"
+                        ));
+                        let _ = segment::remove(seg.id);
+                        // SAFETY: `l` is not used after this.
+                        unsafe { segment::detach(seg.base) };
+                        continue;
+                    }
+                    // Processes use it (this container's, or a tenant's garbage
+                    // held open): repaired in place, so that they and we keep one
+                    // budget.
+                    repair(l, id, dir, alive);
+                    notes.push(format!(
+                        "{what}: {wrong}; {} other processes have it attached: header rewritten, device totals rebuilt from the live processes' slots",
+                        attached.saturating_sub(1)
+                    ));
+                }
             }
+            if segment::stat(seg.id).is_ok_and(|s| s.removed) {
+                // Removed while we attached (by a process that found it damaged and
+                // unused a moment ago): new processes will not find it; neither may we.
+                // SAFETY: `l` is not used after this.
+                unsafe { segment::detach(seg.base) };
+                continue;
+            }
+            return Ok(Some((key, seg.id, seg.base)));
         }
-        Err(io::Error::other(format!(
-            "no usable accounting region for {}: the {} shared memory keys derived from it are taken by segments of others{}",
-            dir.display(),
-            segment::PROBES,
-            if notes.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", notes.join("; "))
-            }
-        )))
     }
+    Ok(None)
+}
 
+impl Region {
     /// What was found wrong while attaching (and what was done), for the caller to
     /// report.
     pub fn notes(&self) -> &[String] {

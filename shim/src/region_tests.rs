@@ -119,6 +119,52 @@ proptest::proptest! {
     }
 }
 
+/// A tenant removes the region (`IPC_RMID`) while a process uses it, and may put a
+/// segment of its own under the key: a new process joins the removed region, whose
+/// charges are the container's, and says so; once nobody uses it, a fresh one is made.
+#[test]
+fn a_removed_region_in_use_is_joined_not_replaced() {
+    for blank_under_key in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::open(dir.path()).unwrap();
+        r.init_quota(0, Some(8 << 20));
+        let s = r.claim_slot().unwrap();
+        assert!(r.try_charge(s, 0, 6 << 20, None));
+        segment::remove(r.shmid).unwrap();
+        if blank_under_key {
+            let k = segment::create_or_attach(r.key, size_of::<Layout>())
+                .unwrap()
+                .expect("the key is free");
+            assert!(k.created);
+            // SAFETY: the test's own attachment, not used after this.
+            unsafe { segment::detach(k.base) };
+        }
+        let r2 = Region::open(dir.path()).unwrap();
+        assert_eq!(r2.shmid, r.shmid, "{blank_under_key}: {:?}", r2.notes());
+        let note = r2.notes().join("; ");
+        assert!(
+            note.contains("removed (IPC_RMID)") && note.contains(&dir.path().display().to_string()),
+            "{note}"
+        );
+        // One budget: the second process sees the first one's charge and cannot take
+        // more than the 2 MiB left.
+        assert_eq!(r2.used(0), 6 << 20);
+        let s2 = r2.claim_slot().unwrap();
+        assert!(!r2.try_charge(s2, 0, 4 << 20, None));
+        assert!(r2.try_charge(s2, 0, 2 << 20, None));
+        drop(r2);
+        drop(r);
+        // Nobody uses it any more: it is gone, and the next process starts afresh.
+        let r3 = Region::open(dir.path()).unwrap();
+        assert_eq!(r3.used(0), 0);
+        assert!(
+            !r3.notes().iter().any(|n| n.contains("IPC_RMID")),
+            "{:?}",
+            r3.notes()
+        );
+    }
+}
+
 #[test]
 fn charges_are_all_or_nothing_under_the_quota() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,8 @@
 //! container directory's filesystem.
 //!
 //! This module is the one home of the segment's system calls: key derivation, create or
-//! attach, the sizes, removal of what is dead.
+//! attach, the sizes, the namespace's listing (`/proc/sysvipc/shm`), removal of what is
+//! dead.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -86,7 +87,9 @@ pub fn remove(id: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-fn attach(id: libc::c_int) -> io::Result<*mut u8> {
+/// Attaches segment `id` read-write (a segment marked for removal included: Linux lets a
+/// process attach one that others still have attached).
+pub fn attach(id: libc::c_int) -> io::Result<*mut u8> {
     // SAFETY: attaching a segment read-write at an address the kernel picks; the result
     // is checked against (void*)-1.
     let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
@@ -159,23 +162,62 @@ pub fn create_or_attach(key: libc::key_t, len: usize) -> io::Result<Option<Segme
     }
 }
 
-/// The ids of the segments of `len` bytes that no process has attached (candidates for
-/// removal when the directory they belonged to is gone), from `/proc/sysvipc/shm`.
-pub fn unattached_of_size(len: usize) -> Vec<libc::c_int> {
-    let Ok(text) = std::fs::read_to_string("/proc/sysvipc/shm") else {
-        return Vec::new();
-    };
-    // key shmid perms size cpid lpid nattch ...
+/// One segment as `/proc/sysvipc/shm` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listed {
+    /// Its id.
+    pub id: libc::c_int,
+    /// Its permissions, with `SHM_DEST` when it is marked for removal.
+    pub perms: u32,
+    /// Bytes.
+    pub size: u64,
+    /// Attached processes.
+    pub attached: u64,
+}
+
+/// The segments of the text of `/proc/sysvipc/shm` (a header line, then `key shmid perms
+/// size cpid lpid nattch …`, perms in octal); lines that do not parse are skipped.
+pub fn parse_listing(text: &str) -> Vec<Listed> {
     text.lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            let id = f.get(1)?.parse().ok()?;
-            let size: u64 = f.get(3)?.parse().ok()?;
-            let nattch: u64 = f.get(6)?.parse().ok()?;
-            (size == len as u64 && nattch == 0).then_some(id)
+            Some(Listed {
+                id: f.get(1)?.parse().ok()?,
+                perms: u32::from_str_radix(f.get(2)?, 8).ok()?,
+                size: f.get(3)?.parse().ok()?,
+                attached: f.get(6)?.parse().ok()?,
+            })
         })
         .collect()
+}
+
+/// The segments of this IPC namespace (none when `/proc/sysvipc/shm` cannot be read).
+fn listing() -> Vec<Listed> {
+    std::fs::read_to_string("/proc/sysvipc/shm").map_or_else(|_| Vec::new(), |t| parse_listing(&t))
+}
+
+/// The ids of the segments of `len` bytes that no process has attached (candidates for
+/// removal when the directory they belonged to is gone).
+pub fn unattached_of_size(len: usize) -> Vec<libc::c_int> {
+    listing()
+        .into_iter()
+        .filter(|s| s.size == len as u64 && s.attached == 0)
+        .map(|s| s.id)
+        .collect()
+}
+
+/// The ids of the segments of `len` bytes marked for removal that processes still have
+/// attached (a region a tenant removed under its container's processes), oldest first:
+/// the kernel numbers segments in the order it creates them.
+pub fn removed_in_use_of_size(len: usize) -> Vec<libc::c_int> {
+    let mut ids: Vec<libc::c_int> = listing()
+        .into_iter()
+        .filter(|s| s.size == len as u64 && s.attached > 0 && s.perms & SHM_DEST != 0)
+        .map(|s| s.id)
+        .collect();
+    ids.sort_unstable();
+    ids
 }
 
 /// Attaches segment `id` read-only, to look at it (see [`unattached_of_size`]).
@@ -187,4 +229,37 @@ pub fn attach_read_only(id: libc::c_int) -> io::Result<*mut u8> {
         return Err(io::Error::last_os_error());
     }
     Ok(p.cast())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listing_gives_ids_permissions_sizes_and_attachments() {
+        let text = "       key      shmid perms                  size  cpid  lpid nattch   uid\n\
+                    \x20    20817         11   666                 71680 27298 27298      1     0\n\
+                    \x20        0         12  1666                 71680 27298 27345      2     0\n\
+                    garbage line\n\
+                    \x20        0         x   666                 71680 1 1 0 0\n";
+        let l = parse_listing(text);
+        assert_eq!(
+            l,
+            vec![
+                Listed {
+                    id: 11,
+                    perms: 0o666,
+                    size: 71680,
+                    attached: 1
+                },
+                Listed {
+                    id: 12,
+                    perms: 0o1666,
+                    size: 71680,
+                    attached: 2
+                },
+            ]
+        );
+        assert!(l[1].perms & SHM_DEST != 0 && l[0].perms & SHM_DEST == 0);
+    }
 }

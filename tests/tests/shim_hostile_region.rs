@@ -1,9 +1,10 @@
-//! A hostile tenant against its container's accounting (issue 16): whatever it does to
-//! the files of `VGPU_CONTAINER_DIR` — truncate, grow, rewrite, replace (new inode,
-//! symlink), delete or pre-create the region or `slots.lock` — or to the region's shared
-//! memory itself, while two processes hold 128 + 64 MiB of a 256 MiB quota, no process
-//! of the container crashes or hangs, and a third process can take at most the 64 MiB
-//! left. A container directory on a full filesystem works too.
+//! A hostile tenant against its container's accounting (issue 16): whatever it does
+//! to the files of `VGPU_CONTAINER_DIR` — truncate, grow, rewrite, replace (new
+//! inode, symlink), delete or pre-create the region or `slots.lock` — or to the
+//! region's shared memory itself (garbage, removal), while two processes hold 128 +
+//! 64 MiB of a 256 MiB quota, no process of the container crashes or hangs, and a
+//! third process can take at most the 64 MiB left. A container directory on a full
+//! filesystem works too.
 
 #![allow(unsafe_code)] // the tenant's own shmget/shmctl/shmat, in `segment_attack`
 
@@ -184,6 +185,42 @@ fn segment_ids(dir: &Path) -> Vec<i32> {
             (id >= 0).then_some(id)
         })
         .collect()
+}
+
+/// The tenant removes the region's shared memory (`IPC_RMID`) under the two holders,
+/// and in a second round also puts a blank segment of its own under the region's key:
+/// new processes join the removed region the holders still use (ADR 0015), so the
+/// container keeps one budget. Before, a new process made a fresh region and the
+/// container could hold its quota twice.
+#[test]
+fn removing_the_shared_region_does_not_let_the_container_exceed_its_quota() {
+    let remove = |c: &Container, blank_under_key: bool| {
+        let ids = segment_ids(&c.dir());
+        assert!(
+            !ids.is_empty(),
+            "no region segment for {}",
+            c.dir().display()
+        );
+        for id in ids {
+            // SAFETY: shmid_ds is plain old data; all-zero is valid.
+            let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid out-pointer for IPC_STAT.
+            assert_eq!(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) }, 0);
+            // SAFETY: IPC_RMID takes no buffer.
+            let rc = unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+            assert_eq!(rc, 0, "IPC_RMID of segment {id}");
+            if blank_under_key {
+                let key = vgpu_tests::region_keys(&c.dir())[0];
+                // SAFETY: shmget only allocates a segment.
+                let blank = unsafe { libc::shmget(key, ds.shm_segsz, libc::IPC_CREAT | 0o666) };
+                assert!(blank >= 0, "a blank segment under key {key:#x}");
+            }
+        }
+    };
+    quota_holds_through("IPC_RMID", |c| remove(c, false));
+    quota_holds_through("IPC_RMID and a blank segment under the key", |c| {
+        remove(c, true)
+    });
 }
 
 #[test]
