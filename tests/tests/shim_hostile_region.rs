@@ -174,17 +174,19 @@ fn pre_created_garbage_files_do_not_stop_the_container() {
     }
 }
 
-/// The tenant's view of the region's shared memory: the keys the shim derives for the
-/// container directory.
+/// The tenant's view of the region's shared memory: the segments under the keys the
+/// shim derives for the container directory (at least one: its processes run).
 fn segment_ids(dir: &Path) -> Vec<i32> {
-    vgpu_tests::region_keys(dir)
+    let ids: Vec<i32> = vgpu_tests::region_keys(dir)
         .into_iter()
         .filter_map(|k| {
             // SAFETY: shmget with flags 0 only looks a key up.
             let id = unsafe { libc::shmget(k, 0, 0) };
             (id >= 0).then_some(id)
         })
-        .collect()
+        .collect();
+    assert!(!ids.is_empty(), "no region segment for {}", dir.display());
+    ids
 }
 
 /// The tenant removes the region's shared memory (`IPC_RMID`) under the two holders,
@@ -195,13 +197,7 @@ fn segment_ids(dir: &Path) -> Vec<i32> {
 #[test]
 fn removing_the_shared_region_does_not_let_the_container_exceed_its_quota() {
     let remove = |c: &Container, blank_under_key: bool| {
-        let ids = segment_ids(&c.dir());
-        assert!(
-            !ids.is_empty(),
-            "no region segment for {}",
-            c.dir().display()
-        );
-        for id in ids {
+        for id in segment_ids(&c.dir()) {
             // SAFETY: shmid_ds is plain old data; all-zero is valid.
             let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
             // SAFETY: a valid out-pointer for IPC_STAT.
@@ -235,13 +231,7 @@ fn quota_holds_or_refuses_through_garbage() {
     let node = node();
     let c = Container::new("256Mi");
     let a = holder(&node, &c, "128Mi");
-    let ids = segment_ids(&c.dir());
-    assert!(
-        !ids.is_empty(),
-        "no region segment for {}",
-        c.dir().display()
-    );
-    for id in ids {
+    for id in segment_ids(&c.dir()) {
         // SAFETY: attaching a segment read-write at an address the kernel picks.
         let p = unsafe { libc::shmat(id, std::ptr::null(), 0) };
         assert_ne!(p as isize, -1, "shmat");
