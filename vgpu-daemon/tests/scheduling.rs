@@ -560,7 +560,10 @@ fn stopped_tenants_whose_kernels_run_through_their_stops_take_turns() {
 /// cgroup limited to 0.2 CPU beside a busy loop of its own, so it wakes late for every
 /// slice end and every drain, and reads demands late (they carry their own time, ADR
 /// 0027). Charges come from the shims' drain times, so the split still holds; slices
-/// only get longer.
+/// only get longer. Beside saturated CPUs a tenant's launcher is at times off its CPU and
+/// asks for nothing: the other may then get more than its share (work conservation),
+/// and the bound allows exactly that (the 75 % tenant at 1,284 ms of device time and
+/// 423 ms waiting in a 3 s window left 1.3 s unasked, and the 25 % tenant got 43.9 %).
 #[test]
 fn shares_hold_when_the_daemon_is_starved() {
     use vgpu_tests::cpu_load::CpuLimited;
@@ -615,9 +618,22 @@ fn shares_hold_when_the_daemon_is_starved() {
     for c in [&c1, &c2] {
         assert_never_fell_back(&d.api, c, "starved daemon");
     }
+    // Shares are owed under contention: a tenant may get more than its share by what the
+    // other did not ask for (work conservation). Beside saturated CPUs a launcher is at
+    // times off its CPU, neither running kernels nor waiting for the GPU; what the 25 %
+    // tenant got beyond 33 % of the device time (25 + 8 pp) must fit in the 75 % tenant's
+    // such time, and what it got below 17 % in its own.
+    let window_ns = 3_000_000_000u64;
+    let not_asking = |i: usize| window_ns.saturating_sub(busy[i] + delta(i, 2));
+    let total = (busy[0] + busy[1]) as f64;
+    let over = busy[0] as f64 - 0.33 * total;
+    let under = 0.17 * total - busy[0] as f64;
     assert!(
-        (share1 - 25.0).abs() < 8.0,
-        "starved daemon: the 25 % tenant got {share1:.1} %, charged {charged1:.1} % ({detail})"
+        over <= not_asking(1) as f64 && under <= not_asking(0) as f64,
+        "starved daemon: the 25 % tenant got {share1:.1} %, charged {charged1:.1} % ({detail}; \
+         not asking: {} / {} ms)",
+        not_asking(0) / 1_000_000,
+        not_asking(1) / 1_000_000
     );
     finish_registered(t1, "starved daemon");
     finish_registered(t2, "starved daemon");
@@ -701,14 +717,18 @@ fn a_tenant_in_a_time_namespace_gets_its_share() {
     let (c1, c2) = (container(50, "burst"), container(50, "burst"));
     let t1 = node.tenant_in_time_namespace(1000, &c1, &d.socket, &strs(&args));
     let t2 = node.tenant(&c2, &d.socket, &strs(&args));
-    // The probe runs in the namespace asked for (its children's namespace is its own).
+    // The probe runs in the namespace asked for, once `unshare` made it and executed the
+    // probe (same PID; its children's namespace is its own).
     let offsets =
-        std::fs::read_to_string(format!("/proc/{}/timens_offsets", t1.id())).unwrap_or_default();
-    assert!(
-        offsets
-            .lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["monotonic", "1000", "0"]),
-        "the tenant is not in a time namespace 1000 s ahead: {offsets:?}"
+        || std::fs::read_to_string(format!("/proc/{}/timens_offsets", t1.id())).unwrap_or_default();
+    wait_for(
+        "the tenant in a time namespace 1000 s ahead",
+        Duration::from_secs(10),
+        || {
+            offsets()
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["monotonic", "1000", "0"])
+        },
     );
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
