@@ -11,10 +11,15 @@
 //! time namespace itself and has not yet executed or forked still runs in its former one,
 //! whose offset it cannot read: 0 is taken then.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-/// The offset of this process's time namespace's `CLOCK_MONOTONIC` from the host's, ns.
-static OFFSET_NS: OnceLock<i64> = OnceLock::new();
+/// The offset of this process's time namespace's `CLOCK_MONOTONIC` from the host's, ns,
+/// once [`OFFSET_READ`] says it was read. Two atomics, not a `OnceLock`: a lock held by a
+/// thread that another one forks beside would leave the child waiting on it forever,
+/// and the shim runs in applications that fork; racing readers compute the same value.
+static OFFSET_NS: AtomicI64 = AtomicI64::new(0);
+/// Whether [`OFFSET_NS`] was read.
+static OFFSET_READ: AtomicBool = AtomicBool::new(false);
 
 /// The host's `CLOCK_MONOTONIC`, ns: this process's reading less its time namespace's
 /// offset.
@@ -54,9 +59,15 @@ fn local_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
-/// This process's time namespace's monotonic offset, ns (read once).
+/// This process's time namespace's monotonic offset, ns (read once, never waited for).
 fn offset_ns() -> i64 {
-    *OFFSET_NS.get_or_init(read_offset_ns)
+    if OFFSET_READ.load(Ordering::Acquire) {
+        return OFFSET_NS.load(Ordering::Relaxed);
+    }
+    let v = read_offset_ns();
+    OFFSET_NS.store(v, Ordering::Relaxed);
+    OFFSET_READ.store(true, Ordering::Release);
+    v
 }
 
 /// Reads the offset from `/proc/self/timens_offsets`, which shows the namespace of the
