@@ -1592,18 +1592,21 @@ impl Scheduler {
     /// (or at the drain timeout); the GPU does not wait for them.
     fn revoke_co(&mut self, now: u64, out: &mut Vec<Action>) {
         self.co_slices = 0;
-        let ids: Vec<TenantId> = self.co.keys().copied().collect();
-        for t in ids {
-            self.revoke_co_one(t, now, out);
+        for (t, c) in std::mem::take(&mut self.co) {
+            self.settle_co(t, c, now, out);
         }
     }
 
-    /// Revokes co-holder `t`'s grant (settled when its report comes, as
-    /// [`Scheduler::revoke_co`]).
+    /// Revokes co-holder `t`'s grant alone.
     fn revoke_co_one(&mut self, t: TenantId, now: u64, out: &mut Vec<Action>) {
-        let Some(c) = self.co.remove(&t) else {
-            return;
-        };
+        if let Some(c) = self.co.remove(&t) {
+            self.settle_co(t, c, now, out);
+        }
+    }
+
+    /// Revokes co-grant `c` of tenant `t`, taken out of the co-holders: settled when its
+    /// report comes.
+    fn settle_co(&mut self, t: TenantId, c: CoGrant, now: u64, out: &mut Vec<Action>) {
         self.settling.insert(
             t,
             Revoked {

@@ -103,19 +103,42 @@ fn a_process_that_yielded_its_tenants_grant_gets_back_in_while_its_sibling_holds
     d.demand(a2.reg.conn, 0, Some(mono_ns())).expect("demand");
     // Whatever the daemon does, the second process must be granted again; the first
     // reports what it is asked to (it never stops launching).
+    granted_again(
+        &d,
+        &mut a2,
+        g,
+        Duration::from_secs(2),
+        "the process that yielded",
+        &mut [(&mut a1, 10 * MS)],
+    );
+}
+
+/// Waits (at most `within`) for process `p` to be granted a generation after `after`,
+/// the `others` meanwhile reporting each revoke they get, as busy as said (ns), as
+/// processes that never stop launching do.
+fn granted_again(
+    d: &Daemon,
+    p: &mut Proc,
+    after: u32,
+    within: Duration,
+    what: &str,
+    others: &mut [(&mut Proc, u64)],
+) {
     let t0 = std::time::Instant::now();
     loop {
         assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "the process that yielded was not granted again within 2 s"
+            t0.elapsed() < within,
+            "{what} was not granted again within {within:?}"
         );
-        if let Some((g2, true)) = common::next_slice_msg(&mut a2, Duration::from_millis(5)) {
-            assert!(g2 > g);
-            break;
+        if let Some((g2, true)) = common::next_slice_msg(p, Duration::from_millis(5)) {
+            assert!(g2 > after);
+            return;
         }
-        if let Some((gr, false)) = common::next_slice_msg(&mut a1, Duration::from_millis(1)) {
-            d.released(a1.reg.conn, 0, gr, mono_ns(), Some(10 * MS), 10, true)
-                .expect("drain accepted");
+        for (o, busy) in others.iter_mut() {
+            if let Some((gr, false)) = common::next_slice_msg(o, Duration::from_millis(1)) {
+                d.released(o.reg.conn, 0, gr, mono_ns(), Some(*busy), 10, true)
+                    .expect("drain accepted");
+            }
         }
     }
 }
@@ -202,23 +225,12 @@ fn a_process_that_yielded_its_co_held_tenants_grant_gets_back_in_while_its_sibli
     d.released(a2.reg.conn, 0, ga, mono_ns(), Some(MS / 4), 2, false)
         .expect("yield accepted");
     d.demand(a2.reg.conn, 0, Some(mono_ns())).expect("demand");
-    let t0 = std::time::Instant::now();
-    loop {
-        assert!(
-            t0.elapsed() < Duration::from_secs(1),
-            "the process that yielded the co-grant was not granted again within 1 s"
-        );
-        if let Some((g2, true)) = common::next_slice_msg(&mut a2, Duration::from_millis(5)) {
-            assert!(g2 > ga);
-            break;
-        }
-        if let Some((gr, false)) = common::next_slice_msg(&mut a1, Duration::from_millis(1)) {
-            d.released(a1.reg.conn, 0, gr, mono_ns(), Some(MS), 10, true)
-                .expect("drain accepted");
-        }
-        if let Some((gr, false)) = common::next_slice_msg(&mut b, Duration::from_millis(1)) {
-            d.released(b.reg.conn, 0, gr, mono_ns(), Some(MS), 10, true)
-                .expect("drain accepted");
-        }
-    }
+    granted_again(
+        &d,
+        &mut a2,
+        ga,
+        Duration::from_secs(1),
+        "the process that yielded the co-grant",
+        &mut [(&mut a1, MS), (&mut b, MS)],
+    );
 }
