@@ -227,7 +227,7 @@ mod tests {
             Opened::NoNodes => {
                 // Unprivileged: nothing may be left behind.
                 assert!(!node_dir(dir.path()).join("nvidiactl").exists());
-                println!("SKIPPED part: mknod is not permitted here (unprivileged)");
+                vgpu_test_needs::skip(vgpu_test_needs::Need::Root, "mknod is not permitted here");
             }
             Opened::Answered(_) => {
                 let st = rustix::fs::stat(node_dir(dir.path()).join("nvidia1")).expect("stat");

@@ -1,6 +1,6 @@
 //! The gate and the exit watcher on the real kernel (root): a cgroup2 child, device nodes
-//! made with mknod, the scripted ebpf-probe process inside the cgroup. Prints SKIPPED without
-//! the privileges, fails instead when VGPU_REQUIRE_EBPF=1 (CI). Everything is detached and
+//! made with mknod, the scripted ebpf-probe process inside the cgroup. A recorded skip
+//! without the privileges (`vgpu-test-needs`), a failure instead under `CI=true`. Everything is detached and
 //! unpinned at the end of each test.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step is the failure
@@ -27,7 +27,7 @@ const GPU: [GpuDevice; 1] = [GpuDevice {
 
 #[test]
 fn enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones() {
-    if !privileged("enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -95,7 +95,7 @@ fn enforce_refuses_unregistered_gpu_opens_and_allows_registered_ones() {
 
 #[test]
 fn audit_allows_and_reports_what_enforce_would_refuse() {
-    if !privileged("audit_allows_and_reports_what_enforce_would_refuse") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -131,7 +131,7 @@ fn audit_allows_and_reports_what_enforce_would_refuse() {
 
 #[test]
 fn a_trusted_cgroup_opens_gpu_nodes_without_registering() {
-    if !privileged("a_trusted_cgroup_opens_gpu_nodes_without_registering") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -169,7 +169,7 @@ fn a_trusted_cgroup_opens_gpu_nodes_without_registering() {
 
 #[test]
 fn a_sigkilled_watched_process_is_reported_and_forgotten() {
-    if !privileged("a_sigkilled_watched_process_is_reported_and_forgotten") {
+    if !privileged() {
         return;
     }
     let cgroup = TestCgroup::new();
@@ -202,7 +202,7 @@ fn a_sigkilled_watched_process_is_reported_and_forgotten() {
 
 #[test]
 fn a_process_that_opened_a_gpu_node_is_watched_without_asking() {
-    if !privileged("a_process_that_opened_a_gpu_node_is_watched_without_asking") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -225,7 +225,7 @@ fn a_process_that_opened_a_gpu_node_is_watched_without_asking() {
 
 #[test]
 fn pinned_enforcement_outlives_the_enforcer_until_detached() {
-    if !privileged("pinned_enforcement_outlives_the_enforcer_until_detached") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -269,7 +269,7 @@ fn pinned_enforcement_outlives_the_enforcer_until_detached() {
 
 #[test]
 fn attach_says_why_it_cannot() {
-    if !privileged("attach_says_why_it_cannot") {
+    if !privileged() {
         return;
     }
     let not_cgroup2 = tempfile::tempdir().unwrap();
@@ -302,7 +302,7 @@ fn attach_says_why_it_cannot() {
 
 #[test]
 fn without_capabilities_attach_says_which_are_missing() {
-    if !privileged("without_capabilities_attach_says_which_are_missing") {
+    if !privileged() {
         return;
     }
     let cgroup = TestCgroup::new();
@@ -341,7 +341,7 @@ fn without_capabilities_attach_says_which_are_missing() {
 
 #[test]
 fn a_flood_of_refusals_does_not_crowd_out_exit_events() {
-    if !privileged("a_flood_of_refusals_does_not_crowd_out_exit_events") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -376,7 +376,7 @@ fn a_flood_of_refusals_does_not_crowd_out_exit_events() {
 
 #[test]
 fn a_registered_process_that_execs_must_register_again() {
-    if !privileged("a_registered_process_that_execs_must_register_again") {
+    if !privileged() {
         return;
     }
     let nodes = Nodes::new();
@@ -398,7 +398,7 @@ fn a_registered_process_that_execs_must_register_again() {
 
 #[test]
 fn creating_a_gpu_node_is_not_gated_only_opening_it() {
-    if !privileged("creating_a_gpu_node_is_not_gated_only_opening_it") {
+    if !privileged() {
         return;
     }
     // runc creates a container's /dev/nvidia* with mknod from inside the container's cgroup.
@@ -427,7 +427,7 @@ fn creating_a_gpu_node_is_not_gated_only_opening_it() {
 
 #[test]
 fn a_program_attached_below_cannot_override_the_gate() {
-    if !privileged("a_program_attached_below_cannot_override_the_gate") {
+    if !privileged() {
         return;
     }
     // As runc attaches its own device program to each container's cgroup under kubepods.

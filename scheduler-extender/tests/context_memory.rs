@@ -2,7 +2,7 @@
 //! every quota the extender grants on a GPU can be allocated while each container's
 //! process holds its CUDA context there.
 
-mod common;
+use super::common;
 
 use std::sync::Arc;
 

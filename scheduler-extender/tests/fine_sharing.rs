@@ -3,7 +3,7 @@
 //! 101st is refused with a reason; beside it, in the same cluster, a node of 10 slices
 //! per GPU still takes at most 10 containers per GPU.
 
-mod common;
+use super::common;
 
 use serde_json::{Value, json};
 use vgpu_core::inventory::{ANNOTATION_GPU_INVENTORY, NodeInventory};

@@ -3,7 +3,7 @@
 //! input, a shared budget for bodies in flight) and half-sent requests are closed at
 //! their deadline; ordinary traffic is unaffected.
 
-mod common;
+use super::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

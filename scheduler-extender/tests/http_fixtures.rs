@@ -7,7 +7,7 @@
 //! byte-for-byte what kube-scheduler sent. The fixture nodes advertise 4 GPUs
 //! each; the tests give them a 4-GPU inventory annotation.
 
-mod common;
+use super::common;
 
 use std::sync::Arc;
 

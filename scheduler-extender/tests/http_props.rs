@@ -7,7 +7,7 @@
 //!   binds and expiries happens, no GPU is ever granted more than it has, and the
 //!   ledger's free capacity is exactly capacity minus what pods and assumptions hold.
 
-mod common;
+use super::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! `serve` as the binary runs it (watches, HTTP server, kube binder, graceful
 //! shutdown), against the scripted fake API server.
 
-mod common;
+use super::common;
 
 use std::time::Duration;
 

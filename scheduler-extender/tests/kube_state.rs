@@ -3,7 +3,7 @@
 //! Binding, assumptions expire, a restarted extender rebuilds its ledger, and
 //! concurrent binds never double-assign a GPU. Every wait has a deadline.
 
-mod common;
+use super::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! that node grants the GPU(s) `choose` grants. Checked in lockstep over a sequence
 //! of pods for every deterministic policy; `random` is checked to draw afresh.
 
-mod common;
+use super::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

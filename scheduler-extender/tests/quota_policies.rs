@@ -2,7 +2,7 @@
 //! the extender's watches, HTTP server and kube binder as `serve` runs them, the policy
 //! watch, its status writer and its events. Every wait has a deadline.
 
-mod common;
+use super::common;
 
 use std::sync::Arc;
 use std::time::Duration;

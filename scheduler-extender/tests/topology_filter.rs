@@ -2,7 +2,7 @@
 //! best free set meets it, refuses the others with a reason naming the class, a bad
 //! value is an error naming it, and bind grants the best-connected set.
 
-mod common;
+use super::common;
 
 use common::Served;
 use serde_json::{Value, json};

@@ -22,8 +22,8 @@ fn a_process_in_a_time_namespace_reads_the_nodes_clock() {
         .args(["--time", "--monotonic", "1000", "true"])
         .output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED {NAME}: no time namespaces here (`unshare --time` failed: {probe:?})");
-        return;
+        let why = format!("`unshare --time` failed: {probe:?}");
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::TimeNamespaces, &why);
     }
     let exe = std::env::current_exe().expect("the test binary");
     let before = mono_ns();

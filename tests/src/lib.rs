@@ -330,3 +330,14 @@ pub fn num(out: &str, key: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no numeric {key}= in probe output:\n{out}"))
 }
+
+/// Nanoseconds the main thread of `pid` has waited for a CPU while runnable (the kernel's
+/// run-queue delay, the second field of `/proc/<pid>/schedstat`); 0 when it cannot be
+/// read. What a tenant's launcher could not ask of the GPU because it was off its CPU,
+/// measured by the kernel rather than by vgpu.
+pub fn runqueue_wait_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}

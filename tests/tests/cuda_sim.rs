@@ -273,8 +273,7 @@ fn the_simulated_gpu_does_not_run_in_its_processs_cpu_limit() {
     // simulator's device is a worker thread of the process, which leaves the process's
     // CPU-limited group (cgroup v1) for the hierarchy's root when it starts.
     if let Some(why) = vgpu_tests::cpu_load::CpuLimited::unavailable() {
-        eprintln!("SKIPPED: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let ctl = vgpu_tests::cpu_load::find_cpu_controller().expect("the cpu controller");
     let v1 = matches!(ctl, vgpu_tests::cpu_load::CpuController::V1(_));

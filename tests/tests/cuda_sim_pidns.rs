@@ -24,10 +24,8 @@ fn pids(out: &str) -> Vec<u32> {
 #[test]
 fn nvml_lists_a_process_of_a_container_with_its_own_proc_under_its_host_pid() {
     if !vgpu_tests::pidns::unshare_allowed(true) {
-        eprintln!(
-            "SKIPPED: `unshare --user --pid --mount-proc` is not allowed here (no unprivileged user namespaces)"
-        );
-        return;
+        let why = "`unshare --user --pid --mount-proc` is not allowed here";
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::UserNamespaces, why);
     }
     let node = SimNode::new("[[device]]\nmemory = \"8Gi\"\n");
     let mut cmd = node.command("unshare");

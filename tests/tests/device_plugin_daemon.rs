@@ -19,7 +19,7 @@ use vgpu_testkit::fake_kubelet::FakeKubelet;
 use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib};
 
-mod common;
+use super::common;
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-0000000da3e0";
 

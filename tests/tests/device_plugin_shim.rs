@@ -20,7 +20,7 @@ use vgpu_testkit::fake_kubelet::{FakeContainer, FakeKubelet};
 use vgpu_testkit::node::TestNode;
 use vgpu_tests::{SimNode, field, num, probe_bin, shim_lib};
 
-mod common;
+use super::common;
 use common::extender::{decide, extender_for};
 
 const MIB: u64 = 1 << 20;

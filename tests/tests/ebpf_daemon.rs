@@ -2,13 +2,12 @@
 //! real processes on cuda-sim (whose `cuInit`/`nvmlInit` open the node's device nodes, made
 //! with mknod under its state directory). The gate covers a cgroup2 child made for each
 //! test; the processes under test are moved into it; this test process stays outside.
-//! Needs root, BTF, cgroup2 and tracefs: prints SKIPPED without them, fails instead when
-//! `VGPU_REQUIRE_EBPF=1` (CI). Nothing is pinned; everything detaches when the daemon is
+//! Needs root, BTF, cgroup2 and tracefs: a recorded skip without them (`vgpu-test-needs`),
+//! a failure instead under `CI=true`. Nothing is pinned; everything detaches when the daemon is
 //! dropped.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step is the failure
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,14 +16,14 @@ use vgpu_daemon::enforcement::EbpfSettings;
 use vgpu_ebpf::Mode;
 use vgpu_tests::{Container, Probe, SimNode, probe_bin, shim_lib};
 
-mod common;
+use super::common;
 
 const NODE: &str =
     "[[device]]\nuuid = \"GPU-eb0f0000-0000-4000-8000-00000000ca7e\"\nmemory = \"8Gi\"\n";
 
-/// The cgroup2 mount when this machine can run the test; SKIPPED (or a panic under
-/// `VGPU_REQUIRE_EBPF=1`) otherwise.
-fn ebpf_ready(test: &str, sim: &SimNode) -> Option<PathBuf> {
+/// The cgroup2 mount when this machine can run the test; a recorded skip (a failure under
+/// `CI=true`) otherwise.
+fn ebpf_ready(sim: &SimNode) -> Option<PathBuf> {
     let why = (|| {
         vgpu_ebpf::preflight::check_capabilities().map_err(|e| e.to_string())?;
         vgpu_ebpf::preflight::check_btf().map_err(|e| e.to_string())?;
@@ -41,12 +40,8 @@ fn ebpf_ready(test: &str, sim: &SimNode) -> Option<PathBuf> {
     })();
     match why {
         Ok(root) => Some(root),
-        Err(reason) if std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1") => {
-            panic!("{test}: VGPU_REQUIRE_EBPF=1 but eBPF cannot run here: {reason}")
-        }
         Err(reason) => {
-            // Not captured by libtest: a skip must be seen.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+            vgpu_test_needs::skip(vgpu_test_needs::Need::Ebpf, &reason);
             None
         }
     }
@@ -129,7 +124,7 @@ fn run(mut cmd: Command) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforce_lets_the_shims_processes_through_and_refuses_the_others() {
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready("enforce_lets_the_shims_processes_through", &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     let cg = Cgroup::new(&root, "enforce");
@@ -225,7 +220,7 @@ async fn vgpuctl_events(socket: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_allows_every_open_and_counts_what_enforce_would_refuse() {
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready("audit_allows_every_open", &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     let cg = Cgroup::new(&root, "audit");
@@ -325,15 +320,12 @@ async fn wait_registered(daemon: &vgpu_daemon::daemon::Daemon, pid: u32, gone: b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forked_child_registers_as_itself_and_a_killed_tenant_is_released_at_once() {
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready("a_forked_child_registers_as_itself", &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     if let Err(why) = python_clients() {
-        if std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1") {
-            panic!("VGPU_REQUIRE_EBPF=1 but {why}");
-        }
-        let _ = writeln!(std::io::stderr(), "SKIPPED a_forked_child: {why}");
-        return;
+        let need = vgpu_test_needs::Need::Python("cuda.bindings, pynvml");
+        return vgpu_test_needs::skip(need, &why);
     }
     let host = tempfile::tempdir().unwrap();
     let tenant = |cg: &Cgroup, socket: &Path, mode: &str| {
@@ -417,7 +409,7 @@ const CONTAINER_ID: &str = "c0ffee00d15ea5e0000000000000000000000000000000000000
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_open_in_a_pod_is_posted_on_the_pod_once_per_process_across_a_daemon_restart() {
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready("a_refused_open_in_a_pod_is_posted_on_the_pod", &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     let cg = Cgroup::new(&root, "plugin");

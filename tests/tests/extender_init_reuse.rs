@@ -15,7 +15,7 @@ use vgpu_core::resources::RESOURCE_GPU;
 use vgpu_testkit::fake_kubelet::{FakeContainer, FakeKubelet};
 use vgpu_testkit::node::TestNode;
 
-mod common;
+use super::common;
 use common::extender::{decide, extender_for};
 
 fn container(name: &str, slices: u32) -> Value {

@@ -8,8 +8,7 @@
 //!   exactly one `Warning` event `VgpuMemoryQuotaExceeded` on the pod for the burst, with
 //!   the quota, the memory in use and the size asked. The API server is the scripted fake.
 //! - The `/metrics` both serve in that state pass `promtool check metrics` (Debian's
-//!   `prometheus` package; SKIPPED without it, a failure under `VGPU_REQUIRE_TOOLS=1`, as
-//!   `.ci/run` sets).
+//!   `prometheus` package; a recorded skip without it, a failure under `CI=true`).
 //! - Every PromQL query of the Grafana dashboard (`deploy/grafana/vgpu-dashboard.json`)
 //!   names only metrics that the daemon, the plugin and the scheduler extender render.
 
@@ -23,7 +22,7 @@ use vgpu_testkit::fake_kubelet::FakeKubelet;
 use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib};
 
-mod common;
+use super::common;
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-00000000e0e1";
 const REASON: &str = vgpu_device_plugin::refusal_events::EVENT_REASON;
@@ -224,22 +223,15 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     body.to_owned()
 }
 
-/// Whether missing tools fail the test (CI) rather than skip it.
-fn tools_required() -> bool {
-    std::env::var("VGPU_REQUIRE_TOOLS").as_deref() == Ok("1")
-}
-
 /// `promtool check metrics` over `text` (what `who` serves): no error, no lint problem.
 fn promtool_check(who: &str, text: &str) {
     let problems = match vgpu_tests::promtool::check_metrics(text) {
         Ok(p) => p,
-        Err(e) if !tools_required() => {
-            eprintln!(
-                "SKIPPED promtool check of the {who}'s metrics: promtool: {e} (apt-get install prometheus)"
-            );
-            return;
+        Err(e) => {
+            let why =
+                format!("the {who}'s metrics were not checked: {e} (apt-get install prometheus)");
+            return vgpu_test_needs::skip(vgpu_test_needs::Need::Tool("promtool"), &why);
         }
-        Err(e) => panic!("VGPU_REQUIRE_TOOLS=1 but promtool cannot run: {e}"),
     };
     assert!(
         problems.is_empty(),

@@ -17,7 +17,7 @@
 // `std::env::set_var` is unsafe (edition 2024); see the SAFETY comment below.
 #![allow(unsafe_code)]
 
-mod common;
+use super::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,10 +35,8 @@ const UUID: &str = "GPU-51570000-0000-4000-8000-00000000b1d5";
 #[test]
 fn bypass_checks_name_a_process_of_a_pid_namespace_by_its_host_pid() {
     if !vgpu_tests::pidns::unshare_allowed(true) {
-        eprintln!(
-            "SKIPPED: `unshare --user --pid --mount-proc` is not allowed here (no unprivileged user namespaces)"
-        );
-        return;
+        let why = "`unshare --user --pid --mount-proc` is not allowed here";
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::UserNamespaces, why);
     }
     let sim = SimNode::new(&format!(
         "[[device]]\nuuid = \"{UUID}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"8Gi\"\n"

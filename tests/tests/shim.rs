@@ -349,13 +349,14 @@ fn without_the_shim_nothing_changes() {
 }
 
 /// Runs a Python snippet inside `c`, or returns None if the module is not installed.
-fn python(node: &SimNode, c: &Container, module: &str, code: &str) -> Option<String> {
+fn python(node: &SimNode, c: &Container, module: &'static str, code: &str) -> Option<String> {
     let ok = Command::new("python3")
         .args(["-c", &format!("import {module}")])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipping: python3 with {module} is not installed");
+        let why = "`python3 -c 'import …'` failed";
+        vgpu_test_needs::skip(vgpu_test_needs::Need::Python(module), why);
         return None;
     }
     let mut cmd = node.command("python3");

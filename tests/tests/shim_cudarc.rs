@@ -21,7 +21,12 @@ fn cudarc_is_enforced_through_dlsym() {
     }
     let state = tempfile::tempdir().expect("tempdir");
     let out = Command::new(std::env::current_exe().expect("test binary path"))
-        .args(["cudarc_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "shim_cudarc::cudarc_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, "1")
         .env("LD_LIBRARY_PATH", sim_lib_dir())
         .env("LD_PRELOAD", shim_lib())

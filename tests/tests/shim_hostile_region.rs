@@ -270,8 +270,8 @@ fn a_container_directory_on_a_full_filesystem_works_or_fails_clearly() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIPPED: cannot mount a 64 KiB tmpfs here (not root?)");
-        return;
+        let why = "`mount -t tmpfs -o size=64k` failed";
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::Mount, why);
     }
     struct Unmount<'a>(&'a Path);
     impl Drop for Unmount<'_> {

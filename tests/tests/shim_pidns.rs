@@ -14,15 +14,13 @@ use std::time::{Duration, Instant};
 
 use vgpu_tests::{Container, Probe, SimNode, field, probe_bin};
 
-mod common;
+use super::common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_in_its_own_pid_namespace_sees_its_processes_under_its_own_pids() {
     if !vgpu_tests::pidns::unshare_allowed(false) {
-        eprintln!(
-            "SKIPPED: `unshare --user --pid` is not allowed here (no unprivileged user namespaces)"
-        );
-        return;
+        let why = "`unshare --user --pid` is not allowed here";
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::UserNamespaces, why);
     }
     let sim = SimNode::new(
         "[[device]]\nuuid = \"GPU-51570000-0000-4000-8000-0000000b1d00\"\nmemory = \"8Gi\"\n",

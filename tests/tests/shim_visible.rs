@@ -270,13 +270,14 @@ fn the_simulated_driver_honours_cuda_visible_devices_and_nvml_ignores_it() {
 
 /// Runs a Python snippet in `c` on `node`, or None (printing SKIPPED) when python3 lacks
 /// `module`.
-fn python(node: &SimNode, c: &Container, module: &str, code: &str) -> Option<String> {
+fn python(node: &SimNode, c: &Container, module: &'static str, code: &str) -> Option<String> {
     let ok = Command::new("python3")
         .args(["-c", &format!("import {module}")])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIPPED: python3 with {module} is not installed");
+        let why = "`python3 -c 'import …'` failed";
+        vgpu_test_needs::skip(vgpu_test_needs::Need::Python(module), why);
         return None;
     }
     let mut cmd = node.command("python3");

@@ -1,7 +1,7 @@
 //! The gRPC API end to end over a unix socket against a populated daemon, its
 //! validation errors, and `vgpuctl` (the real binary) against it.
 
-mod common;
+use super::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! its drain report; one that claimed keeps it, and is waited for; a page of garbage
 //! changes nothing for the tenant's neighbour; every grant names its queue-ahead bound.
 
-mod common;
+use super::common;
 
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,7 @@
 //! its own entry points with its timer running: what its processes reported of a grant
 //! before the daemon revoked it counts, and the GPU waits only for the others.
 
-mod common;
+use super::common;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

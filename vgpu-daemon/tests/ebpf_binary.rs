@@ -11,8 +11,8 @@
 //!   process exits per second, with the gate attached and a daemon without it alongside.
 //!
 //! Needs root, BTF, cgroup2, tracefs and `mount -t bpf` (pins go to a bpf file system
-//! mounted on a temporary directory, never `/sys/fs/bpf`): prints SKIPPED without them,
-//! fails instead when `VGPU_REQUIRE_EBPF=1` (CI). Every test detaches and unpins what it
+//! mounted on a temporary directory, never `/sys/fs/bpf`): a recorded skip without them
+//! (`vgpu-test-needs`), a failure instead under `CI=true`. Every test detaches and unpins what it
 //! attached.
 
 #![allow(clippy::unwrap_used)]
@@ -20,32 +20,23 @@
 // fork(2) in the exit generator and kill(2); each block says why it holds.
 #![allow(unsafe_code)]
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vgpu_test_needs::Need;
 use vgpu_tests::{Container, Probe, SimNode, probe_bin};
 
 const NODE: &str =
     "[[device]]\nuuid = \"GPU-eb0f0000-0000-4000-8000-0000000b1a21\"\nmemory = \"8Gi\"\n";
 
-fn require() -> bool {
-    std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1")
-}
-
-/// Prints SKIPPED (not captured: a skip must be seen), or panics under
-/// `VGPU_REQUIRE_EBPF=1`.
-fn skip(test: &str, reason: &str) {
-    assert!(
-        !require(),
-        "{test}: VGPU_REQUIRE_EBPF=1 but it cannot run here: {reason}"
-    );
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+/// A recorded skip for want of eBPF here (a failure under `CI=true`).
+fn skip(reason: &str) {
+    vgpu_test_needs::skip(Need::Ebpf, reason);
 }
 
 /// The cgroup2 mount when the gate can run here (and the simulator's device nodes exist).
-fn ebpf_ready(test: &str, sim: &SimNode) -> Option<PathBuf> {
+fn ebpf_ready(sim: &SimNode) -> Option<PathBuf> {
     let why = (|| {
         vgpu_ebpf::preflight::check_capabilities().map_err(|e| e.to_string())?;
         vgpu_ebpf::preflight::check_btf().map_err(|e| e.to_string())?;
@@ -62,7 +53,7 @@ fn ebpf_ready(test: &str, sim: &SimNode) -> Option<PathBuf> {
     match why {
         Ok(root) => Some(root),
         Err(reason) => {
-            skip(test, &reason);
+            skip(&reason);
             None
         }
     }
@@ -267,13 +258,12 @@ fn raw_open(cg: &Cgroup, sim: &SimNode) -> String {
 
 #[test]
 fn enforce_survives_a_daemon_sigkill_and_the_restarted_daemon_adopts_the_pinned_gate() {
-    const TEST: &str = "enforce_survives_a_daemon_sigkill";
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready(TEST, &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     let Some(bpffs) = Bpffs::new() else {
-        skip(TEST, "mount -t bpf failed");
+        vgpu_test_needs::skip(Need::Mount, "mount -t bpf failed");
         return;
     };
     let cg = Cgroup::new(&root, "restart");
@@ -426,10 +416,9 @@ fn enforce_survives_a_daemon_sigkill_and_the_restarted_daemon_adopts_the_pinned_
 
 #[test]
 fn without_bpf_capabilities_the_daemon_says_why_in_one_line_and_serves() {
-    const TEST: &str = "without_bpf_capabilities_the_daemon_serves";
     let setpriv = Command::new("setpriv").arg("--version").output();
     if !setpriv.is_ok_and(|o| o.status.success()) {
-        skip(TEST, "setpriv (util-linux) is not installed");
+        vgpu_test_needs::skip(Need::Tool("setpriv"), "setpriv --version failed");
         return;
     }
     let sim = SimNode::new(NODE);
@@ -579,9 +568,8 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 #[test]
 fn daemon_cpu_and_exit_latency_at_1000_exits_per_second() {
-    const TEST: &str = "daemon_cpu_and_exit_latency_at_1000_exits_per_second";
     let sim = SimNode::new(NODE);
-    let Some(root) = ebpf_ready(TEST, &sim) else {
+    let Some(root) = ebpf_ready(&sim) else {
         return;
     };
     let count: u32 = std::env::var("VGPU_BENCH_EXITS")
@@ -652,7 +640,7 @@ fn daemon_cpu_and_exit_latency_at_1000_exits_per_second() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "exit_generator",
+            "ebpf_binary::exit_generator",
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -709,15 +697,19 @@ fn daemon_cpu_and_exit_latency_at_1000_exits_per_second() {
             "∞ (baseline 0 ticks)".to_owned()
         }
     );
-    // Generous bounds only: this machine is shared and loaded.
+    // The promise: every exit reaches the subscriber, none lost on the way (before issue
+    // 38 the test accepted 90 %, lost events counted as delivered). The latency bound has
+    // the margin of a loaded machine: p50 measured 0.07 ms idle, bounded at 10 ms (was 1 s).
     assert!(
-        latencies.len() as u64 + lost >= u64::from(count) * 9 / 10,
-        "most exits reach the subscriber: {} of {count}",
+        latencies.len() as u64 >= u64::from(count) && lost == 0,
+        "every exit reaches the subscriber: {} of {count} received, {lost} lost by the stream",
         latencies.len()
     );
+    let p50 = percentile(&latencies, 0.50);
     assert!(
-        percentile(&latencies, 0.50) < 1_000_000_000,
-        "p50 under 1 s"
+        p50 < 10_000_000,
+        "exit-event p50 {:.3} ms, not under 10 ms",
+        p50 as f64 / 1e6
     );
     assert!(gcpu < 100.0, "the daemon stays under one core: {gcpu:.1} %");
     drop(gated);

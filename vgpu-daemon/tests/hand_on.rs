@@ -2,7 +2,7 @@
 //! with its timer running: a revoked holder that has not reported its drain is passed
 //! over after its queued work, and what it says while it is settling is not lost.
 
-mod common;
+use super::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! set) checked by parsing it back, and `/metrics` + `/healthz` over real HTTP against a
 //! populated daemon.
 
-mod common;
+use super::common;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};

@@ -8,7 +8,7 @@
 // `std::env::set_var` is unsafe (edition 2024); see the SAFETY comment below.
 #![allow(unsafe_code)]
 
-mod common;
+use super::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! was not granted is not scheduled, never a refusal of the whole process), GPUs the
 //! node does not have refused, and bounds on what any client can make the daemon keep.
 
-mod common;
+use super::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

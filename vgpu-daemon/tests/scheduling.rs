@@ -355,17 +355,17 @@ fn saturating_tenants_get_their_shares() {
 ///
 /// Such tenants may not keep the GPU busy by themselves, and work conservation then
 /// gives one what the other cannot use: the split follows their CPU as well as their
-/// shares. What must hold is that the 75 % tenant, whenever it waited for the GPU a
-/// good part of the window (it wanted more than it got), keeps the larger part of what
-/// the two got, and that the 25 % tenant still gets time. How far it falls short of its
-/// 75 % is a figure, not a bound here: 73–76 % on an idle machine, 57–75 % with three CPU
-/// hogs on the 2-core VM (issue 16's open part; `docs/specification.md`, sixth round).
+/// shares. What holds, measured by the simulator alone (its per-process device time):
+/// the 75 % tenant keeps more than half of what the two got, and the 25 % tenant still
+/// gets time. How far the 75 % tenant falls short of its 75 % is a figure, not a bound:
+/// 73–76 % on an idle machine, 57–75 % with three CPU hogs on the 2-core VM (issue 16's
+/// parked corner; `docs/specification.md`). Before issue 38 the first assertion let the
+/// daemon's own waiting counter excuse any split (`share > 50 || daemon-waited < 10 %`).
 #[test]
 fn shares_hold_for_cpu_limited_tenant_containers() {
     use vgpu_tests::cpu_load::CpuLimited;
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED shares_hold_for_cpu_limited_tenant_containers: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let node = Node::new();
@@ -378,20 +378,15 @@ fn shares_hold_for_cpu_limited_tenant_containers() {
     let t1 = node.tenant_in(Some(&g1), &c1, &d.socket, &strs(&args));
     let t2 = node.tenant_in(Some(&g2), &c2, &d.socket, &strs(&args));
     std::thread::sleep(Duration::from_millis((at + 1000).saturating_sub(now_ms())));
-    let waited = || {
-        tenant(&d.api, &key(&c2)).map_or(0, |t| t["gpus"][0]["throttled_ns"].as_u64().unwrap_or(0))
-    };
-    let w0 = waited();
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
-    let waited_pct = (waited() - w0) as f64 * 100.0 / 3e9;
     let share2 = busy[1] as f64 * 100.0 / (busy[0] + busy[1]).max(1) as f64;
     eprintln!(
-        "CPU-limited containers: the 75 % tenant got {share2:.1} % of the device time ({busy:?} ns, GPU busy {:.1} %), waiting for the GPU {waited_pct:.1} % of the window",
+        "CPU-limited containers: the 75 % tenant got {share2:.1} % of the device time ({busy:?} ns, GPU busy {:.1} %)",
         (busy[0] + busy[1]) as f64 * 100.0 / 3e9
     );
     assert!(
-        share2 > 50.0 || waited_pct < 10.0,
-        "CPU-limited containers: the 75 % tenant got {share2:.1} % while waiting for the GPU {waited_pct:.1} % of the window ({busy:?} ns)"
+        share2 > 50.0,
+        "CPU-limited containers: the 75 % tenant got {share2:.1} % of the device time, not more than half ({busy:?} ns)"
     );
     assert!(
         busy[0] > 0,
@@ -519,8 +514,7 @@ impl Stopped {
 #[test]
 fn tenants_stopped_most_of_the_time_hold_the_gpu_together() {
     if let Some(why) = vgpu_tests::cpu_load::CpuLimited::unavailable() {
-        eprintln!("SKIPPED tenants_stopped_most_of_the_time_hold_the_gpu_together: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let r = stopped_tenants(10_000);
@@ -541,10 +535,7 @@ fn tenants_stopped_most_of_the_time_hold_the_gpu_together() {
 #[test]
 fn stopped_tenants_whose_kernels_run_through_their_stops_take_turns() {
     if let Some(why) = vgpu_tests::cpu_load::CpuLimited::unavailable() {
-        eprintln!(
-            "SKIPPED stopped_tenants_whose_kernels_run_through_their_stops_take_turns: {why}"
-        );
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let r = stopped_tenants(100_000_000);
@@ -562,14 +553,15 @@ fn stopped_tenants_whose_kernels_run_through_their_stops_take_turns() {
 /// 0027). Charges come from the shims' drain times, so the split still holds; slices
 /// only get longer. Beside saturated CPUs a tenant's launcher is at times off its CPU and
 /// asks for nothing: the other may then get more than its share (work conservation),
-/// and the bound allows exactly that (the 75 % tenant at 1,284 ms of device time and
-/// 423 ms waiting in a 3 s window left 1.3 s unasked, and the 25 % tenant got 43.9 %).
+/// and the bound allows exactly that, measured by the kernel: the launcher's run-queue
+/// delay (before issue 38, by the daemon's own waiting counter; with it, the 75 % tenant
+/// at 1,284 ms of device time and 423 ms waiting in a 3 s window left 1.3 s unasked, and
+/// the 25 % tenant got 43.9 %).
 #[test]
 fn shares_hold_when_the_daemon_is_starved() {
     use vgpu_tests::cpu_load::CpuLimited;
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED shares_hold_when_the_daemon_is_starved: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let node = Node::new();
@@ -596,7 +588,10 @@ fn shares_hold_when_the_daemon_is_starved() {
         })
     };
     let before = counters();
+    let offcpu = || [t1.id(), t2.id()].map(vgpu_tests::runqueue_wait_ns);
+    let off0 = offcpu();
     let busy = window(&node, &[t1.id(), t2.id()], Duration::from_secs(3));
+    let off1 = offcpu();
     let after = counters();
     let delta = |i: usize, k: usize| after[i][k].saturating_sub(before[i][k]);
     let (u1, u2) = (delta(0, 0), delta(1, 0));
@@ -620,18 +615,19 @@ fn shares_hold_when_the_daemon_is_starved() {
     }
     // Shares are owed under contention: a tenant may get more than its share by what the
     // other did not ask for (work conservation). Beside saturated CPUs a launcher is at
-    // times off its CPU, neither running kernels nor waiting for the GPU; what the 25 %
-    // tenant got beyond 33 % of the device time (25 + 8 pp) must fit in the 75 % tenant's
-    // such time, and what it got below 17 % in its own.
-    let window_ns = 3_000_000_000u64;
-    let not_asking = |i: usize| window_ns.saturating_sub(busy[i] + delta(i, 2));
+    // times off its CPU and asks for nothing; what the 25 % tenant got beyond 33 % of the
+    // device time (25 + 8 pp) must fit in the time the 75 % tenant's launcher waited for
+    // a CPU, and what it got below 17 % in its own. That time is the kernel's count (the
+    // launcher's run-queue delay), not the daemon's: before issue 38 it was the window
+    // less the device time less the daemon's own waiting counter.
+    let not_asking = |i: usize| off1[i].saturating_sub(off0[i]);
     let total = (busy[0] + busy[1]) as f64;
     let over = busy[0] as f64 - 0.33 * total;
     let under = 0.17 * total - busy[0] as f64;
     assert!(
         over <= not_asking(1) as f64 && under <= not_asking(0) as f64,
         "starved daemon: the 25 % tenant got {share1:.1} %, charged {charged1:.1} % ({detail}; \
-         not asking: {} / {} ms)",
+         launchers waiting for a CPU: {} / {} ms)",
         not_asking(0) / 1_000_000,
         not_asking(1) / 1_000_000
     );
@@ -703,11 +699,8 @@ fn a_tenant_in_a_time_namespace_gets_its_share() {
         .args(["--time", "--monotonic", "1000", "true"])
         .output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!(
-            "SKIPPED a_tenant_in_a_time_namespace_gets_its_share: no time namespaces here \
-             (`unshare --time` failed: {probe:?})"
-        );
-        return;
+        let why = format!("`unshare --time` failed: {probe:?}");
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::TimeNamespaces, &why);
     }
     let _serial = serial();
     let node = Node::new();
@@ -836,8 +829,7 @@ fn every_launch_path_is_gated() {
 fn every_launch_path_is_gated_in_a_cpu_limited_container() {
     use vgpu_tests::cpu_load::CpuLimited;
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED every_launch_path_is_gated_in_a_cpu_limited_container: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let g = CpuLimited::new("vgpu-test-paths", 200).expect("cpu cgroup");
@@ -863,8 +855,9 @@ fn a_capture_left_open_does_not_lift_the_cap() {
 }
 
 /// Each launch path, 20 kernels of 5 ms (100 ms of device time) under a 20 % cap, one
-/// process each in one container (in `group` when given): none may use 40 % of the GPU
-/// over its run (ungated they take 100 ms: 100 %).
+/// process each in one container (in `group` when given): none may use 30 % of the GPU
+/// over its run, the cap and 10 points for a run of a few slices (16–25 % measured;
+/// ungated they take 100 ms: 100 %). The bound was 40 % before issue 38.
 fn every_launch_path_stays_under_its_cap(
     group: Option<&vgpu_tests::cpu_load::CpuLimited>,
     what: &str,
@@ -922,7 +915,7 @@ fn launch_paths_stay_under_a_cap(
             frac * 100.0
         );
         assert!(
-            frac < 0.40,
+            frac < 0.30,
             "{what}, {path}: {:.0} % of the GPU under a 20 % cap ({out})\n{log}",
             frac * 100.0
         );
@@ -1051,9 +1044,15 @@ fn daemon_restart_loses_no_tenant_and_the_fallback_holds_the_cap() {
     });
     let busy = window(&node, &[t.id()], Duration::from_secs(2));
     let frac = busy[0] as f64 / 2e9;
+    eprintln!(
+        "under the restarted daemon a lone 30 % cap tenant ran {:.1} % of the GPU",
+        frac * 100.0
+    );
+    // A lone capped tenant that saturates runs at its cap: 30 ± 8 %, as under the fallback
+    // (the bound was 5–45 % before issue 38).
     assert!(
-        frac > 0.05 && frac < 0.45,
-        "under the restarted daemon a 30 % cap ran {:.0} %",
+        frac > 0.22 && frac < 0.38,
+        "under the restarted daemon a 30 % cap ran {:.1} %",
         frac * 100.0
     );
     finish(t);
@@ -1356,8 +1355,7 @@ fn operators_settings_survive_a_daemon_restart() {
 fn a_revocation_crossing_an_idle_yield_is_not_drained_twice() {
     use vgpu_tests::cpu_load::CpuLimited;
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED a_revocation_crossing_an_idle_yield_is_not_drained_twice: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let _serial = serial();
     let node = Node::new();
@@ -1467,8 +1465,10 @@ fn a_capped_tenant_turning_to_long_kernels_is_held_on_the_device() {
         longest_us < 300_000,
         "a slice of the capped tenant lasted {longest_us} µs ({out})\n{log}"
     );
+    // The cap and 10 points (20.0–24.6 % measured; the bound was 35 %, then 40 %, before
+    // issue 38).
     assert!(
-        frac < 0.40,
+        frac < 0.30,
         "{:.0} % of the GPU under a 20 % cap ({out})\n{log}",
         frac * 100.0
     );

@@ -77,8 +77,7 @@ fn two_loops_read_as_stopped(what: &str, g: &CpuLimited) {
 #[test]
 fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let g = CpuLimited::new("vgpu-test-stopped", 200).expect("cpu cgroup");
     two_loops_read_as_stopped("a 0.2-CPU group", &g);
@@ -93,8 +92,7 @@ fn a_throttled_container_reads_as_stopped_and_an_unlimited_process_does_not() {
 #[test]
 fn a_container_whose_pod_is_throttled_reads_as_stopped() {
     if let Some(why) = CpuLimited::unavailable() {
-        eprintln!("SKIPPED: {why}");
-        return;
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::CgroupV1Cpu, &why);
     }
     let g = CpuLimited::in_pod("vgpu-test-pod", 200).expect("cpu cgroups");
     two_loops_read_as_stopped("a container of a 0.2-CPU pod", &g);

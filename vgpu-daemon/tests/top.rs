@@ -4,8 +4,8 @@
 //! shell its screen back. `--once` prints one frame without escapes. And the daemon's
 //! `/metrics` in that state (NVML figures included) passes `promtool check metrics`.
 //!
-//! tmux and promtool (Debian's `tmux`, `prometheus`): SKIPPED without them, a failure
-//! under `VGPU_REQUIRE_TOOLS=1` (`.ci/run`).
+//! tmux and promtool (Debian's `tmux`, `prometheus`): a recorded skip without them
+//! (`vgpu-test-needs`), a failure under `CI=true`.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -101,17 +101,12 @@ fn vgpuctl(api: &Path) -> Command {
     c
 }
 
-fn tools_required() -> bool {
-    std::env::var("VGPU_REQUIRE_TOOLS").as_deref() == Ok("1")
-}
-
-/// Whether `tool` runs here; SKIPPED (or a panic under VGPU_REQUIRE_TOOLS=1) when not.
-fn have(tool: &str, probe: &[&str], test: &str) -> bool {
+/// Whether `tool` runs here; a recorded skip (a failure under `CI=true`) when not.
+fn have(tool: &'static str, probe: &[&str]) -> bool {
     match Command::new(tool).args(probe).output() {
         Ok(_) => true,
-        Err(e) if tools_required() => panic!("VGPU_REQUIRE_TOOLS=1 but {tool} cannot run: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED {test}: {tool}: {e}");
+            vgpu_test_needs::skip(vgpu_test_needs::Need::Tool(tool), &e.to_string());
             false
         }
     }
@@ -165,7 +160,7 @@ impl Drop for Tmux {
 
 #[test]
 fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
-    if !have("tmux", &["-V"], "top_redraws_in_place_in_tmux") {
+    if !have("tmux", &["-V"]) {
         return;
     }
     let node = SimNode::new(&format!(
@@ -277,11 +272,7 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
 
 #[test]
 fn the_daemon_binarys_metrics_with_a_tenant_and_nvml_pass_promtool() {
-    if !have(
-        "promtool",
-        &["--version"],
-        "the_daemon_binarys_metrics_pass_promtool",
-    ) {
+    if !have("promtool", &["--version"]) {
         return;
     }
     let node = SimNode::new(&format!(

@@ -1,4 +1,4 @@
-//! Fixtures of the real-kernel tests: the skip-or-fail rule (VGPU_REQUIRE_EBPF), a cgroup2
+//! Fixtures of the real-kernel tests: the skip (a failure under `CI=true`), a cgroup2
 //! child directory, device nodes made with mknod, a bpf file system, and a scripted child
 //! process (the ebpf-probe binary) placed in a cgroup.
 
@@ -32,17 +32,12 @@ fn missing_privilege() -> Option<String> {
     None
 }
 
-/// `true` when the test may run; prints SKIPPED otherwise, or panics when VGPU_REQUIRE_EBPF=1.
-pub fn privileged(test: &str) -> bool {
+/// `true` when the test may run; a recorded skip otherwise (a failure under `CI=true`).
+pub fn privileged() -> bool {
     let Some(reason) = missing_privilege() else {
         return true;
     };
-    if std::env::var("VGPU_REQUIRE_EBPF").as_deref() == Ok("1") {
-        panic!("{test}: VGPU_REQUIRE_EBPF=1 but eBPF cannot run here: {reason}");
-    }
-    // Written to the stderr handle, not with eprintln!, so that libtest does not capture it:
-    // a skip must be seen.
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+    vgpu_test_needs::skip(vgpu_test_needs::Need::Ebpf, &reason);
     false
 }
 

@@ -1,0 +1,42 @@
+//! `vgpu-daemon`'s integration tests as one test binary (ADR 0045): every file of this
+//! directory is a module of it, so the crates they use are compiled and linked once, not
+//! once per file. A test is named `<file>::<test>`. `every_file_here_is_a_module` fails
+//! when a file is added without its `mod` line below (it would never be compiled).
+
+mod api;
+mod binary;
+mod claims;
+mod common;
+mod drains;
+mod ebpf_binary;
+mod hand_on;
+mod metrics;
+mod nvml_watcher;
+mod peers;
+mod registration;
+mod scheduling;
+mod stopped;
+mod top;
+
+/// Every `.rs` file beside this one is declared above: a test file left out would
+/// silently never run.
+#[test]
+fn every_file_here_is_a_module() {
+    let me = include_str!("integration.rs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("read the tests directory") {
+        let name = entry.expect("a directory entry").file_name();
+        let name = name.to_string_lossy();
+        if let Some(module) = name.strip_suffix(".rs")
+            && module != "integration"
+            && !me.lines().any(|l| l == format!("mod {module};"))
+        {
+            missing.push(name.into_owned());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "test files not declared in tests/integration.rs: {missing:?}"
+    );
+}
