@@ -2,10 +2,14 @@
 //!
 //! - `sim`: build the simulated driver (release) into `target/cuda-sim/` as
 //!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
-//! - `ci`: what CI checks, in order: formatting, clippy, the simulator, every test
-//!   (Rust and the third-party Python clients), docs, then `busy`. Every step runs
-//!   even when one before failed (`cargo test --no-fail-fast`); the run ends with the
-//!   list of every failed step and test, and fails if there is one.
+//! - `ci`: what CI checks, in order: the prerequisites (Debian packages installed as root,
+//!   the Python clients in `target/venv`, tracefs mounted), formatting, one build of
+//!   everything (tests included), clippy, the simulator, every test (Rust, under
+//!   cargo-nextest where it is installed, and the third-party Python clients), docs,
+//!   then `busy`. Every step runs even when one before failed; the run ends with each
+//!   step's time, the line `N passed, N failed, N skipped`, the list of skipped tests with
+//!   their reasons (`vgpu-test-needs`) and of every failed step and test, and fails if
+//!   there is one.
 //! - `busy`: the tests that measure time or shares (real processes on the simulated
 //!   GPU), run with one CPU hog more than there are CPUs alongside: they must pass on
 //!   a saturated machine (issue 16).
@@ -22,30 +26,31 @@ use anyhow::{Context, Result, bail};
 
 mod demo;
 mod layout;
+mod prereq;
 mod testrun;
 
-use testrun::{Failures, Hogs, run_tests};
+use std::time::{Duration, Instant};
 
-/// The test targets that measure time or shares, grouped by package (one run each; a
-/// name is unique across the workspace): what `busy` runs (every test that asserts a
-/// share, a latency or a deadline with real processes).
-const TIMING_TESTS: &[(&str, &[&str])] = &[
-    (
-        "vgpu-daemon",
-        &["scheduling", "metrics", "peers", "hand_on", "claims"],
-    ),
-    (
-        "vgpu-tests",
-        &[
-            "cuda_sim",
-            "shim",
-            "shim_exit",
-            "shim_hostile_region",
-            "ebpf_daemon",
-        ],
-    ),
-    ("vgpu-ebpf", &["gate"]),
-    ("vgpu-device-plugin", &["kubelet"]),
+use testrun::{Counts, Failures, Hogs, run_tests};
+
+/// The test targets that measure time or shares: what `busy` runs (every test that
+/// asserts a share, a latency or a deadline with real processes). By target name, unique
+/// across the workspace: `vgpu-daemon`'s scheduling, metrics, peers, hand_on and claims;
+/// `vgpu-tests`' cuda_sim, shim, shim_exit, shim_hostile_region and ebpf_daemon;
+/// `vgpu-ebpf`'s gate; `vgpu-device-plugin`'s kubelet.
+const TIMING_TESTS: &[&str] = &[
+    "scheduling",
+    "metrics",
+    "peers",
+    "hand_on",
+    "claims",
+    "cuda_sim",
+    "shim",
+    "shim_exit",
+    "shim_hostile_region",
+    "ebpf_daemon",
+    "gate",
+    "kubelet",
 ];
 
 fn root() -> PathBuf {
@@ -88,6 +93,12 @@ fn sim() -> Result<PathBuf> {
         "-p",
         "vgpu-cuda-sim",
     ]))?;
+    install_sim()
+}
+
+/// Installs the built simulated libraries (`target/release`) under their driver names in
+/// `target/cuda-sim/`.
+fn install_sim() -> Result<PathBuf> {
     let rel = target_dir().join("release");
     let out = target_dir().join("cuda-sim");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
@@ -124,107 +135,235 @@ fn step(f: &mut Failures, name: &str, cmd: &mut Command) {
     }
 }
 
+/// One `ci` or `busy` run: its failures, the harnesses' totals and each step's time.
+struct Run {
+    f: Failures,
+    counts: Counts,
+    times: Vec<(String, Duration)>,
+    /// The virtual environment's `bin` (Python clients), first on the tests' `PATH`.
+    venv_bin: Option<PathBuf>,
+    skip_log: PathBuf,
+    nextest: bool,
+}
+
+impl Run {
+    fn new() -> Result<Run> {
+        let dir = target_dir().join("xtask");
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let skip_log = dir.join("skips.log");
+        // A fresh log per run: only this run's skips are listed.
+        std::fs::write(&skip_log, "").with_context(|| format!("write {}", skip_log.display()))?;
+        Ok(Run {
+            f: Failures::default(),
+            counts: Counts::default(),
+            times: Vec::new(),
+            venv_bin: None,
+            skip_log,
+            nextest: testrun::have_nextest(&mut cargo()),
+        })
+    }
+
+    /// Runs `body` as step `name`, timed.
+    fn timed(&mut self, name: &str, body: impl FnOnce(&mut Run) -> Result<()>) -> Result<()> {
+        eprintln!("xtask: == {name}");
+        let t0 = Instant::now();
+        let r = body(self);
+        let took = t0.elapsed();
+        eprintln!("xtask: == {name}: {:.0} s", took.as_secs_f64());
+        self.times.push((name.to_owned(), took));
+        r
+    }
+
+    /// The environment every test command gets: the skip log, the Python clients first on
+    /// `PATH`.
+    fn test_env(&self, c: &mut Command) {
+        c.env(vgpu_test_needs::LOG_VAR, &self.skip_log);
+        if let Some(bin) = &self.venv_bin {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![bin.clone()];
+            dirs.extend(std::env::split_paths(&path));
+            if let Ok(joined) = std::env::join_paths(dirs) {
+                c.env("PATH", joined);
+            }
+        }
+    }
+
+    /// The test command over the whole workspace (`binaries`: only these test targets, by
+    /// name; the names are unique across the workspace).
+    fn tests(&self, binaries: &[&str]) -> Command {
+        let mut c = cargo();
+        if self.nextest {
+            c.args([
+                "nextest",
+                "run",
+                "--release",
+                "--workspace",
+                "--no-fail-fast",
+            ]);
+            if !binaries.is_empty() {
+                let expr: Vec<String> = binaries
+                    .iter()
+                    .map(|b| format!("kind(test) & binary({b})"))
+                    .collect();
+                c.args(["-E", &expr.join(" | ")]);
+            }
+        } else {
+            c.args(["test", "--release", "--workspace", "--no-fail-fast"]);
+            for b in binaries {
+                c.args(["--test", b]);
+            }
+        }
+        self.test_env(&mut c);
+        c
+    }
+
+    fn finish(&self) -> Result<()> {
+        eprintln!("xtask: step times:");
+        let mut total = Duration::ZERO;
+        for (name, took) in &self.times {
+            eprintln!("xtask:   {name:<16} {:>6.0} s", took.as_secs_f64());
+            total += *took;
+        }
+        eprintln!("xtask:   {:<16} {:>6.0} s", "all", total.as_secs_f64());
+        let (line, skips) = testrun::closing(self.counts, &self.skip_log);
+        if !skips.is_empty() {
+            eprintln!("xtask: skipped ({}):", skips.len());
+            for s in &skips {
+                eprintln!("  {s}");
+            }
+        }
+        if self.f.is_empty() {
+            eprintln!("xtask: every step passed");
+            eprintln!("{line}");
+            return Ok(());
+        }
+        eprint!("{}", self.f.summary());
+        eprintln!("{line}");
+        bail!("some steps failed (listed above)")
+    }
+}
+
 fn ci() -> Result<()> {
-    let mut f = Failures::default();
-    step(
-        &mut f,
-        "fmt",
-        cargo().args(["fmt", "--all", "--", "--check"]),
-    );
-    step(
-        &mut f,
-        "clippy",
-        cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    );
-    if let Err(e) = sim() {
-        f.step("sim", format!("{e:#}"));
-    }
-    let mut tests = cargo();
-    tests.args(["test", "--workspace", "--release", "--no-fail-fast"]);
-    run_tests("tests", tests, &mut f)?;
-    let py = root().join("tests/python");
-    if py.is_dir() {
+    let mut r = Run::new()?;
+    r.timed("prerequisites", |r| {
+        let mut problems = Vec::new();
+        r.venv_bin = prereq::for_ci(&root(), &target_dir(), &mut problems);
+        for p in problems {
+            // Under CI a missing prerequisite is a failure here too, not only in the tests
+            // that need it.
+            if vgpu_test_needs::in_ci() {
+                r.f.step("prerequisites", p);
+            } else {
+                eprintln!("xtask: {p}: the tests that need it skip (listed at the end)");
+            }
+        }
+        Ok(())
+    })?;
+    r.timed("fmt", |r| {
         step(
-            &mut f,
-            "python clients",
-            Command::new("python3")
-                .args(["-m", "pytest", "-q"])
-                .arg(&py)
-                .env("VGPU_SIM_PREBUILT", "1")
-                .current_dir(root()),
+            &mut r.f,
+            "fmt",
+            cargo().args(["fmt", "--all", "--", "--check"]),
         );
-    }
-    step(
-        &mut f,
-        "docs",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    );
-    busy_tests(&mut f)?;
-    finish(&f)
+        Ok(())
+    })?;
+    // One build of everything the later steps use, tests included: the test commands and
+    // `busy` then build nothing (same profile, same features), and clippy and the docs
+    // reuse its build scripts and procedural macros.
+    r.timed("build", |r| {
+        step(
+            &mut r.f,
+            "build",
+            cargo().args(["build", "--release", "--workspace", "--all-targets"]),
+        );
+        Ok(())
+    })?;
+    r.timed("clippy", |r| {
+        step(
+            &mut r.f,
+            "clippy",
+            cargo().args([
+                "clippy",
+                "--release",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        );
+        Ok(())
+    })?;
+    r.timed("sim", |r| {
+        if let Err(e) = install_sim() {
+            r.f.step("sim", format!("{e:#}"));
+        }
+        Ok(())
+    })?;
+    r.timed("tests", |r| {
+        let tests = r.tests(&[]);
+        run_tests("tests", tests, &mut r.f, &mut r.counts)
+    })?;
+    r.timed("python clients", |r| {
+        let py = root().join("tests/python");
+        let python = r
+            .venv_bin
+            .as_ref()
+            .map_or_else(|| PathBuf::from("python3"), |b| b.join("python3"));
+        let mut c = Command::new(python);
+        c.args(["-m", "pytest", "-q", "-rs"])
+            .arg(&py)
+            .env("VGPU_SIM_PREBUILT", "1")
+            .current_dir(root());
+        r.test_env(&mut c);
+        run_tests("python clients", c, &mut r.f, &mut r.counts)
+    })?;
+    r.timed("docs", |r| {
+        step(
+            &mut r.f,
+            "docs",
+            cargo()
+                .args(["doc", "--release", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        );
+        Ok(())
+    })?;
+    r.timed("busy", busy_tests)?;
+    r.finish()
 }
 
 /// `busy`: the timing tests on saturated CPUs.
 fn busy() -> Result<()> {
-    let mut f = Failures::default();
-    if let Err(e) = sim() {
-        f.step("sim", format!("{e:#}"));
-    }
-    busy_tests(&mut f)?;
-    finish(&f)
-}
-
-/// Builds the timing tests, then runs them with the hogs alongside (the build is not
-/// slowed down by them). Each test is named across the whole workspace (the names are
-/// unique), not by its package: cargo then resolves features as for `cargo test
-/// --workspace`, so after the `tests` step nothing is rebuilt (by package, a second
-/// feature set rebuilt a third of the workspace and took its disk twice).
-fn busy_tests(f: &mut Failures) -> Result<()> {
-    let targets = |c: &mut Command, names: &[&str]| {
-        c.args(["test", "--release", "--no-fail-fast", "--workspace"]);
-        for n in names {
-            c.args(["--test", n]);
+    let mut r = Run::new()?;
+    r.timed("sim", |r| {
+        if let Err(e) = sim() {
+            r.f.step("sim", format!("{e:#}"));
         }
-    };
-    // The tests, and the programs they start: the daemon (a binary of the package of
-    // `scheduling`), `cuda-probe` and `libvgpu.so` (of `vgpu-tests` and its dependencies).
-    let all: Vec<&str> = TIMING_TESTS
-        .iter()
-        .flat_map(|(_, n)| n.iter().copied())
-        .collect();
-    let mut build = cargo();
-    targets(&mut build, &all);
-    step(f, "busy (build)", build.arg("--no-run"));
-    let _hogs = Hogs::start()?;
-    for (_, names) in TIMING_TESTS {
-        let mut c = cargo();
-        targets(&mut c, names);
-        run_tests("busy", c, f)?;
-    }
-    Ok(())
+        Ok(())
+    })?;
+    r.timed("busy", busy_tests)?;
+    r.finish()
 }
 
-fn finish(f: &Failures) -> Result<()> {
-    if f.is_empty() {
-        eprintln!("xtask: every step passed");
-        return Ok(());
+/// Builds the timing tests (nothing after `ci`'s build step), then runs them with the hogs
+/// alongside (the build is not slowed down by them).
+fn busy_tests(r: &mut Run) -> Result<()> {
+    let all = TIMING_TESTS;
+    let mut build = cargo();
+    build.args(["test", "--release", "--workspace", "--no-run"]);
+    for n in all {
+        build.args(["--test", n]);
     }
-    eprint!("{}", f.summary());
-    bail!("some steps failed (listed above)")
+    step(&mut r.f, "busy (build)", &mut build);
+    let _hogs = Hogs::start()?;
+    let tests = r.tests(all);
+    run_tests("busy", tests, &mut r.f, &mut r.counts)
 }
 
 /// Builds the simulator, the daemon and `vgpuctl`, the shim, `cuda-probe` and `vgpu-smi`
 /// (release), then runs the demo.
 fn demo() -> Result<()> {
-    ebpf_toolchain()?;
+    prereq::ebpf_toolchain()?;
     let libs = sim()?;
     run(cargo().args([
         "build",
@@ -249,43 +388,6 @@ fn demo() -> Result<()> {
         "vgpu-smi",
     ]))?;
     demo::demo(&libs, &target_dir().join("release"))
-}
-
-/// The daemon links `ebpf/`, whose build compiles C for the bpf target: on a fresh Debian
-/// machine the demo installs clang and the libbpf headers itself (as root), so that it
-/// stays one command; elsewhere it says what to install.
-fn ebpf_toolchain() -> Result<()> {
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
-    let have_clang = Command::new(&clang)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if have_clang && Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
-        return Ok(());
-    }
-    // Root: the effective uid in /proc/self/status.
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            == Some("0")
-    });
-    if !root || !Path::new("/usr/bin/apt-get").exists() {
-        bail!(
-            "building the node daemon needs clang and the libbpf headers (ebpf/): install them with `apt-get install clang libbpf-dev`"
-        );
-    }
-    eprintln!("xtask: installing clang and libbpf-dev (the node daemon's eBPF programs are C)");
-    run(Command::new("apt-get").args(["update", "-qq"]))?;
-    run(Command::new("apt-get").args([
-        "install",
-        "-y",
-        "-qq",
-        "--no-install-recommends",
-        "clang",
-        "libbpf-dev",
-    ]))
 }
 
 fn main() -> Result<()> {
