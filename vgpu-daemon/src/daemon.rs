@@ -296,6 +296,10 @@ pub struct Daemon {
     gate: std::sync::OnceLock<Arc<dyn DeviceGate>>,
     /// Why there is no gate (`--ebpf off`, or why eBPF cannot run), when there is none.
     no_gate: std::sync::OnceLock<String>,
+    /// What the shims' socket saw (accept errors, connections refused by a cap).
+    sockets: crate::connections::SocketStats,
+    /// eBPF asked for and not attached (what `/metrics`, `/readyz` and registration say).
+    ebpf_failure: std::sync::OnceLock<crate::enforcement::EbpfFailure>,
 }
 
 /// Why a registration or an API call was refused.
@@ -345,7 +349,14 @@ impl Daemon {
             timer: Condvar::new(),
             gate: std::sync::OnceLock::new(),
             no_gate: std::sync::OnceLock::new(),
+            sockets: crate::connections::SocketStats::default(),
+            ebpf_failure: std::sync::OnceLock::new(),
         })
+    }
+
+    /// What the shims' socket saw, for `/metrics`.
+    pub fn sockets(&self) -> &crate::connections::SocketStats {
+        &self.sockets
     }
 
     /// Loads operators' settings saved by an earlier run (`state_file`); returns how
@@ -637,6 +648,25 @@ impl Daemon {
     /// Records why the node runs without a device gate (once, at start).
     pub fn set_no_device_gate(&self, why: String) {
         let _ = self.no_gate.set(why);
+    }
+
+    /// Records that eBPF was asked for and could not be attached (once, at start).
+    pub fn set_ebpf_failure(&self, f: crate::enforcement::EbpfFailure) {
+        let _ = self.ebpf_failure.set(f);
+    }
+
+    /// eBPF asked for and not attached, as recorded at start.
+    pub fn ebpf_failure(&self) -> Option<&crate::enforcement::EbpfFailure> {
+        self.ebpf_failure.get()
+    }
+
+    /// Why new tenants are refused and the node is not ready: `--ebpf enforce` asked for,
+    /// the gate not attached, and the fallback `refuse` (fail closed).
+    pub fn not_ready(&self) -> Option<String> {
+        self.ebpf_failure
+            .get()
+            .filter(|f| f.fail_closed)
+            .map(crate::enforcement::EbpfFailure::refusal)
     }
 
     /// Why the node runs without a device gate, as recorded at start.

@@ -7,6 +7,8 @@
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
 //! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
+//! - [`connections`]: the caps on that socket per node, container and UID, the descriptor
+//!   limit they need, the back-off after an accept error (pure), and their counters.
 //! - [`enforcement`]: the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): admits the
 //!   shim's processes, releases a process's slices at its exit, counts refusals per pod.
 //! - [`log_budget`]: a bound on the warning lines clients can make the daemon write.
@@ -32,6 +34,7 @@
 pub mod api;
 pub mod board;
 pub mod columns;
+pub mod connections;
 pub mod ctl;
 pub mod daemon;
 pub mod enforcement;

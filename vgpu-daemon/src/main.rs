@@ -154,6 +154,20 @@ struct Args {
     /// agent: the device plugin, monitoring); repeat for each.
     #[arg(long)]
     ebpf_trusted_cgroup: Vec<PathBuf>,
+    /// What `--ebpf enforce` does when the gate cannot be attached: `refuse` (fail closed:
+    /// keep a gate an earlier run pinned, /readyz not ready, new tenants refused) or
+    /// `serve` (run without the gate, removing a pinned one).
+    #[arg(
+        long,
+        env = "VGPU_EBPF_ENFORCE_FALLBACK",
+        default_value = "refuse",
+        value_parser = parse_enforce_fallback
+    )]
+    ebpf_enforce_fallback: vgpu_daemon::enforcement::EnforceFallback,
+}
+
+fn parse_enforce_fallback(v: &str) -> Result<vgpu_daemon::enforcement::EnforceFallback, String> {
+    v.parse()
 }
 
 /// `--claim-timeout-ms`: a timeout in ns (0: `off`).
@@ -249,6 +263,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
             pin_dir: reporting::optional(&a.ebpf_pin_dir).map(PathBuf::from),
             dev_dir: a.ebpf_dev_dir.clone(),
             trusted_cgroups: a.ebpf_trusted_cgroup.clone(),
+            enforce_fallback: a.ebpf_enforce_fallback,
         },
     }
 }
