@@ -624,6 +624,19 @@ impl crate::daemon::DeviceGate for Enforcement {
     fn events(&self) -> &EventHub {
         &self.hub
     }
+
+    fn revoke(&self, pid: u32) -> bool {
+        match lock(&self.enforcer).forget_tgid(pid) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(
+                    pid,
+                    "eBPF gate: cannot withdraw the process's admission: {e}"
+                );
+                false
+            }
+        }
+    }
 }
 
 impl Drop for Enforcement {

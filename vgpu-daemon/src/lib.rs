@@ -14,6 +14,8 @@
 //! - [`log_budget`]: a bound on the warning lines clients can make the daemon write.
 //! - [`gate_events`]: the gate's events attributed, the latest kept, one bounded queue
 //!   per subscriber of the gRPC stream (a slow one loses events, counted).
+//! - [`second_line`]: memory enforcement outside the tenant (ADR 0039): containers over
+//!   their quota past a grace have their offending processes refused and killed.
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
 //! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
@@ -46,6 +48,7 @@ pub mod nvml;
 pub mod realtime;
 pub mod reporting;
 pub mod run;
+pub mod second_line;
 pub mod server;
 pub mod stopped;
 pub mod time_slicing;

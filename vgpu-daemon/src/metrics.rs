@@ -465,6 +465,7 @@ async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     // The snapshot takes the daemon's lock briefly; rendering happens outside it.
     let mut text = render(&d.snapshot());
     text.push_str(&d.sockets().metrics());
+    text.push_str(&d.second_line().metrics());
     if let Some(f) = d.ebpf_failure() {
         text.push_str(&f.metrics());
     }
