@@ -189,7 +189,7 @@ fn a_container_directory_the_tenant_chooses_neither_sets_the_quota_nor_makes_a_b
     let mut results = Vec::new();
     for (what, env) in &attacks {
         let out = c
-            .command(&node, &env)
+            .command(&node, env)
             .args(["init", "alloc-until-oom", "2Mi"])
             .output()
             .expect("run cuda-probe in the container");
