@@ -7,6 +7,13 @@
 //! counting it in `/metrics`; the registered tenant goes on. Before: the raw process held
 //! its 1 GiB until it exited, reported as a bypass charged to no container.
 //!
+//! And the `dlmopen` bypass (issue 39 item 3): a registered tenant under the shim loads a
+//! second copy of the driver into a new link namespace after admission and allocates 8 GiB
+//! through it, unseen by its shim. The daemon finds the driver mapped twice in
+//! `/proc/PID/maps`, charges the memory to the container and kills the process past the
+//! grace; another tenant of the container goes on. Before: it kept the 8 GiB (reported as
+//! a bypass, charged to nobody).
+//!
 //! Needs root and a cgroup2 mount (the container's cgroup is made under it): fails without
 //! them (CI runs as root).
 
@@ -133,22 +140,20 @@ fn held_by(api: &Path, pids: &[u32]) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_grace() {
-    let sim = SimNode::new(&format!(
-        "[[device]]\nuuid = \"{UUID}\"\nmemory = \"8Gi\"\n"
-    ));
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("daemon.log");
+/// The daemon on `sim`'s GPU, NVML read every 100 ms (grace 200 ms), its sockets in
+/// `dir`, with `extra` arguments; started when its NVML watcher is.
+fn start_daemon(sim: &SimNode, dir: &Path, extra: &[&str]) -> Daemon {
+    let log = dir.join("daemon.log");
     let child = sim
         .command(env!("CARGO_BIN_EXE_vgpu-daemon"))
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
-        .arg(dir.path().join("daemon.sock"))
+        .arg(dir.join("daemon.sock"))
         .arg("--api-socket")
-        .arg(dir.path().join("api.sock"))
+        .arg(dir.join("api.sock"))
         .args(["--metrics-addr", "127.0.0.1:0", "--gpu", UUID])
         .args(["--nvml-interval-ms", "100", "--sched-priority", "0"])
+        .args(extra)
         .env("VGPU_DAEMON_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
@@ -157,6 +162,38 @@ fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_gra
         .unwrap();
     let mut daemon = Daemon { child, log };
     daemon.wait_log("NVML watcher started");
+    daemon
+}
+
+/// Waits (10 s at most) until `pid` is a registered tenant's process.
+fn wait_registered(daemon: &Daemon, api: &Path, pid: u32) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !vgpuctl_json(api, "tenants")
+        .to_string()
+        .contains(&pid.to_string())
+    {
+        assert!(
+            Instant::now() < end,
+            "process {pid} never registered\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The daemon's `/metrics` text (its address from the log).
+fn metrics(log: &str) -> String {
+    let i = log.find("metrics on http://").unwrap() + 18;
+    http_get(&log[i..][..log[i..].find('/').unwrap()], "/metrics")
+}
+
+#[test]
+fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_grace() {
+    let sim = SimNode::new(&format!(
+        "[[device]]\nuuid = \"{UUID}\"\nmemory = \"8Gi\"\n"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_daemon(&sim, dir.path(), &[]);
     let api = dir.path().join("api.sock");
     let socket = dir.path().join("daemon.sock");
 
@@ -169,18 +206,7 @@ fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_gra
         &["init", "alloc", "64Mi", "ready", "wait"],
         Duration::from_secs(30),
     );
-    let end = Instant::now() + Duration::from_secs(10);
-    while !vgpuctl_json(&api, "tenants")
-        .to_string()
-        .contains(&tenant.pid().to_string())
-    {
-        assert!(
-            Instant::now() < end,
-            "the tenant never registered\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_registered(&daemon, &api, tenant.pid());
 
     // The raw process: the simulated driver without the shim, in the same cgroup.
     let mut raw_cmd = cg.command(&sim, &probe_bin());
@@ -235,11 +261,7 @@ fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_gra
         !out.contains("Error"),
         "the registered tenant goes on: {out}"
     );
-    let addr = {
-        let i = l.find("metrics on http://").unwrap() + 18;
-        l[i..][..l[i..].find('/').unwrap()].to_owned()
-    };
-    let m = http_get(&addr, "/metrics");
+    let m = metrics(&l);
     assert!(
         m.contains("vgpu_memory_enforcement_processes_total{step=\"killed\"} 1"),
         "{m}"
@@ -247,6 +269,145 @@ fn a_raw_process_in_a_containers_cgroup_is_charged_to_it_and_killed_past_the_gra
     println!(
         "FIGURE second line: raw process (1 GiB, no shim) in a 256 MiB container killed {acted_ms} ms after its allocation (NVML every 100 ms, grace 200 ms); held by the container before {} MiB, after {} MiB",
         held_before >> 20,
+        held_after >> 20
+    );
+}
+
+/// The number after `key=` in a log line (0 when absent).
+fn log_num(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_registered_process_that_dlmopens_a_second_driver_is_charged_to_its_container_and_killed() {
+    const BYPASS: u64 = 8 << 30;
+    let sim = SimNode::new(&format!(
+        "[[device]]\nuuid = \"{UUID}\"\nmemory = \"16Gi\"\n"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_daemon(&sim, dir.path(), &[]);
+    let api = dir.path().join("api.sock");
+    let socket = dir.path().join("daemon.sock");
+    let cg = Cgroup::new("dlmopen");
+    let container = Container::new("256Mi").with("VGPU_DAEMON_SOCKET", &socket.to_string_lossy());
+
+    // Another tenant of the container, within its quota: it goes on.
+    let mut cmd = cg.command(&sim, &probe_bin());
+    container.apply(&mut cmd);
+    let other = Probe::start(
+        cmd,
+        &["init", "alloc", "64Mi", "ready", "wait"],
+        Duration::from_secs(30),
+    );
+    // The bypass: admitted and registered through the hooked cuInit; when told (stdin
+    // closed), a second driver in a new link namespace and 8 GiB through it.
+    let mut cmd = cg.command(&sim, &probe_bin());
+    container.apply(&mut cmd);
+    let mut bypass = Probe::start(
+        cmd,
+        &[
+            "init",
+            "alloc",
+            "64Mi",
+            "ready",
+            "wait",
+            "dlmopen-alloc",
+            "8Gi",
+            "sleep",
+            "60000",
+        ],
+        Duration::from_secs(30),
+    );
+    let pid = bypass.pid();
+    wait_registered(&daemon, &api, other.pid());
+    wait_registered(&daemon, &api, pid);
+    drop(bypass.child.stdin.take());
+    let line = loop {
+        let l = bypass
+            .next_line(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("no dlmopen-alloc result: {:?}", bypass.seen));
+        if l.starts_with("dlmopen_alloc=") {
+            break l;
+        }
+    };
+    let t0 = Instant::now();
+    // The shim does not see it: the second driver gave 8 GiB on a 256 MiB quota.
+    assert!(
+        line.starts_with("dlmopen_alloc=ok") && line.contains("driver_loads=2"),
+        "{line}"
+    );
+    let mut held_before = 0;
+    let status = loop {
+        held_before = held_before.max(held_by(&api, &[pid]));
+        if let Some(st) = bypass.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the dlmopen bypass (8 GiB on a 256 MiB quota) was not acted on within 10 s; held {held_before} bytes\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let acted = t0.elapsed();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "killed by the second line: {status}"
+    );
+    // Bounded: the grace (200 ms) and one NVML interval (100 ms), with room for a loaded
+    // machine.
+    assert!(acted < Duration::from_secs(3), "acted on after {acted:?}");
+    let l = daemon.wait_log("second CUDA driver mapped after admission");
+    let pid_field = format!("pid={pid}");
+    assert!(
+        l.lines()
+            .any(|x| x.contains("mapped the CUDA driver twice") && x.contains(&pid_field)),
+        "no second-driver detection logged for {pid}:\n{l}"
+    );
+    let action = l
+        .lines()
+        .find(|x| x.contains("second CUDA driver mapped after admission"))
+        .unwrap();
+    for field in [
+        pid_field.as_str(),
+        "quota_bytes=268435456",
+        "action=\"kill\"",
+        "killed=true",
+    ] {
+        assert!(action.contains(field), "{field} missing from {action}");
+    }
+    // Charged to its container: the container's holding judged includes the 8 GiB.
+    let charged = log_num(action, "held_bytes");
+    assert!(charged >= BYPASS, "{charged} charged: {action}");
+    // Afterwards: nothing of the bypass held, the other tenant within the quota and going on.
+    let end = Instant::now() + Duration::from_secs(5);
+    while held_by(&api, &[pid]) > 0 {
+        assert!(
+            Instant::now() < end,
+            "the killed process still shown holding memory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held_after = held_by(&api, &[other.pid(), pid]);
+    assert!(held_after <= (256 + 512) << 20, "{held_after}");
+    let out = other.finish(Duration::from_secs(30)).join("\n");
+    assert!(!out.contains("Error"), "the other tenant goes on: {out}");
+    let m = metrics(&l);
+    for series in [
+        "vgpu_memory_second_driver_processes_total 1",
+        "vgpu_memory_enforcement_processes_total{step=\"killed\"} 1",
+    ] {
+        assert!(m.contains(series), "{series} missing:\n{m}");
+    }
+    println!(
+        "FIGURE second line, dlmopen: a registered tenant's second driver (dlmopen, 8 GiB on a 256 MiB quota) killed {} ms after its allocation (NVML every 100 ms, grace 200 ms); held by it before {} MiB (the container {} MiB charged), after 0; the container after {} MiB",
+        acted.as_millis(),
+        held_before >> 20,
+        charged >> 20,
         held_after >> 20
     );
 }
