@@ -1,7 +1,10 @@
 //! The container quota file: what the device plugin writes for one container and the
 //! shim (`libvgpu.so`) reads at start.
 //!
-//! The file is `vgpu.conf` in the container's `VGPU_CONTAINER_DIR` (ADR 0009). It is JSON:
+//! The file is `vgpu.conf` in the container's `VGPU_CONTAINER_DIR` (ADR 0009), and the
+//! same file at the fixed path [`FIXED_QUOTA_FILE`] (ADR 0042): the device plugin mounts
+//! the container's directory read-only at [`FIXED_DIR`], where the tenant can neither
+//! choose nor replace it. It is JSON:
 //!
 //! ```json
 //! {"version":1,"namespace":"ml","pod":"nb-1","uid":"7d…","container":"main","init":false,
@@ -27,6 +30,14 @@ use crate::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
 /// Name of the quota file inside the container directory.
 pub const QUOTA_FILE: &str = "vgpu.conf";
+/// The fixed directory, inside every container the device plugin allocates, that holds
+/// the container's quota file (ADR 0042): its directory mounted read-only. Not
+/// configurable (an environment variable would be the tenant's): where this directory
+/// holds a quota file, the shim takes the quota and the accounting region's identity
+/// from here, whatever `VGPU_CONTAINER_DIR` says.
+pub const FIXED_DIR: &str = "/etc/vgpu";
+/// The container's quota file at the fixed path ([`FIXED_DIR`] + [`QUOTA_FILE`]).
+pub const FIXED_QUOTA_FILE: &str = "/etc/vgpu/vgpu.conf";
 /// The current version of the quota record.
 pub const QUOTA_VERSION: u32 = 1;
 
@@ -188,6 +199,14 @@ impl ContainerQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fixed_quota_file_is_the_fixed_directory_and_the_file_name() {
+        assert_eq!(
+            std::path::Path::new(FIXED_DIR).join(QUOTA_FILE),
+            std::path::Path::new(FIXED_QUOTA_FILE)
+        );
+    }
 
     #[test]
     fn round_trips_and_is_versioned() {

@@ -62,6 +62,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Most lines of [`ContainerIdent::overridden`] a daemon accepts.
+pub const MAX_OVERRIDDEN: usize = 8;
+/// Longest line of [`ContainerIdent::overridden`] a daemon accepts, bytes.
+pub const MAX_OVERRIDDEN_LEN: usize = 512;
 /// Protocol version spoken by this build.
 pub const PROTO_VERSION: u32 = 1;
 /// Largest frame body, bytes.
@@ -245,9 +249,16 @@ pub struct ContainerIdent {
     /// Container name, if known.
     #[serde(default)]
     pub container: String,
-    /// The container directory (`VGPU_CONTAINER_DIR`) as seen inside the container.
+    /// The container directory (`VGPU_CONTAINER_DIR`) as seen inside the container; with
+    /// the container's fixed quota file (ADR 0042), its fixed directory.
     #[serde(default)]
     pub container_dir: String,
+    /// What the process's environment asked that the container's quota file overrode
+    /// (ADR 0042: another `VGPU_CONTAINER_DIR`, a higher `VGPU_MEMORY_LIMIT`, …), one line
+    /// each, for the daemon to report. Additive: absent (empty) from older shims and
+    /// ignored by older daemons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overridden: Vec<String>,
 }
 
 /// One GPU a process registers for.

@@ -7,7 +7,8 @@
 //! mounts over `/etc`. Every [`Config::audit_interval`](crate::config::Config::audit_interval) the plugin asks NVML for each
 //! GPU's processes and, for each one, reads `/proc/<pid>/maps`: a process that uses a GPU
 //! and has no `libvgpu.so` mapped is *unenforced*. It is attributed to its container by
-//! the quota file the plugin wrote for it (`/proc/<pid>/root` + its `VGPU_CONTAINER_DIR`),
+//! the quota file the plugin wrote for it (`/proc/<pid>/root` + the fixed
+//! `/etc/vgpu/vgpu.conf` of ADR 0042, never a path from the process's environment),
 //! cross-checked with the pod UID of its cgroup (`/proc/<pid>/cgroup`, which the process
 //! cannot change); each one is logged, counted in the metrics
 //! (`vgpu_plugin_unenforced_processes`) and reported once as a `Warning` event
@@ -16,7 +17,6 @@
 //! The plugin must see host PIDs (the DaemonSet runs with `hostPID`), like NVML.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -106,26 +106,19 @@ pub fn shim_loaded(proc_root: &Path, pid: u32, names: &[&str]) -> Option<bool> {
     Some(vgpu_core::proc_maps::maps_file_named(&maps, names))
 }
 
-fn env_var(environ: &[u8], name: &str) -> Option<OsString> {
-    use std::os::unix::ffi::OsStrExt;
-    environ.split(|b| *b == 0).find_map(|kv| {
-        let rest = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
-        Some(std::ffi::OsStr::from_bytes(rest).to_owned())
-    })
-}
-
-/// The quota record of a process's container: `vgpu.conf` in its `VGPU_CONTAINER_DIR`
-/// (or `default_dir`), read through its own root.
-pub fn quota_of(proc_root: &Path, pid: u32, default_dir: &Path) -> Option<ContainerQuota> {
-    let pdir = proc_root.join(pid.to_string());
-    let dir = std::fs::read(pdir.join("environ"))
-        .ok()
-        .and_then(|e| env_var(&e, "VGPU_CONTAINER_DIR"))
-        .map(PathBuf::from)
-        .filter(|d| d.is_absolute())
-        .unwrap_or_else(|| default_dir.to_owned());
-    let rel = dir.strip_prefix("/").ok()?;
-    let text = std::fs::read_to_string(pdir.join("root").join(rel).join(QUOTA_FILE)).ok()?;
+/// The quota record of a process's container, read through its own root: the fixed
+/// `/etc/vgpu/vgpu.conf` (ADR 0042), else (a container started by an older plugin)
+/// `vgpu.conf` in `plugin_dir`, the directory the plugin mounts. Never a path from the
+/// process's environment, which is the tenant's: a forged file there would hide the
+/// container's excess from the audit.
+pub fn quota_of(proc_root: &Path, pid: u32, plugin_dir: &Path) -> Option<ContainerQuota> {
+    let root = proc_root.join(pid.to_string()).join("root");
+    let fixed = Path::new(vgpu_core::container_quota::FIXED_QUOTA_FILE);
+    let older = plugin_dir.join(QUOTA_FILE);
+    let text = [fixed, older.as_path()].into_iter().find_map(|p| {
+        let rel = p.strip_prefix("/").ok()?;
+        std::fs::read_to_string(root.join(rel)).ok()
+    })?;
     ContainerQuota::from_json(&text).ok()
 }
 
@@ -490,9 +483,51 @@ mod tests {
     }
 
     #[test]
+    fn the_quota_is_the_fixed_file_else_the_plugins_never_the_environments() {
+        let proc_root = tempfile::tempdir().unwrap();
+        let root = proc_root.path().join("7/root");
+        let record = |pod: &str| {
+            ContainerQuota {
+                version: vgpu_core::container_quota::QUOTA_VERSION,
+                namespace: "ns".into(),
+                pod: pod.into(),
+                uid: "u".into(),
+                container: "c".into(),
+                init: false,
+                gpus: Vec::new(),
+                device_ids: Vec::new(),
+            }
+            .to_json()
+        };
+        for (dir, pod) in [
+            ("etc/vgpu", "fixed"),
+            ("var/run/vgpu", "plugin"),
+            ("tmp/forged", "forged"),
+        ] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+            std::fs::write(root.join(dir).join(QUOTA_FILE), record(pod)).unwrap();
+        }
+        std::fs::write(
+            proc_root.path().join("7/environ"),
+            b"VGPU_CONTAINER_DIR=/tmp/forged\0",
+        )
+        .unwrap();
+        let pod = || quota_of(proc_root.path(), 7, Path::new("/var/run/vgpu")).map(|q| q.pod);
+        assert_eq!(pod().as_deref(), Some("fixed"));
+        std::fs::remove_file(root.join("etc/vgpu").join(QUOTA_FILE)).unwrap();
+        assert_eq!(
+            pod().as_deref(),
+            Some("plugin"),
+            "a container of an older plugin"
+        );
+        std::fs::remove_file(root.join("var/run/vgpu").join(QUOTA_FILE)).unwrap();
+        assert_eq!(pod(), None, "the environment's directory is never read");
+    }
+
+    #[test]
     fn this_test_process_has_no_shim_and_is_attributed_by_its_quota_file() {
         // The test runs without the shim: a GPU "process" that is this one is unenforced;
-        // its quota file is found through /proc/<pid>/root and VGPU_CONTAINER_DIR's default.
+        // its quota file is found through /proc/<pid>/root and the plugin's directory.
         let dir = tempfile::tempdir().unwrap();
         let q = ContainerQuota {
             version: vgpu_core::container_quota::QUOTA_VERSION,

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
-use vgpu_core::container_quota::QUOTA_FILE;
+use vgpu_core::container_quota::{FIXED_DIR, QUOTA_FILE};
 use vgpu_core::inventory::GpuInfo;
 
 use crate::config::{Config, DeviceMode};
@@ -185,6 +185,15 @@ impl Plugin {
             Mount {
                 container_path: path(&cdir.join(QUOTA_FILE)),
                 host_path: path(&host_dir.join(QUOTA_FILE)),
+                read_only: true,
+            },
+            // The same directory read-only at the fixed path (ADR 0042): where the shim
+            // (and the daemon, the audit) find the quota and the accounting region's
+            // identity, whatever the tenant's environment says. A mount point: the
+            // tenant can neither rename nor replace it, nor write into it here.
+            Mount {
+                container_path: FIXED_DIR.to_owned(),
+                host_path: path(&host_dir),
                 read_only: true,
             },
             Mount {

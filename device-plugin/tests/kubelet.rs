@@ -277,6 +277,9 @@ async fn allocate_mounts_the_directory_the_shim_and_a_generated_preload() {
         m("/var/run/vgpu/vgpu.conf").read_only,
         "the tenant cannot edit its quota"
     );
+    // The same directory at the fixed path, read-only (ADR 0042).
+    assert_eq!(m("/etc/vgpu").host_path, dir.display().to_string());
+    assert!(m("/etc/vgpu").read_only, "the tenant cannot move its quota");
     assert!(m("/usr/local/vgpu/libvgpu.so").read_only);
     let preload = m("/etc/ld.so.preload");
     assert_eq!(

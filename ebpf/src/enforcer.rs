@@ -1,6 +1,7 @@
 //! Loads the programs, attaches the gate to a cgroup2 directory and the exit watcher to
 //! `sched/sched_process_exit`, fills the maps, and detaches on drop — or, with a pin
-//! directory, leaves both attached for the next daemon (ADR 0018).
+//! directory, leaves both attached for the next daemon (ADR 0018). The gate does not need
+//! tracefs; without it only the exit watcher is missing ([`Enforcer::exit_watch`]).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
@@ -70,6 +71,9 @@ pub struct Enforcer {
     exit_events: Option<RingBuf<MapData>>,
     /// Closing it detaches the gate unless it is pinned.
     gate_link: Option<OwnedFd>,
+    /// Why the exit and exec tracepoints are not attached (no tracefs, or the attach
+    /// failed); `None` when they are.
+    exit_watch_missing: Option<String>,
     /// Pinned tracepoint links (unpinned links live in `ebpf` and detach with it).
     tracepoint_pins: Vec<PinnedLink>,
     /// `<pin_dir>/v<ABI_VERSION>` when pinning.
@@ -140,7 +144,10 @@ impl Enforcer {
         preflight::check_capabilities()?;
         preflight::check_btf()?;
         preflight::check_cgroup2(&config.cgroup_root)?;
-        preflight::check_tracefs()?;
+        // tracefs is needed by the exit and exec tracepoints only: without it the gate
+        // still attaches (issue 39: enforcement requested is enforcement delivered), and
+        // the exit watcher is reported missing (`Enforcer::exit_watch`).
+        let tracefs = preflight::check_tracefs();
         let pins = match &config.pin_dir {
             Some(dir) => Some(prepare_pin_dir(dir)?),
             None => None,
@@ -166,6 +173,7 @@ impl Enforcer {
             events: Some(take_map(&mut ebpf, "vgpu_events")?),
             exit_events: Some(take_map(&mut ebpf, "vgpu_exit_events")?),
             gate_link: None,
+            exit_watch_missing: None,
             tracepoint_pins: Vec::new(),
             pins,
             mode: config.mode,
@@ -182,17 +190,32 @@ impl Enforcer {
         enforcer.set_gpu_devices(gpu_devices)?;
 
         // The tracepoints first: if the gate then fails to attach, nothing that refuses
-        // opens is left behind (pinned tracepoints only forget dead processes).
-        for (program, event, link_name) in [
-            (EXIT, "sched_process_exit", EXIT_LINK),
-            (EXEC, "sched_process_exec", EXEC_LINK),
-        ] {
-            enforcer.attach_tracepoint(program, event, link_name)?;
+        // opens is left behind (pinned tracepoints only forget dead processes). Without
+        // them the gate still runs: the exit watcher is reported missing, not fatal.
+        match tracefs {
+            Ok(()) => {
+                for (program, event, link_name) in [
+                    (EXIT, "sched_process_exit", EXIT_LINK),
+                    (EXEC, "sched_process_exec", EXEC_LINK),
+                ] {
+                    if let Err(error) = enforcer.attach_tracepoint(program, event, link_name) {
+                        enforcer.exit_watch_missing = Some(error.to_string());
+                        break;
+                    }
+                }
+            }
+            Err(error) => enforcer.exit_watch_missing = Some(error.to_string()),
         }
-        tracing::info!(
-            "ebpf: process-exit watcher attached (tracepoints sched/sched_process_exit, \
-             sched/sched_process_exec)"
-        );
+        match &enforcer.exit_watch_missing {
+            None => tracing::info!(
+                "ebpf: process-exit watcher attached (tracepoints sched/sched_process_exit, \
+                 sched/sched_process_exec)"
+            ),
+            Some(why) => tracing::warn!(
+                "ebpf: process-exit watcher not attached ({why}): the gate runs without exit \
+                 and exec events"
+            ),
+        }
         // The gate last, now that the maps say what to guard and how.
         let gate: &mut CgroupDevice = enforcer
             .ebpf
@@ -260,6 +283,16 @@ impl Enforcer {
     /// The mode the gate runs in.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Whether the exit watcher (the exit and exec tracepoints) is attached: `Err` says
+    /// why not (the gate runs without it: admitted PIDs are not forgotten at exit or exec
+    /// by the kernel, so the daemon must forget them itself).
+    pub fn exit_watch(&self) -> Result<(), &str> {
+        match &self.exit_watch_missing {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 
     /// Switches between audit and enforce without detaching.

@@ -1,18 +1,25 @@
 //! The shim's configuration: read from the environment once, validated, no I/O here;
-//! then narrowed by the container's quota file (`$VGPU_CONTAINER_DIR/vgpu.conf`, written
-//! by the device plugin) when there is one: see [`Config::apply_quota_file`].
+//! then held to the container (ADR 0042) when the device plugin mounted its quota file at
+//! the fixed path `/etc/vgpu/vgpu.conf` ([`Config::hold_to_container`]), and narrowed by
+//! the quota file (the fixed one, else `$VGPU_CONTAINER_DIR/vgpu.conf`) when there is one:
+//! see [`Config::apply_quota_file`].
 //!
 //! Trust model: in Kubernetes the container's environment is the tenant's to edit, the
-//! quota file (mounted read-only) is not. With a quota file, the file sets each device's
-//! quota, a device it does not list gets none (quota 0: nothing can be allocated on
-//! it), and `VGPU_MEMORY_LIMIT(_<i>)` can only lower a quota, never raise it.
+//! quota file (mounted read-only) is not, and neither is where the shim looks for it:
+//! with the fixed file, `VGPU_CONTAINER_DIR` no longer chooses the quota file nor the
+//! accounting region (both are the fixed directory's), `VGPU_ON_ERROR=unenforced` and
+//! `VGPU_TENANT` are not honoured, and each such disagreement is said on stderr and to
+//! the daemon. With a quota file, the file sets each device's quota, a device it does not
+//! list gets none (quota 0: nothing can be allocated on it), and `VGPU_MEMORY_LIMIT(_<i>)`
+//! can only lower a quota, never raise it. Without the fixed file (a bare machine, a
+//! developer's run) the environment is all there is, and is followed.
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `VGPU_MEMORY_LIMIT` | quota of every visible device (bytes, or `Ki/Mi/Gi/Ti` with or without `B`) | none (unlimited) |
 //! | `VGPU_MEMORY_LIMIT_<i>` | quota of device `i` (CUDA ordinal), overrides the above | none |
-//! | `VGPU_CONTAINER_DIR` | directory shared by all processes of one container: one budget | `/tmp/vgpu` |
-//! | `VGPU_ON_ERROR` | `fail` or `unenforced`: what happens when the shim cannot enforce | `fail` |
+//! | `VGPU_CONTAINER_DIR` | directory shared by all processes of one container: one budget (ignored where `/etc/vgpu/vgpu.conf` exists) | `/tmp/vgpu` |
+//! | `VGPU_ON_ERROR` | `fail` or `unenforced`: what happens when the shim cannot enforce (`unenforced` ignored where `/etc/vgpu/vgpu.conf` exists) | `fail` |
 //! | `VGPU_LOG` | `1`/`true`/`debug`: log to stderr (rate-limited) | off |
 //! | `VGPU_REAL_LIBCUDA` | path or name of the real driver | `libcuda.so.1` |
 //! | `VGPU_REAL_LIBNVML` | path or name of the real NVML | `libnvidia-ml.so.1` |
@@ -76,6 +83,13 @@ pub struct Config {
     /// Launches of a thread on a stream per device-side wait (`VGPU_DEVICE_GATE`; 0: no
     /// device-side gating).
     pub device_gate_every: u32,
+    /// Whether `VGPU_CONTAINER_DIR` was set (rather than defaulted).
+    pub container_dir_from_env: bool,
+    /// Held to the container's fixed quota file ([`Config::hold_to_container`]).
+    pub held: bool,
+    /// What the environment asked that the container's quota overrode, one line each
+    /// (said on stderr and in the daemon's `Hello`).
+    pub overridden: Vec<String>,
 }
 
 /// What this process may do on one visible device, by the quota file's one rule
@@ -148,6 +162,9 @@ impl Config {
             tenant: None,
             quota: None,
             device_gate_every: 0,
+            container_dir_from_env: false,
+            held: false,
+            overridden: Vec::new(),
         };
         let mut all = None;
         let mut per_device = Vec::new();
@@ -160,6 +177,7 @@ impl Config {
                         return Err(bad(k, v, "must be an absolute path"));
                     }
                     cfg.container_dir = PathBuf::from(v);
+                    cfg.container_dir_from_env = true;
                 }
                 "VGPU_ON_ERROR" => {
                     cfg.on_error = match v.trim() {
@@ -321,7 +339,42 @@ impl Config {
         }
     }
 
-    /// The quota file of this configuration: `$VGPU_CONTAINER_DIR/vgpu.conf`.
+    /// Holds the configuration to the container whose fixed quota file exists in
+    /// `fixed_dir` (ADR 0042): the quota file and the accounting region are that
+    /// directory's, whatever `VGPU_CONTAINER_DIR` says; `VGPU_ON_ERROR=unenforced` (which
+    /// would let a process that cannot be enforced run unlimited) and `VGPU_TENANT` (which
+    /// would make it a tenant of its own) are not honoured. `env_dir_is_fixed` says
+    /// whether the environment's directory is the fixed one (the same directory: the
+    /// device plugin mounts one directory at both). Returns what the environment asked
+    /// that is overridden, one line each, also kept in [`Config::overridden`].
+    pub fn hold_to_container(&mut self, fixed_dir: &Path, env_dir_is_fixed: bool) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.container_dir_from_env && !env_dir_is_fixed {
+            notes.push(format!(
+                "VGPU_CONTAINER_DIR={} is not this container's directory: its quota and accounting region are {}'s (mounted read-only by the device plugin)",
+                self.container_dir.display(),
+                fixed_dir.display()
+            ));
+        }
+        self.container_dir = fixed_dir.to_owned();
+        if self.on_error == OnError::Unenforced {
+            notes.push(
+                "VGPU_ON_ERROR=unenforced is not honoured in a container with a quota file: a process the shim cannot enforce fails".to_owned(),
+            );
+            self.on_error = OnError::Fail;
+        }
+        if let Some(t) = self.tenant.take() {
+            notes.push(format!(
+                "VGPU_TENANT={t:?} is not honoured in a container with a quota file: the tenant is the file's container"
+            ));
+        }
+        self.held = true;
+        self.overridden.extend(notes.iter().cloned());
+        notes
+    }
+
+    /// The quota file of this configuration: `$VGPU_CONTAINER_DIR/vgpu.conf` (the fixed
+    /// one once held to the container).
     pub fn quota_file(&self) -> PathBuf {
         self.container_dir
             .join(vgpu_core::container_quota::QUOTA_FILE)
@@ -414,6 +467,9 @@ impl Config {
             }
         }
         self.quota = Some(q);
+        if self.held {
+            self.overridden.extend(notes.iter().cloned());
+        }
         Ok(notes)
     }
 }
@@ -484,6 +540,45 @@ mod tests {
         assert_eq!(c.device_grant(&A.to_lowercase()), DeviceGrant::Granted(st));
         assert_eq!(c.device_grant(B), DeviceGrant::NotGranted);
         assert_eq!(c.quota.as_ref().map(|q| q.pod.as_str()), Some("p"));
+    }
+
+    #[test]
+    fn held_to_the_container_the_environment_chooses_no_file_region_tenant_or_policy() {
+        let fixed = Path::new("/etc/vgpu");
+        let devs = [A.to_owned()];
+        // The environment the plugin gives: the same directory, nothing to say.
+        let mut c = cfg(&[("VGPU_CONTAINER_DIR", "/var/run/vgpu")]).unwrap();
+        assert!(c.hold_to_container(fixed, true).is_empty());
+        assert_eq!(c.quota_file(), Path::new("/etc/vgpu/vgpu.conf"));
+        // No VGPU_CONTAINER_DIR at all: held too, nothing said about it.
+        let mut c = cfg(&[]).unwrap();
+        assert!(c.hold_to_container(fixed, false).is_empty());
+        assert_eq!(c.container_dir, fixed);
+        // A tenant's environment: every disagreement held and said.
+        let mut c = cfg(&[
+            ("VGPU_CONTAINER_DIR", "/tmp/empty"),
+            ("VGPU_ON_ERROR", "unenforced"),
+            ("VGPU_TENANT", "someone-else"),
+            ("VGPU_MEMORY_LIMIT", "79Gi"),
+        ])
+        .unwrap();
+        let notes = c.hold_to_container(fixed, false);
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes[0].contains("/tmp/empty") && notes[0].contains("/etc/vgpu"));
+        assert_eq!(c.container_dir, fixed);
+        assert_eq!(c.quota_file(), Path::new("/etc/vgpu/vgpu.conf"));
+        assert_eq!(c.on_error, OnError::Fail);
+        assert_eq!(c.tenant, None);
+        c.apply_quota_file(&c.quota_file(), &file(&[(A, 256)]), &devs)
+            .unwrap();
+        assert_eq!(c.limit(0), Some(256 << 20), "the environment cannot raise");
+        assert_eq!(c.overridden.len(), 4, "{:?}", c.overridden);
+        assert!(c.overridden[3].contains(&(79u64 << 30).to_string()));
+        // Not held (a bare machine): the environment is followed, nothing overridden.
+        let mut c = cfg(&[("VGPU_MEMORY_LIMIT", "79Gi")]).unwrap();
+        c.apply_quota_file(Path::new("/c/vgpu.conf"), &file(&[(A, 256)]), &devs)
+            .unwrap();
+        assert!(c.overridden.is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! into the real driver.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -82,18 +83,47 @@ pub enum Mode {
 
 static MODE: OnceLock<Result<Shim, (OnError, String)>> = OnceLock::new();
 
-fn early_on_error() -> OnError {
+/// The failure policy before the configuration is known: the environment's, except in a
+/// container with a fixed quota file (ADR 0042), where a tenant's `unenforced` plus a bad
+/// value would otherwise let the process run unlimited.
+fn early_on_error(held: bool) -> OnError {
     match std::env::var("VGPU_ON_ERROR").as_deref() {
-        Ok("unenforced") => OnError::Unenforced,
+        Ok("unenforced") if !held => OnError::Unenforced,
         _ => OnError::Fail,
     }
 }
 
-/// The configuration: the environment, then the quota file if the container has one.
-/// Runs outside any lock: with a quota file it calls the real driver (to map the file's
-/// GPU UUIDs to CUDA ordinals).
+/// Whether the container's fixed quota file exists (ADR 0042): anything at the path
+/// counts, so that an unreadable or odd one is a loud error, not the environment's rule.
+fn fixed_quota_file_exists() -> bool {
+    std::fs::symlink_metadata(vgpu_core::container_quota::FIXED_QUOTA_FILE).is_ok()
+}
+
+/// Whether directories `a` and `b` are the same directory (device and inode).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The configuration: the environment, held to the container where its fixed quota file
+/// exists (ADR 0042), then the quota file if the container has one. Runs outside any
+/// lock: with a quota file it calls the real driver (to map the file's GPU UUIDs to CUDA
+/// ordinals).
 fn configure() -> Result<Config, (OnError, String)> {
-    let mut cfg = Config::from_env().map_err(|e| (early_on_error(), e.to_string()))?;
+    let held = fixed_quota_file_exists();
+    let mut cfg = Config::from_env().map_err(|e| (early_on_error(held), e.to_string()))?;
+    if held {
+        let fixed = Path::new(vgpu_core::container_quota::FIXED_DIR);
+        let same = same_dir(&cfg.container_dir, fixed);
+        // Said whatever VGPU_LOG says: a process held to a quota it did not ask for
+        // must not find out from a refused allocation alone.
+        for n in cfg.hold_to_container(fixed, same) {
+            crate::say!("vgpu: WARNING: {n}");
+        }
+    }
     let path = cfg.quota_file();
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -120,8 +150,10 @@ fn configure() -> Result<Config, (OnError, String)> {
     let notes = cfg
         .apply_quota_file(&path, &text, &uuids)
         .map_err(|e| (cfg.on_error, e))?;
-    if cfg.log {
-        for n in notes {
+    for n in notes {
+        if cfg.held {
+            crate::say!("vgpu: WARNING: {n}");
+        } else if cfg.log {
             crate::say!("vgpu: {n}");
         }
     }

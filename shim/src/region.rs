@@ -225,7 +225,16 @@ fn joined_note(what: &str, removed: libc::c_int, keyed: libc::c_int) -> String {
 /// header says it is the region of the directory `id`, attached read-write: (its id, where).
 fn attach_removed_in_use(id: DirId, len: usize) -> Option<(libc::c_int, *mut u8)> {
     for sid in segment::removed_in_use_of_size(len) {
-        let Ok(ro) = segment::attach_read_only(sid) else {
+        // One this process may not read (its mode changed too) gets its mode back when
+        // this process may give it (ADR 0042); else it is skipped: whose it is cannot
+        // be told.
+        let ro = segment::attach_read_only(sid).or_else(|e| match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => {
+                segment::restore_mode(sid).and_then(|_| segment::attach_read_only(sid))
+            }
+            _ => Err(e),
+        });
+        let Ok(ro) = ro else {
             continue;
         };
         // SAFETY: a read-only attachment of `len` = size_of::<Layout>() bytes (the size
@@ -269,6 +278,11 @@ fn attach_keyed(
                 dir.display(),
                 seg.id
             );
+            if let Some(mode) = seg.restored_from {
+                notes.push(format!(
+                    "{what}: its mode was {mode:03o} (changed with shmctl IPC_SET), which would have kept this process out of the container's budget: mode 0666 restored"
+                ));
+            }
             let alive = |i: usize| slot_lock::owner_alive(dir_file, i);
             let verdict = if seg.created {
                 write_header(l, id, dir);

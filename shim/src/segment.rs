@@ -46,6 +46,9 @@ pub struct Segment {
     pub base: *mut u8,
     /// Whether this process created it (and must initialise it).
     pub created: bool,
+    /// The mode it had when this process could not use it and restored it to 0666
+    /// (a tenant's `shmctl(IPC_SET)`; see [`create_or_attach`]), None when untouched.
+    pub restored_from: Option<u32>,
 }
 
 /// What `shmctl(IPC_STAT)` says of a segment: its size and how many processes have it
@@ -108,9 +111,49 @@ pub unsafe fn detach(base: *mut u8) {
     unsafe { libc::shmdt(base.cast()) };
 }
 
+/// Whether `e` says this process may not use a segment (its mode, its owner).
+fn denied(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+}
+
+/// Gives segment `id`, which this process may not use, its mode 0666 back (keeping its
+/// owner): a tenant's `shmctl(IPC_SET)` changed it, and any process of the owner's or
+/// creator's uid may change it back. Returns the mode it had. An error, naming the
+/// segment, its mode and its owner, when this process may not (another uid, without
+/// `CAP_SYS_ADMIN`).
+pub fn restore_mode(id: libc::c_int) -> io::Result<u32> {
+    let listed = listing().into_iter().find(|s| s.id == id);
+    let (perms, uid, gid) = listed.map_or((0, 0, 0), |s| (s.perms, s.uid, s.gid));
+    // SAFETY: shmid_ds is plain old data; all-zero is valid.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    ds.shm_perm.uid = uid;
+    ds.shm_perm.gid = gid;
+    // The field's type differs between libc targets (u16/u32): 0o666 fits both.
+    ds.shm_perm.mode = 0o666;
+    // SAFETY: IPC_SET reads uid, gid and mode from a valid shmid_ds.
+    if unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "shared memory segment id {id} has mode {:03o} (owner uid {uid}): this process (uid {me}) may not use it, nor give it its mode 0666 back: {e}",
+                perms & 0o777
+            ),
+        ));
+    }
+    Ok(perms & 0o777)
+}
+
 /// Creates the segment of `key` with `len` bytes (zero-filled), or attaches the one that
-/// exists. `Ok(None)`: a segment with that key exists but cannot be attached (not ours
-/// to use, or removed meanwhile: the caller tries again or the next key).
+/// exists. `Ok(None)`: a segment with that key exists but is not one of this layout's
+/// size (another's, or garbage), or was removed meanwhile: the caller tries again or the
+/// next key. A segment this process may not use (its mode changed by a tenant's
+/// `shmctl(IPC_SET)`) is never taken for another's: its mode is restored to 0666 (said in
+/// [`Segment::restored_from`]), or, when this process may not do that either, it is an
+/// error (ADR 0015, amended by ADR 0042: a fresh region beside the container's would
+/// split its budget).
 pub fn create_or_attach(key: libc::key_t, len: usize) -> io::Result<Option<Segment>> {
     // SAFETY: shmget only allocates or looks up a segment; 0o666: every user of the
     // container shares one budget.
@@ -128,18 +171,31 @@ pub fn create_or_attach(key: libc::key_t, len: usize) -> io::Result<Option<Segme
             key,
             base,
             created: true,
+            restored_from: None,
         }));
     }
     let err = io::Error::last_os_error();
     if err.raw_os_error() != Some(libc::EEXIST) {
         return Err(err);
     }
-    // SAFETY: flags 0 only looks the key up.
+    // SAFETY: flags 0 only looks the key up (no permission is asked for).
     let id = unsafe { libc::shmget(key, 0, 0) };
     if id < 0 {
+        let e = io::Error::last_os_error();
+        if denied(&e) {
+            return Err(e);
+        }
         return Ok(None);
     }
-    match stat(id) {
+    let mut restored_from = None;
+    let st = match stat(id) {
+        Err(e) if denied(&e) => {
+            restored_from = Some(restore_mode(id)?);
+            stat(id)
+        }
+        r => r,
+    };
+    match st {
         Ok(s) if s.size == len as u64 => {}
         // Another size: not a region of this layout (a tenant's, or garbage). Dead if
         // nobody has it attached: removed, and the caller tries the key again.
@@ -149,15 +205,26 @@ pub fn create_or_attach(key: libc::key_t, len: usize) -> io::Result<Option<Segme
             }
             return Ok(None);
         }
+        Err(e) if denied(&e) => return Err(e),
+        // Removed meanwhile.
         Err(_) => return Ok(None),
     }
-    match attach(id) {
+    let attached = match attach(id) {
+        Err(e) if denied(&e) && restored_from.is_none() => {
+            restored_from = Some(restore_mode(id)?);
+            attach(id)
+        }
+        r => r,
+    };
+    match attached {
         Ok(base) => Ok(Some(Segment {
             id,
             key,
             base,
             created: false,
+            restored_from,
         })),
+        Err(e) if denied(&e) => Err(e),
         Err(_) => Ok(None),
     }
 }
@@ -173,10 +240,15 @@ pub struct Listed {
     pub size: u64,
     /// Attached processes.
     pub attached: u64,
+    /// Its owner's uid.
+    pub uid: u32,
+    /// Its owner's gid.
+    pub gid: u32,
 }
 
 /// The segments of the text of `/proc/sysvipc/shm` (a header line, then `key shmid perms
-/// size cpid lpid nattch …`, perms in octal); lines that do not parse are skipped.
+/// size cpid lpid nattch uid gid …`, perms in octal); lines that do not parse are
+/// skipped.
 pub fn parse_listing(text: &str) -> Vec<Listed> {
     text.lines()
         .skip(1)
@@ -187,6 +259,8 @@ pub fn parse_listing(text: &str) -> Vec<Listed> {
                 perms: u32::from_str_radix(f.get(2)?, 8).ok()?,
                 size: f.get(3)?.parse().ok()?,
                 attached: f.get(6)?.parse().ok()?,
+                uid: f.get(7)?.parse().ok()?,
+                gid: f.get(8)?.parse().ok()?,
             })
         })
         .collect()
@@ -237,11 +311,11 @@ mod tests {
 
     #[test]
     fn the_listing_gives_ids_permissions_sizes_and_attachments() {
-        let text = "       key      shmid perms                  size  cpid  lpid nattch   uid\n\
-                    \x20    20817         11   666                 71680 27298 27298      1     0\n\
-                    \x20        0         12  1666                 71680 27298 27345      2     0\n\
+        let text = "       key      shmid perms                  size  cpid  lpid nattch   uid   gid\n\
+                    \x20    20817         11   666                 71680 27298 27298      1     0     0\n\
+                    \x20        0         12  1666                 71680 27298 27345      2  1000   100\n\
                     garbage line\n\
-                    \x20        0         x   666                 71680 1 1 0 0\n";
+                    \x20        0         x   666                 71680 1 1 0 0 0\n";
         let l = parse_listing(text);
         assert_eq!(
             l,
@@ -250,13 +324,17 @@ mod tests {
                     id: 11,
                     perms: 0o666,
                     size: 71680,
-                    attached: 1
+                    attached: 1,
+                    uid: 0,
+                    gid: 0,
                 },
                 Listed {
                     id: 12,
                     perms: 0o1666,
                     size: 71680,
-                    attached: 2
+                    attached: 2,
+                    uid: 1000,
+                    gid: 100,
                 },
             ]
         );

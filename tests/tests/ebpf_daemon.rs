@@ -105,6 +105,7 @@ fn settings(mode: Mode, cgroup: &Cgroup, sim: &SimNode) -> EbpfSettings {
         pin_dir: None,
         dev_dir: vgpu_cuda_sim::devnodes::node_dir(&sim.state_dir()),
         trusted_cgroups: Vec::new(),
+        ..EbpfSettings::default()
     }
 }
 

@@ -11,6 +11,7 @@ mod device_plugin_daemon;
 mod device_plugin_shim;
 mod ebpf_daemon;
 mod extender_init_reuse;
+mod hostile_quota;
 mod operators_view;
 mod pidns_bypass;
 mod shim;

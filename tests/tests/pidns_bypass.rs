@@ -77,6 +77,7 @@ async fn run(sim: &SimNode) {
             lib: sim_lib_dir().join("libnvidia-ml.so.1").into_os_string(),
             interval: Duration::from_millis(50),
             retry: Duration::from_millis(200),
+            ..WatcherConfig::default()
         });
     })
     .await;

@@ -296,6 +296,12 @@ pub struct Daemon {
     gate: std::sync::OnceLock<Arc<dyn DeviceGate>>,
     /// Why there is no gate (`--ebpf off`, or why eBPF cannot run), when there is none.
     no_gate: std::sync::OnceLock<String>,
+    /// What the shims' socket saw (accept errors, connections refused by a cap).
+    sockets: crate::connections::SocketStats,
+    /// eBPF asked for and not attached (what `/metrics`, `/readyz` and registration say).
+    ebpf_failure: std::sync::OnceLock<crate::enforcement::EbpfFailure>,
+    /// What the second line did (ADR 0039).
+    second_line: crate::second_line::Stats,
 }
 
 /// Why a registration or an API call was refused.
@@ -322,6 +328,22 @@ pub trait DeviceGate: Send + Sync + std::fmt::Debug {
     fn metrics(&self) -> String;
     /// The gate's events, attributed (the gRPC API's event stream).
     fn events(&self) -> &crate::gate_events::EventHub;
+    /// Withdraws process `pid`'s admission (the second line: no new GPU device opens);
+    /// whether the gate took it.
+    fn revoke(&self, _pid: u32) -> bool {
+        false
+    }
+}
+
+/// One tenant as the second line charges it (ADR 0039).
+#[derive(Debug, Clone)]
+pub struct LedgerTenant {
+    /// The tenant key.
+    pub key: String,
+    /// Its registered processes (host PIDs).
+    pub pids: Vec<u32>,
+    /// Per GPU: its memory quota, and what each registered process's shim reported, by PID.
+    pub gpus: Vec<(String, Option<u64>, HashMap<u32, u64>)>,
 }
 
 /// What a registration returns to the server.
@@ -345,7 +367,15 @@ impl Daemon {
             timer: Condvar::new(),
             gate: std::sync::OnceLock::new(),
             no_gate: std::sync::OnceLock::new(),
+            sockets: crate::connections::SocketStats::default(),
+            ebpf_failure: std::sync::OnceLock::new(),
+            second_line: crate::second_line::Stats::default(),
         })
+    }
+
+    /// What the shims' socket saw, for `/metrics`.
+    pub fn sockets(&self) -> &crate::connections::SocketStats {
+        &self.sockets
     }
 
     /// Loads operators' settings saved by an earlier run (`state_file`); returns how
@@ -637,6 +667,58 @@ impl Daemon {
     /// Records why the node runs without a device gate (once, at start).
     pub fn set_no_device_gate(&self, why: String) {
         let _ = self.no_gate.set(why);
+    }
+
+    /// What the second line charges: every tenant, its processes, quotas and reports.
+    pub fn memory_ledger(&self) -> Vec<LedgerTenant> {
+        let g = self.lock();
+        g.tenants
+            .iter()
+            .map(|(key, t)| {
+                let pid_of = |conn: &u64| g.conns.get(conn).map(|c| c.pid);
+                LedgerTenant {
+                    key: key.clone(),
+                    pids: t.conns.iter().filter_map(pid_of).collect(),
+                    gpus: t
+                        .gpus
+                        .iter()
+                        .map(|(uuid, r)| {
+                            let mut by_pid: HashMap<u32, u64> = HashMap::new();
+                            for (conn, bytes) in &r.memory {
+                                if let Some(pid) = pid_of(conn) {
+                                    *by_pid.entry(pid).or_default() += bytes;
+                                }
+                            }
+                            (uuid.clone(), r.memory_quota, by_pid)
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// What the second line did, for `/metrics`.
+    pub fn second_line(&self) -> &crate::second_line::Stats {
+        &self.second_line
+    }
+
+    /// Records that eBPF was asked for and could not be attached (once, at start).
+    pub fn set_ebpf_failure(&self, f: crate::enforcement::EbpfFailure) {
+        let _ = self.ebpf_failure.set(f);
+    }
+
+    /// eBPF asked for and not attached, as recorded at start.
+    pub fn ebpf_failure(&self) -> Option<&crate::enforcement::EbpfFailure> {
+        self.ebpf_failure.get()
+    }
+
+    /// Why new tenants are refused and the node is not ready: `--ebpf enforce` asked for,
+    /// the gate not attached, and the fallback `refuse` (fail closed).
+    pub fn not_ready(&self) -> Option<String> {
+        self.ebpf_failure
+            .get()
+            .filter(|f| f.fail_closed)
+            .map(crate::enforcement::EbpfFailure::refusal)
     }
 
     /// Why the node runs without a device gate, as recorded at start.

@@ -48,6 +48,96 @@ pub struct EbpfSettings {
     /// cgroup2 directories trusted to open GPU nodes (the node's agents); the daemon's own
     /// cgroup is always trusted.
     pub trusted_cgroups: Vec<PathBuf>,
+    /// What `enforce` does when the gate cannot be attached (`--ebpf-enforce-fallback`).
+    pub enforce_fallback: EnforceFallback,
+}
+
+/// `--ebpf-enforce-fallback`: what the daemon does when `--ebpf enforce` is asked for and
+/// the gate cannot be attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EnforceFallback {
+    /// Fail closed (the default): keep a gate an earlier run pinned, report not ready
+    /// (`/readyz` 503), refuse new tenants, and say so in `/metrics`.
+    #[default]
+    Refuse,
+    /// Fail open, as the operator chose: remove a gate an earlier run pinned (nobody would
+    /// admit processes through it) and serve without one (`/metrics` still says 0).
+    Serve,
+}
+
+impl std::str::FromStr for EnforceFallback {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, Self::Err> {
+        match v.trim() {
+            "refuse" => Ok(EnforceFallback::Refuse),
+            "serve" => Ok(EnforceFallback::Serve),
+            other => Err(format!(
+                "{other:?} is not an eBPF enforce fallback (refuse or serve)"
+            )),
+        }
+    }
+}
+
+/// What the daemon does when the gate of `mode` could not be attached, by the fallback
+/// the operator chose: whether a gate an earlier run pinned stays, and whether the node
+/// fails closed (not ready, new tenants refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailureAction {
+    /// Leave the pinned gate (and its maps) as they are.
+    pub keep_pins: bool,
+    /// Not ready, new tenants refused.
+    pub fail_closed: bool,
+}
+
+/// The decision behind [`FailureAction`]: enforce with `refuse` fails closed and keeps a
+/// standing gate (never removed when it cannot be replaced); enforce with `serve` and
+/// audit (which never refuses) run on, removing a pinned gate nobody would feed.
+pub fn on_attach_failure(mode: Mode, fallback: EnforceFallback) -> FailureAction {
+    let closed = mode == Mode::Enforce && fallback == EnforceFallback::Refuse;
+    FailureAction {
+        keep_pins: closed,
+        fail_closed: closed,
+    }
+}
+
+/// eBPF asked for and not attached: what `/metrics`, `/readyz` and registration say.
+#[derive(Debug, Clone)]
+pub struct EbpfFailure {
+    /// The mode asked for.
+    pub mode: Mode,
+    /// Why it is not attached (the attach error).
+    pub reason: String,
+    /// Whether the node fails closed ([`FailureAction::fail_closed`]).
+    pub fail_closed: bool,
+}
+
+impl EbpfFailure {
+    /// `vgpu_ebpf_program_attached` at 0 for both programs, with the mode asked for, so
+    /// that an alert on `== 0` fires.
+    pub fn metrics(&self) -> String {
+        use vgpu_core::prom::{Family, Kind};
+        let mut attached = Family::new(
+            "vgpu_ebpf_program_attached",
+            Kind::Gauge,
+            "1 when the eBPF program is attached (with the gate's mode).",
+        );
+        for program in ["gpu_gate", "exit_watch"] {
+            attached.sample(&[("program", program), ("mode", mode_name(self.mode))], 0.0);
+        }
+        let mut s = String::new();
+        attached.write(&mut s);
+        s
+    }
+
+    /// The refusal a new tenant gets while the node fails closed.
+    pub fn refusal(&self) -> String {
+        format!(
+            "eBPF {} was asked for and the GPU device gate is not attached ({}): new tenants are refused (--ebpf-enforce-fallback refuse)",
+            mode_name(self.mode),
+            self.reason
+        )
+    }
 }
 
 impl Default for EbpfSettings {
@@ -61,6 +151,7 @@ impl Default for EbpfSettings {
             pin_dir: None,
             dev_dir: PathBuf::from("/dev"),
             trusted_cgroups: Vec::new(),
+            enforce_fallback: EnforceFallback::Refuse,
         }
     }
 }
@@ -76,6 +167,8 @@ struct PodCount {
 #[derive(Debug)]
 pub struct Enforcement {
     enforcer: Mutex<Enforcer>,
+    /// Why the exit watcher is not attached (no tracefs), when it is not.
+    exit_watch_missing: Option<String>,
     mode: Mode,
     cgroup2: PathBuf,
     per_pod: Mutex<HashMap<String, PodCount>>,
@@ -113,9 +206,11 @@ pub enum EnforcementError {
 
 impl Enforcement {
     /// Attaches what `settings` asks for. `Ok(None)` for `off` (after removing what a
-    /// pinned earlier run left). On error nothing of this run stays attached, and a gate
-    /// pinned by an earlier run is removed too (ADR 0018: a gate nobody feeds would refuse
-    /// every new GPU process); the caller logs the error and runs without eBPF.
+    /// pinned earlier run left). On error nothing of this run stays attached; a gate
+    /// pinned by an earlier run stays when enforce fails closed ([`on_attach_failure`]:
+    /// never removed when it cannot be replaced), and is removed otherwise (ADR 0018: a
+    /// gate nobody feeds would refuse every new GPU process); the caller logs the error
+    /// and records an [`EbpfFailure`].
     pub fn start(
         settings: &EbpfSettings,
         daemon: &Arc<Daemon>,
@@ -132,11 +227,15 @@ impl Enforcement {
         match Self::attach(settings, daemon) {
             Ok(e) => Ok(Some(e)),
             Err(e) => {
+                let action = on_attach_failure(settings.mode, settings.enforce_fallback);
                 if let Some(pins) = &settings.pin_dir
                     && pins.exists()
-                    && vgpu_ebpf::remove_pins(pins).is_ok()
                 {
-                    warn!(pins = %pins.display(), "removed the gate an earlier run pinned: nobody would register processes with it");
+                    if action.keep_pins {
+                        warn!(pins = %pins.display(), "eBPF enforce: a gate an earlier run pinned stays in place (it refuses every process this daemon cannot admit)");
+                    } else if vgpu_ebpf::remove_pins(pins).is_ok() {
+                        warn!(pins = %pins.display(), "removed the gate an earlier run pinned: nobody would register processes with it");
+                    }
                 }
                 Err(e)
             }
@@ -197,8 +296,15 @@ impl Enforcement {
                     p.display()
                 )),
         );
-        info!("eBPF: exit watcher attached (sched_process_exit)");
+        let exit_watch_missing = enforcer.exit_watch().err().map(str::to_owned);
+        match &exit_watch_missing {
+            None => info!("eBPF: exit watcher attached (sched_process_exit)"),
+            Some(why) => warn!(
+                "eBPF: the gate runs without exit events ({why}): a process's slices are released when its connection closes, and admitted PIDs are forgotten by the daemon's sweep"
+            ),
+        }
         let e = Arc::new(Enforcement {
+            exit_watch_missing,
             enforcer: Mutex::new(enforcer),
             mode: settings.mode,
             cgroup2,
@@ -431,9 +537,13 @@ impl Enforcement {
             Kind::Gauge,
             "1 when the eBPF program is attached (with the gate's mode).",
         );
-        for program in ["gpu_gate", "exit_watch"] {
-            attached.sample(&[("program", program), ("mode", mode)], 1.0);
-        }
+        attached.sample(&[("program", "gpu_gate"), ("mode", mode)], 1.0);
+        let exit = if self.exit_watch_missing.is_some() {
+            0.0
+        } else {
+            1.0
+        };
+        attached.sample(&[("program", "exit_watch"), ("mode", mode)], exit);
         let mut refused = Family::new(
             "vgpu_ebpf_refused_opens_total",
             Kind::Counter,
@@ -513,6 +623,19 @@ impl crate::daemon::DeviceGate for Enforcement {
 
     fn events(&self) -> &EventHub {
         &self.hub
+    }
+
+    fn revoke(&self, pid: u32) -> bool {
+        match lock(&self.enforcer).forget_tgid(pid) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(
+                    pid,
+                    "eBPF gate: cannot withdraw the process's admission: {e}"
+                );
+                false
+            }
+        }
     }
 }
 
@@ -659,4 +782,54 @@ fn mode_name(m: Mode) -> &'static str {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its data consistent (counters, a map insert).
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enforce_fails_closed_and_keeps_a_standing_gate_unless_told_to_serve() {
+        let closed = on_attach_failure(Mode::Enforce, EnforceFallback::Refuse);
+        assert!(closed.keep_pins && closed.fail_closed);
+        let open = on_attach_failure(Mode::Enforce, EnforceFallback::Serve);
+        assert!(!open.keep_pins && !open.fail_closed);
+        // Audit never refuses an open: it runs on, whatever the fallback.
+        for f in [EnforceFallback::Refuse, EnforceFallback::Serve] {
+            let a = on_attach_failure(Mode::Audit, f);
+            assert!(!a.keep_pins && !a.fail_closed);
+        }
+    }
+
+    #[test]
+    fn the_fallback_parses_its_two_names_and_names_a_bad_one() {
+        assert_eq!("refuse".parse(), Ok(EnforceFallback::Refuse));
+        assert_eq!(" serve\n".parse(), Ok(EnforceFallback::Serve));
+        assert_eq!(EnforceFallback::default(), EnforceFallback::Refuse);
+        let e = "open".parse::<EnforceFallback>().unwrap_err();
+        assert!(e.contains("\"open\""), "{e}");
+    }
+
+    #[test]
+    fn a_failure_shows_both_programs_at_0_with_the_mode_asked_for() {
+        let f = EbpfFailure {
+            mode: Mode::Enforce,
+            reason: "missing capabilities".into(),
+            fail_closed: true,
+        };
+        let m = f.metrics();
+        assert!(
+            m.contains("vgpu_ebpf_program_attached{program=\"gpu_gate\",mode=\"enforce\"} 0"),
+            "{m}"
+        );
+        assert!(
+            m.contains("vgpu_ebpf_program_attached{program=\"exit_watch\",mode=\"enforce\"} 0"),
+            "{m}"
+        );
+        let r = f.refusal();
+        assert!(
+            r.contains("missing capabilities") && r.contains("refused"),
+            "{r}"
+        );
+    }
 }

@@ -7,11 +7,15 @@
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
 //! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
+//! - [`connections`]: the caps on that socket per node, container and UID, the descriptor
+//!   limit they need, the back-off after an accept error (pure), and their counters.
 //! - [`enforcement`]: the eBPF GPU device gate and exit watcher (`vgpu-ebpf`): admits the
 //!   shim's processes, releases a process's slices at its exit, counts refusals per pod.
 //! - [`log_budget`]: a bound on the warning lines clients can make the daemon write.
 //! - [`gate_events`]: the gate's events attributed, the latest kept, one bounded queue
 //!   per subscriber of the gRPC stream (a slow one loses events, counted).
+//! - [`second_line`]: memory enforcement outside the tenant (ADR 0039): containers over
+//!   their quota past a grace have their offending processes refused and killed.
 //! - [`model`]: what is reported (gRPC, Prometheus, `vgpuctl`).
 //! - [`nvml`]: the NVML watcher (GPU memory, utilization, processes; bypass detection).
 //! - [`metrics`]: Prometheus text exposition on `/metrics`.
@@ -32,6 +36,7 @@
 pub mod api;
 pub mod board;
 pub mod columns;
+pub mod connections;
 pub mod ctl;
 pub mod daemon;
 pub mod enforcement;
@@ -43,6 +48,7 @@ pub mod nvml;
 pub mod realtime;
 pub mod reporting;
 pub mod run;
+pub mod second_line;
 pub mod server;
 pub mod stopped;
 pub mod time_slicing;

@@ -154,6 +154,38 @@ struct Args {
     /// agent: the device plugin, monitoring); repeat for each.
     #[arg(long)]
     ebpf_trusted_cgroup: Vec<PathBuf>,
+    /// What `--ebpf enforce` does when the gate cannot be attached: `refuse` (fail closed:
+    /// keep a gate an earlier run pinned, /readyz not ready, new tenants refused) or
+    /// `serve` (run without the gate, removing a pinned one).
+    #[arg(
+        long,
+        env = "VGPU_EBPF_ENFORCE_FALLBACK",
+        default_value = "refuse",
+        value_parser = parse_enforce_fallback
+    )]
+    ebpf_enforce_fallback: vgpu_daemon::enforcement::EnforceFallback,
+    /// The second line (ADR 0039): what is done to the offending processes of a container
+    /// that holds more GPU memory than its quota plus the context allowances, past the
+    /// grace: off, report, refuse (withdraw their admission at the eBPF gate) or kill
+    /// (refuse, then SIGKILL).
+    #[arg(long, env = "VGPU_MEMORY_ENFORCE", default_value = "kill", value_parser = parse_memory_action)]
+    memory_enforce: vgpu_daemon::second_line::Action,
+    /// How long a container may hold more than its quota before the second line acts,
+    /// milliseconds (default: two NVML intervals).
+    #[arg(long, env = "VGPU_MEMORY_ENFORCE_GRACE_MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    memory_enforce_grace_ms: Option<u64>,
+    /// Device memory per process not charged against its container's quota (the context
+    /// the shim does not count), MiB.
+    #[arg(long, env = "VGPU_MEMORY_CONTEXT_ALLOWANCE_MIB", default_value_t = 512, value_parser = clap::value_parser!(u64).range(0..=65_536))]
+    memory_context_allowance_mib: u64,
+}
+
+fn parse_memory_action(v: &str) -> Result<vgpu_daemon::second_line::Action, String> {
+    v.parse()
+}
+
+fn parse_enforce_fallback(v: &str) -> Result<vgpu_daemon::enforcement::EnforceFallback, String> {
+    v.parse()
 }
 
 /// `--claim-timeout-ms`: a timeout in ns (0: `off`).
@@ -237,6 +269,11 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
             nvml: (a.nvml_interval_ms > 0).then(|| WatcherConfig {
                 lib: a.nvml_lib.clone(),
                 interval: Duration::from_millis(a.nvml_interval_ms),
+                second_line: vgpu_daemon::second_line::Policy {
+                    action: a.memory_enforce,
+                    grace: a.memory_enforce_grace_ms.map(Duration::from_millis),
+                    context_allowance: a.memory_context_allowance_mib << 20,
+                },
                 ..WatcherConfig::default()
             }),
             metrics_addr: reporting::optional(&a.metrics_addr),
@@ -249,6 +286,7 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
             pin_dir: reporting::optional(&a.ebpf_pin_dir).map(PathBuf::from),
             dev_dir: a.ebpf_dev_dir.clone(),
             trusted_cgroups: a.ebpf_trusted_cgroup.clone(),
+            enforce_fallback: a.ebpf_enforce_fallback,
         },
     }
 }

@@ -452,17 +452,23 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
     out
 }
 
-/// The HTTP routes: `/metrics` and `/healthz`.
+/// The HTTP routes: `/metrics`, `/healthz` (liveness) and `/readyz` (readiness).
 pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(daemon)
 }
 
 async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     // The snapshot takes the daemon's lock briefly; rendering happens outside it.
     let mut text = render(&d.snapshot());
+    text.push_str(&d.sockets().metrics());
+    text.push_str(&d.second_line().metrics());
+    if let Some(f) = d.ebpf_failure() {
+        text.push_str(&f.metrics());
+    }
     if let Some(g) = d.device_gate() {
         text.push_str(&g.metrics());
     }
@@ -474,6 +480,24 @@ async fn healthz() -> impl IntoResponse {
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         "ok\n",
+    )
+}
+
+/// Readiness: 503 with the reason while the node fails closed (`--ebpf enforce` asked for,
+/// the gate not attached, fallback `refuse`); 200 `ready` otherwise. `/healthz` stays the
+/// liveness answer (the daemon serves either way).
+async fn readyz(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
+    let (status, body) = match d.not_ready() {
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+        None => (StatusCode::OK, "ready\n".to_owned()),
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
     )
 }
 

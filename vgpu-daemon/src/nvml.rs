@@ -36,6 +36,8 @@ pub struct WatcherConfig {
     pub interval: Duration,
     /// Time between two attempts to initialise NVML.
     pub retry: Duration,
+    /// The second line's policy (ADR 0039), run on every reading.
+    pub second_line: crate::second_line::Policy,
 }
 
 impl Default for WatcherConfig {
@@ -44,6 +46,7 @@ impl Default for WatcherConfig {
             lib: DEFAULT_LIB.into(),
             interval: Duration::from_millis(1000),
             retry: Duration::from_secs(10),
+            second_line: crate::second_line::Policy::default(),
         }
     }
 }
@@ -97,6 +100,8 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
     let lib = cfg.lib.to_string_lossy().into_owned();
     let mut init_failed_before = false;
     let mut bypass = BypassTracker::default();
+    let mut second_line = crate::second_line::Enforcer::default();
+    let grace = cfg.second_line.grace_for(cfg.interval);
     loop {
         let nvml = match Nvml::builder().lib_path(&cfg.lib).init() {
             Ok(n) => n,
@@ -140,6 +145,7 @@ fn run(daemon: &Daemon, cfg: &WatcherConfig, stop: &mpsc::Receiver<()>) {
                             "bypass: a process uses GPU memory but no shim registered it"
                         );
                     }
+                    second_line.check(daemon, &obs, &cfg.second_line, grace);
                     daemon.record_observations(obs, registered);
                 }
                 Err(e) => {

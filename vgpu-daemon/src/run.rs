@@ -105,6 +105,7 @@ pub struct Node {
     pub enforcement: Option<Arc<crate::enforcement::Enforcement>>,
     listener: UnixListener,
     socket: PathBuf,
+    caps: crate::connections::Caps,
 }
 
 /// Validates `cfg` and starts everything but the shims' server: every socket and
@@ -132,9 +133,53 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
             None
         }
         Err(e) => {
-            warn!("eBPF: not attached, running without the GPU device gate: {e}");
+            let action =
+                crate::enforcement::on_attach_failure(cfg.ebpf.mode, cfg.ebpf.enforce_fallback);
+            if action.fail_closed {
+                warn!(
+                    "eBPF enforce: the GPU device gate cannot be attached: {e}; failing closed \
+                     (/readyz not ready, new tenants refused; --ebpf-enforce-fallback serve runs without it)"
+                );
+            } else {
+                warn!("eBPF: not attached, running without the GPU device gate: {e}");
+            }
             daemon.set_no_device_gate(format!("eBPF is not attached: {e}"));
+            daemon.set_ebpf_failure(crate::enforcement::EbpfFailure {
+                mode: cfg.ebpf.mode,
+                reason: e.to_string(),
+                fail_closed: action.fail_closed,
+            });
             None
+        }
+    };
+    // Before the socket exists: every connection it will accept needs descriptors.
+    let caps = match crate::server::raise_descriptor_limit() {
+        Ok(l) => {
+            let fitted = if l.caps == crate::connections::DEFAULT_CAPS {
+                ""
+            } else {
+                " (caps fitted to the limit: raise the hard limit for the defaults)"
+            };
+            info!(
+                before = l.before,
+                soft = l.soft,
+                hard = l.hard,
+                connections = l.caps.total,
+                per_container = l.caps.per_container,
+                per_uid = l.caps.per_uid,
+                "descriptor limit {} (was {}, hard {}){fitted}",
+                l.soft,
+                l.before,
+                l.hard
+            );
+            daemon.sockets().set_limits(l.caps, l.soft);
+            l.caps
+        }
+        Err(e) => {
+            let caps = crate::connections::caps_within(1024, crate::connections::DEFAULT_CAPS);
+            warn!("cannot read or raise the descriptor limit: {e}; caps as for 1024 descriptors");
+            daemon.sockets().set_limits(caps, 1024);
+            caps
         }
     };
     let listener = crate::server::bind(&socket).map_err(|source| RunError::Bind {
@@ -151,6 +196,7 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
         enforcement,
         listener,
         socket,
+        caps,
     })
 }
 
@@ -163,9 +209,10 @@ impl Node {
             enforcement,
             listener,
             socket,
+            caps,
         } = self;
         let r = tokio::select! {
-            r = crate::server::serve(daemon, listener) => r.map_err(|source| RunError::Serve {
+            r = crate::server::serve(daemon, listener, caps) => r.map_err(|source| RunError::Serve {
                 path: socket,
                 source,
             }),

@@ -5,11 +5,18 @@
 //! descriptor (`SCM_RIGHTS`). A framing or protocol error closes that connection only;
 //! a closed connection releases the process's charges and slice at once. A `Ping` is
 //! answered by the connection's own task, at once.
+//!
+//! No tenant can exhaust it (issue 39): an accept error is never fatal (accepting backs
+//! off on a shortage, counts it and logs within the clients' log budget); connections are
+//! capped per container (cgroup of the peer's PID), per UID and for the node
+//! ([`crate::connections`]), a connection over a cap is answered `Refused` naming the cap
+//! and closed at once; the descriptor limit is raised at start to what the caps need
+//! ([`raise_descriptor_limit`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -18,6 +25,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use vgpu_core::sched_proto::{DaemonMsg, ShimMsg, decode, encode};
 
+use crate::connections::{Caps, DEFAULT_CAPS, Table, caps_within, container_key};
 use crate::daemon::Daemon;
 
 /// How long a new connection may take to say `Hello`.
@@ -40,17 +48,149 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Accepts connections forever.
-pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> io::Result<()> {
+/// What [`raise_descriptor_limit`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorLimit {
+    /// The soft limit before.
+    pub before: u64,
+    /// The soft limit now.
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: u64,
+    /// The caps the soft limit allows ([`DEFAULT_CAPS`] fitted to it).
+    pub caps: Caps,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to what [`DEFAULT_CAPS`] need (at most the hard limit)
+/// and fits the caps to what it got.
+pub fn raise_descriptor_limit() -> io::Result<DescriptorLimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the valid, exclusive `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = lim.rlim_cur;
+    let needed = crate::connections::descriptors_needed(&DEFAULT_CAPS);
+    if let Some(target) = crate::connections::soft_limit_target(needed, before, lim.rlim_max) {
+        let new = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one valid rlimit; the soft limit is at most the hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("setrlimit(RLIMIT_NOFILE, {target}): {e}"),
+            ));
+        }
+        lim.rlim_cur = target;
+    }
+    Ok(DescriptorLimit {
+        before,
+        soft: lim.rlim_cur,
+        hard: lim.rlim_max,
+        caps: caps_within(lim.rlim_cur, DEFAULT_CAPS),
+    })
+}
+
+/// Accepts connections forever, within `caps`. An accept error never ends it.
+pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener, caps: Caps) -> io::Result<()> {
+    let table = Arc::new(Mutex::new(Table::new(caps)));
+    let mut consecutive = 0u32;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((s, _)) => {
+                consecutive = 0;
+                s
+            }
+            Err(e) => {
+                consecutive = consecutive.saturating_add(1);
+                daemon.sockets().accept_error();
+                let shortage = crate::connections::accept_error_is_shortage(e.raw_os_error());
+                let pause = crate::connections::accept_backoff(consecutive, shortage);
+                if crate::log_budget::client_warning() {
+                    warn!(
+                        errors = daemon.sockets().accept_errors(),
+                        "accepting on the shims' socket failed: {e}; retrying in {pause:?}"
+                    );
+                } else {
+                    debug!("accepting on the shims' socket failed: {e}");
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
+        // Who it is, before anything is kept for it: the kernel's word (SO_PEERCRED), and
+        // the container from the peer's /proc/PID/cgroup.
+        let (uid, pid) = match stream.peer_cred() {
+            Ok(c) => (c.uid(), c.pid().and_then(|p| u32::try_from(p).ok())),
+            Err(e) => {
+                debug!("peer credentials: {e}: closing");
+                continue;
+            }
+        };
+        let container = pid
+            .filter(|p| *p > 0)
+            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
+            .map_or_else(|| "unknown".to_owned(), |t| container_key(&t));
+        let admitted = {
+            let mut t = lock(&table);
+            let r = t.try_open(&container, uid);
+            daemon.sockets().set_open(t.open());
+            r
+        };
+        if let Err(refusal) = admitted {
+            daemon.sockets().refused(&refusal);
+            if crate::log_budget::client_warning() {
+                warn!(?pid, uid, "connection refused: {refusal}");
+            } else {
+                debug!(?pid, uid, "connection refused: {refusal}");
+            }
+            // A clear refusal, if the socket takes it now; never a wait.
+            let _ = stream.try_write(&encode(&DaemonMsg::Refused {
+                reason: refusal.to_string(),
+            }));
+            continue;
+        }
+        let counted = Counted {
+            table: Arc::clone(&table),
+            daemon: Arc::clone(&daemon),
+            container,
+            uid,
+        };
         let d = Arc::clone(&daemon);
         tokio::spawn(async move {
+            let _counted = counted;
             if let Err(e) = connection(d, stream).await {
                 debug!("connection ended: {e}");
             }
         });
     }
+}
+
+/// A connection counted in the table; dropped (the task ended, however), it is not.
+struct Counted {
+    table: Arc<Mutex<Table>>,
+    daemon: Arc<Daemon>,
+    container: String,
+    uid: u32,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut t = lock(&self.table);
+        t.close(&self.container, self.uid);
+        self.daemon.sockets().set_open(t.open());
+    }
+}
+
+fn lock(t: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    // Every critical section leaves the counts consistent.
+    t.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn read_frame(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option<ShimMsg>> {
@@ -87,6 +227,18 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
             return Ok(());
         }
     };
+    // Enforcement asked for and not delivered (fail closed): no new tenant, no admission.
+    if let Some(why) = daemon.not_ready()
+        && matches!(hello, Some(ShimMsg::Hello { .. } | ShimMsg::Admit { .. }))
+    {
+        if crate::log_budget::client_warning() {
+            warn!(pid, "refused: {why}");
+        }
+        stream
+            .write_all(&encode(&DaemonMsg::Refused { reason: why }))
+            .await?;
+        return Ok(());
+    }
     let (proto, ident, gpus) = match hello {
         Some(ShimMsg::Hello {
             proto, ident, gpus, ..

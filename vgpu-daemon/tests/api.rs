@@ -502,6 +502,7 @@ async fn vgpuctl_lists_as_many_tenants_as_the_daemon_keeps() {
             pod: "p".repeat(253),
             container: "c".repeat(253),
             container_dir: String::new(),
+            overridden: Vec::new(),
         };
         let regs = gpus
             .iter()

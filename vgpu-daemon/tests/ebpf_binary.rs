@@ -432,6 +432,9 @@ fn without_bpf_capabilities_the_daemon_says_why_in_one_line_and_serves() {
         &[
             "--ebpf",
             "enforce",
+            // Fail open as the operator may choose (fail closed: ebpf_fail_closed.rs).
+            "--ebpf-enforce-fallback",
+            "serve",
             "--ebpf-pin-dir",
             &pins.to_string_lossy(),
         ],

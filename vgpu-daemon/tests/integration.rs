@@ -9,12 +9,15 @@ mod claims;
 mod common;
 mod drains;
 mod ebpf_binary;
+mod ebpf_fail_closed;
+mod flood;
 mod hand_on;
 mod metrics;
 mod nvml_watcher;
 mod peers;
 mod registration;
 mod scheduling;
+mod second_line;
 mod stopped;
 mod top;
 

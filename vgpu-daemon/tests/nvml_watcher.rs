@@ -71,6 +71,7 @@ fn watcher_flags_unregistered_processes_as_bypass() {
             lib: sim_lib_dir().join("libnvidia-ml.so.1").into_os_string(),
             interval: Duration::from_millis(50),
             retry: Duration::from_millis(200),
+            ..WatcherConfig::default()
         },
     )
     .expect("start the watcher");

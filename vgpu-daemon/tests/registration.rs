@@ -128,6 +128,65 @@ fn a_gpu_the_file_does_not_list_is_not_granted_and_the_process_stays_registered(
     assert_ne!(words[0], words[1]);
 }
 
+/// Issue 39 item 1 (ADR 0042): a tenant whose environment asks for 79 GiB registers
+/// with that quota in its `Hello`; in trusted mode the daemon shows and meters the
+/// file's 1 GiB (before: 79 GiB), and with no file, no quota (never the `Hello`'s).
+/// Without trusted mode (a bare machine) the `Hello` is all there is.
+#[test]
+fn the_memory_quota_shown_is_the_files_never_the_one_the_tenant_wrote() {
+    let forged = |uuid: &str| GpuRegistration {
+        memory_quota: Some(79 << 30),
+        ..gpu(uuid, 0, 100)
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = quota_file(dir.path(), &[(A, 300, "burst")]);
+    let d = trusted(&conf);
+    let (r, _rx) = register(&d, "ml/nb/main", vec![forged(A)]);
+    r.expect("registered");
+    let quota = |d: &Daemon| d.snapshot().tenants[0].gpus[0].memory_quota;
+    assert_eq!(quota(&d), Some(1 << 30), "the file's 1024 MiB");
+    let d = trusted(&dir.path().join("absent.conf"));
+    let (r, _rx) = register(&d, "ml/nb/main", vec![forged(A)]);
+    r.expect("registered with the default settings");
+    assert_eq!(quota(&d), None, "no file: no quota shown, not the Hello's");
+    let d = Daemon::new(config());
+    let (r, _rx) = register(&d, "ml/nb/main", vec![forged(A)]);
+    r.expect("registered");
+    assert_eq!(quota(&d), Some(79 << 30), "untrusted mode: the shim's");
+}
+
+/// What the environment asked that the quota file overrode comes with the `Hello`
+/// (bounded: a Hello with more lines than the protocol allows is refused by name).
+#[test]
+fn overridden_lines_are_accepted_within_their_bounds() {
+    use vgpu_core::sched_proto::{MAX_OVERRIDDEN, MAX_OVERRIDDEN_LEN};
+    let d = Daemon::new(config());
+    let with = |lines: Vec<String>| {
+        let (tx, _rx) = unbounded_channel();
+        let mut id = ident("ml/nb/main");
+        id.overridden = lines;
+        d.register(
+            std::process::id(),
+            PROTO_VERSION,
+            id,
+            vec![gpu(A, 0, 100)],
+            tx,
+        )
+    };
+    with(vec![
+        "VGPU_CONTAINER_DIR=/tmp/x is not this container's directory".into(),
+    ])
+    .expect("one line");
+    let e = with(vec!["x".into(); MAX_OVERRIDDEN + 1])
+        .expect_err("too many lines")
+        .to_string();
+    assert!(e.contains("overridden"), "{e}");
+    let e = with(vec!["x".repeat(MAX_OVERRIDDEN_LEN + 1)])
+        .expect_err("too long a line")
+        .to_string();
+    assert!(e.contains("overridden"), "{e}");
+}
+
 #[test]
 fn a_process_granted_no_gpu_it_registers_is_refused_naming_the_file() {
     let dir = tempfile::tempdir().expect("temp dir");

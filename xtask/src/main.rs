@@ -159,7 +159,7 @@ impl Run {
             times: Vec::new(),
             venv_bin: None,
             skip_log,
-            nextest: testrun::have_nextest(&mut cargo()),
+            nextest: false,
         })
     }
 
@@ -188,30 +188,36 @@ impl Run {
         }
     }
 
-    /// The test command over the whole workspace (`binaries`: only these test targets, by
-    /// name; the names are unique across the workspace).
-    fn tests(&self, binaries: &[&str]) -> Command {
-        let mut c = cargo();
-        if self.nextest {
+    /// The test command over the whole workspace (`files`: only the tests of these
+    /// integration test files, by name; the names are unique across the workspace). Under
+    /// nextest only: each test its own process (a few tests set their process's
+    /// environment, and the integration tests of a crate are one binary, ADR 0045);
+    /// without it the step fails, saying how to install it.
+    fn tests(&self, files: &[&str]) -> Command {
+        if !self.nextest {
+            let mut c = Command::new("sh");
             c.args([
-                "nextest",
-                "run",
-                "--release",
-                "--workspace",
-                "--no-fail-fast",
+                "-c",
+                "echo 'cargo-nextest is needed (one process per test): cargo install --locked cargo-nextest' >&2; exit 1",
             ]);
-            if !binaries.is_empty() {
-                let expr: Vec<String> = binaries
-                    .iter()
-                    .map(|b| format!("kind(test) & binary({b})"))
-                    .collect();
-                c.args(["-E", &expr.join(" | ")]);
-            }
-        } else {
-            c.args(["test", "--release", "--workspace", "--no-fail-fast"]);
-            for b in binaries {
-                c.args(["--test", b]);
-            }
+            return c;
+        }
+        let mut c = cargo();
+        c.args([
+            "nextest",
+            "run",
+            "--release",
+            "--workspace",
+            "--no-fail-fast",
+        ]);
+        if !files.is_empty() {
+            // A file of a consolidated crate is a module of its `integration` binary; the
+            // others (ebpf's gate.rs) are binaries of their own.
+            let expr: Vec<String> = files
+                .iter()
+                .map(|f| format!("(kind(test) & (binary({f}) | test(/^{f}::/)))"))
+                .collect();
+            c.args(["-E", &expr.join(" | ")]);
         }
         self.test_env(&mut c);
         c
@@ -248,6 +254,10 @@ fn ci() -> Result<()> {
     r.timed("prerequisites", |r| {
         let mut problems = Vec::new();
         r.venv_bin = prereq::for_ci(&root(), &target_dir(), &mut problems);
+        match prereq::nextest(&mut cargo()) {
+            Ok(()) => r.nextest = true,
+            Err(e) => problems.push(format!("{e:#}")),
+        }
         for p in problems {
             // Under CI a missing prerequisite is a failure here too, not only in the tests
             // that need it.
@@ -339,6 +349,11 @@ fn busy() -> Result<()> {
         if let Err(e) = sim() {
             r.f.step("sim", format!("{e:#}"));
         }
+        if let Err(e) = prereq::nextest(&mut cargo()) {
+            r.f.step("prerequisites", format!("{e:#}"));
+        } else {
+            r.nextest = true;
+        }
         Ok(())
     })?;
     r.timed("busy", busy_tests)?;
@@ -350,10 +365,7 @@ fn busy() -> Result<()> {
 fn busy_tests(r: &mut Run) -> Result<()> {
     let all = TIMING_TESTS;
     let mut build = cargo();
-    build.args(["test", "--release", "--workspace", "--no-run"]);
-    for n in all {
-        build.args(["--test", n]);
-    }
+    build.args(["build", "--release", "--workspace", "--all-targets"]);
     step(&mut r.f, "busy (build)", &mut build);
     let _hogs = Hogs::start()?;
     let tests = r.tests(all);

@@ -354,17 +354,22 @@ impl Dev {
         (total, free, total - free)
     }
 
-    /// Live processes with a context or memory on the device.
+    /// Live processes with a context or memory on the device, one entry per process as
+    /// the real NVML lists them: a process with two slots (a second copy of the driver
+    /// loaded with `dlmopen`) is one entry holding what both hold.
     pub fn processes(&self) -> Vec<Proc> {
         self.st.reap(None);
-        self.st
-            .processes(self.d)
-            .into_iter()
-            .map(|p| Proc {
-                pid: p.pid,
-                used: p.used,
-            })
-            .collect()
+        let mut out: Vec<Proc> = Vec::new();
+        for p in self.st.processes(self.d) {
+            match out.iter_mut().find(|q| q.pid == p.pid) {
+                Some(q) => q.used = q.used.saturating_add(p.used),
+                None => out.push(Proc {
+                    pid: p.pid,
+                    used: p.used,
+                }),
+            }
+        }
+        out
     }
 
     /// Device utilization over the last second, in percent.

@@ -527,6 +527,41 @@ fn memory_and_processes_follow_a_real_process() {
 }
 
 #[test]
+fn a_process_with_the_driver_loaded_twice_is_one_entry() {
+    scenario(
+        "a_process_with_the_driver_loaded_twice_is_one_entry",
+        None,
+        || {
+            init();
+            let h = handle(0);
+            let st = State::open_from_env().expect("state");
+            let overhead = st.info(0).context_overhead;
+            // Two slots of this process, as two copies of libcuda (the second loaded
+            // with dlmopen) claim them: each with a context and an allocation.
+            let mut held = 0;
+            for bytes in [64 << 20, 1 << 30] {
+                let slot = st.claim_slot().expect("claim slot");
+                st.slot(slot).devs[0].contexts.store(1, Ordering::Release);
+                st.reserve(slot, 0, overhead, false)
+                    .expect("context memory");
+                st.reserve(slot, 0, st.granular(0, bytes).expect("size"), true)
+                    .expect("allocation");
+                held += overhead + bytes;
+            }
+            // One entry per process with what both copies hold, as the real NVML lists
+            // processes (not one per context).
+            let procs = processes(h);
+            assert_eq!(procs.len(), 1, "{procs:?}");
+            assert_eq!(
+                (procs[0].pid, procs[0].usedGpuMemory),
+                (std::process::id(), held)
+            );
+            assert_eq!(memory(h).used, held);
+        },
+    );
+}
+
+#[test]
 fn utilization_follows_engine_time() {
     scenario("utilization_follows_engine_time", None, || {
         init();

@@ -198,6 +198,16 @@ impl Runner {
             pod: file.map(|q| q.pod.clone()).unwrap_or_default(),
             container: file.map(|q| q.container.clone()).unwrap_or_default(),
             container_dir: dir,
+            // Bounded: the daemon refuses a Hello with more (it cannot bound its log
+            // otherwise); what the environment asked is cut, never what was held.
+            overridden: self
+                .shim
+                .cfg
+                .overridden
+                .iter()
+                .take(vgpu_core::sched_proto::MAX_OVERRIDDEN)
+                .map(|n| cut(n, vgpu_core::sched_proto::MAX_OVERRIDDEN_LEN))
+                .collect(),
         }
     }
 

@@ -69,6 +69,15 @@
 //!                              the legacy stream, without synchronising
 //! sync                         cuStreamSynchronize(legacy stream)
 //! ctx-sync                     cuCtxSynchronize
+//! dlmopen-alloc BYTES          (after `init`, the process admitted and registered by
+//!                              the shim, or without it): loads a second driver with
+//!                              dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW), resolves
+//!                              cuInit, cuDeviceGet, cuCtxCreate_v2 and cuMemAlloc_v2 on
+//!                              that handle (the shim's hooks are not in that namespace)
+//!                              and allocates BYTES there on the probe's device, kept:
+//!                              dlmopen_alloc=ok|err code= ptr= driver_loads= (the
+//!                              driver's loads in /proc/self/maps); follow with `wait`
+//!                              or `sleep` to hold it (issue 39 item 3)
 //! ready                        prints "ready pid=<pid>"
 //! wait                         blocks until stdin is closed
 //! sleep MS                     sleeps
@@ -1101,6 +1110,69 @@ fn total_mem(st: &State) -> Result<u64> {
     Ok(t as u64)
 }
 
+/// The `dlmopen` bypass (issue 39 item 3): a second copy of the driver in a new link
+/// namespace, where the preloaded shim is not, and `bytes` allocated through it on
+/// `device` in a context of its own. The copy is never unloaded (its allocation stays
+/// until the process exits). Returns the allocation's `CUresult` and pointer.
+fn dlmopen_alloc(device: c_int, bytes: u64) -> Result<(CuResult, u64)> {
+    // SAFETY: dlmopen with a NUL-terminated name; the driver's initializers run in the
+    // new namespace.
+    let h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    if h.is_null() {
+        // SAFETY: dlerror returns null or a NUL-terminated string valid until the next
+        // dl call on this thread.
+        let e = unsafe { libc::dlerror() };
+        let why = if e.is_null() {
+            String::from("unknown error")
+        } else {
+            // SAFETY: as above.
+            unsafe { std::ffi::CStr::from_ptr(e) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        bail!("dlmopen(LM_ID_NEWLM, libcuda.so.1): {why}");
+    }
+    let sym = |name: &std::ffi::CStr| -> Result<usize> {
+        // SAFETY: a handle from dlmopen and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+        if p.is_null() {
+            bail!("{name:?} not found in the dlmopen-ed driver");
+        }
+        Ok(p as usize)
+    };
+    type Init = unsafe extern "C" fn(c_uint) -> CuResult;
+    type DeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> CuResult;
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CuResult;
+    type MemAlloc = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
+    // SAFETY: each address is the named driver entry point, whose C signature is the
+    // type it is turned into (function pointers of pointer size).
+    let (init, device_get, ctx_create, mem_alloc) = unsafe {
+        (
+            std::mem::transmute::<usize, Init>(sym(c"cuInit")?),
+            std::mem::transmute::<usize, DeviceGet>(sym(c"cuDeviceGet")?),
+            std::mem::transmute::<usize, CtxCreate>(sym(c"cuCtxCreate_v2")?),
+            std::mem::transmute::<usize, MemAlloc>(sym(c"cuMemAlloc_v2")?),
+        )
+    };
+    let check = |what: &str, r: CuResult| -> Result<()> {
+        if r != 0 {
+            bail!("{what} in the dlmopen-ed driver failed with CUresult {r}");
+        }
+        Ok(())
+    };
+    let (mut dev, mut ctx, mut ptr) = (0, std::ptr::null_mut(), 0u64);
+    // SAFETY: every call passes arguments matching its CUDA driver API signature, with
+    // out-pointers to live locals; the context is made current on this thread by
+    // cuCtxCreate, in the second driver only.
+    let r = unsafe {
+        check("cuInit", init(0))?;
+        check("cuDeviceGet", device_get(&mut dev, device))?;
+        check("cuCtxCreate_v2", ctx_create(&mut ctx, 0, dev))?;
+        mem_alloc(&mut ptr, bytes as usize)
+    };
+    Ok((r, ptr))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut st = State {
@@ -1293,6 +1365,16 @@ fn main() -> Result<()> {
                 println!("capture_open=ok");
             }
             "nvml" => nvml(st.device)?,
+            "dlmopen-alloc" => {
+                let n = arg(&mut it, "size")?;
+                let (r, ptr) = dlmopen_alloc(st.device, n)?;
+                let maps = std::fs::read_to_string("/proc/self/maps").context("read maps")?;
+                let loads = vgpu_core::proc_maps::driver_loads(&maps);
+                match r {
+                    0 => println!("dlmopen_alloc=ok ptr={ptr:#x} driver_loads={loads}"),
+                    e => println!("dlmopen_alloc=err code={e} driver_loads={loads}"),
+                }
+            }
             "ready" => println!("ready pid={}", std::process::id()),
             "wait" => {
                 std::io::stdout().flush()?;

@@ -5,15 +5,25 @@
 
 use super::*;
 use vgpu_core::container_quota::{ContainerQuota, GpuGrant};
-use vgpu_core::sched_proto::{GpuRegistration, MAX_GPUS, MAX_REASON, NEVER_HELD_WORD};
+use vgpu_core::sched_proto::{
+    GpuRegistration, MAX_GPUS, MAX_OVERRIDDEN, MAX_OVERRIDDEN_LEN, MAX_REASON, NEVER_HELD_WORD,
+};
 
 impl Daemon {
-    /// What each registered GPU gets: in trusted mode by the container's quota file
-    /// (read once, through `/proc/PID/root`, by [`ContainerQuota::grant`]), else the
-    /// shim's proposal. A process granted none of its GPUs is refused, naming them.
-    fn resolve(&self, pid: u32, gpus: &[GpuRegistration]) -> Result<Vec<Resolved>, DaemonError> {
+    /// What each registered GPU gets, and the memory quota the daemon shows and meters
+    /// for it: in trusted mode by the container's quota file (read once, through
+    /// `/proc/PID/root`, by [`ContainerQuota::grant`]; the fixed file of ADR 0042 first,
+    /// then the configured path for containers started before it), never the shim's
+    /// proposal nor its quota, which the tenant's environment wrote (no file: the
+    /// default settings and no quota); else the shim's proposal and quota. A process
+    /// granted none of its GPUs is refused, naming them.
+    fn resolve(
+        &self,
+        pid: u32,
+        gpus: &[GpuRegistration],
+    ) -> Result<(Vec<Resolved>, Vec<Option<u64>>), DaemonError> {
         let Some(inner_path) = &self.cfg.trusted_quota_file else {
-            return gpus
+            let resolved = gpus
                 .iter()
                 .map(|reg| {
                     reg.settings
@@ -21,25 +31,38 @@ impl Daemon {
                         .map(|()| Resolved::Scheduled(reg.settings, SettingsSource::Shim))
                         .map_err(|e| DaemonError::Invalid(format!("GPU {}: {e}", reg.uuid)))
                 })
-                .collect();
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok((resolved, gpus.iter().map(|r| r.memory_quota).collect()));
         };
-        let rel = inner_path.strip_prefix("/").unwrap_or(inner_path);
-        let path = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let inside = |p: &std::path::Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        let fixed = inside(std::path::Path::new(
+            vgpu_core::container_quota::FIXED_QUOTA_FILE,
+        ));
+        let (path, read) = match std::fs::read_to_string(&fixed) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let p = inside(inner_path);
+                let r = std::fs::read_to_string(&p);
+                (p, r)
+            }
+            r => (fixed, r),
+        };
+        let Ok(text) = read else {
             let d = Resolved::Scheduled(self.cfg.default_settings, SettingsSource::Default);
-            return Ok(vec![d; gpus.len()]);
+            return Ok((vec![d; gpus.len()], vec![None; gpus.len()]));
         };
         let q = ContainerQuota::from_json(&text)
             .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
-        let out: Vec<Resolved> = gpus
+        let (out, quotas): (Vec<Resolved>, Vec<Option<u64>>) = gpus
             .iter()
             .map(|reg| match q.grant(&reg.uuid) {
-                GpuGrant::Granted(g) => {
-                    Resolved::Scheduled(g.compute_settings(), SettingsSource::QuotaFile)
-                }
-                GpuGrant::NotGranted => Resolved::NotGranted,
+                GpuGrant::Granted(g) => (
+                    Resolved::Scheduled(g.compute_settings(), SettingsSource::QuotaFile),
+                    Some(g.memory_bytes()),
+                ),
+                GpuGrant::NotGranted => (Resolved::NotGranted, None),
             })
-            .collect();
+            .unzip();
         if out.iter().all(|r| matches!(r, Resolved::NotGranted)) {
             let names: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
             return Err(DaemonError::Invalid(format!(
@@ -48,7 +71,7 @@ impl Daemon {
                 names.join(", ")
             )));
         }
-        Ok(out)
+        Ok((out, quotas))
     }
 
     /// The daemon's name for GPU `uuid`, if the node has it: its own spelling of a GPU it
@@ -127,7 +150,15 @@ impl Daemon {
                 )));
             }
         }
-        let resolved = self.resolve(pid, gpus)?;
+        let (resolved, quotas) = self.resolve(pid, gpus)?;
+        if !ident.overridden.is_empty() && crate::log_budget::client_warning() {
+            warn!(
+                tenant = %ident.key,
+                pid,
+                overridden = ?ident.overridden,
+                "the process's environment disagreed with its container's quota file: held to the file"
+            );
+        }
         let now = mono_ns();
         let mut g = self.lock();
         let inner = &mut *g;
@@ -207,7 +238,12 @@ impl Daemon {
         let mut settings_out = Vec::new();
         let mut words = Vec::new();
         let mut not_granted = Vec::new();
-        for (i, (reg, (name, r))) in gpus.iter().zip(names.iter().zip(resolved)).enumerate() {
+        for (i, ((reg, quota), (name, r))) in gpus
+            .iter()
+            .zip(quotas)
+            .zip(names.iter().zip(resolved))
+            .enumerate()
+        {
             let (Some(uuid), Resolved::Scheduled(settings, source)) = (name, r) else {
                 // Not granted: a word nobody writes, the shim's own settings echoed.
                 not_granted.push(u32::try_from(i).unwrap_or(u32::MAX));
@@ -220,7 +256,7 @@ impl Daemon {
                 word: next_word,
                 settings,
                 source,
-                memory_quota: reg.memory_quota,
+                memory_quota: quota,
                 memory: HashMap::new(),
                 refused: HashMap::new(),
             });
@@ -233,7 +269,7 @@ impl Daemon {
                 rec.settings = settings;
                 rec.source = source;
             }
-            rec.memory_quota = reg.memory_quota.or(rec.memory_quota);
+            rec.memory_quota = quota.or(rec.memory_quota);
             settings_out.push(rec.settings);
             words.push(u32::try_from(rec.word).unwrap_or(0));
             let gpu = inner.gpus.entry(uuid.clone()).or_insert_with(|| GpuRec {
@@ -360,6 +396,17 @@ fn check_ident(ident: &ContainerIdent) -> Result<(), DaemonError> {
                 v.len()
             )));
         }
+    }
+    if ident.overridden.len() > MAX_OVERRIDDEN
+        || ident
+            .overridden
+            .iter()
+            .any(|l| l.len() > MAX_OVERRIDDEN_LEN)
+    {
+        return Err(DaemonError::Invalid(format!(
+            "{} overridden lines (at most {MAX_OVERRIDDEN} of {MAX_OVERRIDDEN_LEN} bytes allowed)",
+            ident.overridden.len()
+        )));
     }
     Ok(())
 }

@@ -62,6 +62,7 @@ pub fn register(
         pod: pod.to_owned(),
         container: c.to_owned(),
         container_dir: String::new(),
+        overridden: Vec::new(),
     };
     let regs = gpus
         .iter()
