@@ -254,7 +254,7 @@ fn ci() -> Result<()> {
     r.timed("prerequisites", |r| {
         let mut problems = Vec::new();
         r.venv_bin = prereq::for_ci(&root(), &target_dir(), &mut problems);
-        match prereq::nextest(&mut cargo()) {
+        match prereq::nextest(cargo) {
             Ok(()) => r.nextest = true,
             Err(e) => problems.push(format!("{e:#}")),
         }
@@ -349,7 +349,7 @@ fn busy() -> Result<()> {
         if let Err(e) = sim() {
             r.f.step("sim", format!("{e:#}"));
         }
-        if let Err(e) = prereq::nextest(&mut cargo()) {
+        if let Err(e) = prereq::nextest(cargo) {
             r.f.step("prerequisites", format!("{e:#}"));
         } else {
             r.nextest = true;

@@ -182,3 +182,14 @@ fn venv(root: &Path, target: &Path) -> Result<PathBuf> {
     std::fs::write(&stamp, &wanted).with_context(|| format!("write {}", stamp.display()))?;
     Ok(bin)
 }
+
+/// cargo-nextest, the test runner `ci` and `busy` use (a process per test, hung tests
+/// killed, no retries): installed with `cargo install --locked` where it is missing.
+pub fn nextest(cargo: impl Fn() -> Command) -> Result<()> {
+    if crate::testrun::have_nextest(&mut cargo()) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing cargo-nextest");
+    crate::run(cargo().args(["install", "--locked", "cargo-nextest"]))
+        .context("install cargo-nextest (the test runner)")
+}
