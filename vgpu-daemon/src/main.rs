@@ -103,8 +103,9 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(0..=60_000)
     )]
     grant_expiry_ms: u64,
-    /// Trusted mode (Kubernetes): the quota file's path inside containers; the daemon
-    /// reads it through /proc/PID/root and ignores the shim's proposed settings.
+    /// Trusted mode (Kubernetes): the daemon reads a tenant's quota from
+    /// /etc/vgpu/vgpu.conf through /proc/PID/root (ADR 0042), else from this path inside
+    /// the container, and ignores the shim's proposed settings.
     #[arg(long)]
     trusted_quota_file: Option<PathBuf>,
     /// Keep operators' live settings (vgpuctl set) in this file across restarts.
