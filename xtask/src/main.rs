@@ -16,6 +16,8 @@
 //! - `demo`: the main demo: `vgpu-daemon` on a simulated node, four tenants under the
 //!   shim with different compute shares, policies and memory quotas, their achieved
 //!   shares measured by the simulator and by the daemon; see `docs/demo.md`.
+//! - `hostile`: the adversarial suite alone (`HOSTILE_TESTS`: what a hostile tenant
+//!   tries, each a real-process test; `ci` runs them with every other test).
 //! - `layout`: structure counts (import cycles among a crate's files, files over 800
 //!   lines, primitives defined in more than one file).
 
@@ -51,6 +53,21 @@ const TIMING_TESTS: &[&str] = &[
     "ebpf_daemon",
     "gate",
     "kubelet",
+];
+
+/// The adversarial suite (issue 39): each attack a tenant can make on its quota or on the
+/// node, as real processes; a module name (every test in it) or a module's test by path.
+/// docs/testing.md lists what each one tries.
+const HOSTILE_TESTS: &[&str] = &[
+    "hostile_quota",
+    "shim_hostile_region",
+    "flood",
+    "second_line",
+    "ebpf_fail_closed",
+    "registration::the_memory_quota_shown_is_the_files_never_the_one_the_tenant_wrote",
+    "registration::what_hellos_naming_made_up_gpus_leave_behind_is_bounded",
+    "registration::connections_per_tenant_are_capped_and_a_refusal_keeps_nothing",
+    "peers::a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_and_says_so",
 ];
 
 fn root() -> PathBuf {
@@ -189,7 +206,8 @@ impl Run {
     }
 
     /// The test command over the whole workspace (`files`: only the tests of these
-    /// integration test files, by name; the names are unique across the workspace). Under
+    /// integration test files, by name, the names unique across the workspace, or single
+    /// tests by their path `file::test`). Under
     /// nextest only: each test its own process (a few tests set their process's
     /// environment, and the integration tests of a crate are one binary, ADR 0045);
     /// without it the step fails, saying how to install it.
@@ -215,7 +233,13 @@ impl Run {
             // others (ebpf's gate.rs) are binaries of their own.
             let expr: Vec<String> = files
                 .iter()
-                .map(|f| format!("(kind(test) & (binary({f}) | test(/^{f}::/)))"))
+                .map(|f| {
+                    if f.contains("::") {
+                        format!("(kind(test) & test(={f}))")
+                    } else {
+                        format!("(kind(test) & (binary({f}) | test(/^{f}::/)))")
+                    }
+                })
                 .collect();
             c.args(["-E", &expr.join(" | ")]);
         }
@@ -360,6 +384,27 @@ fn busy() -> Result<()> {
     r.finish()
 }
 
+/// `hostile`: the adversarial suite, nothing else.
+fn hostile() -> Result<()> {
+    let mut r = Run::new()?;
+    r.timed("sim", |r| {
+        if let Err(e) = sim() {
+            r.f.step("sim", format!("{e:#}"));
+        }
+        if let Err(e) = prereq::nextest(cargo) {
+            r.f.step("prerequisites", format!("{e:#}"));
+        } else {
+            r.nextest = true;
+        }
+        Ok(())
+    })?;
+    r.timed("hostile", |r| {
+        let tests = r.tests(HOSTILE_TESTS);
+        run_tests("hostile", tests, &mut r.f, &mut r.counts)
+    })?;
+    r.finish()
+}
+
 /// Builds the timing tests (nothing after `ci`'s build step), then runs them with the hogs
 /// alongside (the build is not slowed down by them).
 fn busy_tests(r: &mut Run) -> Result<()> {
@@ -408,8 +453,11 @@ fn main() -> Result<()> {
         "sim" => sim().map(|_| ()),
         "ci" => ci(),
         "busy" => busy(),
+        "hostile" => hostile(),
         "demo" => demo(),
         "layout" => layout::layout(&root()),
-        other => bail!("unknown task {other:?}: expected `sim`, `ci`, `busy`, `demo` or `layout`"),
+        other => bail!(
+            "unknown task {other:?}: expected `sim`, `ci`, `busy`, `hostile`, `demo` or `layout`"
+        ),
     }
 }
