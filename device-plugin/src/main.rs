@@ -55,7 +55,7 @@ async fn health_cmd(args: HealthArgs) -> Result<()> {
         println!("{}", inv.to_json());
         tokio::select! {
             r = rx.changed() => r.context("the NVML monitor stopped")?,
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = shutdown_signal() => return Ok(()),
         }
     }
 }
@@ -217,6 +217,42 @@ impl RunArgs {
     }
 }
 
+/// Resolves on SIGTERM (kubelet stopping the pod) or SIGINT (Ctrl-C). Where a handler
+/// cannot be installed, that signal keeps its default action.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let wait = |kind: SignalKind, name: &'static str| async move {
+        match signal(kind) {
+            Ok(mut s) => {
+                s.recv().await;
+                tracing::info!("{name} received");
+            }
+            Err(e) => {
+                tracing::warn!("cannot handle {name}: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = wait(SignalKind::terminate(), "SIGTERM") => {}
+        () = wait(SignalKind::interrupt(), "SIGINT") => {}
+    }
+}
+
+/// Removes the plugin's socket in kubelet's directory at exit (kubelet sees the plugin
+/// gone at once); nothing else the plugin wrote is removed: allocation directories
+/// belong to running containers (docs/install.md, uninstall).
+fn remove_socket(path: &std::path::Path) {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match std::fs::remove_file(path) {
+            Ok(()) => tracing::info!(socket = %path.display(), "socket removed"),
+            Err(e) => tracing::warn!(socket = %path.display(), "cannot remove the socket: {e}"),
+        },
+        _ => {}
+    }
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -241,11 +277,12 @@ fn main() -> std::process::ExitCode {
             Some(Cmd::Health(h)) => health_cmd(h).await,
             None => {
                 let cfg = cli.run.config()?;
-                vgpu_device_plugin::run::run(cfg, async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
-                .await
-                .map_err(anyhow::Error::from)
+                let socket = cfg.device_plugin_dir.join(&cfg.socket_name);
+                let r = vgpu_device_plugin::run::run(cfg, shutdown_signal())
+                    .await
+                    .map_err(anyhow::Error::from);
+                remove_socket(&socket);
+                r
             }
         }
     });

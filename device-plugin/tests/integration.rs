@@ -7,6 +7,7 @@ mod binary;
 mod kubelet;
 mod kubelet_fine;
 mod kubelet_topology;
+mod lifecycle;
 mod nvml_health;
 mod topology;
 
