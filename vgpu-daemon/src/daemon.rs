@@ -1,7 +1,9 @@
 //! The node's state: tenants (containers), their processes (connections), one
-//! [`Scheduler`] per GPU with a timer thread, and the NVML observations.
+//! [`Arbiter`] per GPU and one timer thread for all of them, and the NVML observations.
+//! The daemon carries out what the arbiters decide ([`execute`]): it stores grant words,
+//! sends messages and reads claims; it decides nothing about grants itself.
 //!
-//! One mutex guards tenants, connections and schedulers together: events are few
+//! One mutex guards tenants, connections and arbiters together: events are few
 //! (hundreds per second per GPU) and every one of them touches all three, so a single
 //! short critical section is both simplest and fastest. No I/O happens under it except
 //! non-blocking channel sends and futex wakes.
@@ -21,12 +23,12 @@ use vgpu_core::container_quota::same_gpu;
 use vgpu_core::sched_proto::{ComputeSettings, ContainerIdent, DaemonMsg, PROTO_VERSION};
 use vgpu_sys::mono_ns;
 
+use crate::arbiter::{Arbiter, Effect, Event, Params, TenantId};
 use crate::board::Board;
 use crate::model::{
     ContainerHealth, Gpu, GpuObservation, GpuProcess, NodeSnapshot, SettingsChange, SettingsSource,
     SliceState, Tenant, TenantGpu,
 };
-use crate::time_slicing::{Action, Params, Scheduler, TenantId};
 
 mod fallback;
 mod refusals;
@@ -228,29 +230,12 @@ struct TenantRec {
     conns: HashSet<u64>,
 }
 
-#[derive(Debug, Default)]
-struct Drain {
-    generation: u32,
-    tenant: TenantId,
-    /// Connections still to report.
-    pending: HashSet<u64>,
-    end: u64,
-    /// Device time the reporting processes measured (None once one did not measure).
-    busy: Option<u64>,
-    /// Kernels they launched under the grant.
-    launches: u64,
-    waiting: bool,
-}
-
+/// One GPU: its arbiter, and when it asked to be ticked next.
 #[derive(Debug)]
 struct GpuRec {
-    sched: Scheduler,
-    /// The tenants granted the GPU (the holder, and co-holders beside it), with their
-    /// grants' generations.
-    grants: BTreeMap<TenantId, u32>,
-    /// Drains to be reported, by tenant: a revoked holder's or co-holder's (also one the
-    /// GPU went on from), or a yield some of the tenant's processes reported.
-    drains: BTreeMap<TenantId, Drain>,
+    arbiter: Arbiter,
+    /// The arbiter's latest [`Effect::WakeAt`].
+    wake_at: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -444,8 +429,15 @@ impl Daemon {
     /// recent time (0..=1), by a group of CFS period `period_ns`, on every GPU it uses.
     pub fn note_stopped(&self, tid: TenantId, stopped: f64, period_ns: Option<u64>) {
         let mut g = self.lock();
-        for r in g.gpus.values_mut() {
-            r.sched.note_stopped(tid, stopped, period_ns);
+        let now = mono_ns();
+        let uuids: Vec<String> = g.gpus.keys().cloned().collect();
+        for u in uuids {
+            let event = Event::Stopped {
+                tenant: tid,
+                stopped,
+                period_ns,
+            };
+            execute(&mut g, &u, event, now);
         }
     }
 
@@ -465,19 +457,14 @@ impl Daemon {
             let mut next = u64::MAX;
             // Before deciding on a tenant's absence, what the tenants sent is looked at (not
             // read).
-            let unread = if g.gpus.values().any(|r| r.sched.absence_due(now)) {
+            let unread = if g.gpus.values().any(|r| r.arbiter.absence_due(now)) {
                 unread_tenants(&g)
             } else {
                 BTreeSet::new()
             };
             for u in uuids {
-                look_at_claim(&mut g, &u, now);
-                let acts = match g.gpus.get_mut(&u) {
-                    Some(r) => r.sched.tick_unread(now, &unread),
-                    None => continue,
-                };
-                apply(&mut g, &u, acts, now);
-                if let Some(dl) = g.gpus.get(&u).and_then(|r| r.sched.next_deadline()) {
+                execute(&mut g, &u, Event::Tick { unread: &unread }, now);
+                if let Some(dl) = g.gpus.get(&u).and_then(|r| r.wake_at) {
                     next = next.min(dl);
                 }
             }
@@ -495,8 +482,8 @@ impl Daemon {
     }
 
     /// Watches connection `conn`'s socket (`fd`, a duplicate) for input the daemon has
-    /// not read yet: the scheduler looks at it before deciding on a tenant's absence
-    /// ([`Scheduler::tick_unread`]).
+    /// not read yet: the arbiter looks at it before deciding on a tenant's absence
+    /// ([`Event::Tick`]).
     pub fn watch_input(&self, conn: u64, fd: OwnedFd) {
         if let Some(c) = self.lock().conns.get_mut(&conn) {
             c.input = Some(fd);
@@ -522,49 +509,37 @@ impl Daemon {
 
     /// A process has launches blocked on its GPU `gpu` since `since_ns` (its shim's
     /// clock reading when the launcher blocked; believed within
-    /// [`crate::time_slicing::MAX_DEMAND_AGE_NS`]).
+    /// [`crate::arbiter::MAX_DEMAND_AGE_NS`]).
     pub fn demand(&self, conn: u64, gpu: u32, since_ns: Option<u64>) -> Result<(), DaemonError> {
         // Read under the lock (see `released`).
         let mut g = self.lock();
         let now = mono_ns();
-        let asked = crate::time_slicing::demand_time(since_ns, now);
         let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
             return Ok(());
         };
-        let Some(rec) = g.gpus.get_mut(&uuid) else {
-            return Ok(());
+        let event = Event::Demand {
+            tenant: tid,
+            conn,
+            since_ns,
         };
-        let mut acts = Vec::new();
-        // A process that yielded its tenant's grant wants it back: if every process of
-        // the tenant has yielded (the slice is being released), re-queue the tenant. The
-        // same for a holder the GPU went on from: a report that says nothing is blocked
-        // may come after this demand.
-        if let Some(d) = rec.drains.get_mut(&tid) {
-            d.waiting = true;
-            // This process yielded the grant in force and asks again while others of
-            // its tenant hold on (a partial yield): it may not launch under that grant
-            // any more, so the slice ends now and the tenant is granted again.
-            if rec.grants.get(&tid) == Some(&d.generation) && !d.pending.contains(&conn) {
-                let g = d.generation;
-                acts.extend(rec.sched.end_slice(tid, g, now));
-            }
-        }
-        acts.extend(rec.sched.demand_asked(tid, asked, now));
-        apply(&mut g, &uuid, acts, now);
+        execute(&mut g, &uuid, event, now);
         drop(g);
         self.timer.notify_all();
         Ok(())
     }
 
     /// A process yielded grant `generation` on its GPU `gpu` at its expiry (ADR 0036):
-    /// counted once per grant ([`Scheduler::note_expired`]). Its drain report follows,
-    /// and [`Daemon::released`] answers a GPU index the process did not register.
+    /// counted once per grant ([`Event::Expired`]). Its drain report follows, and
+    /// [`Daemon::released`] answers a GPU index the process did not register.
     pub fn expired(&self, conn: u64, gpu: u32, generation: u32) {
         let mut g = self.lock();
-        if let Ok(Some((uuid, tid))) = self.conn_gpu(&g, conn, gpu)
-            && let Some(rec) = g.gpus.get_mut(&uuid)
-        {
-            rec.sched.note_expired(tid, generation);
+        let now = mono_ns();
+        if let Ok(Some((uuid, tid))) = self.conn_gpu(&g, conn, gpu) {
+            let event = Event::Expired {
+                tenant: tid,
+                generation,
+            };
+            execute(&mut g, &uuid, event, now);
         }
     }
 
@@ -588,7 +563,7 @@ impl Daemon {
         let Some((uuid, tid)) = self.conn_gpu(&g, conn, gpu)? else {
             return Ok(());
         };
-        let tenant_conns: HashSet<u64> = g
+        let procs: HashSet<u64> = g
             .by_id
             .get(&tid)
             .and_then(|k| g.tenants.get(k))
@@ -600,38 +575,17 @@ impl Daemon {
                     .collect()
             })
             .unwrap_or_default();
-        let Some(rec) = g.gpus.get_mut(&uuid) else {
-            return Ok(());
+        let event = Event::DrainReport {
+            tenant: tid,
+            conn,
+            generation,
+            end_ns,
+            busy_ns,
+            launches,
+            waiting,
+            procs: &procs,
         };
-        let d = match rec.drains.get_mut(&tid) {
-            Some(d) if d.generation == generation => d,
-            Some(_) => return Ok(()),
-            // A yield of the grant in force: every process of the tenant reports it.
-            None if rec.grants.get(&tid) == Some(&generation) => {
-                rec.drains.entry(tid).or_insert(Drain {
-                    generation,
-                    tenant: tid,
-                    pending: tenant_conns,
-                    end: 0,
-                    busy: Some(0),
-                    launches: 0,
-                    waiting: false,
-                })
-            }
-            None => return Ok(()),
-        };
-        d.report(conn, end_ns, busy_ns, launches, waiting);
-        let acts = finish_drain(rec, tid, now);
-        if !rec.drains.contains_key(&tid) {
-            // Released (a yield leaves the word held): no process of the tenant may
-            // launch under this generation any more, including one registering later.
-            if let Some(t) = g.by_id.get(&tid).and_then(|k| g.tenants.get(k))
-                && let Some(r) = t.gpus.get(&uuid)
-            {
-                t.board.set(r.word, generation, false);
-            }
-        }
-        apply(&mut g, &uuid, acts, now);
+        execute(&mut g, &uuid, event, now);
         drop(g);
         self.timer.notify_all();
         Ok(())
@@ -779,19 +733,12 @@ impl Daemon {
             None => return,
         };
         for uuid in &gpus {
-            let Some(rec) = g.gpus.get_mut(uuid) else {
-                continue;
+            let event = Event::ConnectionClosed {
+                tenant: tid,
+                conn,
+                last,
             };
-            let mut acts = Vec::new();
-            if last {
-                rec.grants.remove(&tid);
-                rec.drains.remove(&tid);
-                acts.extend(rec.sched.remove(tid, now));
-            } else if let Some(d) = rec.drains.get_mut(&tid) {
-                d.closed(conn, now);
-                acts.extend(finish_drain(rec, tid, now));
-            }
-            apply(&mut g, uuid, acts, now);
+            execute(&mut g, uuid, event, now);
         }
         if last {
             g.tenants.remove(&key);
@@ -869,10 +816,11 @@ impl Daemon {
                     });
                 }
             }
-            if let Some(rec) = inner.gpus.get_mut(uuid) {
-                let acts = rec.sched.set_settings(tid, *s, now);
-                apply(inner, uuid, acts, now);
-            }
+            let event = Event::SettingsChanged {
+                tenant: tid,
+                settings: *s,
+            };
+            execute(inner, uuid, event, now);
         }
         let ov = inner.overrides.entry(tenant.to_owned()).or_default();
         for (uuid, st) in &changed {
@@ -961,7 +909,7 @@ impl Daemon {
                     .gpus
                     .iter()
                     .map(|(uuid, r)| {
-                        let st = g.gpus.get(uuid).and_then(|x| x.sched.stats(t.id, now));
+                        let st = g.gpus.get(uuid).and_then(|x| x.arbiter.stats(t.id, now));
                         TenantGpu {
                             uuid: uuid.clone(),
                             settings: r.settings,
@@ -1023,7 +971,7 @@ impl Daemon {
                 observed: o.clone(),
                 processes,
                 bypass_pids,
-                scheduled_ns: g.gpus.get(&o.uuid).map_or(0, |r| r.sched.scheduled_ns()),
+                scheduled_ns: g.gpus.get(&o.uuid).map_or(0, |r| r.arbiter.scheduled_ns()),
                 holder: holder_key(&g, &o.uuid),
             });
         }
@@ -1039,7 +987,7 @@ impl Daemon {
                 },
                 processes: Vec::new(),
                 bypass_pids: Vec::new(),
-                scheduled_ns: r.sched.scheduled_ns(),
+                scheduled_ns: r.arbiter.scheduled_ns(),
                 holder: holder_key(&g, uuid),
             });
         }
@@ -1089,203 +1037,135 @@ fn unread_tenants(g: &Inner) -> BTreeSet<TenantId> {
 }
 
 fn holder_key(g: &Inner, uuid: &str) -> Option<String> {
-    let id = g.gpus.get(uuid)?.sched.holder()?;
+    let id = g.gpus.get(uuid)?.arbiter.holder()?;
     g.by_id.get(&id).cloned()
 }
 
-impl Drain {
-    /// Process `conn` reports the drain (or a yield).
-    fn report(
-        &mut self,
-        conn: u64,
-        end_ns: u64,
-        busy_ns: Option<u64>,
-        launches: u64,
-        waiting: bool,
-    ) {
-        self.pending.remove(&conn);
-        self.end = self.end.max(end_ns);
-        // The tenant's processes share the slice: their busy times add up (the
-        // scheduler bounds the sum by the slice).
-        self.busy = self.busy.zip(busy_ns).map(|(a, b)| a.saturating_add(b));
-        self.launches = self.launches.saturating_add(launches);
-        self.waiting |= waiting;
-    }
-
-    /// Process `conn` closed its connection before reporting.
-    fn closed(&mut self, conn: u64, now: u64) {
-        if self.pending.remove(&conn) {
-            self.end = self.end.max(now);
-            // What the closed process ran is unknown: the slice is charged whole.
-            self.busy = None;
-        }
-    }
-
-    /// Hands a complete drain to the scheduler.
-    fn settle(self, sched: &mut Scheduler, now: u64) -> Vec<Action> {
-        let end = if self.end == 0 { now } else { self.end };
-        sched.note_launches(self.tenant, self.busy, self.launches);
-        sched.release(
-            self.tenant,
-            self.generation,
-            end,
-            self.busy,
-            self.waiting,
-            now,
-        )
-    }
-}
-
-/// Completes tenant `tid`'s drain once every process of it has reported.
-fn finish_drain(rec: &mut GpuRec, tid: TenantId, now: u64) -> Vec<Action> {
-    if rec.drains.get(&tid).is_none_or(|d| !d.pending.is_empty()) {
-        return Vec::new();
-    }
-    let d = rec.drains.remove(&tid).expect("checked above");
-    if rec.grants.get(&tid) == Some(&d.generation) {
-        rec.grants.remove(&tid);
-    }
-    d.settle(&mut rec.sched, now)
-}
-
-/// Where tenant `tid`'s grant word for GPU `uuid` is: its board and the word's index.
-fn board_word<'a>(g: &'a Inner, uuid: &str, tid: TenantId) -> Option<(&'a Board, usize)> {
+/// Tenant `tid` and the index of its grant word for GPU `uuid` (None: it has no word there,
+/// or it left).
+fn tenant_word<'a>(g: &'a Inner, uuid: &str, tid: TenantId) -> Option<(&'a TenantRec, usize)> {
     let t = g.tenants.get(g.by_id.get(&tid)?)?;
-    Some((&t.board, t.gpus.get(uuid)?.word))
+    Some((t, t.gpus.get(uuid)?.word))
 }
 
-/// Looks at the claim of a holder that has not claimed its grant when the scheduler asks
-/// ([`Scheduler::claim_due`], ADR 0030): claimed, the scheduler is told; not, the grant
-/// is withdrawn (and [`apply`] reads the claim again after storing the revocation).
-fn look_at_claim(g: &mut Inner, uuid: &str, now: u64) {
-    let Some((tid, generation)) = g.gpus.get(uuid).and_then(|r| r.sched.claim_due(now)) else {
+/// Hands `event` to GPU `uuid`'s arbiter and carries out its effects, in order. An effect
+/// that reads (a claim) is answered with an event at once, and the effects of the answer
+/// are carried out before the rest.
+fn execute(g: &mut Inner, uuid: &str, event: Event<'_>, now: u64) {
+    let mut todo = VecDeque::new();
+    if !decide(g, uuid, event, now, &mut todo) {
         return;
-    };
-    // A tenant without a board (leaving) counts as claimed: nothing to withdraw.
-    let claimed = board_word(g, uuid, tid).is_none_or(|(b, w)| b.claimed(w, generation));
+    }
+    while let Some(e) = todo.pop_front() {
+        if let Some(answer) = carry_out(g, uuid, e) {
+            decide(g, uuid, answer, now, &mut todo);
+        }
+    }
+}
+
+/// Asks GPU `uuid`'s arbiter about `event`; its effects go first in `todo`, its wake-up
+/// time is kept. False: no such GPU.
+fn decide(
+    g: &mut Inner,
+    uuid: &str,
+    event: Event<'_>,
+    now: u64,
+    todo: &mut VecDeque<Effect>,
+) -> bool {
     let Some(rec) = g.gpus.get_mut(uuid) else {
-        return;
+        return false;
     };
-    if claimed {
-        rec.sched.claimed(tid, generation);
-        return;
-    }
-    let acts = rec.sched.withdraw(tid, generation, now);
-    apply(g, uuid, acts, now);
-}
-
-/// Carries out a scheduler's decisions: board words, then messages.
-fn apply(g: &mut Inner, uuid: &str, acts: Vec<Action>, now: u64) {
-    for a in acts {
-        let (tid, generation, held) = match a {
-            Action::Grant { tenant, generation } => (tenant, generation, true),
-            Action::Revoke { tenant, generation } => (tenant, generation, false),
-        };
-        let Some(key) = g.by_id.get(&tid).cloned() else {
-            continue;
-        };
-        let Some(t) = g.tenants.get(&key) else {
-            continue;
-        };
-        let Some(r) = t.gpus.get(uuid) else {
-            continue;
-        };
-        t.board.set(r.word, generation, held);
-        // After the revocation's store: a claim that does not name the grant means no
-        // process launched under it (ADR 0030).
-        let unclaimed = !held && !t.board.claimed(r.word, generation);
-        // Read after the claim: the time the tenant stored before it.
-        let claimed_at = (!held && !unclaimed).then(|| t.board.claimed_at(r.word));
-        debug!(tenant = %key, gpu = %uuid, generation, held, unclaimed, "grant word");
-        // Every grant names its bound (ADR 0032), since the shims take the `Welcome`'s as
-        // the deepest; 0 is unbounded, which the `Welcome` said.
-        let queue_ahead_us = held
-            .then(|| {
-                g.gpus
-                    .get(uuid)
-                    .and_then(|rec| rec.sched.queue_ahead_ns(tid))
-            })
-            .flatten()
-            .filter(|ns| *ns > 0)
-            .map(|ns| (ns / 1000).max(1));
-        let conns: Vec<u64> = t
-            .conns
-            .iter()
-            .copied()
-            .filter(|c| g.conns.get(c).is_some_and(|c| c.uses(uuid)))
-            .collect();
-        for c in &conns {
-            let conn = &g.conns[c];
-            let i = conn.index_of(uuid).unwrap_or(0);
-            let gpu = u32::try_from(i).unwrap_or(0);
-            let msg = if held {
-                DaemonMsg::Grant {
-                    gpu,
-                    generation,
-                    queue_ahead_us,
-                }
-            } else {
-                DaemonMsg::Revoke { gpu, generation }
-            };
-            if conn.out.send(msg).is_err() {
-                warn!(conn = c, "writer gone");
-            }
-        }
-        let Some(rec) = g.gpus.get_mut(uuid) else {
-            continue;
-        };
-        if let Some(at) = claimed_at {
-            rec.sched.claimed_at(tid, generation, at, now);
-        }
-        if held {
-            rec.grants.insert(tid, generation);
-        } else {
-            // Some of the tenant's processes may have yielded this grant already (a
-            // partial yield): their reports stand, and they will not report it again
-            // (their shims drained it), so the drain waits only for the others. A new
-            // drain in its place waited for the drain timeout.
-            match rec.drains.get(&tid) {
-                Some(d) if d.generation == generation => {}
-                _ => {
-                    rec.drains.insert(
-                        tid,
-                        Drain {
-                            generation,
-                            tenant: tid,
-                            pending: conns.into_iter().collect(),
-                            end: 0,
-                            busy: Some(0),
-                            launches: 0,
-                            waiting: false,
-                        },
-                    );
-                }
-            }
-            // No process to drain: the GPU is free now.
-            let mut more = finish_drain(rec, tid, now);
-            // Nothing launched: the GPU goes on without waiting for the report.
-            if unclaimed {
-                more.extend(rec.sched.unclaimed(tid, generation, now));
-            }
-            apply(g, uuid, more, now);
+    for e in rec.arbiter.on(event, now).into_iter().rev() {
+        match e {
+            Effect::WakeAt(at) => rec.wake_at = at,
+            e => todo.push_front(e),
         }
     }
-    publish_expiries(g, uuid);
+    true
 }
 
-/// Writes beside the grant words of the tenants granted `uuid` when their grants expire
-/// ([`Scheduler::expiry`]; 0: they do not), after every decision: a new waiter, a
-/// renewal or a new grant may have moved it (ADR 0036). Only the granted tenants' words:
-/// an expiry beside a word that is not held, or that names another generation, is not
+/// Carries out one effect on GPU `uuid`: board words, then messages; the answer of a
 /// read.
-fn publish_expiries(g: &Inner, uuid: &str) {
-    let Some(rec) = g.gpus.get(uuid) else {
-        return;
-    };
-    for (tid, generation) in &rec.grants {
-        let (generation, at) = rec.sched.expiry(*tid).unwrap_or((*generation, 0));
-        if let Some((b, w)) = board_word(g, uuid, *tid) {
-            b.set_expiry(w, generation, at);
+fn carry_out(g: &Inner, uuid: &str, e: Effect) -> Option<Event<'static>> {
+    match e {
+        Effect::Grant {
+            tenant,
+            generation,
+            queue_ahead_ns,
+        } => {
+            let (t, word) = tenant_word(g, uuid, tenant)?;
+            t.board.set(word, generation, true);
+            debug!(tenant = %t.ident.key, gpu = %uuid, generation, held = true, "grant word");
+            // 0 is unbounded, which the `Welcome` said.
+            let queue_ahead_us = (queue_ahead_ns > 0).then(|| (queue_ahead_ns / 1000).max(1));
+            send(g, t, uuid, |gpu| DaemonMsg::Grant {
+                gpu,
+                generation,
+                queue_ahead_us,
+            });
+            None
         }
+        Effect::Revoke { tenant, generation } => {
+            let (t, word) = tenant_word(g, uuid, tenant)?;
+            t.board.set(word, generation, false);
+            // After the revocation's store: a claim that does not name the grant means no
+            // process launched under it (ADR 0030). Read after the claim: the time the
+            // tenant stored before it.
+            let claimed_at = t
+                .board
+                .claimed(word, generation)
+                .then(|| t.board.claimed_at(word));
+            let unclaimed = claimed_at.is_none();
+            debug!(tenant = %t.ident.key, gpu = %uuid, generation, held = false, unclaimed, "grant word");
+            let procs = send(g, t, uuid, |gpu| DaemonMsg::Revoke { gpu, generation });
+            Some(Event::RevokeStored {
+                tenant,
+                generation,
+                claimed_at,
+                procs,
+            })
+        }
+        Effect::Release { tenant, generation } => {
+            let (t, word) = tenant_word(g, uuid, tenant)?;
+            t.board.set(word, generation, false);
+            None
+        }
+        Effect::Expiry {
+            tenant,
+            generation,
+            at,
+        } => {
+            let (t, word) = tenant_word(g, uuid, tenant)?;
+            t.board.set_expiry(word, generation, at);
+            None
+        }
+        Effect::LookAtClaim { tenant, generation } => {
+            // A tenant without a word (leaving) counts as claimed: nothing to withdraw.
+            let claimed = tenant_word(g, uuid, tenant)
+                .is_none_or(|(t, word)| t.board.claimed(word, generation));
+            Some(Event::ClaimSeen {
+                tenant,
+                generation,
+                claimed,
+            })
+        }
+        Effect::WakeAt(_) => None,
     }
+}
+
+/// Sends `msg` (for the process's index of GPU `uuid`) to each process of tenant `t` that
+/// uses the GPU; returns them.
+fn send(g: &Inner, t: &TenantRec, uuid: &str, msg: impl Fn(u32) -> DaemonMsg) -> HashSet<u64> {
+    let mut procs = HashSet::new();
+    for c in &t.conns {
+        let Some(conn) = g.conns.get(c).filter(|conn| conn.uses(uuid)) else {
+            continue;
+        };
+        let gpu = u32::try_from(conn.index_of(uuid).unwrap_or(0)).unwrap_or(0);
+        if conn.out.send(msg(gpu)).is_err() {
+            warn!(conn = c, "writer gone");
+        }
+        procs.insert(*c);
+    }
+    procs
 }

@@ -1,11 +1,13 @@
 //! `vgpu-daemon`: the node daemon. It time-slices kernels between containers by share,
-//! policy and priority (one scheduler per GPU, fed by the shims' launch gates), measures
+//! policy and priority (one arbiter per GPU, fed by the shims' launch gates), measures
 //! the GPU time each container really used, watches the GPUs through NVML, reconciles
 //! what the shims report with what the driver reports, and exports per-pod usage.
 //!
-//! - [`time_slicing`]: the per-GPU time-slice scheduler, pure (no I/O, explicit clock).
+//! - [`arbiter`]: each GPU's grant protocol, one pure state machine (events in, effects
+//!   out, explicit clock): who holds the GPU, for how long, and what it is charged.
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
-//! - [`daemon`]: the node's state: tenants, processes, one scheduler thread per GPU.
+//! - [`daemon`]: the node's state: tenants, processes, one arbiter per GPU, and one timer
+//!   thread for all of them; it carries out the arbiters' effects.
 //! - [`server`]: the shims' unix socket (peer credentials, framing, registration).
 //! - [`connections`]: the caps on that socket per node, container and UID, the descriptor
 //!   limit they need, the back-off after an accept error (pure), and their counters.
@@ -34,6 +36,7 @@
 #![allow(unsafe_code)]
 
 pub mod api;
+pub mod arbiter;
 pub mod board;
 pub mod columns;
 pub mod connections;
@@ -51,5 +54,8 @@ pub mod run;
 pub mod second_line;
 pub mod server;
 pub mod stopped;
-pub mod time_slicing;
 pub mod top;
+
+/// The arbiter's former name, for the callers that still use it.
+#[doc(hidden)]
+pub use arbiter as time_slicing;

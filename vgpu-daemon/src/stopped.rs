@@ -4,7 +4,7 @@
 //! and arithmetic in [`vgpu_core::cpu_cgroup`]), and those of the groups above it (a
 //! pod's limit stops all its containers), and hands the part of the interval the
 //! process was stopped ([`stopped_between`]) to the scheduler
-//! ([`crate::time_slicing::Scheduler::note_stopped`]), which co-holds tenants that cannot
+//! ([`crate::arbiter::Event::Stopped`]), which co-holds tenants that cannot
 //! fill the GPU (ADR 0029). The kernel's figure, not the tenant's: a container cannot
 //! make itself look stopped. A group the daemon cannot see (another cgroup namespace, no
 //! `cpu` controller, no bandwidth statistics) reads as never stopped.
@@ -19,8 +19,8 @@ use vgpu_core::cpu_cgroup::{
     Bandwidth, CpuController, bandwidth, choose_cpu_controller, quota_ns, stopped_part,
 };
 
+use crate::arbiter::TenantId;
 use crate::daemon::Daemon;
-use crate::time_slicing::TenantId;
 
 /// How often the groups are read.
 pub const INTERVAL: Duration = Duration::from_millis(250);

@@ -1,7 +1,7 @@
-//! GPU time slicing: one GPU's scheduler, who may launch kernels and for how long.
+//! One GPU's scheduler, who may launch kernels and for how long: the arbiter's core
+//! (the arbiter turns its [`Action`]s into effects and feeds it the tenants' reports).
 //! Pure: every input carries the time (`now`, CLOCK_MONOTONIC ns), every decision is
 //! returned as [`Action`]s, so the algorithm is unit-tested without threads or clocks.
-//! (Not the cluster's placement of pods on nodes: that is `vgpu_core::packing`.)
 //!
 //! The GPU runs one tenant at a time (time-slicing, as the hardware does between
 //! contexts), except that tenants which together leave it mostly idle hold it at once
@@ -46,10 +46,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 
+pub use super::TenantId;
 use crate::model::SliceState;
-
-/// A tenant on this GPU (assigned by the daemon).
-pub type TenantId = u64;
 
 /// How soon a lone holder's slice is looked at again when it was not renewed because
 /// another tenant had unread input ([`Scheduler::tick_unread`]), ns.
@@ -244,9 +242,9 @@ impl Default for Params {
     }
 }
 
-/// A decision for the daemon to carry out.
+/// A decision for the arbiter to carry out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Give the GPU to `tenant` under generation `generation`.
     Grant {
         /// Tenant.
@@ -475,7 +473,7 @@ enum St {
 
 /// One GPU's scheduler.
 #[derive(Debug)]
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     p: Params,
     tenants: BTreeMap<TenantId, T>,
     st: St,
@@ -519,6 +517,7 @@ impl Scheduler {
         }
     }
 
+    #[cfg(test)]
     /// The tunables.
     pub fn params(&self) -> Params {
         self.p
@@ -588,6 +587,7 @@ impl Scheduler {
         out
     }
 
+    #[cfg(test)]
     /// Whether the tenant is known.
     pub fn contains(&self, id: TenantId) -> bool {
         self.tenants.contains_key(&id)
@@ -612,6 +612,7 @@ impl Scheduler {
         out
     }
 
+    #[cfg(test)]
     /// A process of `id` has launches blocked (read now).
     pub fn demand(&mut self, id: TenantId, now: u64) -> Vec<Action> {
         self.demand_asked(id, now, now)
@@ -847,12 +848,14 @@ impl Scheduler {
         out
     }
 
+    #[cfg(test)]
     /// A revoked holder the GPU went on from, still to report its drain: (tenant,
     /// generation); the first by tenant if there are several.
     pub fn settling(&self) -> Option<(TenantId, u32)> {
         self.handed_on().map(|x| (x.t, x.generation))
     }
 
+    #[cfg(test)]
     /// A revoked holder the GPU went on from (not a co-holder), if any.
     fn handed_on(&self) -> Option<&Revoked> {
         self.settling.values().find(|x| !x.co)
@@ -883,6 +886,7 @@ impl Scheduler {
         }
     }
 
+    #[cfg(test)]
     /// A tenant's fill: device time over time held, of its recent grants (None: not
     /// measured yet).
     pub fn fill(&self, id: TenantId) -> Option<f64> {
@@ -1113,6 +1117,7 @@ impl Scheduler {
         out
     }
 
+    #[cfg(test)]
     /// Time passes: ends slices, times out drains, lets capped tenants back in.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         self.tick_unread(now, &BTreeSet::new())
@@ -1176,6 +1181,24 @@ impl Scheduler {
                 .min(),
         };
         st.into_iter().chain(settling).min()
+    }
+
+    /// The generation of `id`'s grant in force (held, not revoked): the holder's or a
+    /// co-holder's.
+    pub fn grant_of(&self, id: TenantId) -> Option<u32> {
+        match self.st {
+            St::Holding { t, generation, .. } if t == id => Some(generation),
+            _ => self.co.get(&id).map(|c| c.generation),
+        }
+    }
+
+    /// The grants in force (held, not revoked): the holder's, then the co-holders'.
+    pub fn granted(&self) -> Vec<(TenantId, u32)> {
+        let holder = match self.st {
+            St::Holding { t, generation, .. } => Some((t, generation)),
+            _ => None,
+        };
+        holder.into_iter().chain(self.co_holders()).collect()
     }
 
     /// The tenant holding (or draining) the GPU.

@@ -238,6 +238,7 @@ impl Daemon {
         let mut settings_out = Vec::new();
         let mut words = Vec::new();
         let mut not_granted = Vec::new();
+        let mut registered = Vec::new();
         for (i, ((reg, quota), (name, r))) in gpus
             .iter()
             .zip(quotas)
@@ -272,12 +273,11 @@ impl Daemon {
             rec.memory_quota = quota.or(rec.memory_quota);
             settings_out.push(rec.settings);
             words.push(u32::try_from(rec.word).unwrap_or(0));
-            let gpu = inner.gpus.entry(uuid.clone()).or_insert_with(|| GpuRec {
-                sched: Scheduler::new(self.cfg.params),
-                grants: BTreeMap::new(),
-                drains: BTreeMap::new(),
+            inner.gpus.entry(uuid.clone()).or_insert_with(|| GpuRec {
+                arbiter: Arbiter::new(self.cfg.params),
+                wake_at: None,
             });
-            gpu.sched.add(t.id, rec.settings, now);
+            registered.push((uuid.clone(), rec.settings));
         }
         if !not_granted.is_empty() {
             debug!(tenant = %ident.key, pid, ?not_granted, "GPUs not granted to the container: not scheduled");
@@ -285,6 +285,7 @@ impl Daemon {
         t.conns.insert(conn_id);
         let board = Arc::clone(&t.board);
         let tenant = t.ident.key.clone();
+        let tenant_id = t.id;
         inner.conns.insert(
             conn_id,
             Conn {
@@ -295,6 +296,13 @@ impl Daemon {
                 input: None,
             },
         );
+        for (uuid, settings) in registered {
+            let event = Event::Registered {
+                tenant: tenant_id,
+                settings,
+            };
+            execute(inner, &uuid, event, now);
+        }
         debug!(tenant = %tenant, pid, conn = conn_id, "process registered");
         if inner.detached.remove(&pid).is_some() {
             info!(tenant = %tenant, pid, "the process left its local fallback: registered again");

@@ -1,0 +1,3 @@
+//! The arbiter driven through [`Arbiter::on`] with an explicit clock.
+
+use super::*;
