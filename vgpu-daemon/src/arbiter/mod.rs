@@ -7,9 +7,15 @@
 //!
 //! What a share means, how a grant moves and what is measured: `docs/scheduler.md`.
 //!
-//! - [`stride`]: who holds the GPU and for how long (stride scheduling over measured
-//!   device time, co-holding, hand-on, claims, expiries), per tenant.
-//! - [`reports`]: a drain as the tenant's processes report it, one report per process,
+//! - [`params`]: the tunables and the constants the rules are built on.
+//! - [`rules`]: the arithmetic (charges, slice and queue lengths, hand-on delays, which
+//!   tenants fit together), pure functions of numbers.
+//! - [`tenant`]: what the scheduler knows of one tenant, and what it shows of it.
+//! - `stride`: the scheduler's state (who holds, who drains, who is co-held) and its
+//!   entry points; its rules by concern: `choice` (who goes next: stride scheduling over
+//!   measured device time), `drains` (revokes, hand-on, the report that settles a grant),
+//!   `co_holding`, `claims`, `timer` (slices' ends, drain timeouts, expiries).
+//! - `reports`: a drain as the tenant's processes report it, one report per process,
 //!   summed for the scheduler once all have reported.
 //!
 //! State is kept once: the grants in force and the revoked grants still to report are the
@@ -20,19 +26,30 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use vgpu_core::sched_proto::ComputeSettings;
 
+mod choice;
+mod claims;
+mod co_holding;
+mod drains;
+pub mod params;
 mod reports;
-pub(crate) mod stride;
+pub mod rules;
+mod stride;
+pub mod tenant;
+mod timer;
 
-use reports::Reports;
-pub use stride::{
+pub use params::{
     ALONE_EXPIRY_MARGINS, CLAIM_MIN_STOPPED, CO_HOLD_FILL_PCT_MEASURED, CO_HOLD_MIN_STOPPED,
     CO_REFRESH_SLICES, DEFAULT_CLAIM_TIMEOUT_NS, DEFAULT_CO_HOLD_FILL_PCT,
     DEFAULT_GRANT_EXPIRY_MARGIN_NS, DEFAULT_MAX_QUEUE_AHEAD_NS, DEFAULT_MAX_SLICE_QUANTA,
     MAX_DEMAND_AGE_NS, MAX_WITHDRAWN_IN_ROW, PREEMPTIBLE_QUEUE_AHEAD_NS, Params, QUEUE_PER_LAG,
-    RESERVATION_RECHECKS, SLICE_PER_LAG, TenantStats, UNREAD_RECHECK_NS, co_fits, deepened_queue,
-    demand_time, handoff_delay, next_look_after, slice_charge, stretched_slice,
+    RESERVATION_RECHECKS, SLICE_PER_LAG, UNREAD_RECHECK_NS, demand_time,
+};
+use reports::Reports;
+pub use rules::{
+    co_fits, deepened_queue, handoff_delay, next_look_after, slice_charge, stretched_slice,
 };
 use stride::{Action, Scheduler};
+pub use tenant::TenantStats;
 
 /// A tenant on this GPU (assigned by the daemon).
 pub type TenantId = u64;

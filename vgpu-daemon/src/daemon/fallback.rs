@@ -4,7 +4,11 @@
 //! the connection closes, and counts it (`vgpu_container_processes_in_fallback`) until
 //! the process registers again or exits.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use tracing::warn;
+
+use super::{Daemon, Inner};
 
 /// Most processes remembered in fallback (the oldest make room).
 const MAX_DETACHED: usize = 4096;
@@ -114,7 +118,7 @@ impl Daemon {
     }
 
     /// Forgets the processes in fallback that exited (at `now`, mono ns): they join the
-    /// exited ones, their tenant's for [`EXIT_GRACE_NS`] more.
+    /// exited ones, their tenant's for [`EXIT_GRACE_NS`](super::EXIT_GRACE_NS) more.
     pub(super) fn prune_detached(g: &mut Inner, now: u64) {
         let gone: Vec<u32> = g
             .detached

@@ -3,8 +3,10 @@
 //! the sum and the latest figures (also after the container leaves), for the metrics,
 //! the API and the device plugin's pod event.
 
+use tracing::debug;
+
 use super::registration::health_rec;
-use super::*;
+use super::{Daemon, DaemonError};
 use crate::model::MemoryRefusals;
 use vgpu_core::sched_proto::MemoryRefusal;
 

@@ -3,11 +3,26 @@
 //! (every check before the first change), and the per-container health record of
 //! refusals and reported fallbacks.
 
-use super::*;
-use vgpu_core::container_quota::{ContainerQuota, GpuGrant};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+use vgpu_core::container_quota::{ContainerQuota, GpuGrant, same_gpu};
 use vgpu_core::sched_proto::{
-    GpuRegistration, MAX_GPUS, MAX_OVERRIDDEN, MAX_OVERRIDDEN_LEN, MAX_REASON, NEVER_HELD_WORD,
+    ContainerIdent, DaemonMsg, GpuRegistration, MAX_GPUS, MAX_OVERRIDDEN, MAX_OVERRIDDEN_LEN,
+    MAX_REASON, NEVER_HELD_WORD, PROTO_VERSION,
 };
+use vgpu_sys::mono_ns;
+
+use super::{
+    Conn, Daemon, DaemonError, GpuRec, Inner, MAX_CONNECTIONS, MAX_CONNS_PER_TENANT,
+    MAX_CONTAINER_DIR, MAX_HEALTH_RECORDS, MAX_NAME, MAX_UNVERIFIED_GPUS, Outbox, Registered,
+    Resolved, TenantGpuRec, TenantRec, execute, valid_uuid,
+};
+use crate::arbiter::{Arbiter, Event};
+use crate::board::Board;
+use crate::model::{ContainerHealth, SettingsSource};
 
 impl Daemon {
     /// What each registered GPU gets, and the memory quota the daemon shows and meters

@@ -1,3 +1,0 @@
-//! The arbiter driven through [`Arbiter::on`] with an explicit clock.
-
-use super::*;
