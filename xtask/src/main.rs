@@ -35,39 +35,63 @@ use std::time::{Duration, Instant};
 
 use testrun::{Counts, Failures, Hogs, run_tests};
 
-/// The test targets that measure time or shares: what `busy` runs (every test that
-/// asserts a share, a latency or a deadline with real processes). By target name, unique
-/// across the workspace: `vgpu-daemon`'s scheduling, metrics, peers, hand_on and claims;
-/// `vgpu-tests`' cuda_sim, shim, shim_exit, shim_hostile_region and ebpf_daemon;
-/// `vgpu-ebpf`'s gate; `vgpu-device-plugin`'s kubelet.
-const TIMING_TESTS: &[&str] = &[
-    "scheduling",
-    "metrics",
-    "peers",
-    "hand_on",
-    "claims",
-    "cuda_sim",
-    "shim",
-    "shim_exit",
-    "shim_hostile_region",
-    "ebpf_daemon",
-    "gate",
-    "kubelet",
+/// Tests picked by name for `busy` and `hostile`, as nextest filtersets (`kind(test)`:
+/// integration tests only).
+#[derive(Clone, Copy, Debug)]
+enum Sel {
+    /// A file of a consolidated crate: a module of its `integration` binary (ADR 0045);
+    /// module names are unique across the workspace.
+    Module(&'static str),
+    /// A test binary of its own, by nextest's binary id (`crate::name`).
+    Binary(&'static str),
+    /// One test, by its path in its binary (`module::test`).
+    Test(&'static str),
+}
+
+impl Sel {
+    fn filterset(self) -> String {
+        match self {
+            Sel::Module(m) => format!("(kind(test) & test(/^{m}::/))"),
+            Sel::Binary(b) => format!("(kind(test) & binary_id({b}))"),
+            Sel::Test(t) => format!("(kind(test) & test(={t}))"),
+        }
+    }
+}
+
+/// The tests that measure time or shares: what `busy` runs (every test that asserts a
+/// share, a latency or a deadline with real processes): `vgpu-daemon`'s scheduling,
+/// metrics, peers, hand_on and claims; `vgpu-tests`' cuda_sim, shim, shim_exit,
+/// shim_hostile_region and ebpf_daemon; `vgpu-ebpf`'s gate; `vgpu-device-plugin`'s
+/// kubelet.
+const TIMING_TESTS: &[Sel] = &[
+    Sel::Module("scheduling"),
+    Sel::Module("metrics"),
+    Sel::Module("peers"),
+    Sel::Module("hand_on"),
+    Sel::Module("claims"),
+    Sel::Module("cuda_sim"),
+    Sel::Module("shim"),
+    Sel::Module("shim_exit"),
+    Sel::Module("shim_hostile_region"),
+    Sel::Module("ebpf_daemon"),
+    Sel::Binary("vgpu-ebpf::gate"),
+    Sel::Module("kubelet"),
 ];
 
 /// The adversarial suite (issue 39): each attack a tenant can make on its quota or on the
-/// node, as real processes; a module name (every test in it) or a module's test by path.
-/// docs/testing.md lists what each one tries.
-const HOSTILE_TESTS: &[&str] = &[
-    "hostile_quota",
-    "shim_hostile_region",
-    "flood",
-    "second_line",
-    "ebpf_fail_closed",
-    "registration::the_memory_quota_shown_is_the_files_never_the_one_the_tenant_wrote",
-    "registration::what_hellos_naming_made_up_gpus_leave_behind_is_bounded",
-    "registration::connections_per_tenant_are_capped_and_a_refusal_keeps_nothing",
-    "peers::a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_and_says_so",
+/// node, as real processes. docs/testing.md lists what each one tries.
+const HOSTILE_TESTS: &[Sel] = &[
+    Sel::Module("hostile_quota"),
+    Sel::Module("shim_hostile_region"),
+    Sel::Module("flood"),
+    Sel::Module("second_line"),
+    Sel::Module("ebpf_fail_closed"),
+    Sel::Test("registration::the_memory_quota_shown_is_the_files_never_the_one_the_tenant_wrote"),
+    Sel::Test("registration::what_hellos_naming_made_up_gpus_leave_behind_is_bounded"),
+    Sel::Test("registration::connections_per_tenant_are_capped_and_a_refusal_keeps_nothing"),
+    Sel::Test(
+        "peers::a_frozen_daemon_holds_launches_for_a_bounded_time_then_the_shim_falls_back_and_says_so",
+    ),
 ];
 
 fn root() -> PathBuf {
@@ -205,13 +229,11 @@ impl Run {
         }
     }
 
-    /// The test command over the whole workspace (`files`: only the tests of these
-    /// integration test files, by name, the names unique across the workspace, or single
-    /// tests by their path `file::test`). Under
+    /// The test command over the whole workspace (`only`: just these tests). Under
     /// nextest only: each test its own process (a few tests set their process's
     /// environment, and the integration tests of a crate are one binary, ADR 0045);
     /// without it the step fails, saying how to install it.
-    fn tests(&self, files: &[&str]) -> Command {
+    fn tests(&self, only: &[Sel]) -> Command {
         if !self.nextest {
             let mut c = Command::new("sh");
             c.args([
@@ -228,19 +250,8 @@ impl Run {
             "--workspace",
             "--no-fail-fast",
         ]);
-        if !files.is_empty() {
-            // A file of a consolidated crate is a module of its `integration` binary; the
-            // others (ebpf's gate.rs) are binaries of their own.
-            let expr: Vec<String> = files
-                .iter()
-                .map(|f| {
-                    if f.contains("::") {
-                        format!("(kind(test) & test(={f}))")
-                    } else {
-                        format!("(kind(test) & (binary({f}) | test(/^{f}::/)))")
-                    }
-                })
-                .collect();
+        if !only.is_empty() {
+            let expr: Vec<String> = only.iter().map(|s| s.filterset()).collect();
             c.args(["-E", &expr.join(" | ")]);
         }
         self.test_env(&mut c);

@@ -102,6 +102,9 @@ fn pytest_totals(t: &str) -> Option<&str> {
 /// binary), nextest's `Summary` line or pytest's closing line.
 pub fn counts_in(output: &str) -> Counts {
     let mut c = Counts::default();
+    // nextest echoes a failed test's captured output, libtest's `test result:` line
+    // included: where nextest's Summary is there, it alone counts.
+    let mut summary: Option<Counts> = None;
     for line in output.lines() {
         let t = line.trim();
         if let Some(rest) = pytest_totals(t) {
@@ -129,7 +132,7 @@ pub fn counts_in(output: &str) -> Counts {
                 .filter(|p| p.trim().ends_with("timed out"))
                 .filter_map(|p| p.split_whitespace().next()?.parse::<u64>().ok())
                 .sum::<u64>();
-            c.add(Counts {
+            summary.get_or_insert_with(Counts::default).add(Counts {
                 passed: count_before(rest, "passed"),
                 failed: count_before(rest, "failed") + timed_out,
                 ignored: count_before(rest, "skipped"),
@@ -137,7 +140,7 @@ pub fn counts_in(output: &str) -> Counts {
             });
         }
     }
-    c
+    summary.unwrap_or(c)
 }
 
 /// nextest's status words for a test that did not pass.
@@ -157,6 +160,9 @@ const NEXTEST_FAILED: &[&str] = &[
 /// test line accounts for (a crash, a timeout, a build error).
 pub fn failed_in(output: &str) -> Vec<String> {
     let mut out = Vec::new();
+    // nextest echoes a failed test's captured output, libtest's own "test … FAILED" line
+    // included: where nextest named failures, those lines are not counted again.
+    let mut nextest = Vec::new();
     let mut seen = BTreeSet::new();
     let mut target = String::from("?");
     let mut failed_targets = Vec::new();
@@ -178,7 +184,7 @@ pub fn failed_in(output: &str) -> Vec<String> {
         } else if let Some(name) = nextest_failure(t) {
             // nextest names each failure twice (as it happens and in the final list).
             if seen.insert(name.clone()) {
-                out.push(name);
+                nextest.push(name);
             }
         } else if t.starts_with("error:") && t.contains("target") && t.ends_with("failed:") {
             in_target_list = true;
@@ -189,6 +195,9 @@ pub fn failed_in(output: &str) -> Vec<String> {
         } else {
             in_target_list = false;
         }
+    }
+    if !nextest.is_empty() {
+        out = nextest;
     }
     let tests = out.len();
     for ft in failed_targets {
@@ -375,6 +384,13 @@ error: 2 targets failed:
         let out = "\
         PASS [   0.010s] ( 1/40) vgpu-core packing::tests::a
         FAIL [   2.500s] ( 2/40) vgpu-daemon::scheduling a_live_share_change_takes_effect
+  stdout ───
+
+    running 1 test
+    test a_live_share_change_takes_effect ... FAILED
+
+    test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 9 filtered out; finished in 2.49s
+
      TIMEOUT [ 300.001s] ( 3/40) vgpu-tests::shim hangs
      SIGSEGV [   0.100s] vgpu-tests::shim_exit crashes
 ------------
