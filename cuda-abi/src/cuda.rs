@@ -385,8 +385,31 @@ pub struct CUmemLocation {
     pub id: i32,
 }
 
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+/// `CU_MEM_LOCATION_TYPE_DEVICE`: `id` is a device ordinal.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST` (CUDA 12.2): host memory of no particular NUMA node
+/// (`id` ignored).
+pub const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA` (CUDA 12.2): host memory of NUMA node `id`.
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT` (CUDA 12.2): the calling thread's NUMA node.
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: u32 = 4;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a VMM allocation exportable as a file
+/// descriptor (`CUmemAllocationHandleType`).
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC` (CUDA 12.3): exportable as a 64-byte fabric handle.
+pub const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag of `cuIpcOpenMemHandle`.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+/// `CU_IPC_HANDLE_SIZE`: bytes of a `CUipcMemHandle`.
+pub const CU_IPC_HANDLE_SIZE: usize = 64;
+
+/// `CUipcMemHandle`: an opaque 64-byte handle passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; CU_IPC_HANDLE_SIZE],
+}
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
 

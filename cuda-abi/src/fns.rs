@@ -14,9 +14,9 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::cuda::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUhostFn, CUlaunchConfig,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
-    CUmipmappedArray, CUresult, CUstream, CUstreamBatchMemOpParams, CUuuid,
+    CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUhostFn, CUipcMemHandle,
+    CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
+    CUmemoryPool, CUmipmappedArray, CUresult, CUstream, CUstreamBatchMemOpParams, CUuuid,
 };
 use crate::nvml::{
     nvmlAffinityScope_t, nvmlDevice_t, nvmlEnableState_t, nvmlGpuP2PCapsIndex_t,
@@ -101,6 +101,31 @@ pub type PFN_cuMemCreate = unsafe extern "C" fn(
 ) -> CUresult;
 /// `cuMemRelease(CUmemGenericAllocationHandle handle)`.
 pub type PFN_cuMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+/// `cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+/// CUmemGenericAllocationHandle handle, unsigned long long flags)`.
+pub type PFN_cuMemMap =
+    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
+/// `cuMemUnmap(CUdeviceptr ptr, size_t size)`.
+pub type PFN_cuMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+/// `cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)`.
+pub type PFN_cuMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
+/// `cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle
+/// handle, CUmemAllocationHandleType handleType, unsigned long long flags)`.
+pub type PFN_cuMemExportToShareableHandle =
+    unsafe extern "C" fn(*mut c_void, CUmemGenericAllocationHandle, c_uint, u64) -> CUresult;
+/// `cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+/// void *osHandle, CUmemAllocationHandleType shHandleType)`.
+pub type PFN_cuMemImportFromShareableHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_uint) -> CUresult;
+/// `cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)`.
+pub type PFN_cuIpcGetMemHandle = unsafe extern "C" fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult;
+/// `cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
+/// Flags)` (the handle by value; also the unversioned symbol).
+pub type PFN_cuIpcOpenMemHandle_v2 =
+    unsafe extern "C" fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> CUresult;
+/// `cuIpcCloseMemHandle(CUdeviceptr dptr)`.
+pub type PFN_cuIpcCloseMemHandle = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
 /// `cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
 /// CUmemAllocationGranularity_flags option)`.
 pub type PFN_cuMemGetAllocationGranularity =

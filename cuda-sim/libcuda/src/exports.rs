@@ -1104,9 +1104,8 @@ export! {
     fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int) {
         let d = driver()?;
         let pr = inp!(prop)?;
-        let dev = d.device(pr.location.id)?;
         let _ = option;
-        out!(granularity, d.state.info(dev).alloc_granularity as usize)
+        out!(granularity, mem::vmm_granularity(d, &pr.location)? as usize)
     }
     fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) {
         let d = driver()?;
@@ -1170,16 +1169,62 @@ export! {
         nn(handle)?;
         out!(handle, mem::vmm_retain(d, addr as usize as u64)?)
     }
+    fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: c_uint, flags: u64) {
+        let d = driver()?;
+        nn(shareableHandle)?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        match crate::ipc::export(d, handle, handleType)? {
+            crate::ipc::Exported::Fd(fd) => out!(shareableHandle as *mut c_int, fd),
+            crate::ipc::Exported::Fabric(b) => out!(shareableHandle as *mut [u8; CU_IPC_HANDLE_SIZE], b),
+        }
+    }
+    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: c_uint) {
+        let d = driver()?;
+        nn(handle)?;
+        let h = match shHandleType {
+            // The descriptor itself, cast to a pointer (as cuda.h documents).
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => {
+                let fd = i32::try_from(osHandle as usize).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                crate::ipc::import(d, Some(fd), None)?
+            }
+            CU_MEM_HANDLE_TYPE_FABRIC => {
+                let b: [u8; CU_IPC_HANDLE_SIZE] = inp!(osHandle as *const [u8; CU_IPC_HANDLE_SIZE])?;
+                crate::ipc::import(d, None, Some(&b))?
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        out!(handle, h)
+    }
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
         let d = driver()?;
-        let (dev, _) = mem::vmm_props(d, handle)?;
+        let (location, handle_types, _) = mem::vmm_props(d, handle)?;
         out!(prop, CUmemAllocationProp {
             type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: 0,
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: d.ordinal(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)? },
+            requestedHandleTypes: handle_types,
+            location,
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: [0; 8],
         })
+    }
+}
+
+// ---- memory shared between processes ---------------------------------------------------
+
+export! {
+    fn cuIpcGetMemHandle(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
+        let d = driver()?;
+        nn(pHandle)?;
+        out!(pHandle, crate::ipc::get(d, dptr)?)
+    }
+    fn cuIpcOpenMemHandle_v2 [cuIpcOpenMemHandle] (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) {
+        let (d, c) = cur()?;
+        nn(pdptr)?;
+        out!(pdptr, crate::ipc::open(d, c.id, &handle, Flags)?)
+    }
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
+        crate::ipc::close(driver()?, dptr)
     }
 }
 

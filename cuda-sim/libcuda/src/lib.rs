@@ -2,7 +2,7 @@
 //! names and ABIs, over the simulated node of `vgpu-cuda-sim`.
 //!
 //! Every exported function is thin: it enters a guard (no panic may cross into the
-//! application), checks its raw arguments, calls safe logic in [`rt`], [`mem`],
+//! application), checks its raw arguments, calls safe logic in [`rt`], [`mem`], [`ipc`] (memory shared between processes),
 //! [`exec`], [`module`] and [`peer`] (peer-to-peer, from the node's topology), and
 //! maps the outcome to a `CUresult`. Entry points resolve three ways, as on the real
 //! driver: by exported symbol (linking or `dlsym`) and through `cuGetProcAddress` by
@@ -25,6 +25,7 @@ pub mod exec;
 #[macro_use]
 pub mod exports;
 pub mod handle;
+pub mod ipc;
 pub mod mem;
 pub mod module;
 pub mod peer;

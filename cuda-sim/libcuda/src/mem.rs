@@ -27,6 +27,8 @@ pub enum AllocKind {
     Pool(u64),
     /// A VMM address reservation.
     VmmRange,
+    /// Another process's allocation opened with `cuIpcOpenMemHandle` (charged there).
+    IpcImport,
 }
 
 /// A VMM mapping inside a reservation: (address, length, handle, accessible).
@@ -57,19 +59,29 @@ impl Alloc {
     fn is_device(&self) -> bool {
         matches!(
             self.kind,
-            AllocKind::Device | AllocKind::Managed | AllocKind::Pool(_) | AllocKind::VmmRange
+            AllocKind::Device
+                | AllocKind::Managed
+                | AllocKind::Pool(_)
+                | AllocKind::VmmRange
+                | AllocKind::IpcImport
         )
     }
 }
 
-/// A physical allocation of the VMM API (`cuMemCreate`).
+/// A physical allocation of the VMM API (`cuMemCreate`, or imported from a shareable
+/// handle).
 #[derive(Debug)]
 pub struct VmmHandle {
-    /// Device.
-    pub dev: usize,
+    /// Device, None for host memory (`CU_MEM_LOCATION_TYPE_HOST*`).
+    pub dev: Option<usize>,
+    /// The location it was created at, as the application named it.
+    pub location: CUmemLocation,
+    /// `requestedHandleTypes` (what it may be exported as).
+    pub handle_types: u32,
     /// Size.
     pub size: u64,
-    /// Charged bytes.
+    /// Charged device bytes (0 for host memory and imported handles: the exporter's
+    /// process holds the charge).
     pub charged: u64,
     /// Backing memfd.
     pub fd: i32,
@@ -78,6 +90,9 @@ pub struct VmmHandle {
     /// References (create + retains − releases).
     pub refs: u32,
 }
+
+/// The allocation granularity of host-located VMM memory (2 MiB, as for the devices).
+pub const HOST_GRANULARITY: u64 = 2 << 20;
 
 /// A stream-ordered memory pool.
 #[derive(Debug)]
@@ -250,9 +265,17 @@ pub fn free(drv: &'static Driver, ptr: u64) -> CuResult<()> {
 
 /// Frees `ptr` at once (the caller has ordered it after the work that uses it).
 pub fn free_now(drv: &Driver, ptr: u64) {
-    let Some(a) = drv.objects().allocs.remove(&ptr) else {
-        return;
+    let (a, exported) = {
+        let mut o = drv.objects();
+        let Some(a) = o.allocs.remove(&ptr) else {
+            return;
+        };
+        (a, o.ipc.remove(&ptr))
     };
+    if let Some((fd, _)) = exported {
+        // SAFETY: closing the memfd that backed this exported allocation (ours).
+        unsafe { libc::close(fd) };
+    }
     unmap(a.base as usize, a.map_len);
     match a.kind {
         AllocKind::Pool(pid) => {
@@ -416,7 +439,11 @@ pub fn check_device_range(o: &Objects, p: u64, len: u64) -> CuResult<usize> {
             .iter()
             .find(|&&(m, l, _, _)| p >= m && p < m + l)
             .map(|m| m.2);
-        return Ok(h.and_then(|h| o.vmm.get(&h)).map(|v| v.dev).unwrap_or(0));
+        // Host-located memory mapped for the devices: device 0's queue does the work.
+        return Ok(h
+            .and_then(|h| o.vmm.get(&h))
+            .and_then(|v| v.dev)
+            .unwrap_or(0));
     }
     Ok(a.dev)
 }
@@ -792,25 +819,66 @@ pub fn address_free(drv: &Driver, ptr: u64, size: u64) -> CuResult<()> {
     }
 }
 
-/// `cuMemCreate`.
+/// Where a VMM allocation lives: device `Some(internal index)` or the host (`None`), as
+/// `cuMemCreate` and `cuMemGetAllocationGranularity` read `CUmemLocation`:
+/// `CU_MEM_LOCATION_TYPE_HOST` ignores `id`; `CU_MEM_LOCATION_TYPE_HOST_NUMA` names a
+/// NUMA node of the node's topology (0 where it has one node);
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT` and anything else is `CUDA_ERROR_INVALID_VALUE`.
+pub fn vmm_location(drv: &Driver, loc: &CUmemLocation) -> CuResult<Option<usize>> {
+    match loc.type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE => drv.device(loc.id).map(Some),
+        CU_MEM_LOCATION_TYPE_HOST => Ok(None),
+        CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+            let nodes = crate::peer::numa_nodes(drv).max(1);
+            match usize::try_from(loc.id) {
+                Ok(id) if id < nodes => Ok(None),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// The minimum granularity of VMM allocations at `loc`.
+pub fn vmm_granularity(drv: &Driver, loc: &CUmemLocation) -> CuResult<u64> {
+    Ok(match vmm_location(drv, loc)? {
+        Some(dev) => drv.state.info(dev).alloc_granularity,
+        None => HOST_GRANULARITY,
+    })
+}
+
+/// `cuMemCreate`: device memory is charged to its device; host memory
+/// (`CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`) to no device, and is not exportable
+/// (`requestedHandleTypes` must be 0 there, as the driver API documents).
 pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResult<u64> {
-    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED
-        || prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
+    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = vmm_location(drv, &prop.location)?;
+    let known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
+    if prop.requestedHandleTypes & !known != 0 || (dev.is_none() && prop.requestedHandleTypes != 0)
     {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let dev = drv.device(prop.location.id)?;
-    let gran = drv.state.info(dev).alloc_granularity;
+    let gran = vmm_granularity(drv, &prop.location)?;
     if size == 0 || !size.is_multiple_of(gran) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    drv.check_alive(dev)?;
-    let charged = drv.charge(dev, size, true)?;
+    let charged = match dev {
+        Some(d) => {
+            drv.check_alive(d)?;
+            drv.charge(d, size, true)?
+        }
+        None => 0,
+    };
+    let name = crate::ipc::vmm_memfd_name(dev);
     let memfd = usize::try_from(size)
         .ok()
-        .and_then(|len| vgpu_sys::shm::memfd(c"cuda-sim-vmm", len, false).ok());
+        .and_then(|len| vgpu_sys::shm::memfd(&name, len, false).ok());
     let Some(fd) = memfd.map(std::os::fd::IntoRawFd::into_raw_fd) else {
-        drv.uncharge(dev, charged);
+        if let Some(d) = dev {
+            drv.uncharge(d, charged);
+        }
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     let h = new_handle(Kind::Vmm);
@@ -818,6 +886,8 @@ pub fn vmm_create(drv: &Driver, size: u64, prop: &CUmemAllocationProp) -> CuResu
         h,
         VmmHandle {
             dev,
+            location: prop.location,
+            handle_types: prop.requestedHandleTypes,
             size,
             charged,
             fd,
@@ -833,7 +903,9 @@ fn vmm_maybe_destroy(drv: &Driver, o: &mut Objects, h: u64) {
         let v = o.vmm.remove(&h).expect("present: checked just above");
         // SAFETY: closing the memfd this handle owned; nothing maps it any more.
         unsafe { libc::close(v.fd) };
-        drv.uncharge(v.dev, v.charged);
+        if let Some(d) = v.dev {
+            drv.uncharge(d, v.charged);
+        }
     }
 }
 
@@ -865,12 +937,12 @@ pub fn vmm_retain(drv: &Driver, addr: u64) -> CuResult<u64> {
     Ok(h)
 }
 
-/// (device, size) of a VMM handle.
-pub fn vmm_props(drv: &Driver, h: u64) -> CuResult<(usize, u64)> {
+/// (location, requested handle types, size) of a VMM handle.
+pub fn vmm_props(drv: &Driver, h: u64) -> CuResult<(CUmemLocation, u32, u64)> {
     drv.objects()
         .vmm
         .get(&h)
-        .map(|v| (v.dev, v.size))
+        .map(|v| (v.location, v.handle_types, v.size))
         .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 

@@ -31,6 +31,11 @@ fn topo(d: &Driver) -> CuResult<&'static Topology> {
     .map_err(|e| *e)
 }
 
+/// NUMA nodes of the node's topology (0 where it cannot be read).
+pub fn numa_nodes(d: &Driver) -> usize {
+    topo(d).map_or(0, |t| t.numa.len())
+}
+
 /// Peer access enabled, as (context, peer context) handle pairs.
 fn enabled() -> std::sync::MutexGuard<'static, BTreeSet<(u64, u64)>> {
     static ENABLED: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());

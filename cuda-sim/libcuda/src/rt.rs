@@ -68,6 +68,8 @@ pub struct Objects {
     pub pools: HashMap<u64, Arc<Pool>>,
     /// Physical allocations of the VMM API.
     pub vmm: HashMap<u64, VmmHandle>,
+    /// `cuMemAlloc` allocations exported with `cuIpcGetMemHandle`: base → (memfd, inode).
+    pub ipc: HashMap<u64, (i32, u64)>,
     /// Graphs under construction.
     pub graphs: HashMap<u64, Arc<Mutex<crate::exec::Graph>>>,
     /// Instantiated graphs.

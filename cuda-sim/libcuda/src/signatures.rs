@@ -51,6 +51,14 @@ check! {
     PFN_cuMemPoolGetAttribute: cuMemPoolGetAttribute;
     PFN_cuMemCreate: cuMemCreate;
     PFN_cuMemRelease: cuMemRelease;
+    PFN_cuMemMap: cuMemMap;
+    PFN_cuMemUnmap: cuMemUnmap;
+    PFN_cuMemRetainAllocationHandle: cuMemRetainAllocationHandle;
+    PFN_cuMemExportToShareableHandle: cuMemExportToShareableHandle;
+    PFN_cuMemImportFromShareableHandle: cuMemImportFromShareableHandle;
+    PFN_cuIpcGetMemHandle: cuIpcGetMemHandle;
+    PFN_cuIpcOpenMemHandle_v2: cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle;
+    PFN_cuIpcCloseMemHandle: cuIpcCloseMemHandle;
     PFN_cuMemGetAllocationGranularity: cuMemGetAllocationGranularity;
     PFN_cuArrayCreate_v2: cuArrayCreate_v2;
     PFN_cuArray3DCreate_v2: cuArray3DCreate_v2;
