@@ -55,18 +55,86 @@ pub(crate) fn charged(
         } else {
             0
         };
-        shim.track(
-            kind,
-            key(),
-            Charge {
-                dev,
-                bytes: charge,
-                ctx,
-                pool: 0,
-            },
-        );
+        let c = Charge {
+            dev,
+            bytes: charge,
+            ctx,
+            pool: 0,
+        };
+        if kind == Kind::Vmm {
+            let stale = shim.vmm().created(key(), c);
+            if let Some(old) = stale {
+                shim.release(old, true);
+            }
+        } else {
+            shim.track(kind, key(), c);
+        }
         r
     })
+}
+
+/// Where a `cuMemCreate` allocation is charged, from its `CUmemLocation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmmLocation {
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`):
+    /// charged to no GPU.
+    Host,
+    /// The device the location names (None: an ordinal the driver will refuse).
+    Device(Option<usize>),
+    /// A location type this shim does not know: the current device (the safe
+    /// direction; the driver refuses an invalid one and the charge is rolled back).
+    Current,
+}
+
+/// Where an allocation at location (`type_`, `id`) is charged. A pure decision.
+pub fn vmm_location(type_: u32, id: i32) -> VmmLocation {
+    match type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE => VmmLocation::Device(usize::try_from(id).ok()),
+        CU_MEM_LOCATION_TYPE_HOST
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => VmmLocation::Host,
+        _ => VmmLocation::Current,
+    }
+}
+
+/// A VMM reference dropped (`cuMemRelease`, `call`): the charge goes back once no
+/// reference and no mapping holds the memory.
+pub(crate) fn vmm_released(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(shim) = enforced() else {
+        return call();
+    };
+    let r = call();
+    if r == CUDA_SUCCESS {
+        let back = shim.vmm().released(handle);
+        if let Some(c) = back {
+            shim.release(c, true);
+        }
+    }
+    r
+}
+
+/// A VMM reference taken (`cuMemRetainAllocationHandle` wrote `handle`).
+pub(crate) fn vmm_retained(handle: u64) {
+    if let Some(shim) = enforced() {
+        shim.vmm().retained(handle);
+    }
+}
+
+/// `handle` mapped at `[va, va + len)` (`cuMemMap` succeeded).
+pub(crate) fn vmm_mapped(va: u64, len: u64, handle: u64) {
+    if let Some(shim) = enforced() {
+        shim.vmm().mapped(va, len, handle);
+    }
+}
+
+/// `[va, va + len)` unmapped (`cuMemUnmap` succeeded): the charges of the handles that
+/// nothing holds any more go back.
+pub(crate) fn vmm_unmapped(va: u64, len: u64) {
+    let Some(shim) = enforced() else { return };
+    let back = shim.vmm().unmapped(va, len);
+    for c in back {
+        shim.release(c, true);
+    }
 }
 
 /// Frees, uncharging what the allocation was charged (for an allocation from a memory
@@ -410,5 +478,33 @@ pub(crate) fn pool_destroyed(pool: u64, call: impl FnOnce() -> CUresult) -> CUre
 pub(crate) fn pool_created(pool: u64, dev: usize) {
     if let Some(shim) = enforced() {
         shim.pools().register(pool, dev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_locations_are_charged_to_no_gpu() {
+        for t in [
+            CU_MEM_LOCATION_TYPE_HOST,
+            CU_MEM_LOCATION_TYPE_HOST_NUMA,
+            CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+        ] {
+            // The id of a host location is a NUMA node (or ignored), never a device.
+            assert_eq!(vmm_location(t, 3), VmmLocation::Host);
+            assert_eq!(vmm_location(t, -1), VmmLocation::Host);
+        }
+        assert_eq!(
+            vmm_location(CU_MEM_LOCATION_TYPE_DEVICE, 2),
+            VmmLocation::Device(Some(2))
+        );
+        assert_eq!(
+            vmm_location(CU_MEM_LOCATION_TYPE_DEVICE, -1),
+            VmmLocation::Device(None)
+        );
+        assert_eq!(vmm_location(0, 0), VmmLocation::Current);
+        assert_eq!(vmm_location(99, 0), VmmLocation::Current);
     }
 }

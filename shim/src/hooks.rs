@@ -731,12 +731,12 @@ pub unsafe extern "C" fn cuMemCreate(
         }
         // SAFETY: a non-null in-pointer of the CUDA API, read once.
         let p = unsafe { prop.read_unaligned() };
-        let dev = if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            usize::try_from(p.location.id).ok()
-        } else {
-            current_device()
+        let dev = match accounting::vmm_location(p.location.type_, p.location.id) {
+            accounting::VmmLocation::Host => return call(),
+            accounting::VmmLocation::Device(d) => d,
+            accounting::VmmLocation::Current => current_device(),
         };
-        // Not tied to a context: VMM allocations live until released.
+        // Not tied to a context: VMM allocations live until released and unmapped.
         // SAFETY: non-null, and written by the driver on success.
         accounting::charged(Kind::Vmm, dev, size as u64, call, || unsafe { *handle })
     })
@@ -752,7 +752,63 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle) };
     guard(CUDA_ERROR_UNKNOWN, call, || {
-        accounting::uncharged(Kind::Vmm, handle, true, call)
+        accounting::vmm_released(handle, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let f = real_or!(
+        cuMemRetainAllocationHandle,
+        fns::PFN_cuMemRetainAllocationHandle,
+        CUDA_ERROR_NOT_INITIALIZED
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(handle, addr) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS && !handle.is_null() {
+            // SAFETY: non-null, and written by the driver on success.
+            accounting::vmm_retained(unsafe { *handle });
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let f = real_or!(cuMemMap, fns::PFN_cuMemMap, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(ptr, size, offset, handle, flags) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            accounting::vmm_mapped(ptr, size as u64, handle);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let f = real_or!(cuMemUnmap, fns::PFN_cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
+    // SAFETY: forwarding the caller's arguments.
+    let call = || unsafe { f(ptr, size) };
+    guard(CUDA_ERROR_UNKNOWN, call, || {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            accounting::vmm_unmapped(ptr, size as u64);
+        }
+        r
     })
 }
 

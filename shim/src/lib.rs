@@ -19,6 +19,7 @@
 //!   one "am I enforcing?" decision), its slot and allocations.
 //! - [`pools`]: what is charged for each stream-ordered memory pool (its cache stays
 //!   charged until the driver releases it).
+//! - [`vmm`]: what keeps a VMM allocation charged (references and mappings).
 //! - [`refusals`]: allocations refused over the quota, per device, for the daemon.
 //! - [`region`]: the container's shared accounting (atomics in a SysV shared-memory
 //!   segment, [`segment`], ADR 0015; kernel liveness locks, no cross-process lock).
@@ -60,3 +61,4 @@ pub mod refusals;
 pub mod region;
 pub mod segment;
 pub mod table;
+pub mod vmm;

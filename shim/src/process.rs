@@ -61,6 +61,9 @@ pub struct Shim {
     /// The memory pools this process allocates from (bookkeeping only; never held
     /// across a driver call).
     pools: Mutex<Pools>,
+    /// The charged VMM handles and their mappings (bookkeeping only; never held across
+    /// a driver call).
+    vmm: Mutex<crate::vmm::Vmm>,
     /// Whether this process has used a memory pool at all (spares the lock otherwise).
     pools_used: AtomicBool,
     /// Set when a pool may have gained credit since the last reconciliation of all
@@ -198,6 +201,7 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
         primary_ctx: std::array::from_fn(|_| AtomicUsize::new(0)),
         ctx_dev: Mutex::new(HashMap::new()),
         pools: Mutex::new(Pools::default()),
+        vmm: Mutex::new(crate::vmm::Vmm::default()),
         pools_used: AtomicBool::new(false),
         pool_credit: AtomicBool::new(false),
         refusals: crate::refusals::Refusals::default(),
@@ -442,6 +446,12 @@ impl Shim {
     pub fn pools(&self) -> MutexGuard<'_, Pools> {
         self.pools_used.store(true, Ordering::Relaxed);
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The VMM handles' bookkeeping (a short in-process lock; never held across a
+    /// driver call).
+    pub fn vmm(&self) -> MutexGuard<'_, crate::vmm::Vmm> {
+        self.vmm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether this process has used a memory pool at all.

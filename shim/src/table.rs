@@ -90,6 +90,9 @@ macro_rules! rows {
             cuCtxSynchronize_v2: Cuda "cuCtxSynchronize" 13000 false PFN_cuCtxSynchronize_v2;
             cuMemCreate: Cuda "cuMemCreate" 10020 false PFN_cuMemCreate;
             cuMemRelease: Cuda "cuMemRelease" 10020 false PFN_cuMemRelease;
+            cuMemRetainAllocationHandle: Cuda "cuMemRetainAllocationHandle" 11000 false PFN_cuMemRetainAllocationHandle;
+            cuMemMap: Cuda "cuMemMap" 10020 false PFN_cuMemMap;
+            cuMemUnmap: Cuda "cuMemUnmap" 10020 false PFN_cuMemUnmap;
             cuArrayCreate_v2: Cuda "cuArrayCreate" 3020 false PFN_cuArrayCreate_v2;
             cuArray3DCreate_v2: Cuda "cuArray3DCreate" 3020 false PFN_cuArray3DCreate_v2;
             cuArrayDestroy: Cuda "cuArrayDestroy" 2000 false PFN_cuArrayDestroy;
