@@ -48,3 +48,26 @@ fn every_file_here_is_a_module() {
         "test files not declared in tests/integration.rs: {missing:?}"
     );
 }
+
+/// The shim is not linked into this binary. `libvgpu.so` interposes `dlsym`, so a program
+/// that links the shim's crate runs its own `dlsym` calls through the shim's hook: NVML
+/// loaded in-process (the daemon's watcher, the plugin's audit in these tests) then answers
+/// as the shim's filtered view, and a bypass is never seen. Tests of the shim's own
+/// functions belong in `shim/` (e.g. `shim/tests/quota_file_fuzz.rs`).
+#[test]
+#[allow(unsafe_code)] // dladdr, on libc's own function
+fn dlsym_here_is_libcs_not_the_shims() {
+    let f: unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char) -> *mut libc::c_void =
+        libc::dlsym;
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: `info` is writable for one Dl_info; dladdr only reads the address.
+    let found = unsafe { libc::dladdr(f as *const libc::c_void, info.as_mut_ptr()) };
+    assert_ne!(found, 0, "dladdr found no object for dlsym");
+    // SAFETY: dladdr succeeded, so it initialised `info`; dli_fname is a C string.
+    let object = unsafe { std::ffi::CStr::from_ptr(info.assume_init().dli_fname) };
+    let object = object.to_string_lossy();
+    assert!(
+        object.contains("libc.so") || object.contains("libdl.so"),
+        "dlsym resolves into {object}: a test module links the shim's crate (`vgpu::…`)"
+    );
+}
