@@ -5,12 +5,14 @@
 
 mod common;
 mod context_memory;
+mod deploy_flags;
 mod fine_sharing;
 mod http_bounds;
 mod http_fixtures;
 mod http_props;
 mod kube_serve;
 mod kube_state;
+mod lifecycle;
 mod policy_parity;
 mod quota_policies;
 mod topology_filter;

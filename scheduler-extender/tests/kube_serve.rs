@@ -36,6 +36,9 @@ async fn serve_becomes_ready_decides_binds_and_shuts_down() {
         body_memory_mib: 256,
         header_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(10),
+        tls_cert_file: None,
+        tls_key_file: None,
+        client_ca_file: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run_with_client(

@@ -387,17 +387,32 @@ pub fn router_with(extender: Extender, url_prefix: &str, limits: HttpLimits) -> 
         })
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves: HTTP/1.1, keep-alive, each
-/// request's headers due within `header_timeout` (a client that stalls mid-request is
-/// disconnected); open connections are drained on shutdown.
+/// Serves `router` on `listener` in plain HTTP until `shutdown` resolves: HTTP/1.1,
+/// keep-alive, each request's headers due within `header_timeout` (a client that stalls
+/// mid-request is disconnected); open connections are drained on shutdown.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     router: Router,
     header_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_tls_on(listener, router, header_timeout, None, shutdown).await
+}
+
+/// [`serve_on`] with TLS when `tls` is given: the handshake is due within
+/// `header_timeout`; a client without a verified certificate reaches only
+/// [`super::tls::ANONYMOUS_PATHS`] when the configuration verifies clients (403 otherwise).
+pub async fn serve_tls_on(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    tls: Option<super::tls::ServerTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    info!(?addr, "extender listening");
+    info!(?addr, tls = tls.is_some(), "extender listening");
+    let verifying = tls.as_ref().is_some_and(|t| t.verifies_clients);
+    let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -414,20 +429,69 @@ pub async fn serve_on(
             },
         };
         let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .keep_alive(true)
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        let watcher = graceful.watcher();
+        let router = router.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(%peer, error = %e, "connection closed");
-            }
+            let Some(acceptor) = acceptor else {
+                serve_connection(stream, router, header_timeout, true, watcher, peer).await;
+                return;
+            };
+            let tls = match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "TLS handshake not done within the header deadline");
+                    return;
+                }
+            };
+            // With a client verifier, a certificate here has been verified; without
+            // one (no --client-ca-file), every client may call the verbs.
+            let authenticated = !verifying || tls.get_ref().1.peer_certificates().is_some();
+            serve_connection(tls, router, header_timeout, authenticated, watcher, peer).await;
         });
     }
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Serves one connection; an unauthenticated one reaches only the anonymous paths.
+async fn serve_connection<I>(
+    io: I,
+    router: Router,
+    header_timeout: Duration,
+    authenticated: bool,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let mut router = router.clone();
+        async move {
+            if !authenticated && !super::tls::anonymous_allowed(req.method(), req.uri().path()) {
+                debug!(%peer, path = req.uri().path(), "refused: no verified client certificate");
+                return Ok::<_, std::convert::Infallible>(
+                    (
+                        StatusCode::FORBIDDEN,
+                        "a client certificate signed by --client-ca-file is required\n",
+                    )
+                        .into_response(),
+                );
+            }
+            tower::Service::call(&mut router, req).await
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    if let Err(e) = watcher.watch(conn).await {
+        debug!(%peer, error = %e, "connection closed");
+    }
 }

@@ -16,6 +16,7 @@
 //!   checks, status, events and metrics; ADR 0022).
 //! - [`binder`]: the assignment annotation and the Binding, through kube-rs.
 //! - [`sync`]: Node and Pod watches feeding [`cluster::State`].
+//! - [`tls`]: TLS on the port and the client certificates that may call the verbs.
 //! - [`run`]: the `serve` subcommand's configuration and its entry point (the
 //!   composition root: client, watches, binder, HTTP server).
 //! - [`bench`](mod@bench): the latency benchmark (`bench-extender`).
@@ -35,6 +36,7 @@ pub mod policy;
 pub mod quota;
 pub mod run;
 pub mod sync;
+pub mod tls;
 pub mod types;
 
 pub use cluster::{State, StateConfig};

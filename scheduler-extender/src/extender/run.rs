@@ -8,10 +8,11 @@ use vgpu_core::packing::{ContextReserve, PolicyName};
 
 use super::binder::KubeBinder;
 use super::cluster::{State, StateConfig};
-use super::http::{Extender, router_with, serve_on};
+use super::http::{Extender, router_with, serve_tls_on};
 use super::limits::{HttpLimits, LimitsError};
 use super::policy::ExtenderPolicy;
 use super::sync::{self, SyncConfig};
+use super::tls::{ServerTls, TlsError, TlsFiles};
 
 /// Why `serve` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,12 @@ pub enum ServeError {
     /// The HTTP limits are inconsistent.
     #[error("HTTP limits")]
     Limits(#[from] LimitsError),
+    /// The TLS flags are incomplete, or their files unusable.
+    #[error("TLS")]
+    Tls(#[from] TlsError),
+    /// A TLS flag was given without the others it needs.
+    #[error("{0}")]
+    TlsFlags(&'static str),
     /// The HTTP server failed.
     #[error("serve HTTP on {addr}")]
     Serve {
@@ -105,6 +112,18 @@ pub struct ServeArgs {
     /// Deadline to receive a request's body after its headers (then 408).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub body_timeout: Duration,
+    /// Serve TLS with this certificate chain (PEM); with `--tls-key-file`. Without it the
+    /// port is plain HTTP and anyone who reaches it may call the verbs.
+    #[arg(long)]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long)]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// CA bundle (PEM): only a client whose certificate chains to it (kube-scheduler's
+    /// `tlsConfig.certFile`) may call the verbs; others get 403, and may only GET
+    /// /healthz, /readyz and /metrics. Needs `--tls-cert-file`.
+    #[arg(long)]
+    pub client_ca_file: Option<std::path::PathBuf>,
 }
 
 /// Parses `--context-reserve-mib`, refusing a value no context takes.
@@ -130,6 +149,34 @@ impl ServeArgs {
         Ok(limits)
     }
 
+    /// The TLS these arguments ask for (`None`: plain HTTP), its files read and checked.
+    pub fn tls(&self) -> Result<Option<ServerTls>, ServeError> {
+        let files = match (
+            &self.tls_cert_file,
+            &self.tls_key_file,
+            &self.client_ca_file,
+        ) {
+            (None, None, None) => return Ok(None),
+            (Some(cert), Some(key), ca) => TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            },
+            (Some(_), None, _) => {
+                return Err(ServeError::TlsFlags("--tls-cert-file needs --tls-key-file"));
+            }
+            (None, Some(_), _) => {
+                return Err(ServeError::TlsFlags("--tls-key-file needs --tls-cert-file"));
+            }
+            (None, None, Some(_)) => {
+                return Err(ServeError::TlsFlags(
+                    "--client-ca-file needs --tls-cert-file and --tls-key-file",
+                ));
+            }
+        };
+        Ok(Some(super::tls::server_config(&files)?))
+    }
+
     /// The state configuration these arguments give.
     #[must_use]
     pub fn state_config(&self) -> StateConfig {
@@ -151,6 +198,16 @@ pub async fn run_with_client(
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().unwrap_or(args.listen);
     let limits = args.http_limits()?;
+    let tls = args.tls()?;
+    match &tls {
+        None => tracing::warn!(
+            "serving plain HTTP: anyone who reaches this port may call filter and bind (give --tls-cert-file, --tls-key-file and --client-ca-file; docs/install.md)"
+        ),
+        Some(t) if !t.verifies_clients => tracing::warn!(
+            "serving TLS without --client-ca-file: any client may call filter and bind"
+        ),
+        Some(_) => {}
+    }
     let state = Arc::new(State::new(
         args.state_config(),
         ExtenderPolicy::new(args.policy),
@@ -169,10 +226,11 @@ pub async fn run_with_client(
         super::quota::watch::QuotaSyncConfig::default(),
     ));
     let extender = Extender::new(state, Arc::new(KubeBinder::new(client)));
-    let result = serve_on(
+    let result = serve_tls_on(
         listener,
         router_with(extender, &args.url_prefix, limits),
         limits.header_timeout,
+        tls,
         shutdown,
     )
     .await

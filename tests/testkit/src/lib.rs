@@ -5,6 +5,8 @@
 //! - [`fake_api`]: one scripted fake Kubernetes API server (nodes and pods: get, list,
 //!   watch, merge patch; bindings; events), shared by the device plugin's and the
 //!   extender's tests, with scripted failures and a record of every request.
+//! - [`deploy`]: the shipped manifests read as `kubectl apply -f deploy/` would, for the
+//!   CI check of their objects, order, flags and paths (ADR 0052).
 //! - `fake_kubelet` (feature `plugin`): a fake kubelet speaking the real gRPC protocols
 //!   over unix sockets (Registration server, DevicePlugin client, PodResources server,
 //!   with kubelet's admission order and device reuse).
@@ -13,6 +15,7 @@
 //! - `topology_manager` (feature `plugin`): kubelet's Topology Manager reading the
 //!   devices' `TopologyInfo` (hints, `single-numa-node`, the aligned devices).
 
+pub mod deploy;
 pub mod fake_api;
 #[cfg(feature = "plugin")]
 pub mod fake_kubelet;

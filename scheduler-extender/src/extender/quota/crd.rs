@@ -1,6 +1,6 @@
 //! The `VgpuQuotaPolicy` custom resource (`vgpu.io/v1alpha1`, namespaced) as operators
 //! write it, and the CRD manifest generated from it (`vgpu-scheduler-extender crd`;
-//! `deploy/scheduler-extender/crd-vgpuquotapolicy.json` is checked against it).
+//! `deploy/10-crd-vgpuquotapolicy.json` is checked against it).
 //!
 //! The fields stay as written (quantities are strings, numbers are signed) so that a bad
 //! value reaches [`super::rules`], which names the field, instead of failing the watch.
