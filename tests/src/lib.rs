@@ -5,6 +5,7 @@
 
 pub mod cpu_load;
 pub mod pidns;
+pub mod plugin_mount;
 pub mod promtool;
 
 use std::io::{BufRead, BufReader};

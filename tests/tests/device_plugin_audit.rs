@@ -9,8 +9,11 @@
 //! each pod, and shows them in the metrics; once the unenforced process exits it is no
 //! longer reported.
 //!
-//! The only test in this binary: it points this process's NVML at its own simulated node
-//! through the environment (`VGPU_SIM_DIR`) before any thread of its own starts.
+//! Each process runs in a mount namespace with its container's directory at `/etc/vgpu`,
+//! as the plugin mounts it: the audit attributes a process by that file (read through
+//! `/proc/PID/root`, ADR 0042), never by its environment. The test points this process's
+//! NVML at its own simulated node through the environment (`VGPU_SIM_DIR`) before any
+//! thread of its own starts (nextest: a process per test).
 
 // `std::env::set_var` is unsafe (edition 2024); see the SAFETY comment below.
 #![allow(unsafe_code)]
@@ -23,6 +26,7 @@ use vgpu_device_plugin::audit::{self, EVENT_REASON};
 use vgpu_device_plugin::metrics::Metrics;
 use vgpu_testkit::fake_kubelet::FakeKubelet;
 use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
+use vgpu_tests::plugin_mount::PluginMount;
 use vgpu_tests::{Probe, SimNode, probe_bin, shim_lib, sim_lib_dir};
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-0000000a0d17";
@@ -32,19 +36,24 @@ fn a_gpu_process_without_the_shim_is_reported_on_its_pod() {
     let sim = SimNode::new(&format!(
         "[[device]]\nuuid = \"{UUID}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"8Gi\"\n"
     ));
-    // SAFETY: the only test of this binary, and no thread of ours runs yet (the runtime
-    // and the probes' readers start below); the harness does not read the environment
-    // while a test runs.
+    let mount = PluginMount::new();
+    let mut enter = std::process::Command::new("unshare");
+    enter.args(["--mount", "--propagation", "private"]);
+    if let Err(why) = mount.check(enter) {
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::Mount, &why);
+    }
+    // SAFETY: nextest runs each test in a process of its own (ADR 0045), and no thread
+    // of ours runs yet (the runtime and the probes' readers start below).
     unsafe { std::env::set_var("VGPU_SIM_DIR", sim.state_dir()) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(&sim));
+    rt.block_on(run(&sim, &mount));
 }
 
-async fn run(sim: &SimNode) {
+async fn run(sim: &SimNode, mount: &PluginMount) {
     let gpus = vec![GpuInfo {
         index: 0,
         uuid: UUID.into(),
@@ -78,38 +87,30 @@ async fn run(sim: &SimNode) {
     }
     let hold = ["init", "alloc", "256Mi", "ready", "wait"];
     let timeout = Duration::from_secs(30);
-    let mut with_shim = sim.command(probe_bin());
-    with_shim
-        .env("LD_PRELOAD", shim_lib())
-        .env("VGPU_CONTAINER_DIR", &dirs[0])
-        .env("VGPU_DAEMON_SOCKET", "off")
-        .env_remove("VGPU_MEMORY_LIMIT");
-    let enforced = Probe::start(with_shim, &hold, timeout);
-    let mut without = sim.command(probe_bin());
-    without
-        .env("VGPU_CONTAINER_DIR", &dirs[1])
-        .env_remove("LD_PRELOAD");
-    let escaped = Probe::start(without, &hold, timeout);
+    // Each process in a container as the plugin makes one: its directory at /etc/vgpu
+    // (where the audit reads whose it is, ADR 0042), under the shim or not.
+    let shim = shim_lib();
+    let in_container = |dir: &std::path::Path, shim: Option<&std::path::Path>| {
+        let mut c = sim.command("unshare");
+        c.args(["--mount", "--propagation", "private"])
+            .args(mount.args(dir, shim, &probe_bin()))
+            .env("VGPU_CONTAINER_DIR", dir)
+            .env("VGPU_DAEMON_SOCKET", "off")
+            .env_remove("VGPU_MEMORY_LIMIT");
+        c
+    };
+    let enforced = Probe::start(in_container(&dirs[0], Some(&shim)), &hold, timeout);
+    let escaped = Probe::start(in_container(&dirs[1], None), &hold, timeout);
     // "forged": the first process fills the quota; the tenant then zeroes the shared
     // usage counter of its accounting region; the second process fills it again.
     let fill = ["init", "alloc-until-oom", "2097152", "ready", "wait"];
-    let forged_env = |cmd: &mut std::process::Command| {
-        cmd.env("LD_PRELOAD", shim_lib())
-            .env("VGPU_CONTAINER_DIR", &dirs[2])
-            .env("VGPU_DAEMON_SOCKET", "off")
-            .env_remove("VGPU_MEMORY_LIMIT");
-    };
-    let mut first = sim.command(probe_bin());
-    forged_env(&mut first);
-    let forged_1 = Probe::start(first, &fill, timeout);
+    let forged_1 = Probe::start(in_container(&dirs[2], Some(&shim)), &fill, timeout);
     assert_eq!(
         forge_region(&dirs[2], 2048 << 20),
         3,
         "quota, usage and the slot's usage"
     );
-    let mut second = sim.command(probe_bin());
-    forged_env(&mut second);
-    let forged_2 = Probe::start(second, &fill, timeout);
+    let forged_2 = Probe::start(in_container(&dirs[2], Some(&shim)), &fill, timeout);
 
     let metrics = Metrics::new(tokio::sync::watch::channel(Vec::new()).1);
     let rx = audit::spawn(

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use vgpu_tests::plugin_mount::PluginMount;
 use vgpu_tests::{Container, Probe, SimNode, num, probe_bin};
 
 const MIB: u64 = 1 << 20;
@@ -47,40 +48,25 @@ fn quota_record(mib: u64) -> String {
     )
 }
 
-/// Mounts, in a private mount namespace, an overlay of `/etc` (its upper layer on a
-/// tmpfs at `$1`), the container directory `$2` read-only at `/etc/vgpu` (as the device
-/// plugin does), then runs the rest with the shim `$3` preloaded.
-const CONTAINER_SH: &str = r#"set -e
-t=$1; c=$2; shim=$3; shift 3
-mount -t tmpfs tmpfs "$t"
-mkdir "$t/up" "$t/work"
-mount -t overlay overlay -o "lowerdir=/etc,upperdir=$t/up,workdir=$t/work" /etc
-mkdir -p /etc/vgpu
-mount --bind "$c" /etc/vgpu
-mount -o remount,bind,ro /etc/vgpu
-exec env LD_PRELOAD="$shim" "$@""#;
-
 /// A container as the device plugin makes one: its directory (the plugin's writable
 /// `VGPU_CONTAINER_DIR`) holding the quota file, mounted read-only at `/etc/vgpu` in the
 /// namespace of each of its processes.
 struct PluginContainer {
     _root: tempfile::TempDir,
     dir: PathBuf,
-    tmpfs: PathBuf,
+    mount: PluginMount,
 }
 
 impl PluginContainer {
     fn new(quota_mib: u64) -> PluginContainer {
         let root = tempfile::tempdir().expect("temporary directory");
         let dir = root.path().join("vgpu");
-        let tmpfs = root.path().join("etc-overlay");
         std::fs::create_dir(&dir).expect("container directory");
-        std::fs::create_dir(&tmpfs).expect("overlay directory");
         std::fs::write(dir.join("vgpu.conf"), quota_record(quota_mib)).expect("vgpu.conf");
         PluginContainer {
             _root: root,
             dir,
-            tmpfs,
+            mount: PluginMount::new(),
         }
     }
 
@@ -93,19 +79,11 @@ impl PluginContainer {
     /// `program` in the container, with the environment `env`.
     fn running(&self, node: &SimNode, env: &[(&str, &str)], program: &Path) -> Command {
         let mut c = node.command("unshare");
-        c.args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            CONTAINER_SH,
-            "sh",
-        ])
-        .arg(&self.tmpfs)
-        .arg(&self.dir)
-        .arg(vgpu_tests::shim_lib())
-        .arg(program);
+        c.args(["--mount", "--propagation", "private"])
+            .args(
+                self.mount
+                    .args(&self.dir, Some(&vgpu_tests::shim_lib()), program),
+            );
         for (k, v) in env {
             c.env(k, v);
         }

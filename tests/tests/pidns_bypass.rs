@@ -9,10 +9,12 @@
 //! flagged `pid=6 comm=kworker/…` (the container PID, read in the host's `/proc`) and the
 //! daemon a bypass `pid=7`.
 //!
-//! Needs unprivileged user namespaces; where the kernel refuses them the test says
-//! SKIPPED and checks nothing. The only test in this binary: it points this process's
-//! NVML at its own simulated node through the environment (`VGPU_SIM_DIR`) before any
-//! thread of its own starts.
+//! Each process also has its container's directory at `/etc/vgpu`, as the plugin mounts
+//! it: the audit attributes a process by that file (ADR 0042), never by its environment.
+//! Needs user namespaces and mounts in them (a visible skip where refused, a failure
+//! under CI). The test points this process's NVML at its own simulated node through the
+//! environment (`VGPU_SIM_DIR`) before any thread of its own starts (nextest: a process
+//! per test).
 
 // `std::env::set_var` is unsafe (edition 2024); see the SAFETY comment below.
 #![allow(unsafe_code)]
@@ -28,6 +30,7 @@ use vgpu_device_plugin::audit::{self, AuditState, EVENT_REASON};
 use vgpu_device_plugin::metrics::Metrics;
 use vgpu_testkit::fake_kubelet::FakeKubelet;
 use vgpu_testkit::node::{PodContainer, TestNode, fake_containers, pod_json};
+use vgpu_tests::plugin_mount::PluginMount;
 use vgpu_tests::{Probe, SimNode, field, probe_bin, shim_lib, sim_lib_dir};
 
 const UUID: &str = "GPU-51570000-0000-4000-8000-00000000b1d5";
@@ -41,16 +44,21 @@ fn bypass_checks_name_a_process_of_a_pid_namespace_by_its_host_pid() {
     let sim = SimNode::new(&format!(
         "[[device]]\nuuid = \"{UUID}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"8Gi\"\n"
     ));
-    // SAFETY: the only test of this binary, and no thread of ours runs yet (the runtime
-    // and the probes' readers start below); the harness does not read the environment
-    // while a test runs.
+    let mount = PluginMount::new();
+    let mut enter = std::process::Command::new("unshare");
+    enter.args(USERNS);
+    if let Err(why) = mount.check(enter) {
+        return vgpu_test_needs::skip(vgpu_test_needs::Need::UserNamespaces, &why);
+    }
+    // SAFETY: nextest runs each test in a process of its own (ADR 0045), and no thread
+    // of ours runs yet (the runtime and the probes' readers start below).
     unsafe { std::env::set_var("VGPU_SIM_DIR", sim.state_dir()) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(&sim));
+    rt.block_on(run(&sim, &mount));
 }
 
 /// The one child of process `pid` (the probe `unshare --fork` started), by the host's
@@ -63,7 +71,17 @@ fn only_child(pid: u32) -> u32 {
     }
 }
 
-async fn run(sim: &SimNode) {
+/// A PID namespace with its own `/proc`, in a user namespace, as a runtime gives a pod.
+const USERNS: [&str; 6] = [
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "--",
+];
+
+async fn run(sim: &SimNode, mount: &PluginMount) {
     // The node's state is created from its configuration by its first user, a process
     // given `VGPU_SIM_CONFIG`; this one's NVML readers only have `VGPU_SIM_DIR`.
     sim.probe(&["init"]);
@@ -123,23 +141,14 @@ async fn run(sim: &SimNode) {
 
     // Each process is PID 1 of its own PID namespace, with its own /proc.
     let in_container = |dir: &std::path::Path, shim: bool| {
+        let preload = shim.then(shim_lib);
         let mut cmd = sim.command("unshare");
-        cmd.args([
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--",
-        ])
-        .arg(probe_bin())
-        .env("VGPU_CONTAINER_DIR", dir)
-        .env_remove("VGPU_MEMORY_LIMIT");
+        cmd.args(USERNS)
+            .args(mount.args(dir, preload.as_deref(), &probe_bin()))
+            .env("VGPU_CONTAINER_DIR", dir)
+            .env_remove("VGPU_MEMORY_LIMIT");
         if shim {
-            cmd.env("LD_PRELOAD", shim_lib())
-                .env("VGPU_DAEMON_SOCKET", &socket);
-        } else {
-            cmd.env_remove("LD_PRELOAD");
+            cmd.env("VGPU_DAEMON_SOCKET", &socket);
         }
         Probe::start(
             cmd,
