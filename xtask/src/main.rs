@@ -4,9 +4,9 @@
 //!   `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`.
 //! - `ci`: what CI checks, in order: the prerequisites (Debian packages installed as root,
 //!   the Python clients in `target/venv`, tracefs mounted), formatting, one build of
-//!   everything (tests included), clippy, the simulator, every test (Rust, under
-//!   cargo-nextest where it is installed, and the third-party Python clients), docs,
-//!   then `busy`. Every step runs even when one before failed; the run ends with each
+//!   everything (tests included), clippy, the simulator, every test but the timing
+//!   tests (Rust, under cargo-nextest, and the third-party Python clients), docs, then
+//!   `busy`, which runs the timing tests: each test runs once. Every step runs even when one before failed; the run ends with each
 //!   step's time, the line `N passed, N failed, N skipped`, the list of skipped tests with
 //!   their reasons (`vgpu-test-needs`) and of every failed step and test, and fails if
 //!   there is one.
@@ -234,6 +234,16 @@ impl Run {
     /// environment, and the integration tests of a crate are one binary, ADR 0045);
     /// without it the step fails, saying how to install it.
     fn tests(&self, only: &[Sel]) -> Command {
+        self.nextest_run(only, false)
+    }
+
+    /// The test command over the whole workspace but `these`.
+    fn tests_but(&self, these: &[Sel]) -> Command {
+        self.nextest_run(these, true)
+    }
+
+    /// `cargo nextest run` over the workspace: only `sel`, or all but `sel` (`negate`).
+    fn nextest_run(&self, sel: &[Sel], negate: bool) -> Command {
         if !self.nextest {
             let mut c = Command::new("sh");
             c.args([
@@ -250,9 +260,15 @@ impl Run {
             "--workspace",
             "--no-fail-fast",
         ]);
-        if !only.is_empty() {
-            let expr: Vec<String> = only.iter().map(|s| s.filterset()).collect();
-            c.args(["-E", &expr.join(" | ")]);
+        if !sel.is_empty() {
+            let expr: Vec<String> = sel.iter().map(|s| s.filterset()).collect();
+            let expr = expr.join(" | ");
+            let expr = if negate {
+                format!("not ({expr})")
+            } else {
+                expr
+            };
+            c.args(["-E", &expr]);
         }
         self.test_env(&mut c);
         c
@@ -346,7 +362,8 @@ fn ci() -> Result<()> {
         Ok(())
     })?;
     r.timed("tests", |r| {
-        let tests = r.tests(&[]);
+        // Every test but the timing tests, which `busy` runs (once, on saturated CPUs).
+        let tests = r.tests_but(TIMING_TESTS);
         run_tests("tests", tests, &mut r.f, &mut r.counts)
     })?;
     r.timed("python clients", |r| {
