@@ -27,6 +27,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 mod demo;
+mod images;
 mod layout;
 mod prereq;
 mod testrun;
@@ -484,8 +485,13 @@ fn main() -> Result<()> {
         "hostile" => hostile(),
         "demo" => demo(),
         "layout" => layout::layout(&root()),
+        "images" => images::images(&root()),
+        "glibc-floor" => {
+            let rest: Vec<String> = std::env::args().skip(2).collect();
+            images::glibc_floor(&root(), &rest)
+        }
         other => bail!(
-            "unknown task {other:?}: expected `sim`, `ci`, `busy`, `hostile`, `demo` or `layout`"
+            "unknown task {other:?}: expected `sim`, `ci`, `busy`, `hostile`, `demo`, `layout`, `images` or `glibc-floor`"
         ),
     }
 }
