@@ -114,6 +114,25 @@ fn run(cmd: &mut Command) -> Result<()> {
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
+    // What `cargo run` sets for xtask itself: build scripts that watch these (ring's
+    // `rerun-if-env-changed=CARGO_PKG_NAME`, …) would see other values than in a plain
+    // `cargo` run and rebuild ring and all that depends on it at every switch.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&k.as_ref())
+        {
+            c.env_remove(k.as_ref());
+        }
+    }
     c
 }
 
