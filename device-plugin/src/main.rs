@@ -21,6 +21,38 @@ struct Cli {
 enum Cmd {
     /// Print the node's GPU inventory (JSON, one line) now and on every health change.
     Health(HealthArgs),
+    /// Copy the shim onto the host atomically (the node agent's init container: the image
+    /// has no shell): FROM to a temporary file beside TO, then renamed over TO, so a
+    /// container that mapped the old file keeps it.
+    InstallShim(InstallShimArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InstallShimArgs {
+    /// The shim in the image.
+    #[arg(long, default_value = "/usr/lib/vgpu/libvgpu.so")]
+    from: PathBuf,
+    /// Where it goes on the host (as mounted in the init container).
+    #[arg(long)]
+    to: PathBuf,
+}
+
+fn install_shim(a: &InstallShimArgs) -> Result<()> {
+    let dir =
+        a.to.parent()
+            .with_context(|| format!("--to {} has no directory", a.to.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let tmp = a.to.with_extension("so.new");
+    std::fs::copy(&a.from, &tmp)
+        .with_context(|| format!("copy {} to {}", a.from.display(), tmp.display()))?;
+    std::fs::rename(&tmp, &a.to)
+        .with_context(|| format!("rename {} to {}", tmp.display(), a.to.display()))?;
+    eprintln!(
+        "vgpu-device-plugin: installed {} as {}",
+        a.from.display(),
+        a.to.display()
+    );
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -275,6 +307,7 @@ fn main() -> std::process::ExitCode {
     let r = rt.block_on(async {
         match cli.cmd {
             Some(Cmd::Health(h)) => health_cmd(h).await,
+            Some(Cmd::InstallShim(a)) => install_shim(&a),
             None => {
                 let cfg = cli.run.config()?;
                 let socket = cfg.device_plugin_dir.join(&cfg.socket_name);

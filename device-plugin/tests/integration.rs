@@ -4,6 +4,7 @@
 //! when a file is added without its `mod` line below (it would never be compiled).
 
 mod binary;
+mod deploy_manifests;
 mod kubelet;
 mod kubelet_fine;
 mod kubelet_topology;
