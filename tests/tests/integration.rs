@@ -17,14 +17,21 @@ mod pidns_bypass;
 mod shim;
 mod shim_coverage;
 mod shim_cudarc;
+mod shim_entry_points;
 mod shim_exit;
 mod shim_fuzz;
+mod shim_graph_cap;
 mod shim_hostile_region;
+mod shim_ipc;
 mod shim_pidns;
 mod shim_pools;
+mod shim_pools_frees;
 mod shim_quota_file;
 mod shim_topology;
 mod shim_visible;
+mod shim_vmm;
+mod shim_workloads;
+mod workload_py;
 
 /// Every `.rs` file beside this one is declared above: a test file left out would
 /// silently never run.
