@@ -55,7 +55,3 @@ pub mod second_line;
 pub mod server;
 pub mod stopped;
 pub mod top;
-
-/// The arbiter's former name, for the callers that still use it.
-#[doc(hidden)]
-pub use arbiter as time_slicing;

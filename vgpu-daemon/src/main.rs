@@ -11,7 +11,7 @@ use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
 use vgpu_daemon::daemon::Config;
 use vgpu_daemon::nvml::WatcherConfig;
 use vgpu_daemon::reporting::{self, ReportingConfig};
-use vgpu_daemon::time_slicing::Params;
+use vgpu_daemon::arbiter::Params;
 
 /// vgpu's node daemon: time-slices kernels between containers by share and priority,
 /// reports per-pod usage.
@@ -66,7 +66,7 @@ struct Args {
     #[arg(
         long,
         env = "VGPU_CLAIM_TIMEOUT_MS",
-        default_value_t = ClaimTimeout(vgpu_daemon::time_slicing::DEFAULT_CLAIM_TIMEOUT_NS),
+        default_value_t = ClaimTimeout(vgpu_daemon::arbiter::DEFAULT_CLAIM_TIMEOUT_NS),
         value_parser = parse_claim_timeout
     )]
     claim_timeout_ms: ClaimTimeout,

@@ -19,7 +19,7 @@ use vgpu_core::sched_proto::{
     PROTO_VERSION, Priority,
 };
 use vgpu_daemon::daemon::Daemon;
-use vgpu_daemon::time_slicing::{DEFAULT_MAX_QUEUE_AHEAD_NS, PREEMPTIBLE_QUEUE_AHEAD_NS};
+use vgpu_daemon::arbiter::{DEFAULT_MAX_QUEUE_AHEAD_NS, PREEMPTIBLE_QUEUE_AHEAD_NS};
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
 

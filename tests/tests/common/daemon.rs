@@ -53,7 +53,7 @@ pub async fn serve_with(socket: &Path, tune: impl FnOnce(&mut vgpu_daemon::run::
     let mut cfg = vgpu_daemon::run::Config {
         daemon: Config {
             socket: socket.to_owned(),
-            params: vgpu_daemon::time_slicing::Params::default(),
+            params: vgpu_daemon::arbiter::Params::default(),
             trusted_quota_file: None,
             default_settings: ComputeSettings {
                 share_pct: 10,
