@@ -1,6 +1,7 @@
 //! `vgpu-daemon`: runs in the foreground; `--socket PATH` is the shims' socket. Parses
 //! the flags into a [`vgpu_daemon::run::Config`], installs logging, calls
-//! [`vgpu_daemon::run::run`] and maps its error to an exit code (2: bad configuration).
+//! [`vgpu_daemon::run::start`] then serves until SIGTERM or SIGINT, removes the sockets it
+//! bound (exit 0), and maps an error to an exit code (2: bad configuration).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -292,6 +293,58 @@ fn config(a: &Args) -> vgpu_daemon::run::Config {
     }
 }
 
+/// Resolves on SIGTERM (kubelet stopping the pod, systemd stopping the unit) or SIGINT
+/// (Ctrl-C). Where a handler cannot be installed, that signal keeps its default action.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let wait = |kind: SignalKind, name: &'static str| async move {
+        match signal(kind) {
+            Ok(mut s) => {
+                s.recv().await;
+                tracing::info!("{name} received");
+            }
+            Err(e) => {
+                tracing::warn!("cannot handle {name}: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = wait(SignalKind::terminate(), "SIGTERM") => {}
+        () = wait(SignalKind::interrupt(), "SIGINT") => {}
+    }
+}
+
+/// A unix socket this run bound, identified by device and inode.
+struct Bound {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Bound {
+    fn of(path: &std::path::Path) -> Option<Bound> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path).ok()?;
+        Some(Bound {
+            path: path.to_owned(),
+            id: (m.dev(), m.ino()),
+        })
+    }
+
+    /// Removes the socket if it is still the one bound (the eBPF pins stay: the gate
+    /// outlives a restart by design, ADR 0018; uninstalling removes them).
+    fn remove(&self) {
+        if Bound::of(&self.path).is_some_and(|now| now.id == self.id) {
+            match std::fs::remove_file(&self.path) {
+                Ok(()) => tracing::info!(socket = %self.path.display(), "socket removed"),
+                Err(e) => {
+                    tracing::warn!(socket = %self.path.display(), "cannot remove the socket: {e}")
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -334,12 +387,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let shutdown = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+    let sockets = [
+        Some(cfg.daemon.socket.clone()),
+        cfg.reporting.api_socket.clone(),
+    ];
+    let served = rt.block_on(async {
+        let node = vgpu_daemon::run::start(cfg).await?;
+        // The sockets as this run bound them: only those are removed at the end (a
+        // successor that already replaced one keeps its own).
+        let ours: Vec<_> = sockets
+            .iter()
+            .flatten()
+            .filter_map(|p| Bound::of(p))
+            .collect();
+        let r = node.serve(shutdown_signal()).await;
+        for b in &ours {
+            b.remove();
         }
-    };
-    match rt.block_on(vgpu_daemon::run::run(cfg, shutdown)) {
+        r
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let mut msg = format!("vgpu-daemon: {e}");
