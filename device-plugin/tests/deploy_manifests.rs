@@ -161,13 +161,13 @@ fn files_are_in_an_order_kubectl_apply_can_apply() {
                 if let Some(cm) = v["configMap"]["name"].as_str() {
                     need(key("ConfigMap", ns, cm));
                 }
-                if let Some(s) = v["secret"]["secretName"].as_str() {
-                    if !(SECRETS_MADE_BY_THE_CERT_SCRIPT.contains(&s) && script.contains(s)) {
-                        problems.push(format!(
-                            "{} mounts Secret {s}, which nothing creates",
-                            o.id()
-                        ));
-                    }
+                if let Some(s) = v["secret"]["secretName"].as_str()
+                    && !(SECRETS_MADE_BY_THE_CERT_SCRIPT.contains(&s) && script.contains(s))
+                {
+                    problems.push(format!(
+                        "{} mounts Secret {s}, which nothing creates",
+                        o.id()
+                    ));
                 }
             }
             // Every mount names a volume of the pod.
