@@ -414,8 +414,9 @@ fn ci() -> Result<()> {
     r.finish()
 }
 
-/// `busy`: the timing tests on saturated CPUs.
-fn busy() -> Result<()> {
+/// A run of some tests alone (`busy`, `hostile`): the simulator built and installed,
+/// nextest there.
+fn tests_alone() -> Result<Run> {
     let mut r = Run::new()?;
     r.timed("sim", |r| {
         if let Err(e) = sim() {
@@ -428,24 +429,19 @@ fn busy() -> Result<()> {
         }
         Ok(())
     })?;
+    Ok(r)
+}
+
+/// `busy`: the timing tests on saturated CPUs.
+fn busy() -> Result<()> {
+    let mut r = tests_alone()?;
     r.timed("busy", busy_tests)?;
     r.finish()
 }
 
 /// `hostile`: the adversarial suite, nothing else.
 fn hostile() -> Result<()> {
-    let mut r = Run::new()?;
-    r.timed("sim", |r| {
-        if let Err(e) = sim() {
-            r.f.step("sim", format!("{e:#}"));
-        }
-        if let Err(e) = prereq::nextest(cargo) {
-            r.f.step("prerequisites", format!("{e:#}"));
-        } else {
-            r.nextest = true;
-        }
-        Ok(())
-    })?;
+    let mut r = tests_alone()?;
     r.timed("hostile", |r| {
         let tests = r.tests(HOSTILE_TESTS);
         run_tests("hostile", tests, &mut r.f, &mut r.counts)
