@@ -9,7 +9,7 @@
 //!   the quota, the memory in use and the size asked. The API server is the scripted fake.
 //! - The `/metrics` both serve in that state pass `promtool check metrics` (Debian's
 //!   `prometheus` package; a recorded skip without it, a failure under `CI=true`).
-//! - Every PromQL query of the Grafana dashboard (`deploy/grafana/vgpu-dashboard.json`)
+//! - Every PromQL query of the Grafana dashboard (`deploy/60-grafana-dashboard.yaml`)
 //!   names only metrics that the daemon, the plugin and the scheduler extender render.
 
 use std::collections::BTreeSet;
@@ -406,9 +406,16 @@ fn the_promql_scanner_finds_metrics_and_nothing_else() {
 
 #[test]
 fn every_dashboard_query_names_only_exported_metrics() {
-    let path = vgpu_tests::repo_root().join("deploy/grafana/vgpu-dashboard.json");
-    let text = std::fs::read_to_string(&path).expect("the dashboard");
-    let d: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    // The dashboard is the JSON in the ConfigMap Grafana's sidecar loads.
+    let path = vgpu_tests::repo_root().join("deploy/60-grafana-dashboard.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("the dashboard's ConfigMap");
+    let docs = vgpu_testkit::deploy::parse_yaml(&yaml).expect("the ConfigMap is YAML");
+    let text = docs
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .and_then(|o| o["data"]["vgpu-dashboard.json"].as_str())
+        .expect("the ConfigMap holds vgpu-dashboard.json");
+    let d: Value = serde_json::from_str(text).expect("the dashboard is JSON");
     let exported = exported();
     assert!(
         exported.contains("vgpu_tenant_gpu_time_seconds_total")

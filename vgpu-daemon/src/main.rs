@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use vgpu_core::sched_proto::{ComputePolicy, ComputeSettings, Priority};
+use vgpu_daemon::arbiter::Params;
 use vgpu_daemon::daemon::Config;
 use vgpu_daemon::nvml::WatcherConfig;
 use vgpu_daemon::reporting::{self, ReportingConfig};
-use vgpu_daemon::arbiter::Params;
 
 /// vgpu's node daemon: time-slices kernels between containers by share and priority,
 /// reports per-pod usage.

@@ -18,8 +18,8 @@ use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, ComputePolicy, DaemonMsg, GrantWord,
     PROTO_VERSION, Priority,
 };
-use vgpu_daemon::daemon::Daemon;
 use vgpu_daemon::arbiter::{DEFAULT_MAX_QUEUE_AHEAD_NS, PREEMPTIBLE_QUEUE_AHEAD_NS};
+use vgpu_daemon::daemon::Daemon;
 use vgpu_sys::mono_ns;
 use vgpu_sys::shm::SharedMap;
 

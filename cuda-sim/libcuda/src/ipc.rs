@@ -43,7 +43,7 @@ pub struct Shared {
     pub map_len: u64,
     /// Node device index.
     pub dev: u32,
-    /// [`KIND_MEM`] or [`KIND_FABRIC`].
+    /// `KIND_MEM` or `KIND_FABRIC`.
     pub kind: u32,
 }
 

@@ -11,8 +11,8 @@ use vgpu_core::sched_proto::{
     ComputePolicy, ComputeSettings, ContainerIdent, DaemonMsg, GpuRegistration, PROTO_VERSION,
     Priority,
 };
-use vgpu_daemon::daemon::{Config, Daemon, Registered};
 use vgpu_daemon::arbiter::Params;
+use vgpu_daemon::daemon::{Config, Daemon, Registered};
 
 pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
 pub const GPU1: &str = "GPU-11111111-0000-4000-8000-000000000000";

@@ -1,6 +1,6 @@
 //! The extender's Prometheus text (`GET /metrics`): each namespace's use as the ledger
 //! holds it and each quota policy's totals, so a dashboard can draw use against policy
-//! totals (`deploy/grafana/vgpu-dashboard.json`). Names follow the daemon's
+//! totals (`deploy/60-grafana-dashboard.yaml`). Names follow the daemon's
 //! (`vgpu_*`, base units: bytes, ratio of one GPU; ADR 0020).
 
 use std::fmt::Write as _;
