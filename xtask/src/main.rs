@@ -411,6 +411,12 @@ fn ci() -> Result<()> {
         Ok(())
     })?;
     r.timed("busy", busy_tests)?;
+    if r.nextest {
+        match testrun::ignored_tests(&mut cargo()) {
+            Ok(n) => r.counts.ignored = n,
+            Err(e) => r.f.step("tests", format!("count the ignored tests: {e:#}")),
+        }
+    }
     r.finish()
 }
 
