@@ -266,7 +266,7 @@ pub fn run_tests(
     Ok(())
 }
 
-/// The number of #[ignore]d tests of the workspace (nextest's listing of them, one per
+/// The number of `#[ignore]`d tests of the workspace (nextest's listing of them, one per
 /// line): what a whole run leaves out.
 pub fn ignored_tests(cargo: &mut Command) -> Result<u64> {
     let out = cargo
