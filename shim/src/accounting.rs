@@ -392,7 +392,7 @@ pub(crate) fn primary_released(dev: CUdevice, reset: bool) {
         .unwrap_or(0)
     };
     if before > 0 && (reset || before == 1) {
-        shim.region.count_context(shim.slot, d, false);
+        shim.region.count_context(shim.slot, shim.rdev(d), false);
         let pools = shim.drop_context_allocs(shim.primary_ctx[d].swap(0, Ordering::AcqRel));
         for p in pools {
             reconcile(shim, p);
@@ -416,7 +416,7 @@ pub(crate) fn ctx_created(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(ctx, d);
-            shim.region.count_context(shim.slot, d, true);
+            shim.region.count_context(shim.slot, shim.rdev(d), true);
             crate::gate::ensure_started(shim);
         }
         r
@@ -428,7 +428,7 @@ pub(crate) fn ctx_created(
 pub(crate) fn primary_retained(shim: &'static Shim, dev: CUdevice, ctx: usize) {
     let Some(d) = dev_index(dev) else { return };
     if shim.primary_refs[d].fetch_add(1, Ordering::AcqRel) == 0 {
-        shim.region.count_context(shim.slot, d, true);
+        shim.region.count_context(shim.slot, shim.rdev(d), true);
     }
     shim.primary_ctx[d].store(ctx, Ordering::Release);
     crate::gate::ensure_started(shim);
@@ -452,7 +452,7 @@ pub(crate) fn ctx_destroyed(ctx: usize) {
         .unwrap_or_else(|p| p.into_inner())
         .remove(&ctx);
     if let Some(d) = dev {
-        shim.region.count_context(shim.slot, d, false);
+        shim.region.count_context(shim.slot, shim.rdev(d), false);
     }
     for p in shim.drop_context_allocs(ctx) {
         reconcile(shim, p);

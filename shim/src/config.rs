@@ -90,6 +90,10 @@ pub struct Config {
     /// What the environment asked that the container's quota overrode, one line each
     /// (said on stderr and in the daemon's `Hello`).
     pub overridden: Vec<String>,
+    /// The container's device of each CUDA ordinal of this process: where its quota and
+    /// usage live in the container's shared accounting ([`region_indices`]). The
+    /// identity without a quota file.
+    pub region_index: [usize; MAX_DEVICES],
 }
 
 /// What this process may do on one visible device, by the quota file's one rule
@@ -165,6 +169,7 @@ impl Config {
             container_dir_from_env: false,
             held: false,
             overridden: Vec::new(),
+            region_index: std::array::from_fn(|d| d),
         };
         let mut all = None;
         let mut per_device = Vec::new();
@@ -292,6 +297,13 @@ impl Config {
     /// The quota of device `dev`, if any (`Some(0)`: nothing may be allocated on it).
     pub fn limit(&self, dev: usize) -> Option<u64> {
         self.limits.get(dev).copied().flatten()
+    }
+
+    /// The container's device that CUDA ordinal `dev` of this process is, for its
+    /// shared accounting (an ordinal beyond the accounts is returned as is: the region
+    /// has no record of it).
+    pub fn region_dev(&self, dev: usize) -> usize {
+        self.region_index.get(dev).copied().unwrap_or(dev)
     }
 
     /// The compute settings to propose for a GPU, given the quota file's (trusted)
@@ -444,6 +456,7 @@ impl Config {
                 g.uuid
             ));
         }
+        self.region_index = region_indices(device_uuids, &q);
         let mut file_limits: [Option<u64>; MAX_DEVICES] = [None; MAX_DEVICES];
         for (slot, uuid) in file_limits.iter_mut().zip(device_uuids) {
             if let GpuGrant::Granted(g) = q.grant(uuid) {
@@ -472,6 +485,33 @@ impl Config {
         }
         Ok(notes)
     }
+}
+
+/// The container's device of each CUDA ordinal, given the UUIDs by ordinal
+/// `device_uuids` and the container's quota file `q`: a GPU the file grants is the
+/// file's position of it, the same in every process of the container whatever its own
+/// `CUDA_VISIBLE_DEVICES` (which renumbers the ordinals: with `2,0` ordinal 0 is the
+/// file's third GPU); the other ordinals take the positions left, in order. A
+/// permutation of `0..MAX_DEVICES`, so that no two ordinals share an account.
+pub fn region_indices(device_uuids: &[String], q: &ContainerQuota) -> [usize; MAX_DEVICES] {
+    let mut out = [usize::MAX; MAX_DEVICES];
+    let mut taken = [false; MAX_DEVICES];
+    for (slot, uuid) in out.iter_mut().zip(device_uuids) {
+        if let Some(i) = q
+            .gpus
+            .iter()
+            .position(|g| vgpu_core::container_quota::same_gpu(uuid, &g.uuid))
+            .filter(|&i| i < MAX_DEVICES && !taken[i])
+        {
+            *slot = i;
+            taken[i] = true;
+        }
+    }
+    let mut free = (0..MAX_DEVICES).filter(|&i| !taken[i]);
+    for slot in out.iter_mut().filter(|s| **s == usize::MAX) {
+        *slot = free.next().unwrap_or(0);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -512,6 +552,47 @@ mod tests {
         let mut c = cfg(&[("VGPU_MEMORY_LIMIT_0", "500Mi")]).unwrap();
         c.apply_quota_file(p, &file(&[(A, 2000)]), &devs).unwrap();
         assert_eq!(c.limit(0), Some(500 << 20), "env can lower");
+    }
+
+    #[test]
+    fn every_process_keeps_a_gpus_accounts_at_its_place_in_the_file() {
+        const C: &str = "GPU-51570000-0000-4000-8000-000000000002";
+        let q = ContainerQuota::from_json(&file(&[(C, 1000), (A, 2000), (B, 3000)])).unwrap();
+        let own = |uuids: &[&str]| {
+            let u: Vec<String> = uuids.iter().map(|s| (*s).to_owned()).collect();
+            region_indices(&u, &q)
+        };
+        // No CUDA_VISIBLE_DEVICES of its own: the driver shows the file's order.
+        assert_eq!(own(&[C, A, B])[..3], [0, 1, 2]);
+        // `2,0`: ordinal 0 is B (the file's third), 1 is C; A, left out, at ordinal 2.
+        assert_eq!(own(&[B, C, A])[..3], [2, 0, 1]);
+        // A GPU the file does not grant (a driver that ignored the variable) takes a
+        // place no granted GPU has; every ordinal has a place of its own.
+        let m = own(&[
+            "GPU-51570000-0000-4000-8000-00000000000f",
+            A,
+            "gpu-51570000-0000-4000-8000-000000000002 ",
+        ]);
+        assert_eq!(m[..3], [2, 1, 0]);
+        let mut sorted = m;
+        sorted.sort_unstable();
+        assert_eq!(sorted, std::array::from_fn::<usize, MAX_DEVICES, _>(|i| i));
+        // Applied with the file; the identity without one.
+        let mut c = cfg(&[]).unwrap();
+        assert_eq!(c.region_dev(1), 1);
+        let devs = [B.to_owned(), C.to_owned(), A.to_owned()];
+        c.apply_quota_file(
+            Path::new("/c/vgpu.conf"),
+            &file(&[(C, 1000), (A, 2000), (B, 3000)]),
+            &devs,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.region_dev(0), c.region_dev(1), c.region_dev(2)),
+            (2, 0, 1)
+        );
+        assert_eq!(c.limit(0), Some(3000 << 20));
+        assert_eq!(c.region_dev(MAX_DEVICES + 3), MAX_DEVICES + 3);
     }
 
     #[test]

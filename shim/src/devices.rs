@@ -32,14 +32,16 @@ use crate::table::Id;
 static GRANTED: OnceLock<Vec<String>> = OnceLock::new();
 /// The container's GPUs this process chose with its own `CUDA_VISIBLE_DEVICES`.
 static SELECTED: OnceLock<Vec<String>> = OnceLock::new();
-/// The CUDA driver's devices (UUIDs by ordinal) once restricted.
-static DRIVER: OnceLock<Vec<String>> = OnceLock::new();
+/// The ordinals the accounts know (UUIDs by ordinal), once restricted: the CUDA
+/// driver's devices, then the container's GPUs this process left out with its own
+/// `CUDA_VISIBLE_DEVICES` ([`driver_view`]).
+static ORDINALS: OnceLock<Vec<String>> = OnceLock::new();
 /// NVML's indices of the container's GPUs, once NVML could say.
 static NVML_MAP: OnceLock<DeviceMap> = OnceLock::new();
 
 /// The GPUs of the quota file `quota_text`, in its order (None if it cannot be read: the
 /// configuration reports the file by name and value).
-fn granted_of(quota_text: &str) -> Option<Vec<String>> {
+pub(crate) fn granted_of(quota_text: &str) -> Option<Vec<String>> {
     ContainerQuota::from_json(quota_text)
         .ok()
         .map(|q| q.gpus.iter().map(|g| g.uuid.trim().to_owned()).collect())
@@ -114,14 +116,23 @@ pub fn driver_view(uuids: &[String]) -> Vec<String> {
             });
         }
     }
-    let _ = DRIVER.set(uuids.to_vec());
+    let all = match (GRANTED.get(), SELECTED.get()) {
+        (Some(granted), Some(chosen)) => with_left_out(uuids, granted, chosen),
+        _ => uuids.to_vec(),
+    };
+    let _ = ORDINALS.set(all.clone());
+    all
+}
+
+/// The devices `uuids` (by CUDA ordinal), then the container's GPUs `granted` that this
+/// process left out of its selection `chosen` and that `uuids` lacks, at the ordinals
+/// past the driver's: the ordinals the accounts know.
+pub fn with_left_out(uuids: &[String], granted: &[String], chosen: &[String]) -> Vec<String> {
     let mut all = uuids.to_vec();
-    if let (Some(granted), Some(chosen)) = (GRANTED.get(), SELECTED.get()) {
-        for g in granted {
-            let left_out = !chosen.iter().any(|c| same_gpu(c, g));
-            if left_out && !all.iter().any(|u| same_gpu(u, g)) {
-                all.push(g.clone());
-            }
+    for g in granted {
+        let left_out = !chosen.iter().any(|c| same_gpu(c, g));
+        if left_out && !all.iter().any(|u| same_gpu(u, g)) {
+            all.push(g.clone());
         }
     }
     all
@@ -227,11 +238,13 @@ pub(crate) fn nvml_visible(
 }
 
 /// The CUDA ordinal of NVML device `device` (the accounts are kept by CUDA ordinal):
-/// the driver's device with the same UUID; without a quota file (the driver was not
-/// asked), NVML's index, which the device plugin's `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes
-/// agree.
+/// the driver's device with the same UUID, or for a granted GPU this process left out
+/// with its own `CUDA_VISIBLE_DEVICES` (NVML still shows it), the ordinal past the
+/// driver's that [`driver_view`] gave it, so that NVML shows its quota and usage too;
+/// without a quota file (the driver was not asked), NVML's index, which the device
+/// plugin's `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes agree.
 pub(crate) fn cuda_ordinal(device: nvmlDevice_t) -> Option<usize> {
-    match DRIVER.get() {
+    match ORDINALS.get() {
         Some(uuids) => {
             let u = handle_uuid(device).ok()?;
             uuids.iter().position(|d| same_gpu(d, &u))

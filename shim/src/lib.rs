@@ -26,6 +26,8 @@
 //! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback);
 //!   its gate thread, the daemon client with deadlines, is `gate::runner`.
 //! - [`config`]: the environment, parsed and validated.
+//! - [`quota_env`]: the quota published to the application in its environment
+//!   (`VGPU_MEMORY_QUOTA_BYTES`), set as the shim is loaded.
 //!
 //! See `docs/shim.md` and ADR 0008.
 
@@ -56,6 +58,7 @@ pub mod memory_view;
 pub mod nvml_procs;
 pub mod pools;
 pub mod process;
+pub mod quota_env;
 pub mod real;
 pub mod refusals;
 pub mod region;

@@ -21,7 +21,9 @@ pub fn container_processes(
 ) -> usize {
     shim.region.reap(Some(shim.slot));
     keep_processes(buf, stride, |pid| {
-        let used = shim.region.pid_used(pid, dev.unwrap_or(usize::MAX))?;
+        let used = shim
+            .region
+            .pid_used(pid, shim.rdev(dev.unwrap_or(usize::MAX)))?;
         Some((shim.region.container_pid(pid).unwrap_or(pid), used))
     })
 }

@@ -111,11 +111,13 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The configuration: the environment, held to the container where its fixed quota file
-/// exists (ADR 0042), then the quota file if the container has one. Runs outside any
-/// lock: with a quota file it calls the real driver (to map the file's GPU UUIDs to CUDA
-/// ordinals).
-fn configure() -> Result<Config, (OnError, String)> {
+/// The environment's configuration, held to the container where its fixed quota file
+/// exists (ADR 0042), and the text of the container's quota file (None without one).
+/// `quiet`: what the hold overrides is not said (the load-time publication of the quota,
+/// [`crate::quota_env`], runs in every process; the configuration says it once enforcing).
+pub(crate) fn environment_and_quota_file(
+    quiet: bool,
+) -> Result<(Config, Option<String>), (OnError, String)> {
     let held = fixed_quota_file_exists();
     let mut cfg = Config::from_env().map_err(|e| (early_on_error(held), e.to_string()))?;
     if held {
@@ -123,21 +125,34 @@ fn configure() -> Result<Config, (OnError, String)> {
         let same = same_dir(&cfg.container_dir, fixed);
         // Said whatever VGPU_LOG says: a process held to a quota it did not ask for
         // must not find out from a refused allocation alone.
-        for n in cfg.hold_to_container(fixed, same) {
-            crate::say!("vgpu: WARNING: {n}");
+        let notes = cfg.hold_to_container(fixed, same);
+        if !quiet {
+            for n in notes {
+                crate::say!("vgpu: WARNING: {n}");
+            }
         }
     }
     let path = cfg.quota_file();
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cfg),
-        Err(e) => {
-            return Err((
-                cfg.on_error,
-                format!("cannot read the quota file {}: {e}", path.display()),
-            ));
-        }
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Ok((cfg, Some(t))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((cfg, None)),
+        Err(e) => Err((
+            cfg.on_error,
+            format!("cannot read the quota file {}: {e}", path.display()),
+        )),
+    }
+}
+
+/// The configuration: the environment, held to the container where its fixed quota file
+/// exists (ADR 0042), then the quota file if the container has one. Runs outside any
+/// lock: with a quota file it calls the real driver (to map the file's GPU UUIDs to CUDA
+/// ordinals).
+fn configure() -> Result<Config, (OnError, String)> {
+    let (mut cfg, text) = environment_and_quota_file(false)?;
+    let Some(text) = text else {
+        return Ok(cfg);
     };
+    let path = cfg.quota_file();
     // Only the container's GPUs are shown to the driver (ADR 0014), before it starts.
     crate::devices::restrict_driver(&text);
     let uuids = crate::driver::device_uuids().map_err(|e| {
@@ -180,7 +195,7 @@ fn init(cfg: Result<Config, (OnError, String)>) -> Result<Shim, (OnError, String
         // A quota of 0 (a device the quota file does not list) is this process's to
         // enforce: in the region 0 means unlimited.
         let want = cfg.limit(d).filter(|&q| q > 0);
-        let q = region.init_quota(d, want);
+        let q = region.init_quota(cfg.region_dev(d), want);
         if want.is_some() && q != want && cfg.log {
             crate::say!(
                 "vgpu: device {d}: the container's quota is {q:?} bytes (lowered by another of its processes), not {:?}",
@@ -331,12 +346,13 @@ impl Shim {
     /// (which gives back what this process's pools no longer hold, and says whether it
     /// gave anything back).
     pub fn reserve_or(&self, dev: usize, bytes: u64, reclaim: impl FnOnce() -> bool) -> bool {
+        let rd = self.rdev(dev);
         if self.denied(dev) {
             self.refusals.record(
                 dev,
                 vgpu_core::sched_proto::MemoryRefusal {
                     asked: bytes,
-                    used: self.region.used(dev),
+                    used: self.region.used(rd),
                     quota: 0,
                 },
             );
@@ -348,33 +364,33 @@ impl Shim {
             return false;
         }
         let cap = self.cfg.limit(dev).filter(|&q| q > 0);
-        if self.region.try_charge(self.slot, dev, bytes, cap) {
+        if self.region.try_charge(self.slot, rd, bytes, cap) {
             return true;
         }
         if self.region.reap(Some(self.slot)) > 0
-            && self.region.try_charge(self.slot, dev, bytes, cap)
+            && self.region.try_charge(self.slot, rd, bytes, cap)
         {
             return true;
         }
-        if reclaim() && self.region.try_charge(self.slot, dev, bytes, cap) {
+        if reclaim() && self.region.try_charge(self.slot, rd, bytes, cap) {
             return true;
         }
         self.refusals.record(
             dev,
             vgpu_core::sched_proto::MemoryRefusal {
                 asked: bytes,
-                used: self.region.used(dev),
-                quota: self.region.quota(dev).or(cap).unwrap_or(0),
+                used: self.region.used(rd),
+                quota: self.region.quota(rd).or(cap).unwrap_or(0),
             },
         );
         log(self, || {
             let quota = self
                 .region
-                .quota(dev)
+                .quota(rd)
                 .map_or_else(|| "no quota".to_owned(), |q| format!("a quota of {q}"));
             format!(
                 "device {dev}: {bytes} bytes refused (out of memory): the container uses {} bytes of {quota}",
-                self.region.used(dev)
+                self.region.used(rd)
             )
         });
         false
@@ -382,7 +398,7 @@ impl Shim {
 
     /// Gives back a reservation.
     pub fn unreserve(&self, dev: usize, bytes: u64) {
-        self.region.uncharge(self.slot, dev, bytes);
+        self.region.uncharge(self.slot, self.rdev(dev), bytes);
     }
 
     /// Records a charged allocation.
@@ -470,6 +486,13 @@ impl Shim {
         self.pool_credit.swap(false, Ordering::AcqRel)
     }
 
+    /// Where CUDA ordinal `dev` of this process keeps its quota and usage in the
+    /// container's region: the container's device, the same in all its processes
+    /// whatever their `CUDA_VISIBLE_DEVICES` ([`crate::config::region_indices`]).
+    pub fn rdev(&self, dev: usize) -> usize {
+        self.cfg.region_dev(dev)
+    }
+
     /// Whether nothing may be allocated on `dev` (a quota file that does not list it).
     pub fn denied(&self, dev: usize) -> bool {
         self.cfg.limit(dev) == Some(0)
@@ -482,7 +505,7 @@ impl Shim {
             return Some(0);
         }
         match (
-            self.region.quota(dev),
+            self.region.quota(self.rdev(dev)),
             self.cfg.limit(dev).filter(|&q| q > 0),
         ) {
             (Some(r), Some(own)) => Some(r.min(own)),
@@ -496,7 +519,7 @@ impl Shim {
     /// memory, issue 11 item 4).
     pub fn used(&self, dev: usize) -> u64 {
         self.region.reap(Some(self.slot));
-        self.region.used(dev)
+        self.region.used(self.rdev(dev))
     }
 }
 

@@ -619,7 +619,7 @@ impl Runner {
                 self.last_usage = Instant::now();
                 self.refusals_reported = refusals;
                 for k in 0..self.registered.len() {
-                    let memory_used = self.shim.region.used(self.registered[k]);
+                    let memory_used = self.shim.region.used(self.shim.rdev(self.registered[k]));
                     let (refused, last_refusal) = self.shim.refusals.get(self.registered[k]);
                     self.send(&ShimMsg::Usage {
                         gpu: u32::try_from(k).unwrap_or(0),
