@@ -25,7 +25,7 @@ fn node() -> SimNode {
     )
 }
 
-fn quota_file(gpus: &[(&str, u64)]) -> String {
+pub(crate) fn quota_file(gpus: &[(&str, u64)]) -> String {
     let g: Vec<String> = gpus
         .iter()
         .map(|(u, m)| {
@@ -39,7 +39,7 @@ fn quota_file(gpus: &[(&str, u64)]) -> String {
 }
 
 /// A container whose quota file grants `gpus` (no environment limit, no daemon).
-fn container(gpus: &[(&str, u64)]) -> Container {
+pub(crate) fn container(gpus: &[(&str, u64)]) -> Container {
     let mut c = Container::new("1Gi").with("VGPU_DAEMON_SOCKET", "off");
     c.limit = None;
     std::fs::create_dir_all(c.dir()).expect("container dir");
