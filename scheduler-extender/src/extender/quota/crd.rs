@@ -106,17 +106,24 @@ pub struct VgpuQuotaPolicyStatus {
 }
 
 /// A namespace's use of GPUs.
+///
+/// The counts are `u64` in Rust; their schema says `format: int64` (with `minimum: 0`),
+/// since Kubernetes knows no `uint64` format and warned `unrecognized format "uint64"`
+/// at every install (issue 40).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaUse {
     /// GPU memory held, MiB.
+    #[schemars(extend("format" = "int64"))]
     #[serde(rename = "memoryMiB")]
     pub memory_mib: u64,
     /// Compute held over all GPUs, percent of one GPU (may have one decimal).
     pub compute_percent: f64,
     /// Distinct GPUs held a share of.
+    #[schemars(extend("format" = "int64"))]
     pub gpus: u64,
     /// Pods holding GPUs.
+    #[schemars(extend("format" = "int64"))]
     pub pods: u64,
 }
 
