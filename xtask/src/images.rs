@@ -24,7 +24,7 @@ pub const GLIBC_FLOOR: (u32, u32) = (2, 28);
 /// The zig target that gives that floor.
 const ZIG_TARGET: &str = "x86_64-unknown-linux-gnu.2.28";
 /// The images' version tag.
-const TAG: &str = "0.1.0";
+pub const TAG: &str = "0.1.0";
 
 /// The highest `GLIBC_x.y` version in `objdump -T` output, if any.
 pub fn highest_glibc(objdump: &str) -> Option<(u32, u32)> {
@@ -107,7 +107,7 @@ fn build_shim(root: &Path) -> Result<PathBuf> {
 }
 
 /// The shared libraries `ldd` says `bin` loads (absolute paths, the interpreter too).
-fn linked_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+pub fn linked_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd").arg(bin).output().context("run ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
@@ -204,13 +204,14 @@ fn sha256(data: &[u8]) -> Result<String> {
     Ok(hex.split_whitespace().next().unwrap_or("").to_owned())
 }
 
-/// Writes an OCI archive of one image with `files` (path in image → file on disk, mode)
-/// and `entrypoint`; returns its size in bytes.
-fn oci_archive(
+/// Writes an OCI archive of one image with `files` (path in image → file on disk, mode),
+/// `env` and `cmd` (the image's `Cmd`; empty: none); returns its size in bytes.
+pub fn oci_archive(
     out: &Path,
     reference: &str,
     files: &BTreeMap<String, (PathBuf, u32)>,
     env: &[&str],
+    cmd: &[&str],
 ) -> Result<u64> {
     let mut entries = Vec::new();
     for (path, (src, mode)) in files {
@@ -226,7 +227,11 @@ fn oci_archive(
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": env, "User": "0"},
+        "config": if cmd.is_empty() {
+            serde_json::json!({"Env": env, "User": "0"})
+        } else {
+            serde_json::json!({"Env": env, "User": "0", "Cmd": cmd})
+        },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
         "history": [{"created_by": "cargo xtask images"}]
     });
@@ -339,7 +344,7 @@ pub fn images(root: &Path) -> Result<()> {
     for (name, files) in [("node", node), ("scheduler-extender", extender)] {
         let reference = format!("docker.io/vgpu/{name}:{TAG}");
         let out = dir.join(format!("vgpu-{name}-{TAG}.oci.tar"));
-        let size = oci_archive(&out, &reference, &files, &env)?;
+        let size = oci_archive(&out, &reference, &files, &env, &[])?;
         println!(
             "{reference}: {} ({:.1} MiB, {} files)",
             out.display(),

@@ -26,6 +26,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+mod cluster;
 mod demo;
 mod images;
 mod layout;
@@ -507,12 +508,13 @@ fn main() -> Result<()> {
         "demo" => demo(),
         "layout" => layout::layout(&root()),
         "images" => images::images(&root()),
+        "cluster" => cluster::cluster(&root(), sim),
         "glibc-floor" => {
             let rest: Vec<String> = std::env::args().skip(2).collect();
             images::glibc_floor(&root(), &rest)
         }
         other => bail!(
-            "unknown task {other:?}: expected `sim`, `ci`, `busy`, `hostile`, `demo`, `layout`, `images` or `glibc-floor`"
+            "unknown task {other:?}: expected `sim`, `ci`, `busy`, `hostile`, `demo`, `layout`, `images`, `cluster` or `glibc-floor`"
         ),
     }
 }
