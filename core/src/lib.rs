@@ -9,6 +9,7 @@
 pub mod bytes;
 pub mod container_quota;
 pub mod cpu_cgroup;
+pub mod elf_exports;
 pub mod gpu_uuid;
 pub mod inventory;
 pub mod kube_cgroup;

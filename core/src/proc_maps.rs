@@ -38,6 +38,44 @@ pub fn driver_loads(maps: &str) -> usize {
         .count()
 }
 
+/// One load of a file in `maps`: its mapping at file offset 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedObject<'a> {
+    /// The mapping's address range as `maps` writes it (`7f00-7f10`: the name of its entry
+    /// in `/proc/PID/map_files`).
+    pub range: &'a str,
+    /// The file's device (`08:01`) and inode: its identity.
+    pub dev: &'a str,
+    /// Inode.
+    pub inode: u64,
+    /// Its path (possibly ending in ` (deleted)`).
+    pub path: &'a str,
+}
+
+/// Every file loaded in `maps` (a mapping at offset 0 of a file with an inode and an
+/// absolute path), one per load: a library loaded twice (`dlmopen`) shows twice.
+pub fn loaded_objects(maps: &str) -> Vec<LoadedObject<'_>> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (Some(range), Some(_), Some(offset), Some(dev), Some(inode)) =
+                (f.next(), f.next(), f.next(), f.next(), f.next())
+            else {
+                return None;
+            };
+            // The path is the rest of the line (it may hold spaces).
+            let path = l.find(" /").map(|i| l[i + 1..].trim_end())?;
+            let inode: u64 = inode.parse().ok()?;
+            (u64::from_str_radix(offset, 16) == Ok(0) && inode != 0).then_some(LoadedObject {
+                range,
+                dev,
+                inode,
+                path,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +95,27 @@ mod tests {
             0
         );
         assert_eq!(driver_loads("garbage\n"), 0);
+    }
+
+    #[test]
+    fn each_load_of_a_file_is_one_object_whatever_its_name() {
+        let maps = "7f00-7f10 r--p 00000000 08:01 77   /usr/lib/libcuda.so.1\n\
+                    7f10-7f90 r-xp 00010000 08:01 77   /usr/lib/libcuda.so.1\n\
+                    7e00-7e10 r--p 00000000 08:01 99   /tmp/x/lib helper.so (deleted)\n\
+                    7d00-7d10 rw-p 00000000 00:00 0 \n\
+                    7c00-7c10 r--p 00000000 00:05 12   [vdso]\n";
+        let o = loaded_objects(maps);
+        assert_eq!(o.len(), 2, "{o:?}");
+        assert_eq!(
+            o[1],
+            LoadedObject {
+                range: "7e00-7e10",
+                dev: "08:01",
+                inode: 99,
+                path: "/tmp/x/lib helper.so (deleted)"
+            }
+        );
+        assert!(loaded_objects("garbage\n").is_empty());
     }
 
     #[test]

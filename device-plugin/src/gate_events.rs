@@ -1,11 +1,18 @@
-//! Posts a `Warning` event `VgpuGpuOpenRefused` on the pod of each process the node
-//! daemon's eBPF GPU device gate refused (docs/ebpf.md): the plugin follows the daemon's
+//! Posts the node daemon's enforcement events to Kubernetes (docs/ebpf.md, ADR 0055): a
+//! `Warning` event `VgpuGpuOpenRefused` on the pod of each process the eBPF GPU device
+//! gate refused; `VgpuGpuMemoryKilled` / `VgpuGpuMemoryRefused` / `VgpuGpuMemoryOverQuota`
+//! on the pod of each process the second line acted on (memory over quota, a second
+//! driver), naming the process, the figures and the reason; and `VgpuEbpfNotEnforcing` on
+//! the node when `--ebpf enforce` could not be delivered. The plugin follows the daemon's
 //! `WatchEnforcementEvents` stream on the daemon's **API** socket (root only, never
 //! mounted into a container: the shims' socket is, and the stream names other pods'
 //! processes), resolves the event's pod UID and container id through its pod watch, and
-//! posts one event per (pod, process) — a process retrying its open a thousand times is
-//! one event, not a flood. When the daemon restarts (or is not there yet) it reconnects,
+//! posts one event per (pod, process, what) — a process retrying its open a thousand times
+//! is one event, not a flood. When the daemon restarts (or is not there yet) it reconnects,
 //! waiting 100 ms, doubling up to 5 s; events the new daemon replays are not posted twice.
+//! The second line's and the node's events are named from what identifies them (pod,
+//! action, pid and the daemon's time of the action), so a replay after the plugin itself
+//! restarts meets the posted one (409 AlreadyExists) instead of making a second.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -29,6 +36,14 @@ use daemon_v1::daemon_client::DaemonClient;
 
 /// The event reason posted on a pod one of whose processes the gate refused.
 pub const EVENT_REFUSED: &str = "VgpuGpuOpenRefused";
+/// The second line killed a process of the pod (`--memory-enforce kill`).
+pub const EVENT_MEMORY_KILLED: &str = "VgpuGpuMemoryKilled";
+/// The second line withdrew a process's admission at the gate (`--memory-enforce refuse`).
+pub const EVENT_MEMORY_REFUSED: &str = "VgpuGpuMemoryRefused";
+/// The second line found a process over quota and only reported it (`report`).
+pub const EVENT_MEMORY_OVER: &str = "VgpuGpuMemoryOverQuota";
+/// Posted on the node: `--ebpf enforce` asked for, the gate not attached.
+pub const EVENT_NOT_ENFORCING: &str = "VgpuEbpfNotEnforcing";
 /// (pod, process) pairs remembered as posted; beyond, the oldest are forgotten.
 const REMEMBERED: usize = 4096;
 /// Waits between reconnections: from the first to the longest, doubling.
@@ -45,20 +60,32 @@ pub struct GateWatchState {
     pub refusals: u64,
     /// Events posted on pods.
     pub posted: u64,
+    /// Second-line actions received (every one, replayed or not).
+    pub memory_actions: u64,
+    /// Second-line events posted on pods.
+    pub memory_posted: u64,
+    /// Not-enforcing events posted on the node.
+    pub node_posted: u64,
+    /// Events the API server already had (posted before a restart of the plugin).
+    pub already_posted: u64,
     /// Events the daemon dropped for this subscriber (it read too slowly).
     pub lost: u64,
 }
 
-/// The posted (pod, process) pairs, oldest first.
+/// What was posted: (pod UID, process, what), oldest first. `what` is empty for a refused
+/// open, the action for the second line's; the node's events use the node's name and the
+/// daemon's time of the event.
+type PostedKey = (String, u64, &'static str);
+
 #[derive(Debug, Default)]
 struct Posted {
-    set: HashSet<(String, u32)>,
-    order: VecDeque<(String, u32)>,
+    set: HashSet<PostedKey>,
+    order: VecDeque<PostedKey>,
 }
 
 impl Posted {
-    /// Whether the pair is new (and remembers it).
-    fn insert(&mut self, key: (String, u32)) -> bool {
+    /// Whether the key is new (and remembers it).
+    fn insert(&mut self, key: PostedKey) -> bool {
         if !self.set.insert(key.clone()) {
             return false;
         }
@@ -143,30 +170,115 @@ async fn on_event(
     posted: &mut Posted,
     state: &Mutex<GateWatchState>,
 ) {
-    {
-        let mut st = lock(state);
-        st.lost += e.lost_before;
-        if e.kind != daemon_v1::EnforcementEventKind::Refused as i32 {
-            return;
+    lock(state).lost += e.lost_before;
+    match daemon_v1::EnforcementEventKind::try_from(e.kind) {
+        Ok(daemon_v1::EnforcementEventKind::Refused) => on_refused(hs, e, posted, state).await,
+        Ok(daemon_v1::EnforcementEventKind::Memory) => on_memory(hs, e, posted, state).await,
+        Ok(daemon_v1::EnforcementEventKind::NotEnforcing) => {
+            on_not_enforcing(hs, e, posted, state).await;
         }
-        st.refusals += 1;
+        _ => {}
     }
+}
+
+async fn on_refused(
+    hs: &Handshake,
+    e: &daemon_v1::EnforcementEvent,
+    posted: &mut Posted,
+    state: &Mutex<GateWatchState>,
+) {
+    lock(state).refusals += 1;
     // Outside pods there is nobody to tell (the daemon's log and metrics have it).
-    if e.pod_uid.is_empty() || !posted.insert((e.pod_uid.clone(), e.tgid)) {
+    if e.pod_uid.is_empty() || !posted.insert((e.pod_uid.clone(), u64::from(e.tgid), "")) {
         return;
     }
     let Some(owner) = owner_of(hs, e) else {
         warn!(pod_uid = %e.pod_uid, pid = e.tgid, "a refused GPU open in a pod this node's watch does not have");
         return;
     };
-    let api: Api<Event> = Api::namespaced(hs.client().clone(), &owner.namespace);
     let ev = refused_event(e, &owner, &hs.config().node_name);
+    if post(hs, &owner.namespace, ev, state).await == Some(true) {
+        lock(state).posted += 1;
+        info!(pod = %format!("{}/{}", owner.namespace, owner.pod), pid = e.tgid, comm = %e.comm, "posted {EVENT_REFUSED}");
+    }
+}
+
+async fn on_memory(
+    hs: &Handshake,
+    e: &daemon_v1::EnforcementEvent,
+    posted: &mut Posted,
+    state: &Mutex<GateWatchState>,
+) {
+    lock(state).memory_actions += 1;
+    let Some(a) = &e.second_line else {
+        return;
+    };
+    let reason = memory_reason(&a.action);
+    if e.pod_uid.is_empty() || !posted.insert((e.pod_uid.clone(), u64::from(e.tgid), reason)) {
+        return;
+    }
+    let Some(owner) = owner_of(hs, e) else {
+        warn!(pod_uid = %e.pod_uid, pid = e.tgid, "a second-line action in a pod this node's watch does not have");
+        return;
+    };
+    let ev = memory_event(e, a, &owner, &hs.config().node_name);
+    if post(hs, &owner.namespace, ev, state).await == Some(true) {
+        lock(state).memory_posted += 1;
+        info!(pod = %format!("{}/{}", owner.namespace, owner.pod), pid = e.tgid, comm = %e.comm, "posted {reason}");
+    }
+}
+
+async fn on_not_enforcing(
+    hs: &Handshake,
+    e: &daemon_v1::EnforcementEvent,
+    posted: &mut Posted,
+    state: &Mutex<GateWatchState>,
+) {
+    let Some(n) = &e.not_enforcing else {
+        return;
+    };
+    let node = &hs.config().node_name;
+    if !posted.insert((node.clone(), e.time_unix_ms, EVENT_NOT_ENFORCING)) {
+        return;
+    }
+    let ev = not_enforcing_event(e, n, node);
+    if post(hs, NODE_EVENT_NAMESPACE, ev, state).await == Some(true) {
+        lock(state).node_posted += 1;
+        warn!(node = %node, reason = %n.reason, "posted {EVENT_NOT_ENFORCING} on the node");
+    }
+}
+
+/// Posts `ev` in `namespace`: `Some(true)` when created, `Some(false)` when the API server
+/// already had it (a replay after a restart of the plugin), `None` when it failed (logged).
+async fn post(
+    hs: &Handshake,
+    namespace: &str,
+    ev: Event,
+    state: &Mutex<GateWatchState>,
+) -> Option<bool> {
+    let api: Api<Event> = Api::namespaced(hs.client().clone(), namespace);
     match api.create(&PostParams::default(), &ev).await {
-        Ok(_) => {
-            lock(state).posted += 1;
-            info!(pod = %format!("{}/{}", owner.namespace, owner.pod), pid = e.tgid, comm = %e.comm, "posted {EVENT_REFUSED}");
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            lock(state).already_posted += 1;
+            Some(false)
         }
-        Err(err) => warn!(error = %error_chain(&err), "could not post the event"),
+        Err(err) => {
+            warn!(error = %error_chain(&err), "could not post the event");
+            None
+        }
+    }
+}
+
+/// Where node events go (as kubelet's: `kubectl describe node` looks there).
+const NODE_EVENT_NAMESPACE: &str = "default";
+
+/// The event reason for a second-line `action`.
+pub fn memory_reason(action: &str) -> &'static str {
+    match action {
+        "kill" => EVENT_MEMORY_KILLED,
+        "refuse" => EVENT_MEMORY_REFUSED,
+        _ => EVENT_MEMORY_OVER,
     }
 }
 
@@ -214,6 +326,100 @@ fn refused_event(e: &daemon_v1::EnforcementEvent, owner: &Owner, node: &str) -> 
     pod_event(owner, EVENT_REFUSED, message, node)
 }
 
+/// The pod event of a second-line action, named from what identifies it (replay-safe).
+fn memory_event(
+    e: &daemon_v1::EnforcementEvent,
+    a: &daemon_v1::SecondLineAction,
+    owner: &Owner,
+    node: &str,
+) -> Event {
+    let reason = memory_reason(&a.action);
+    let container = if owner.container.is_empty() {
+        String::new()
+    } else {
+        format!(" of container {:?}", owner.container)
+    };
+    let done = match (a.killed, a.refused_at_gate) {
+        (true, true) => "killed (SIGKILL) and refused further GPU access",
+        (true, false) => "killed (SIGKILL)",
+        (false, true) => "refused further GPU access",
+        (false, false) if a.action == "report" => "reported (--memory-enforce report)",
+        (false, false) => "to be acted on, but the action failed (see the node daemon's log)",
+    };
+    let mib = |b: u64| b >> 20;
+    let message = format!(
+        "process {} ({}){container} was {done} by the node's GPU memory second line: {}; it held {} MiB on GPU {}, its container {} MiB against a quota of {} MiB (limit {} MiB with context allowances) for {} ms",
+        e.tgid,
+        e.comm,
+        a.reason,
+        mib(a.process_held_bytes),
+        a.gpu_uuid,
+        mib(a.held_bytes),
+        mib(a.quota_bytes),
+        mib(a.limit_bytes),
+        a.over_ms
+    );
+    let mut ev = pod_event(owner, reason, message, node);
+    ev.metadata.generate_name = None;
+    ev.metadata.name = Some(event_name(&owner.pod, &a.action, e.tgid, e.time_unix_ms));
+    ev
+}
+
+/// `<pod>.vgpu-<action>-<pid>-<ms>`: one name per action of the daemon (a DNS subdomain:
+/// pod names are, and the rest is lower-case letters, digits and dashes).
+fn event_name(pod: &str, action: &str, pid: u32, unix_ms: u64) -> String {
+    let action: String = action
+        .chars()
+        .filter(|c| c.is_ascii_lowercase())
+        .take(16)
+        .collect();
+    format!("{pod}.vgpu-{action}-{pid}-{unix_ms}")
+}
+
+/// The node event of enforce not delivered (as kubelet's node events: namespace
+/// `default`, the node's name as its UID).
+fn not_enforcing_event(
+    e: &daemon_v1::EnforcementEvent,
+    n: &daemon_v1::NotEnforcing,
+    node: &str,
+) -> Event {
+    use k8s_openapi::api::core::v1::{EventSource, ObjectReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let then = if n.fail_closed {
+        "failing closed: the node agent is not Ready and new GPU tenants are refused until the gate attaches"
+    } else {
+        "serving without it (--ebpf-enforce-fallback serve): processes without the shim are not refused"
+    };
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{node}.vgpu-not-enforcing-{}", e.time_unix_ms)),
+            namespace: Some(NODE_EVENT_NAMESPACE.to_owned()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            uid: Some(node.to_owned()),
+            ..Default::default()
+        },
+        reason: Some(EVENT_NOT_ENFORCING.into()),
+        type_: Some("Warning".into()),
+        message: Some(format!(
+            "--ebpf {} was asked for and the GPU device gate is not attached: {}; {then}",
+            n.mode, n.reason
+        )),
+        source: Some(EventSource {
+            component: Some("vgpu-device-plugin".into()),
+            host: Some(node.to_owned()),
+        }),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -225,13 +431,29 @@ mod tests {
     #[test]
     fn each_pod_and_process_is_posted_once_and_the_memory_is_bounded() {
         let mut p = Posted::default();
-        assert!(p.insert(("a".into(), 1)));
-        assert!(!p.insert(("a".into(), 1)));
-        assert!(p.insert(("b".into(), 1)));
-        for pid in 0..REMEMBERED as u32 {
-            p.insert(("c".into(), pid));
+        assert!(p.insert(("a".into(), 1, "")));
+        assert!(!p.insert(("a".into(), 1, "")));
+        assert!(p.insert(("b".into(), 1, "")));
+        assert!(
+            p.insert(("a".into(), 1, EVENT_MEMORY_KILLED)),
+            "another action"
+        );
+        for pid in 0..REMEMBERED as u64 {
+            p.insert(("c".into(), pid, ""));
         }
         assert_eq!(p.set.len(), REMEMBERED);
-        assert!(p.insert(("a".into(), 1)), "the oldest was forgotten");
+        assert!(p.insert(("a".into(), 1, "")), "the oldest was forgotten");
+    }
+
+    #[test]
+    fn a_second_line_event_is_named_from_what_identifies_it() {
+        assert_eq!(
+            event_name("trainer-0", "kill", 4242, 1_795_703_401_005),
+            "trainer-0.vgpu-kill-4242-1795703401005"
+        );
+        assert_eq!(event_name("p", "Re-fuse!", 1, 2), "p.vgpu-efuse-1-2");
+        assert_eq!(memory_reason("kill"), EVENT_MEMORY_KILLED);
+        assert_eq!(memory_reason("refuse"), EVENT_MEMORY_REFUSED);
+        assert_eq!(memory_reason("report"), EVENT_MEMORY_OVER);
     }
 }

@@ -166,6 +166,13 @@ impl Metrics {
             "VgpuGpuOpenRefused events posted on pods (one per pod and refused process).",
         );
         refused.sample(&[], gate.posted as f64);
+        let mut enforcement = Family::new(
+            "vgpu_plugin_enforcement_events_posted_total",
+            Kind::Counter,
+            "Events posted for the node daemon's second line (per pod, process and action) and for enforce not delivered (on the node), ADR 0055.",
+        );
+        enforcement.sample(&[("kind", "memory")], gate.memory_posted as f64);
+        enforcement.sample(&[("kind", "not_enforcing")], gate.node_posted as f64);
         let g = *lock(&self.gc);
         let mut rounds = Family::new(
             "vgpu_plugin_alloc_gc_rounds_total",
@@ -207,6 +214,7 @@ impl Metrics {
             &events,
             &following,
             &refused,
+            &enforcement,
             &rounds,
             &removed,
             &kept,

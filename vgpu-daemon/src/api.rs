@@ -247,6 +247,8 @@ pub fn event_to_pb(d: &Delivered) -> pb::EnforcementEvent {
         GateEventKind::Refused => pb::EnforcementEventKind::Refused,
         GateEventKind::Audited => pb::EnforcementEventKind::Audited,
         GateEventKind::Exit => pb::EnforcementEventKind::Exit,
+        GateEventKind::Memory => pb::EnforcementEventKind::Memory,
+        GateEventKind::NotEnforcing => pb::EnforcementEventKind::NotEnforcing,
     };
     let (device_major, device_minor) = e.device.unwrap_or_default();
     pb::EnforcementEvent {
@@ -267,8 +269,32 @@ pub fn event_to_pb(d: &Delivered) -> pb::EnforcementEvent {
         pod: e.who.pod.clone(),
         container: e.who.container.clone(),
         lost_before: d.lost_before,
+        second_line: e.second_line.as_ref().map(|a| pb::SecondLineAction {
+            action: a.action.to_owned(),
+            reason: a.reason.to_owned(),
+            second_driver: a.second_driver,
+            unregistered: a.unregistered,
+            gpu_uuid: a.gpu.clone(),
+            held_bytes: a.held,
+            quota_bytes: a.quota,
+            limit_bytes: a.limit,
+            over_ms: a.over_ms,
+            process_held_bytes: a.process_held,
+            refused_at_gate: a.refused_at_gate,
+            killed: a.killed,
+            tenant: a.tenant.clone(),
+        }),
+        not_enforcing: e.not_enforcing.as_ref().map(|n| pb::NotEnforcing {
+            mode: n.mode.to_owned(),
+            reason: n.reason.clone(),
+            fail_closed: n.fail_closed,
+        }),
     }
 }
+
+/// The response header of `WatchEnforcementEvents` that says why there is no eBPF gate
+/// (absent when one is attached).
+pub const GATE_HEADER: &str = "vgpu-gate";
 
 /// The stream of `WatchEnforcementEvents`.
 pub type EventStream = std::pin::Pin<
@@ -293,17 +319,24 @@ impl pb::daemon_server::Daemon for Api {
         r: Request<pb::WatchEnforcementEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let r = r.into_inner();
-        let Some(gate) = self.daemon.device_gate() else {
-            return Err(Status::failed_precondition(
-                self.daemon.no_device_gate().to_owned(),
-            ));
-        };
-        let rx = gate.events().subscribe(r.recent as usize, r.follow);
+        // Served with or without the gate: the second line's events and enforce failing
+        // closed come through here too; the header says why there is no gate.
+        let rx = self.daemon.events().subscribe(r.recent as usize, r.follow);
         let stream =
             tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |d| {
                 Ok(event_to_pb(&d))
             });
-        Ok(Response::new(Box::pin(stream)))
+        let mut resp = Response::new(Box::pin(stream) as EventStream);
+        if self.daemon.device_gate().is_none() {
+            let why = self
+                .daemon
+                .no_device_gate()
+                .replace(|c: char| !c.is_ascii() || c.is_ascii_control(), "?");
+            if let Ok(v) = why.parse() {
+                resp.metadata_mut().insert(GATE_HEADER, v);
+            }
+        }
+        Ok(resp)
     }
 
     async fn list_tenants(

@@ -290,6 +290,9 @@ pub struct Daemon {
     ebpf_failure: std::sync::OnceLock<crate::enforcement::EbpfFailure>,
     /// What the second line did (ADR 0039).
     second_line: crate::second_line::Stats,
+    /// The node's enforcement events: the gate's, the second line's, enforce failing
+    /// closed (the gRPC API's event stream; the device plugin posts them).
+    events: Arc<crate::gate_events::EventHub>,
 }
 
 /// Why a registration or an API call was refused.
@@ -314,8 +317,6 @@ pub trait DeviceGate: Send + Sync + std::fmt::Debug {
     fn admit(&self, pid: u32) -> bool;
     /// The gate's Prometheus families, for `/metrics`.
     fn metrics(&self) -> String;
-    /// The gate's events, attributed (the gRPC API's event stream).
-    fn events(&self) -> &crate::gate_events::EventHub;
     /// Withdraws process `pid`'s admission (the second line: no new GPU device opens);
     /// whether the gate took it.
     fn revoke(&self, _pid: u32) -> bool {
@@ -358,6 +359,7 @@ impl Daemon {
             sockets: crate::connections::SocketStats::default(),
             ebpf_failure: std::sync::OnceLock::new(),
             second_line: crate::second_line::Stats::default(),
+            events: Arc::new(crate::gate_events::EventHub::new()),
         })
     }
 
@@ -652,6 +654,11 @@ impl Daemon {
                 }
             })
             .collect()
+    }
+
+    /// The node's enforcement events (the gate publishes its own here too).
+    pub fn events(&self) -> &Arc<crate::gate_events::EventHub> {
+        &self.events
     }
 
     /// What the second line did, for `/metrics`.

@@ -140,6 +140,27 @@ impl EbpfFailure {
     }
 }
 
+/// The event that says the node does not enforce although `--ebpf enforce` was asked for
+/// (the device plugin posts it on the node, ADR 0055); `None` for other modes (audit
+/// failing is said in the log and metrics only: nothing was being refused).
+pub fn not_enforcing_event(f: &EbpfFailure) -> Option<GateEvent> {
+    if f.mode != Mode::Enforce {
+        return None;
+    }
+    let mut ev = GateEvent::now(
+        GateEventKind::NotEnforcing,
+        0,
+        String::new(),
+        Attribution::default(),
+    );
+    ev.not_enforcing = Some(crate::gate_events::NotEnforcingInfo {
+        mode: mode_name(f.mode),
+        reason: f.reason.clone(),
+        fail_closed: f.fail_closed,
+    });
+    Some(ev)
+}
+
 impl Default for EbpfSettings {
     /// Off and not pinned: the library default, which touches nothing a node daemon
     /// pinned (tests and embedders opt in; the binary's flags default to audit, pinned
@@ -176,8 +197,8 @@ pub struct Enforcement {
     exits_released: AtomicU64,
     stop: Arc<AtomicBool>,
     readers: Mutex<Vec<JoinHandle<()>>>,
-    /// The events, for the gRPC stream.
-    hub: EventHub,
+    /// The node's events (the daemon's hub, [`Daemon::events`]), for the gRPC stream.
+    hub: Arc<EventHub>,
     /// cgroup id → who, and when the names were last looked for.
     attributions: Mutex<HashMap<u64, (Attribution, Instant)>>,
 }
@@ -313,7 +334,7 @@ impl Enforcement {
             exits_released: AtomicU64::new(0),
             stop: Arc::new(AtomicBool::new(false)),
             readers: Mutex::new(Vec::new()),
-            hub: EventHub::new(),
+            hub: Arc::clone(daemon.events()),
             attributions: Mutex::new(HashMap::new()),
         });
         let mut readers = Vec::new();
@@ -621,10 +642,6 @@ impl crate::daemon::DeviceGate for Enforcement {
         Enforcement::metrics(self)
     }
 
-    fn events(&self) -> &EventHub {
-        &self.hub
-    }
-
     fn revoke(&self, pid: u32) -> bool {
         match lock(&self.enforcer).forget_tgid(pid) {
             Ok(()) => true,
@@ -694,12 +711,14 @@ fn attributed(ev: &Event, kind: GateEventKind, who: Attribution) -> GateEvent {
         time_unix_ms: unix_ns.saturating_sub(age_ns) / 1_000_000,
         monotonic_ns,
         who,
+        second_line: None,
+        not_enforcing: None,
     }
 }
 
 /// Fills the names of `a`'s pod from a tenant whose registered process runs in the same
 /// pod (the container's name too when it is the same container).
-fn names_from_tenants(a: &mut Attribution, daemon: &Daemon) {
+pub(crate) fn names_from_tenants(a: &mut Attribution, daemon: &Daemon) {
     for t in daemon.snapshot().tenants {
         if t.pod.is_empty() {
             continue;

@@ -1,5 +1,7 @@
-//! The eBPF gate's events as the daemon hands them on (`WatchEnforcementEvents`, `vgpuctl
-//! events`, the device plugin's pod events): each record attributed to its pod, the latest
+//! The node's enforcement events as the daemon hands them on (`WatchEnforcementEvents`,
+//! `vgpuctl events`, the device plugin's pod and node events): the eBPF gate's opens and
+//! exits, the second line's actions (ADR 0039) and enforce failing closed (ADR 0055),
+//! each record attributed to its pod, the latest
 //! [`RECENT`] kept, and one bounded queue per subscriber. Publishing never waits: a
 //! subscriber whose queue is full loses the event, and the loss is counted (per
 //! subscriber, handed over with its next event, and for the node in
@@ -27,6 +29,52 @@ pub enum GateEventKind {
     Audited,
     /// A watched process exited.
     Exit,
+    /// The second line acted on a process ([`GateEvent::second_line`] says what).
+    Memory,
+    /// `--ebpf enforce` could not be delivered ([`GateEvent::not_enforcing`] says why).
+    NotEnforcing,
+}
+
+/// What the second line did to one process, and why (ADR 0039).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecondLineInfo {
+    /// `report`, `refuse` or `kill`.
+    pub action: &'static str,
+    /// Why the process was an offender, in words.
+    pub reason: &'static str,
+    /// A registered process with a second driver mapped after admission.
+    pub second_driver: bool,
+    /// No shim registered the process.
+    pub unregistered: bool,
+    /// The GPU.
+    pub gpu: String,
+    /// The container's holding, quota and limit on the GPU, bytes.
+    pub held: u64,
+    /// Quota, bytes.
+    pub quota: u64,
+    /// Limit (quota and context allowances), bytes.
+    pub limit: u64,
+    /// How long the container had been over, ms.
+    pub over_ms: u64,
+    /// What NVML said this process held, bytes.
+    pub process_held: u64,
+    /// Its admission withdrawn at the gate.
+    pub refused_at_gate: bool,
+    /// SIGKILL sent.
+    pub killed: bool,
+    /// The tenant key charged.
+    pub tenant: String,
+}
+
+/// Why the node does not enforce although `--ebpf enforce` was asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NotEnforcingInfo {
+    /// The mode asked for.
+    pub mode: &'static str,
+    /// Why the gate is not attached.
+    pub reason: String,
+    /// Failing closed (not ready, new tenants refused).
+    pub fail_closed: bool,
 }
 
 /// Who an event's process is, from its cgroup (and the daemon's tenants for the names).
@@ -84,6 +132,33 @@ pub struct GateEvent {
     pub monotonic_ns: u64,
     /// Its pod and container.
     pub who: Attribution,
+    /// [`GateEventKind::Memory`] only.
+    pub second_line: Option<SecondLineInfo>,
+    /// [`GateEventKind::NotEnforcing`] only.
+    pub not_enforcing: Option<NotEnforcingInfo>,
+}
+
+impl GateEvent {
+    /// An event of `kind` about process `tgid` at the current time, not yet numbered.
+    pub fn now(kind: GateEventKind, tgid: u32, comm: String, who: Attribution) -> GateEvent {
+        let time_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        GateEvent {
+            seq: 0,
+            kind,
+            tgid,
+            pid: tgid,
+            comm,
+            cgroup_id: 0,
+            device: None,
+            time_unix_ms,
+            monotonic_ns: vgpu_sys::mono_ns(),
+            who,
+            second_line: None,
+            not_enforcing: None,
+        }
+    }
 }
 
 /// An event as one subscriber receives it.
@@ -241,6 +316,8 @@ mod tests {
             time_unix_ms: 1,
             monotonic_ns: 1,
             who: Attribution::default(),
+            second_line: None,
+            not_enforcing: None,
         }
     }
 

@@ -144,11 +144,17 @@ pub async fn start(cfg: Config) -> Result<Node, RunError> {
                 warn!("eBPF: not attached, running without the GPU device gate: {e}");
             }
             daemon.set_no_device_gate(format!("eBPF is not attached: {e}"));
-            daemon.set_ebpf_failure(crate::enforcement::EbpfFailure {
+            let failure = crate::enforcement::EbpfFailure {
                 mode: cfg.ebpf.mode,
                 reason: e.to_string(),
                 fail_closed: action.fail_closed,
-            });
+            };
+            // Enforce asked for and not delivered: an event the device plugin posts on
+            // the node (ADR 0055); kept among the recent ones for a plugin that comes later.
+            if let Some(ev) = crate::enforcement::not_enforcing_event(&failure) {
+                daemon.events().publish(ev);
+            }
+            daemon.set_ebpf_failure(failure);
             None
         }
     };
@@ -211,6 +217,7 @@ impl Node {
             socket,
             caps,
         } = self;
+        let events = Arc::clone(daemon.events());
         let r = tokio::select! {
             r = crate::server::serve(daemon, listener, caps) => r.map_err(|source| RunError::Serve {
                 path: socket,
@@ -222,11 +229,9 @@ impl Node {
             }
         };
         drop(reporting);
-        if let Some(e) = &enforcement {
-            // Followers of the event stream see it end (their connections may outlive
-            // the server's task) and reconnect to the next daemon.
-            e.events().close();
-        }
+        // Followers of the event stream see it end (their connections may outlive the
+        // server's task) and reconnect to the next daemon.
+        events.close();
         drop(enforcement);
         r
     }

@@ -12,6 +12,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::gate_events::{Attribution, GateEvent, GateEventKind, SecondLineInfo};
+
 /// What the daemon does to the offending processes of a container over its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -317,6 +319,78 @@ impl Stats {
 pub struct Enforcer {
     tracker: Tracker,
     second_drivers: HashSet<u32>,
+    /// Whether each mapped object (device, inode) is a CUDA driver, by its exports: read
+    /// once per object while the daemon runs.
+    drivers: HashMap<(String, u64), bool>,
+}
+
+/// Objects judged in [`Enforcer`]'s cache before it starts again.
+const MAX_JUDGED_OBJECTS: usize = 16_384;
+
+/// Whether a mapped object is a CUDA driver (ADR 0055): one that exports `cuInit` and not
+/// `dlsym` (the shim exports both; no driver exports `dlsym`), whatever its file is named,
+/// so that a renamed copy of the driver counts; when its exports cannot be read, by its
+/// name (`libcuda.so*`), as before.
+pub fn is_driver(exports: Result<&[bool], &vgpu_core::elf_exports::ElfError>, path: &str) -> bool {
+    match exports {
+        Ok([cu_init, dlsym]) => *cu_init && !*dlsym,
+        _ => std::path::Path::new(path.trim_end_matches(" (deleted)"))
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so")),
+    }
+}
+
+/// The names [`is_driver`] looks for, in its order.
+const DRIVER_EXPORTS: [&str; 2] = ["cuInit", "dlsym"];
+
+/// The exports [`is_driver`] needs of one object `pid` has mapped: read through
+/// `/proc/PID/map_files` (the very object mapped, even deleted or in another mount
+/// namespace), else `/proc/PID/root` and its path.
+fn exports_of(
+    pid: u32,
+    o: &vgpu_core::proc_maps::LoadedObject<'_>,
+) -> Result<Vec<bool>, vgpu_core::elf_exports::ElfError> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(format!("/proc/{pid}/map_files/{}", o.range)).or_else(|_| {
+        std::fs::File::open(format!(
+            "/proc/{pid}/root{}",
+            o.path.trim_end_matches(" (deleted)")
+        ))
+    });
+    let Ok(file) = file else {
+        return Err(vgpu_core::elf_exports::ElfError::Truncated("the file"));
+    };
+    vgpu_core::elf_exports::defines(
+        |off, len| {
+            let mut b = vec![0; len];
+            file.read_exact_at(&mut b, off).ok().map(|()| b)
+        },
+        &DRIVER_EXPORTS,
+    )
+}
+
+impl Enforcer {
+    /// How many CUDA drivers `pid` has loaded ([`is_driver`]; one per load).
+    fn driver_loads(&mut self, pid: u32, maps: &str) -> usize {
+        let mut n = 0;
+        for o in vgpu_core::proc_maps::loaded_objects(maps) {
+            let key = (o.dev.to_owned(), o.inode);
+            let driver = match self.drivers.get(&key) {
+                Some(d) => *d,
+                None => {
+                    let exports = exports_of(pid, &o);
+                    let d = is_driver(exports.as_deref(), o.path);
+                    if self.drivers.len() >= MAX_JUDGED_OBJECTS {
+                        self.drivers.clear();
+                    }
+                    self.drivers.insert(key, d);
+                    d
+                }
+            };
+            n += usize::from(driver);
+        }
+        n
+    }
 }
 
 /// The container a process belongs to for charging: its cgroup key
@@ -359,12 +433,12 @@ impl Enforcer {
             let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
                 continue;
             };
-            if vgpu_core::proc_maps::driver_loads(&maps) >= 2 && self.second_drivers.insert(*pid) {
+            if self.driver_loads(*pid, &maps) >= 2 && self.second_drivers.insert(*pid) {
                 daemon.second_line().second_driver();
                 tracing::warn!(
                     pid,
                     tenant = %ledger[registered[pid]].key,
-                    "second line: a registered process mapped the CUDA driver twice (a second driver loaded after admission): a bypass, charged to its container"
+                    "second line: a registered process mapped the CUDA driver twice (a second driver loaded after admission, or a copy of it under another name): a bypass, charged to its container"
                 );
             }
         }
@@ -420,26 +494,50 @@ impl Enforcer {
             .judge(vgpu_sys::mono_ns(), &uses, policy, grace)
         {
             for pid in &v.pids {
+                let process_held = uses
+                    .iter()
+                    .filter(|c| c.container == v.container && c.gpu == v.gpu)
+                    .flat_map(|c| c.procs.iter())
+                    .find(|p| p.pid == *pid)
+                    .map_or(0, |p| p.held);
                 act(
                     daemon,
                     &v,
-                    *pid,
-                    charged.contains(pid),
-                    self.second_drivers.contains(pid),
+                    Offender {
+                        pid: *pid,
+                        held: process_held,
+                        unregistered: charged.contains(pid),
+                        second_driver: self.second_drivers.contains(pid),
+                    },
                 );
             }
         }
     }
 }
 
-fn act(daemon: &crate::daemon::Daemon, v: &Verdict, pid: u32, unregistered: bool, second: bool) {
-    let why = if second {
+/// One process acted on, as [`act`] needs it.
+struct Offender {
+    pid: u32,
+    /// What NVML said it held, bytes.
+    held: u64,
+    unregistered: bool,
+    second_driver: bool,
+}
+
+fn act(daemon: &crate::daemon::Daemon, v: &Verdict, o: Offender) {
+    let pid = o.pid;
+    let why = if o.second_driver {
         "a second CUDA driver mapped after admission"
-    } else if unregistered {
+    } else if o.unregistered {
         "GPU memory no shim registered, in the container's cgroup"
     } else {
         "more GPU memory than its shim reported"
     };
+    // Who it is, read before the kill (its /proc entry goes with it).
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_default();
+    let who = attribution(daemon, pid);
     let refused = matches!(v.action, Action::Refuse | Action::Kill)
         && daemon.device_gate().is_some_and(|g| g.revoke(pid));
     let killed = v.action == Action::Kill && kill(pid);
@@ -457,6 +555,42 @@ fn act(daemon: &crate::daemon::Daemon, v: &Verdict, pid: u32, unregistered: bool
         killed,
         "second line: container over its GPU memory quota (plus context allowance) past the grace: {why}"
     );
+    // The device plugin posts it on the pod (ADR 0055).
+    let mut ev = GateEvent::now(GateEventKind::Memory, pid, comm, who);
+    ev.second_line = Some(SecondLineInfo {
+        action: v.action.name(),
+        reason: why,
+        second_driver: o.second_driver,
+        unregistered: o.unregistered,
+        gpu: v.gpu.clone(),
+        held: v.held,
+        quota: v.quota,
+        limit: v.limit,
+        over_ms: u64::try_from(v.over_for.as_millis()).unwrap_or(u64::MAX),
+        process_held: o.held,
+        refused_at_gate: refused,
+        killed,
+        tenant: v.container.clone(),
+    });
+    daemon.events().publish(ev);
+}
+
+/// `pid`'s cgroup, pod and container (names from the daemon's tenants of the same pod).
+fn attribution(daemon: &crate::daemon::Daemon, pid: u32) -> Attribution {
+    let mut a = Attribution::default();
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return a;
+    };
+    let Some(rel) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return a;
+    };
+    a.cgroup = rel.to_owned();
+    if let Some(p) = vgpu_ebpf::attribution::pod_of_cgroup(rel) {
+        a.pod_uid = p.pod_uid;
+        a.container_id = p.container_id.unwrap_or_default();
+        crate::enforcement::names_from_tenants(&mut a, daemon);
+    }
+    a
 }
 
 /// SIGKILL `pid`; whether the signal was sent.
@@ -567,6 +701,25 @@ mod tests {
         // the largest holder.
         let u = c(vec![p(1, 700, 600), p(2, 800, 700)]);
         assert_eq!(offenders(&u, 512 * MIB), vec![2]);
+    }
+
+    #[test]
+    fn a_driver_is_told_by_its_exports_whatever_its_name() {
+        use vgpu_core::elf_exports::ElfError;
+        // A renamed copy of the driver.
+        assert!(is_driver(Ok(&[true, false]), "/tmp/x/libgpuhelper.so"));
+        // The shim exports cuInit and dlsym.
+        assert!(!is_driver(Ok(&[true, true]), "/usr/local/vgpu/libvgpu.so"));
+        // A library named like the driver that does not export it (a wrapper, a stub
+        // without cuInit) is not one.
+        assert!(!is_driver(Ok(&[false, false]), "/usr/lib/libcuda.so.1"));
+        // Unreadable: by name, as before.
+        let e = ElfError::NoDynsym;
+        assert!(is_driver(
+            Err(&e),
+            "/usr/lib/libcuda.so.535.104.05 (deleted)"
+        ));
+        assert!(!is_driver(Err(&e), "/usr/lib/libc.so.6"));
     }
 
     #[test]

@@ -729,7 +729,10 @@ async fn create_event(
     let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
     };
-    if ev["involvedObject"]["namespace"].as_str() != Some(ns.as_str()) {
+    // A cluster-scoped object's events (a node's) go to `default`, as the API server
+    // allows.
+    let involved_ns = ev["involvedObject"]["namespace"].as_str().unwrap_or("");
+    if involved_ns != ns && !(involved_ns.is_empty() && ns == "default") {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
@@ -737,6 +740,19 @@ async fn create_event(
         );
     }
     let mut inner = lock(&fake.inner);
+    // A named event that exists already: 409, as the API server answers.
+    if let Some(name) = ev["metadata"]["name"].as_str()
+        && inner
+            .events
+            .iter()
+            .any(|e| e["metadata"]["name"] == name && e["metadata"]["namespace"] == ns.as_str())
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("events {name:?} already exists"),
+        );
+    }
     inner.rv += 1;
     let n = inner.events.len();
     if let Some(g) = ev["metadata"]["generateName"].as_str() {

@@ -19,11 +19,21 @@ pub async fn write_events(
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<()> {
-    let mut stream = c
+    let stream = c
         .watch_enforcement_events(pb::WatchEnforcementEventsRequest { follow, recent })
         .await
-        .map_err(super::status_err)?
-        .into_inner();
+        .map_err(super::status_err)?;
+    if let Some(why) = stream
+        .metadata()
+        .get(crate::api::GATE_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        // Not an error: the second line's events come without the gate.
+        eprintln!(
+            "note: no eBPF gate on this node ({why}): only the second line's events and enforce failures are shown"
+        );
+    }
+    let mut stream = stream.into_inner();
     loop {
         let next = stream.message().await;
         let e = match next {
@@ -56,6 +66,8 @@ fn kind_name(v: i32) -> &'static str {
         Ok(pb::EnforcementEventKind::Refused) => "refused",
         Ok(pb::EnforcementEventKind::Audited) => "audited",
         Ok(pb::EnforcementEventKind::Exit) => "exit",
+        Ok(pb::EnforcementEventKind::Memory) => "memory",
+        Ok(pb::EnforcementEventKind::NotEnforcing) => "not_enforcing",
         _ => "unknown",
     }
 }
@@ -100,6 +112,30 @@ pub fn event_line(e: &pb::EnforcementEvent) -> String {
             e.device_major, e.device_minor
         ),
         "exit" => "EXIT     ".to_owned(),
+        "memory" => {
+            let a = e.second_line.clone().unwrap_or_default();
+            format!(
+                "MEMORY   {} ({}; container {} MiB held, quota {} MiB, limit {} MiB on {}, over {} ms)",
+                a.action.to_uppercase(),
+                a.reason,
+                a.held_bytes >> 20,
+                a.quota_bytes >> 20,
+                a.limit_bytes >> 20,
+                a.gpu_uuid,
+                a.over_ms
+            )
+        }
+        "not_enforcing" => {
+            let n = e.not_enforcing.clone().unwrap_or_default();
+            line.push_str(&format!(
+                "{}  NOT ENFORCING  --ebpf {} asked for, the GPU device gate is not attached: {}{}\n",
+                utc(e.time_unix_ms),
+                n.mode,
+                n.reason,
+                if n.fail_closed { " (failing closed: new tenants refused)" } else { " (serving without it: --ebpf-enforce-fallback serve)" }
+            ));
+            return line;
+        }
         _ => format!("kind {}", e.kind),
     };
     line.push_str(&format!(
@@ -122,7 +158,8 @@ pub fn event_json(e: &pb::EnforcementEvent) -> Value {
         "tgid": e.tgid,
         "pid": e.pid,
         "comm": e.comm,
-        "device": (e.kind != pb::EnforcementEventKind::Exit as i32)
+        "device": (e.kind == pb::EnforcementEventKind::Refused as i32
+            || e.kind == pb::EnforcementEventKind::Audited as i32)
             .then(|| format!("{}:{}", e.device_major, e.device_minor)),
         "cgroup_id": e.cgroup_id,
         "cgroup": e.cgroup,
@@ -132,6 +169,26 @@ pub fn event_json(e: &pb::EnforcementEvent) -> Value {
         "pod": e.pod,
         "container": e.container,
         "lost_before": e.lost_before,
+        "second_line": e.second_line.as_ref().map(|a| json!({
+            "action": a.action,
+            "reason": a.reason,
+            "second_driver": a.second_driver,
+            "unregistered": a.unregistered,
+            "gpu": a.gpu_uuid,
+            "held_bytes": a.held_bytes,
+            "quota_bytes": a.quota_bytes,
+            "limit_bytes": a.limit_bytes,
+            "over_ms": a.over_ms,
+            "process_held_bytes": a.process_held_bytes,
+            "refused_at_gate": a.refused_at_gate,
+            "killed": a.killed,
+            "tenant": a.tenant,
+        })),
+        "not_enforcing": e.not_enforcing.as_ref().map(|n| json!({
+            "mode": n.mode,
+            "reason": n.reason,
+            "fail_closed": n.fail_closed,
+        })),
     })
 }
 
