@@ -90,10 +90,17 @@ teardown() {
   for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $W/containerd.sock" 2>/dev/null); do
     kill -KILL "$p" 2>/dev/null
   done
+  # Container processes whose shim is gone: every PID left in a kubepods cgroup.
+  for f in $(find /sys/fs/cgroup -path '*kubepods*' -name cgroup.procs 2>/dev/null); do
+    for p in $(cat "$f" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  sleep 0.5
   # Mounts under our directories (kubelet's self bind mount, pod volumes, containerd's).
   for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^(/var/lib/kubelet|$W|/run/containerd-vgpu-cluster)" | sort -r); do
     umount -l "$m" 2>/dev/null
   done
+  [ -n "${MOUNTED_BPF:-}" ] && umount /sys/fs/bpf
+  [ -n "${MOUNTED_TRACEFS:-}" ] && umount /sys/kernel/tracing
   for s in $SYSCTLS; do
     [ -n "${SAVED_SYSCTL[$s]:-}" ] && sysctl -qw "$s=${SAVED_SYSCTL[$s]}"
   done
@@ -179,6 +186,11 @@ start_scheduler() { # flags
 start_scheduler --kubeconfig "$KUBECONFIG" --leader-elect=false
 
 # ---- node: simulated driver, containerd, kubelet --------------------------------------
+# bpffs and tracefs as a node has them (the daemon's eBPF gate mounts /sys/fs/bpf with
+# Bidirectional propagation, which needs a shared mount).
+if [ "$(stat -fc %T /sys/fs/bpf)" != bpf_fs ]; then mount -t bpf bpf /sys/fs/bpf && MOUNTED_BPF=1; fi
+mount --make-shared /sys/fs/bpf
+if [ "$(stat -fc %T /sys/kernel/tracing)" != tracefs ]; then mount -t tracefs tracefs /sys/kernel/tracing && MOUNTED_TRACEFS=1; fi
 mkdir -p "$SIM"
 chmod 1777 "$SIM"
 cat > "$SIM/node.toml" <<EOF
@@ -290,13 +302,17 @@ T_INSTALL=$(date +%s.%N)
 kc apply --validate=false -f "$ROOT/deploy/" > "$W/log/apply.log" 2>&1
 check apply-deploy $? "kubectl apply -f deploy/: $(grep -c . "$W/log/apply.log") objects; warnings: $(grep -ci warning "$W/log/apply.log")"
 grep -i warning "$W/log/apply.log" | sed 's/^/  /' | tee -a "$W/summary.txt"
-(cd "$W" && OUT="$W/vgpu-tls" PATH="$K:$PATH" sh "$ROOT/deploy/tls/make-certs.sh" --apply > "$W/log/certs.log" 2>&1)
+# The script's `kubectl apply` needs --validate=false here too (above): a wrapper adds it.
+mkdir -p "$W/bin"
+printf '#!/bin/sh\nif [ "$1" = apply ]; then shift; exec "%s/kubectl" apply --validate=false "$@"; fi\nexec "%s/kubectl" "$@"\n' "$K" "$K" > "$W/bin/kubectl"
+chmod +x "$W/bin/kubectl"
+(cd "$W" && OUT="$W/vgpu-tls" PATH="$W/bin:$PATH" sh "$ROOT/deploy/tls/make-certs.sh" --apply > "$W/log/certs.log" 2>&1)
 check certificates $? "deploy/tls/make-certs.sh --apply"
 # The lab's stand-ins (see the header): hostNetwork, the extender's name, the scheduler's
 # image built from VGPU_K8S_BIN.
 kc -n vgpu-system patch daemonset vgpu-node-agent --type merge -p '{"spec":{"template":{"spec":{"hostNetwork":true}}}}' >/dev/null
 kc -n vgpu-system patch deployment vgpu-scheduler-extender --type merge -p '{"spec":{"template":{"spec":{"hostNetwork":true}}}}' >/dev/null
-kc -n vgpu-system patch deployment vgpu-scheduler --type merge -p "{\"spec\":{\"template\":{\"spec\":{\"hostNetwork\":true,\"hostAliases\":[{\"ip\":\"127.0.0.1\",\"hostnames\":[\"vgpu-scheduler-extender.vgpu-system.svc\"]}],\"containers\":[{\"name\":\"kube-scheduler\",\"image\":\"registry.k8s.io/kube-scheduler:$VGPU_K8S_VERSION\"}]}}}}" >/dev/null
+kc -n vgpu-system patch deployment vgpu-scheduler --type strategic -p "{\"spec\":{\"template\":{\"spec\":{\"hostNetwork\":true,\"hostAliases\":[{\"ip\":\"127.0.0.1\",\"hostnames\":[\"vgpu-scheduler-extender.vgpu-system.svc\"]}],\"containers\":[{\"name\":\"kube-scheduler\",\"image\":\"registry.k8s.io/kube-scheduler:$VGPU_K8S_VERSION\"}]}}}}" >/dev/null
 ready_ds() { [ "$(kc -n vgpu-system get ds vgpu-node-agent -o jsonpath='{.status.numberReady}')" = 1 ]; }
 ready_deploy() { [ "$(kc -n vgpu-system get deploy "$1" -o jsonpath='{.status.readyReplicas}')" = 1 ]; }
 gpus_on_node() { kc get node "$NODE" -o jsonpath='{.status.allocatable.vgpu\.io/gpu}'; }
@@ -313,6 +329,10 @@ if [ $r -ne 0 ] || [ $r1 -ne 0 ] || [ $r2 -ne 0 ]; then
 fi
 
 # ---- tenants ----------------------------------------------------------------------
+# The tenants run as uid 1000: the simulator (as of this run) opens every GPU's device node
+# when root, and a node the container's device cgroup refuses fails cuInit; unprivileged
+# it opens none. Its shared state, made by the root daemon, is opened up for them.
+chmod -R a+rwX "$SIM"
 tenant() { # name namespace scheduler gpu memoryMiB compute
   cat <<EOF
 apiVersion: v1
@@ -378,6 +398,10 @@ sleep 2
 bad=$(check_quotas tenants "${ITEMS[@]}")
 [ "$n" = 20 ] && [ "${bad%%/*}" = 0 ]; check twenty-fractional-pods $? "$n/20 Running via vgpu-scheduler; wrong quotas (cuMemGetInfo total vs vgpu.io/gpu-memory): $bad"
 [ "$n" = 20 ] || { kc get pods -A -o wide > "$W/log/pods.txt"; kc get events -A > "$W/log/events.txt"; }
+if [ "${bad%%/*}" != 0 ]; then
+  { kc -n tenants logs t0; kc -n tenants logs t0 --previous; } > "$W/log/t0.log" 2>&1
+  note "  tenants/t0's output: $(grep -v '^$' "$W/log/t0.log" | head -4 | tr '\n' ' ')"
+fi
 
 # ---- quota policy -------------------------------------------------------------------
 kc create namespace limited >/dev/null
@@ -472,8 +496,10 @@ left=""
 [ -e /sys/fs/bpf/vgpu ] && left="$left /sys/fs/bpf/vgpu"
 [ -e /var/lib/vgpu ] && left="$left /var/lib/vgpu"
 ls /var/lib/kubelet/device-plugins/ | grep -v -E '^(kubelet\.sock|kubelet_internal_checkpoint|DEPRECATION)$' | grep -q . && left="$left device-plugins:$(ls /var/lib/kubelet/device-plugins | tr '\n' ,)"
-pgrep -x vgpu-daemon >/dev/null && left="$left vgpu-daemon-process"
-pgrep -x vgpu-device-plugin >/dev/null && left="$left vgpu-device-plugin-process"
+# Only the node's processes: other vgpu-daemons on this machine (tests) are not ours.
+for p in $(pgrep -x vgpu-daemon; pgrep -x vgpu-device-plugin); do
+  grep -q kubepods "/proc/$p/cgroup" 2>/dev/null && left="$left process:$p($(cat "/proc/$p/comm" 2>/dev/null))"
+done
 kc get crd vgpuquotapolicies.vgpu.io >/dev/null 2>&1 && left="$left crd"
 kc get ns vgpu-system >/dev/null 2>&1 && [ "$(kc get ns vgpu-system -o jsonpath='{.status.phase}')" != Terminating ] && left="$left namespace"
 [ -z "$left" ]; check uninstall-clean $? "after kubectl delete -f deploy/ and the documented node steps: ${left:-nothing left} (device-plugins dir: $(ls /var/lib/kubelet/device-plugins | tr '\n' ' '))"
