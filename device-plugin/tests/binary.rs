@@ -92,7 +92,7 @@ async fn the_binary_on_a_simulated_node() {
         .await
         .expect("fake kubelet");
     let child = sim
-        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .command(crate::plugin_bin())
         .args(["--node-name", NODE, "--health-recovery-s", "0"])
         .arg("--device-plugin-dir")
         .arg(&dp_dir)
@@ -206,7 +206,7 @@ async fn run_until_exit(
     args: &[&std::ffi::OsStr],
 ) -> (std::process::ExitStatus, String) {
     let mut child = sim
-        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .command(crate::plugin_bin())
         .args(["--node-name", NODE])
         .arg("--device-plugin-dir")
         .arg(root.join("device-plugins"))

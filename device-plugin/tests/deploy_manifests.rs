@@ -93,6 +93,104 @@ fn every_object_parses_strictly_into_its_kubernetes_type() {
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
 
+/// The string formats Kubernetes knows (apiextensions-apiserver
+/// `pkg/apiserver/validation/formats.go`, `supportedVersionedFormats`, 1.0 and 1.34).
+const STRING_FORMATS: [&str; 26] = [
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+    "k8s-short-name",
+    "k8s-long-name",
+];
+
+/// Whether the API server knows `format` for a schema of `type_`: its
+/// `GetUnrecognizedFormats` rule (integers int32/int64, numbers float/double, strings the
+/// list above with `-` removed, nothing else).
+fn format_known(type_: &str, format: &str) -> bool {
+    match type_ {
+        "integer" => matches!(format, "int32" | "int64"),
+        "number" => matches!(format, "float" | "double"),
+        "" | "string" => {
+            let norm = format.replace('-', "");
+            STRING_FORMATS.iter().any(|f| f.replace('-', "") == norm)
+        }
+        _ => false,
+    }
+}
+
+/// Every schema with a `format` in `v`: (JSON path, type, format), recursively.
+fn formats(v: &Value, at: &str, out: &mut Vec<(String, String, String)>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(f) = m.get("format").and_then(Value::as_str) {
+                let t = m.get("type").and_then(Value::as_str).unwrap_or("");
+                out.push((at.to_owned(), t.to_owned(), f.to_owned()));
+            }
+            for (k, x) in m {
+                formats(x, &format!("{at}.{k}"), out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                formats(x, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Issue 40: the quota-policy CRD said `format: uint64` (schemars' name for a `u64`), which
+/// the API server does not know: every install printed `unrecognized format "uint64"`.
+#[test]
+fn crds_use_only_formats_the_api_server_knows() {
+    assert!(format_known("integer", "int64") && !format_known("integer", "uint64"));
+    assert!(format_known("string", "date-time") && !format_known("string", "int64"));
+    let mut seen = 0;
+    for o in deploy::objects()
+        .iter()
+        .filter(|o| o.kind() == "CustomResourceDefinition")
+    {
+        let mut found = Vec::new();
+        formats(&o.value["spec"], "spec", &mut found);
+        seen += found.len();
+        let bad: Vec<String> = found
+            .iter()
+            .filter(|(_, t, f)| !format_known(t, f))
+            .map(|(at, t, f)| format!("{}: {at}: type {t:?} format {f:?}", o.id()))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "formats the API server does not know (it warns at every apply):\n{}",
+            bad.join("\n")
+        );
+    }
+    assert!(
+        seen > 0,
+        "no CRD with a format in deploy/: the check checked nothing"
+    );
+}
+
 #[test]
 fn the_strict_check_finds_a_misspelt_field() {
     let o = Object {
@@ -227,7 +325,7 @@ fn container<'a>(ds: &'a Object, name: &str) -> &'a Value {
 }
 
 fn help(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+    let out = Command::new(crate::plugin_bin())
         .args(args)
         .arg("--help")
         .output()
@@ -438,4 +536,165 @@ fn both_scheduler_configurations_call_the_extender_over_tls() {
 fn serde_saphyr_value(text: &str, id: &str) -> Value {
     let docs = deploy::parse_yaml(text).unwrap_or_else(|e| panic!("{id}: {e}"));
     docs.into_iter().next().unwrap_or(Value::Null)
+}
+
+/// The Helm chart (`charts/vgpu`). Nothing here renders it (no helm binary can be installed
+/// here; the cluster run renders it where `VGPU_K8S_BIN` has helm, docs/cluster.md): these
+/// checks are of its static structure only.
+mod chart {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn chart_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/vgpu")
+    }
+
+    fn templates() -> Vec<(String, String)> {
+        let dir = chart_dir().join("templates");
+        let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+            .map(|e| {
+                let p = e.expect("entry").path();
+                let text = std::fs::read_to_string(&p).expect("template");
+                (
+                    p.file_name().expect("name").to_string_lossy().into_owned(),
+                    text,
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Every `.Values.a.b` path named in `text`.
+    fn value_refs(text: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let mut rest = text;
+        while let Some(i) = rest.find(".Values.") {
+            rest = &rest[i + ".Values.".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
+                .unwrap_or(rest.len());
+            out.insert(rest[..end].trim_end_matches('.').to_owned());
+        }
+        out
+    }
+
+    /// Every path of `v` (`a`, `a.b`, ...), objects only.
+    fn value_paths(v: &Value, at: &str, out: &mut BTreeSet<String>) {
+        if let Value::Object(m) = v {
+            for (k, x) in m {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                out.insert(p.clone());
+                value_paths(x, &p, out);
+            }
+        }
+    }
+
+    fn values() -> Value {
+        let text = std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml");
+        serde_saphyr_value(&text, "values.yaml")
+    }
+
+    #[test]
+    fn every_value_a_template_names_exists_and_every_value_is_used() {
+        let mut defined = BTreeSet::new();
+        value_paths(&values(), "", &mut defined);
+        let mut used = BTreeSet::new();
+        for (name, text) in templates() {
+            for r in value_refs(&text) {
+                assert!(
+                    defined.contains(&r),
+                    "{name} names .Values.{r}, not in values.yaml"
+                );
+                used.insert(r);
+            }
+        }
+        // A value is used when it or a path below it is named.
+        let leaves: Vec<&String> = defined
+            .iter()
+            .filter(|d| !defined.iter().any(|e| e.starts_with(&format!("{d}."))))
+            .collect();
+        let unused: Vec<&&String> = leaves
+            .iter()
+            .filter(|l| !used.iter().any(|u| l.starts_with(u.as_str())))
+            .collect();
+        assert!(unused.is_empty(), "values no template uses: {unused:?}");
+        for key in [
+            "nodeAgent.nodeSelector",
+            "slicesPerGpu",
+            "ebpf.mode",
+            "scheduler.mode",
+        ] {
+            assert!(used.contains(key), "the chart has no value {key}");
+        }
+    }
+
+    #[test]
+    fn template_actions_are_closed_and_blocks_end() {
+        for (name, text) in templates() {
+            // Every action closes before the next opens (a YAML flow map may end in `}}`
+            // outside any action, so the two counts need not agree).
+            for piece in text.split("{{").skip(1) {
+                assert!(
+                    piece.contains("}}"),
+                    "{name}: an action is not closed: {{{{{}",
+                    piece.chars().take(40).collect::<String>()
+                );
+            }
+            let opens = [
+                "{{- if ",
+                "{{ if ",
+                "{{- with ",
+                "{{ with ",
+                "{{- range ",
+                "{{ range ",
+            ]
+            .iter()
+            .map(|o| text.matches(o).count())
+            .sum::<usize>();
+            let ends = text.matches("{{- end }}").count() + text.matches("{{ end }}").count();
+            assert_eq!(opens, ends, "{name}: {opens} blocks opened, {ends} ended");
+        }
+    }
+
+    /// Every plain manifest has its template (the chart is those manifests with values), the
+    /// CRD is the same file, and the dashboard JSON is the ConfigMap's.
+    #[test]
+    fn the_chart_covers_every_plain_manifest() {
+        let names: BTreeSet<String> = templates().into_iter().map(|(n, _)| n).collect();
+        for file in deploy::files() {
+            let base = file.rsplit('/').next().expect("name").to_owned();
+            if file.starts_with("control-plane/") {
+                assert!(names.contains("50-control-plane-scheduler-config.yaml"));
+            } else if file.ends_with(".json") {
+                let chart = std::fs::read(chart_dir().join("crds").join(&base)).expect("crds/");
+                let plain = std::fs::read(deploy::dir().join(&file)).expect("deploy/");
+                assert!(
+                    chart == plain,
+                    "charts/vgpu/crds/{base} differs from deploy/{file}"
+                );
+            } else {
+                assert!(names.contains(&base), "no template for deploy/{file}");
+            }
+        }
+        let dash = deploy::objects()
+            .into_iter()
+            .find(|o| o.value["metadata"]["name"] == "vgpu-grafana-dashboard")
+            .expect("the dashboard ConfigMap");
+        let plain = dash.value["data"]["vgpu-dashboard.json"]
+            .as_str()
+            .expect("JSON")
+            .to_owned();
+        let chart =
+            std::fs::read_to_string(chart_dir().join("files/vgpu-dashboard.json")).expect("files/");
+        assert_eq!(
+            chart, plain,
+            "charts/vgpu/files/vgpu-dashboard.json differs from the ConfigMap"
+        );
+    }
 }

@@ -47,7 +47,7 @@ async fn sigterm_exits_zero_and_removes_the_plugin_socket() {
         .await
         .expect("fake kubelet");
     let child = sim
-        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .command(crate::plugin_bin())
         .args(["--node-name", NODE, "--daemon-socket", "off"])
         .args(["--daemon-api-socket", "off"])
         .arg("--device-plugin-dir")

@@ -79,7 +79,7 @@ fn nvml_faults_flip_health_both_ways() {
     );
     let lib = sim_lib_dir().join("libnvidia-ml.so.1");
     let mut child = node
-        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .command(crate::plugin_bin())
         .args([
             "health",
             "--health-recovery-ms",

@@ -14,7 +14,7 @@ use vgpu_tests::{SimNode, sim_lib_dir};
 fn inventory(preset: &str) -> NodeInventory {
     let node = SimNode::new(&format!("preset = \"{preset}\"\n"));
     let mut child = node
-        .command(env!("CARGO_BIN_EXE_vgpu-device-plugin"))
+        .command(crate::plugin_bin())
         .args(["health", "--nvml-lib"])
         .arg(sim_lib_dir().join("libnvidia-ml.so.1"))
         .stdout(Stdio::piped())

@@ -7,7 +7,7 @@ use std::process::Command;
 use vgpu_testkit::deploy;
 
 fn help(sub: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-scheduler-extender"))
+    let out = Command::new(crate::extender_bin())
         .args(sub)
         .arg("--help")
         .output()

@@ -25,9 +25,7 @@ use common::{CALL_TIMEOUT, gpu_node, gpu_pod};
 const STOP: Duration = Duration::from_secs(5);
 
 fn tls_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/tls")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tls").join(name)
 }
 
 struct Kill(Child);
@@ -139,7 +137,7 @@ async fn only_the_schedulers_certificate_may_filter_and_bind_and_sigterm_exits_z
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_vgpu-scheduler-extender"))
+    let child = Command::new(crate::extender_bin())
         .arg("serve")
         .arg(format!("--listen={addr}"))
         .arg("--tls-cert-file")
@@ -261,7 +259,7 @@ async fn incomplete_tls_flags_are_refused_naming_the_flag() {
             ),
         )
         .expect("kubeconfig");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu-scheduler-extender"));
+        let mut cmd = Command::new(crate::extender_bin());
         cmd.args(["serve", "--listen=127.0.0.1:0"])
             .args(&args)
             .env("KUBECONFIG", &kubeconfig)

@@ -159,7 +159,7 @@ async fn policies_seen(inst: &Instance, valid: usize, invalid: usize) {
 #[test]
 fn the_shipped_crd_is_what_the_type_generates() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/10-crd-vgpuquotapolicy.json");
+        .join("../../deploy/10-crd-vgpuquotapolicy.json");
     let shipped = std::fs::read_to_string(&path).expect("the shipped CRD");
     assert_eq!(
         shipped,

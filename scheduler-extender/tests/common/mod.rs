@@ -23,7 +23,10 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The recorded kube-scheduler v1.28 requests (shared/fixtures), if present.
 pub fn fixtures_dir() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    for base in [manifest.join("../shared"), manifest.join("../../shared")] {
+    for base in [
+        manifest.join("../../shared"),
+        manifest.join("../../../shared"),
+    ] {
         let dir = base.join("fixtures/kubernetes-v1.28");
         if dir.is_dir() {
             return dir;
