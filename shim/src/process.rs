@@ -133,7 +133,7 @@ pub(crate) fn environment_and_quota_file(
         }
     }
     let path = cfg.quota_file();
-    match std::fs::read_to_string(&path) {
+    match read_regular_file(&path) {
         Ok(t) => Ok((cfg, Some(t))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((cfg, None)),
         Err(e) => Err((
@@ -141,6 +141,27 @@ pub(crate) fn environment_and_quota_file(
             format!("cannot read the quota file {}: {e}", path.display()),
         )),
     }
+}
+
+/// The text of `path` if it is a regular file. Opened without blocking and refused
+/// otherwise: a FIFO or device put where the quota file belongs (the container directory
+/// of a bare run is the tenant's) must not hang every process the shim is loaded into.
+fn read_regular_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The configuration: the environment, held to the container where its fixed quota file
@@ -544,6 +565,20 @@ pub fn array_bytes(width: u64, height: u64, depth: u64, elem: u64, levels: u32) 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_fifo_in_place_of_the_quota_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let fifo = dir.path().join("vgpu.conf");
+        let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).expect("no NUL");
+        // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_regular_file(&fifo).expect_err("a FIFO is not a quota file");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "{}").expect("write");
+        assert_eq!(read_regular_file(&file).expect("a regular file"), "{}");
+    }
+
     use super::*;
 
     #[test]
