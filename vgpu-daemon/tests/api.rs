@@ -356,7 +356,7 @@ async fn set_settings_rejects_bad_values_naming_them() {
 }
 
 fn vgpuctl(socket: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(socket)
         .args(args)

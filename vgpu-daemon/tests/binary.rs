@@ -68,7 +68,7 @@ fn start(mut cmd: Command, dir: &Path, extra: &[&str]) -> Daemon {
 }
 
 fn vgpuctl(api: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(api)
         .args(args)
@@ -114,7 +114,7 @@ fn daemon_reports_a_bypass_on_cuda_sim() {
     );
     let dir = tempfile::tempdir().expect("temporary directory");
     let mut d = start(
-        node.command(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        node.command(crate::daemon_bin()),
         dir.path(),
         &["--nvml-interval-ms", "100", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -168,7 +168,7 @@ fn daemon_reports_a_bypass_on_cuda_sim() {
 fn daemon_serves_without_nvml() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let mut d = start(
-        Command::new(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        Command::new(crate::daemon_bin()),
         dir.path(),
         &[
             "--nvml-lib",
@@ -193,7 +193,7 @@ fn daemon_serves_without_nvml() {
         .next()
         .expect("address")
         .to_owned();
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .args(["--api-addr", &tcp, "--json", "tenants"])
         .output()
         .expect("run vgpuctl");
@@ -218,7 +218,7 @@ fn bad_reporting_flags_are_refused_by_name() {
         (vec!["--api-addr", "300.1.1.1:80"], "300.1.1.1:80"),
         (vec!["--nvml-interval-ms", "99999999"], "99999999"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        let out = Command::new(crate::daemon_bin())
             .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(dir.path().join("d.sock"))
@@ -244,7 +244,7 @@ fn shim_process_is_a_tenant_and_a_bare_one_a_bypass() {
     ));
     let dir = tempfile::tempdir().expect("temporary directory");
     let mut d = start(
-        node.command(env!("CARGO_BIN_EXE_vgpu-daemon")),
+        node.command(crate::daemon_bin()),
         dir.path(),
         &["--nvml-interval-ms", "100", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -368,7 +368,7 @@ fn bad_daemon_flags_exit_2_naming_flag_and_value() {
             "relative/vgpu.conf",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        let out = Command::new(crate::daemon_bin())
             .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(dir.path().join("d.sock"))

@@ -6,11 +6,11 @@ use std::process::Command;
 
 use vgpu_testkit::deploy;
 
-fn help(bin: &str) -> String {
-    let out = Command::new(bin)
+fn help(bin: std::path::PathBuf) -> String {
+    let out = Command::new(&bin)
         .arg("--help")
         .output()
-        .unwrap_or_else(|e| panic!("run {bin} --help: {e}"));
+        .unwrap_or_else(|e| panic!("run {} --help: {e}", bin.display()));
     assert!(out.status.success());
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -20,8 +20,8 @@ fn the_daemons_flags_exist_and_vgpuctl_reads_the_configured_api_socket() {
     let objects = deploy::objects();
     let found = deploy::containers_running(&objects, "vgpu-daemon");
     assert_eq!(found.len(), 1, "{found:?}");
-    let daemon_help = help(env!("CARGO_BIN_EXE_vgpu-daemon"));
-    let ctl_help = help(env!("CARGO_BIN_EXE_vgpuctl"));
+    let daemon_help = help(crate::daemon_bin());
+    let ctl_help = help(crate::vgpuctl_bin());
     for (id, c) in found {
         let unknown = deploy::unknown_flags(&deploy::arguments(c), &daemon_help);
         assert!(unknown.is_empty(), "{id}: vgpu-daemon has no {unknown:?}");
@@ -49,7 +49,7 @@ fn vgpuctl_follows_vgpu_api_socket() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let api = dir.path().join("daemon-api/api.sock");
     let log = std::fs::File::create(dir.path().join("log")).expect("log");
-    let mut d = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+    let mut d = Command::new(crate::daemon_bin())
         .args([
             "--ebpf",
             "off",
@@ -70,7 +70,7 @@ fn vgpuctl_follows_vgpu_api_socket() {
         assert!(std::time::Instant::now() < end, "no API socket");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("tenants")
         .env("VGPU_API_SOCKET", &api)
         .output()

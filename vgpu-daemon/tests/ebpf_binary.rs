@@ -151,7 +151,7 @@ impl Daemon {
     fn start(sim: &SimNode, dir: &Path, name: &str, wrapper: &[&str], args: &[&str]) -> Daemon {
         let log = dir.join(format!("{name}.log"));
         let f = std::fs::File::create(&log).unwrap();
-        let daemon = env!("CARGO_BIN_EXE_vgpu-daemon");
+        let daemon = crate::daemon_bin();
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = sim.command(first);
@@ -224,7 +224,7 @@ impl Drop for Daemon {
 
 /// `vgpuctl --api-socket API args…`: success, stdout, stderr.
 fn vgpuctl(api: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(api)
         .args(args)
@@ -361,7 +361,7 @@ fn enforce_survives_a_daemon_sigkill_and_the_restarted_daemon_adopts_the_pinned_
     );
     // `vgpuctl events --follow` prints a new refusal as it happens, and ends when the
     // daemon goes away.
-    let mut follower = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let mut follower = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(&api)
         .args(["events", "--follow", "--recent", "0"])

@@ -124,7 +124,7 @@ impl Daemon {
             .arg("-c")
             .arg(wrapper)
             .arg("sh")
-            .arg(env!("CARGO_BIN_EXE_vgpu-daemon"))
+            .arg(crate::daemon_bin())
             .arg("--socket")
             .arg(dir.join("daemon.sock"))
             .arg("--api-socket")
@@ -346,7 +346,7 @@ fn enforce_that_cannot_attach_keeps_the_pinned_gate_and_fails_closed() {
     let out = run(cmd);
     assert!(out.contains("999"), "a new tenant is refused: {out}");
     let api = host.path().join("daemon.api");
-    let tenants = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let tenants = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(&api)
         .args(["--json", "tenants"])

@@ -133,7 +133,7 @@ fn start(sim: &SimNode, dir: &Path, ulimit: &str) -> Daemon {
         .arg("-c")
         .arg(format!(r#"ulimit {ulimit} 1024 && exec "$@""#))
         .arg("sh")
-        .arg(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .arg(crate::daemon_bin())
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
         .arg(dir.join("daemon.sock"))
@@ -242,7 +242,7 @@ fn flood_then_register(test: &str, ulimit: &str) -> (usize, f64, String) {
     let api = dir.path().join("api.sock");
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        let out = Command::new(crate::vgpuctl_bin())
             .arg("--api-socket")
             .arg(&api)
             .args(["--json", "tenants"])

@@ -20,7 +20,7 @@ impl Drop for Kill {
 
 fn spawn(dir: &Path) -> Kill {
     let log = std::fs::File::create(dir.join("daemon.log")).expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+    let child = Command::new(crate::daemon_bin())
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .args(["--nvml-interval-ms", "0", "--metrics-addr", "off"])
         .args(["--sched-priority", "0"])

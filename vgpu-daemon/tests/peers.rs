@@ -64,7 +64,7 @@ fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
 fn daemon_logging_to(dir: &Path, extra: &[&str], log: Option<&Path>) -> Daemon {
     let socket = dir.join("daemon.sock");
     let api = dir.join("api.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+    let child = Command::new(crate::daemon_bin())
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
         .arg(&socket)
@@ -92,7 +92,7 @@ fn daemon_logging_to(dir: &Path, extra: &[&str], log: Option<&Path>) -> Daemon {
 }
 
 fn listing(api: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(api)
         .args(["--json", "tenants"])

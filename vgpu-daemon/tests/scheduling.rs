@@ -106,7 +106,7 @@ impl Node {
         // A killed daemon leaves its socket files behind: wait for the new ones.
         let _ = std::fs::remove_file(socket);
         let _ = std::fs::remove_file(api);
-        let child = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        let child = Command::new(crate::daemon_bin())
             .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
             .arg("--socket")
             .arg(socket)
@@ -198,7 +198,7 @@ fn key(c: &Container) -> String {
 }
 
 fn vgpuctl(api: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(api)
         .args(args)
@@ -1324,7 +1324,7 @@ fn operators_settings_survive_a_daemon_restart() {
     finish(t);
     // A malformed state file stops the daemon with an error naming it.
     std::fs::write(&state, "{not json").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-daemon"))
+    let out = Command::new(crate::daemon_bin())
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .args([
             "--socket",

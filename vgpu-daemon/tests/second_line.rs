@@ -156,7 +156,7 @@ fn http_get(addr: &str, path: &str) -> String {
 }
 
 fn vgpuctl_json(api: &Path, what: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+    let out = Command::new(crate::vgpuctl_bin())
         .arg("--api-socket")
         .arg(api)
         .args(["--json", what])
@@ -185,7 +185,7 @@ fn held_by(api: &Path, pids: &[u32]) -> u64 {
 fn start_daemon(sim: &SimNode, dir: &Path, extra: &[&str]) -> Daemon {
     let log = dir.join("daemon.log");
     let child = sim
-        .command(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .command(crate::daemon_bin())
         .args(if extra.contains(&"--ebpf") {
             &[][..]
         } else {

@@ -54,7 +54,7 @@ fn daemon_with_tenant(node: &SimNode) -> (Daemon, Probe) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
     let child = node
-        .command(env!("CARGO_BIN_EXE_vgpu-daemon"))
+        .command(crate::daemon_bin())
         .args(["--ebpf", "off", "--ebpf-pin-dir", "off"])
         .arg("--socket")
         .arg(dir.path().join("daemon.sock"))
@@ -96,7 +96,7 @@ fn daemon_with_tenant(node: &SimNode) -> (Daemon, Probe) {
 }
 
 fn vgpuctl(api: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_vgpuctl"));
+    let mut c = Command::new(crate::vgpuctl_bin());
     c.arg("--api-socket").arg(api);
     c
 }
@@ -227,7 +227,7 @@ fn top_redraws_in_place_in_tmux_and_gives_the_screen_back_on_ctrl_c() {
     t.wait_pane("the shell", |p| p.contains("before-top"));
     let cmdline = format!(
         "{} --api-socket {} top --interval 0.2",
-        env!("CARGO_BIN_EXE_vgpuctl"),
+        crate::vgpuctl_bin().display(),
         api.display()
     );
     t.run(&["send-keys", "-t", "top", &cmdline, "Enter"]);
