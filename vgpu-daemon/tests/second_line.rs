@@ -325,6 +325,93 @@ fn log_num(line: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `cuda-probe`'s script for a second-driver bypass: admitted with 64 MiB through the
+/// hooked `cuInit`; when told (stdin closed), a second driver in a new link namespace
+/// (`dlmopen`) and `size` through it; then it waits to be acted on.
+fn bypass_script(size: &'static str) -> [&'static str; 9] {
+    [
+        "init",
+        "alloc",
+        "64Mi",
+        "ready",
+        "wait",
+        "dlmopen-alloc",
+        size,
+        "sleep",
+        "60000",
+    ]
+}
+
+/// What the second line did to a bypass: how long after its allocation it was killed,
+/// what it was seen holding until then, the daemon's log and its action line.
+struct Killed {
+    after: Duration,
+    held_before: u64,
+    log: String,
+    action: String,
+}
+
+/// Tells a registered [`bypass_script`] probe to bypass, hands its result line to
+/// `check` (the process is still alive then), and waits (10 s at most) for the second
+/// line to kill it (SIGKILL) and log it as a second CUDA driver, naming its pid.
+fn killed_as_a_second_driver(
+    daemon: &mut Daemon,
+    api: &Path,
+    bypass: &mut Probe,
+    check: impl FnOnce(&str),
+) -> Killed {
+    let pid = bypass.pid();
+    drop(bypass.child.stdin.take());
+    let line = loop {
+        let l = bypass
+            .next_line(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("no dlmopen-alloc result: {:?}", bypass.seen));
+        if l.starts_with("dlmopen_alloc=") {
+            break l;
+        }
+    };
+    let t0 = Instant::now();
+    check(&line);
+    let mut held_before = 0;
+    let status = loop {
+        held_before = held_before.max(held_by(api, &[pid]));
+        if let Some(st) = bypass.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the bypass ({line}) was not acted on within 10 s; held {held_before} bytes\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let after = t0.elapsed();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "killed by the second line: {status}"
+    );
+    let log = daemon.wait_log("second CUDA driver mapped after admission");
+    let pid_field = format!("pid={pid}");
+    assert!(
+        log.lines()
+            .any(|x| x.contains("mapped the CUDA driver twice") && x.contains(&pid_field)),
+        "no second-driver detection logged for {pid}:\n{log}"
+    );
+    let action = log
+        .lines()
+        .find(|x| x.contains("second CUDA driver mapped after admission"))
+        .unwrap()
+        .to_owned();
+    assert!(action.contains(&pid_field), "{action}");
+    Killed {
+        after,
+        held_before,
+        log,
+        action,
+    }
+}
+
 #[test]
 fn a_registered_process_that_dlmopens_a_second_driver_is_charged_to_its_container_and_killed() {
     const BYPASS: u64 = 8 << 30;
@@ -350,74 +437,28 @@ fn a_registered_process_that_dlmopens_a_second_driver_is_charged_to_its_containe
     // closed), a second driver in a new link namespace and 8 GiB through it.
     let mut cmd = cg.command(&sim, &probe_bin());
     container.apply(&mut cmd);
-    let mut bypass = Probe::start(
-        cmd,
-        &[
-            "init",
-            "alloc",
-            "64Mi",
-            "ready",
-            "wait",
-            "dlmopen-alloc",
-            "8Gi",
-            "sleep",
-            "60000",
-        ],
-        Duration::from_secs(30),
-    );
+    let mut bypass = Probe::start(cmd, &bypass_script("8Gi"), Duration::from_secs(30));
     let pid = bypass.pid();
     wait_registered(&daemon, &api, other.pid());
     wait_registered(&daemon, &api, pid);
-    drop(bypass.child.stdin.take());
-    let line = loop {
-        let l = bypass
-            .next_line(Duration::from_secs(30))
-            .unwrap_or_else(|| panic!("no dlmopen-alloc result: {:?}", bypass.seen));
-        if l.starts_with("dlmopen_alloc=") {
-            break l;
-        }
-    };
-    let t0 = Instant::now();
-    // The shim does not see it: the second driver gave 8 GiB on a 256 MiB quota.
-    assert!(
-        line.starts_with("dlmopen_alloc=ok") && line.contains("driver_loads=2"),
-        "{line}"
-    );
-    let mut held_before = 0;
-    let status = loop {
-        held_before = held_before.max(held_by(&api, &[pid]));
-        if let Some(st) = bypass.child.try_wait().unwrap() {
-            break st;
-        }
+    let Killed {
+        after: acted,
+        held_before,
+        log: l,
+        action,
+    } = killed_as_a_second_driver(&mut daemon, &api, &mut bypass, |line| {
+        // The shim does not see it: the second driver gave 8 GiB on a 256 MiB quota.
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the dlmopen bypass (8 GiB on a 256 MiB quota) was not acted on within 10 s; held {held_before} bytes\n{}",
-            daemon.log()
+            line.starts_with("dlmopen_alloc=ok") && line.contains("driver_loads=2"),
+            "{line}"
         );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let acted = t0.elapsed();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "killed by the second line: {status}"
-    );
+    });
     // Bounded: the grace (200 ms) and one NVML interval (100 ms), with room for a loaded
     // machine.
     assert!(acted < Duration::from_secs(3), "acted on after {acted:?}");
-    let l = daemon.wait_log("second CUDA driver mapped after admission");
-    let pid_field = format!("pid={pid}");
-    assert!(
-        l.lines()
-            .any(|x| x.contains("mapped the CUDA driver twice") && x.contains(&pid_field)),
-        "no second-driver detection logged for {pid}:\n{l}"
-    );
-    let action = l
-        .lines()
-        .find(|x| x.contains("second CUDA driver mapped after admission"))
-        .unwrap();
+    let action = action.as_str();
     for field in [
-        pid_field.as_str(),
+        format!("pid={pid}").as_str(),
         "quota_bytes=268435456",
         "action=\"kill\"",
         "killed=true",
@@ -757,70 +798,24 @@ fn a_renamed_copy_of_the_driver_beside_the_real_one_is_a_second_driver() {
             vgpu_tests::sim_lib_dir().display()
         ),
     );
-    let mut bypass = Probe::start(
-        cmd,
-        &[
-            "init",
-            "alloc",
-            "64Mi",
-            "ready",
-            "wait",
-            "dlmopen-alloc",
-            "4Gi",
-            "sleep",
-            "60000",
-        ],
-        Duration::from_secs(30),
-    );
+    let mut bypass = Probe::start(cmd, &bypass_script("4Gi"), Duration::from_secs(30));
     let pid = bypass.pid();
     wait_registered(&daemon, &api, pid);
-    drop(bypass.child.stdin.take());
-    let line = loop {
-        let l = bypass
-            .next_line(Duration::from_secs(30))
-            .unwrap_or_else(|| panic!("no dlmopen-alloc result: {:?}", bypass.seen));
-        if l.starts_with("dlmopen_alloc=") {
-            break l;
-        }
-    };
-    let t0 = Instant::now();
-    // By name the process has the driver once (the copy is not named libcuda).
-    assert!(
-        line.starts_with("dlmopen_alloc=ok") && line.contains("driver_loads=1"),
-        "{line}"
-    );
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    assert!(maps.contains("libgpuhelper.so"), "{maps}");
-    let status = loop {
-        if let Some(st) = bypass.child.try_wait().unwrap() {
-            break st;
-        }
+    let Killed {
+        after: acted,
+        log: l,
+        action,
+        ..
+    } = killed_as_a_second_driver(&mut daemon, &api, &mut bypass, |line| {
+        // By name the process has the driver once (the copy is not named libcuda).
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the renamed-driver bypass was not acted on within 10 s\n{}",
-            daemon.log()
+            line.starts_with("dlmopen_alloc=ok") && line.contains("driver_loads=1"),
+            "{line}"
         );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let acted = t0.elapsed();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "killed by the second line: {status}"
-    );
-    let l = daemon.wait_log("second CUDA driver mapped after admission");
-    let pid_field = format!("pid={pid}");
-    assert!(
-        l.lines()
-            .any(|x| x.contains("mapped the CUDA driver twice") && x.contains(&pid_field)),
-        "no second-driver detection logged for {pid}:\n{l}"
-    );
-    let action = l
-        .lines()
-        .find(|x| x.contains("second CUDA driver mapped after admission"))
-        .unwrap();
-    assert!(action.contains(&pid_field), "{action}");
-    assert!(log_num(action, "held_bytes") >= BYPASS, "{action}");
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        assert!(maps.contains("libgpuhelper.so"), "{maps}");
+    });
+    assert!(log_num(&action, "held_bytes") >= BYPASS, "{action}");
     let m = metrics(&l);
     assert!(
         m.contains("vgpu_memory_second_driver_processes_total 1"),
