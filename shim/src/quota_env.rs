@@ -6,7 +6,7 @@
 //! The shim sets it as it is loaded (an `.init_array` constructor: before `main`, so a
 //! shell or Python started under the preload finds it in its own environment), from the
 //! same configuration and quota-file rule the enforcement uses
-//! ([`crate::process::environment_and_quota_file`], [`crate::config::Config::apply_quota_file`]):
+//! (`process::environment_and_quota_file`, [`crate::config::Config::apply_quota_file`]):
 //! one figure per GPU the process's CUDA ordinals will name, in that order (the
 //! container's GPUs narrowed and ordered by the process's own `CUDA_VISIBLE_DEVICES`),
 //! each the GPU's quota lowered by any `VGPU_MEMORY_LIMIT(_<i>)`. A value inherited from
