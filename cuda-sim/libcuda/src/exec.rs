@@ -266,7 +266,7 @@ impl Worker {
         q.tail.pushed(seq, &w, at);
         q.ops.push_back((seq, at, w));
         if engine {
-            self.publish_claim(&q);
+            self.publish_claim(&q, self.ahead.load(Ordering::Acquire));
         }
         drop(q);
         self.cv.notify_one();
@@ -369,16 +369,14 @@ impl Worker {
     }
 
     /// Publishes, while this process owns the engine, when its queued work ends on the
-    /// engine's clock (its claim: see `State::engine_acquire`). `q` is the locked queue.
-    fn publish_claim(&self, q: &Queue) {
+    /// engine's clock (its claim: see `State::engine_acquire`). `q` is the locked queue,
+    /// `ahead` when the work taken off it so far completes (`u64::MAX`: not known).
+    fn publish_claim(&self, q: &Queue, ahead: u64) {
         let st = &self.drv.state;
         if !st.engine_owned(self.drv.slot, self.dev) {
             return;
         }
-        let claim = q
-            .tail
-            .end(self.ahead.load(Ordering::Acquire))
-            .unwrap_or(u64::MAX);
+        let claim = q.tail.end(ahead).unwrap_or(u64::MAX);
         st.engine_claim_set(self.drv.slot, self.dev, claim);
     }
 
@@ -417,7 +415,7 @@ impl Worker {
                 }
             };
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.execute(&work, at, &mut eng)
+                self.execute(&work, at, &mut eng, true)
             }));
             self.ahead.store(eng.pos, Ordering::Release);
             if r.is_err() {
@@ -452,10 +450,12 @@ impl Worker {
         }
     }
 
-    /// Runs one unit of work submitted at `at` (monotonic ns).
-    fn execute(&self, work: &Work, at: u64, eng: &mut Engine) {
+    /// Runs one unit of work submitted at `at` (monotonic ns). `ends_unit`: nothing
+    /// unpredictable follows this piece in the unit taken off the queue, so a kernel may
+    /// publish its end as where the worker will be ([`Worker::run_kernel`]).
+    fn execute(&self, work: &Work, at: u64, eng: &mut Engine, ends_unit: bool) {
         match work {
-            Work::Kernel { ns } => self.run_kernel(*ns, at, eng),
+            Work::Kernel { ns } => self.run_kernel(*ns, at, eng, ends_unit),
             Work::Copy { dst, src, len } => {
                 let start = mono_ns();
                 match src {
@@ -553,8 +553,12 @@ impl Worker {
                 eng.pos = eng.pos.max(at);
             }
             Work::Batch(b) => {
-                for w in b.iter() {
-                    self.execute(w, at, eng);
+                for (i, w) in b.iter().enumerate() {
+                    // A kernel followed by a copy, a memset or a host function in the
+                    // same unit (a graph, the fill kernel) does not end it: the host must
+                    // not see the unit done, on the device's clock, before those effects.
+                    let rest_predictable = b[i + 1..].iter().all(|x| tail::step(x, at).is_some());
+                    self.execute(w, at, eng, ends_unit && rest_predictable);
                 }
             }
         }
@@ -599,7 +603,10 @@ impl Worker {
     /// Runs a kernel of `ns` device time submitted at `at`, on the engine's virtual
     /// clock (see the module's doc): it starts when both the engine and the launch are
     /// there, in chunks of at most the engine's time slice when other processes wait.
-    fn run_kernel(&self, ns: u64, at: u64, eng: &mut Engine) {
+    /// `publish`: its end is where the worker will be once done with the unit of work it
+    /// took off the queue (see [`Worker::is_done_on_device`]); otherwise the worker's
+    /// position stays unknown until the unit is done.
+    fn run_kernel(&self, ns: u64, at: u64, eng: &mut Engine, publish: bool) {
         let st = &self.drv.state;
         let slice = st.timeslice().as_nanos() as u64;
         let mut remaining = ns.max(1);
@@ -626,8 +633,10 @@ impl Worker {
             };
             let end = start + chunk;
             if chunk == remaining {
-                self.ahead.store(end, Ordering::Release);
-                self.publish_claim(&self.lock());
+                if publish {
+                    self.ahead.store(end, Ordering::Release);
+                }
+                self.publish_claim(&self.lock(), end);
             } else if eng.held {
                 // A chunk of a longer kernel: the engine is this process's until the
                 // chunk's end, and another process may take it over from then if this

@@ -161,6 +161,7 @@ fn scenario() {
 
     kernels(&ctx, &stream);
     streams(&ctx);
+    graph_host_node(&ctx, &stream);
     ctx.synchronize().expect("context synchronize");
     let (before, _) = ctx.mem_get_info().expect("mem info");
     non_primary(before);
@@ -168,6 +169,62 @@ fn scenario() {
     assert_eq!(
         after, before,
         "destroying a created context gives its memory back"
+    );
+}
+
+/// Set by [`late_host_fn`] when it has run to its end.
+static HOST_FN_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A graph's host node that takes 200 ms of host time: far longer than the kernel
+/// before it, so a synchronization that trusts the kernel's end returns before it.
+unsafe extern "C" fn late_host_fn(_: *mut std::ffi::c_void) {
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    HOST_FN_DONE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A graph of a kernel then a host function: the stream's synchronization returns only
+/// after the host function ran, whatever the kernel's end on the device's clock says
+/// (the host node's effect is the host's; so are a fill's or a copy's after a kernel in
+/// one unit of work, which this once raced under load).
+fn graph_host_node(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let module = ctx
+        .load_module(Ptx::from_src(PTX))
+        .expect("load PTX module");
+    let spin = module
+        .load_function("vgpu_sim_spin")
+        .expect("spin function");
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .expect("begin capture");
+    const NS: u64 = 20_000_000;
+    let mut launch = stream.launch_builder(&spin);
+    launch.arg(&NS);
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: one .u64 parameter, as the kernel declares.
+    unsafe { launch.launch(one) }.expect("capture spin");
+    // SAFETY: a function that ignores its argument; the stream is live.
+    unsafe {
+        cudarc::driver::result::stream::launch_host_function(
+            stream.cu_stream(),
+            late_host_fn,
+            std::ptr::null_mut(),
+        )
+    }
+    .expect("capture host function");
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .expect("end capture")
+        .expect("a graph was captured");
+    graph.launch().expect("graph launch");
+    stream.synchronize().expect("sync after graph");
+    assert!(
+        HOST_FN_DONE.load(std::sync::atomic::Ordering::SeqCst),
+        "cuStreamSynchronize returned before the graph's host node ran"
     );
 }
 
