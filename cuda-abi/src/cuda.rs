@@ -494,6 +494,76 @@ pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+/// `CUprocessState` (CUDA 12.8): a process's state under the checkpoint API.
+pub mod process_state {
+    /// `CU_PROCESS_STATE_RUNNING`: the default; CUDA calls run.
+    pub const RUNNING: u32 = 0;
+    /// `CU_PROCESS_STATE_LOCKED`: CUDA API locks are taken, further calls block.
+    pub const LOCKED: u32 = 1;
+    /// `CU_PROCESS_STATE_CHECKPOINTED`: device memory is in host memory, device
+    /// allocations and handles are released.
+    pub const CHECKPOINTED: u32 = 2;
+    /// `CU_PROCESS_STATE_FAILED`: an uncorrectable error during checkpoint or restore.
+    pub const FAILED: u32 = 3;
+}
+
+/// `CUcheckpointLockArgs` (CUDA 12.8).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUcheckpointLockArgs {
+    /// Milliseconds to try to lock the process for; 0: no timeout.
+    pub timeoutMs: c_uint,
+    /// Must be zero.
+    pub reserved0: c_uint,
+    /// Must be zeroed.
+    pub reserved1: [u64; 7],
+}
+
+/// `CUcheckpointCheckpointArgs` (CUDA 13: the custom-storage out-pointer first; CUDA
+/// 12.8 had 64 reserved bytes, so a zeroed 12.8 struct reads as no custom storage).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUcheckpointCheckpointArgs {
+    /// `CUcheckpointCustomStorageInfo **customStorageInfo_out`: NULL checkpoints to host.
+    pub customStorageInfo_out: *mut *mut c_void,
+    /// Must be zeroed.
+    pub reserved: [u8; 56],
+}
+
+/// `CUcheckpointGpuPair`: a GPU to restore onto another.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUcheckpointGpuPair {
+    /// The GPU that was checkpointed.
+    pub oldUuid: CUuuid,
+    /// The GPU to restore onto.
+    pub newUuid: CUuuid,
+}
+
+/// `CUcheckpointRestoreArgs` (CUDA 13 layout, 64 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUcheckpointRestoreArgs {
+    /// GPU remapping pairs (NULL: restore onto the same GPUs).
+    pub gpuPairs: *mut CUcheckpointGpuPair,
+    /// Number of pairs.
+    pub gpuPairsCount: c_uint,
+    /// Alignment padding.
+    pub padding0: c_uint,
+    /// `CUcheckpointCustomStorageInfo **customStorageInfo_out`: NULL restores from host.
+    pub customStorageInfo_out: *mut *mut c_void,
+    /// Must be zeroed.
+    pub reserved: [u8; 40],
+}
+
+/// `CUcheckpointUnlockArgs` (CUDA 12.8).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUcheckpointUnlockArgs {
+    /// Must be zeroed.
+    pub reserved: [u64; 8],
+}
+
 /// `cuGetProcAddress` flags.
 pub mod proc_flags {
     /// `CU_GET_PROC_ADDRESS_DEFAULT`.
@@ -531,6 +601,16 @@ mod tests {
         assert_eq!(size_of::<CUlaunchConfig>(), 56);
         assert_eq!(size_of::<CUstreamBatchMemOpParams>(), 48);
         assert_eq!(std::mem::offset_of!(CUstreamBatchMemOpParams, flags), 24);
+        // The checkpoint API's argument structs are 64 bytes each.
+        assert_eq!(size_of::<CUcheckpointLockArgs>(), 64);
+        assert_eq!(size_of::<CUcheckpointCheckpointArgs>(), 64);
+        assert_eq!(size_of::<CUcheckpointRestoreArgs>(), 64);
+        assert_eq!(
+            std::mem::offset_of!(CUcheckpointRestoreArgs, customStorageInfo_out),
+            16
+        );
+        assert_eq!(size_of::<CUcheckpointUnlockArgs>(), 64);
+        assert_eq!(size_of::<CUcheckpointGpuPair>(), 32);
     }
 
     #[test]

@@ -407,3 +407,23 @@ pub type PFN_nvmlDeviceGetCpuAffinityWithinScope =
 /// `nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)`.
 pub type PFN_nvmlDeviceGetNumaNodeId =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+
+// ---- checkpoint (CUDA 12.8, driver r570) ----------------------------------------------
+
+/// `cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)`.
+pub type PFN_cuCheckpointProcessLock =
+    unsafe extern "C" fn(c_int, *mut crate::cuda::CUcheckpointLockArgs) -> CUresult;
+/// `cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)`.
+pub type PFN_cuCheckpointProcessCheckpoint =
+    unsafe extern "C" fn(c_int, *mut crate::cuda::CUcheckpointCheckpointArgs) -> CUresult;
+/// `cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)`.
+pub type PFN_cuCheckpointProcessRestore =
+    unsafe extern "C" fn(c_int, *mut crate::cuda::CUcheckpointRestoreArgs) -> CUresult;
+/// `cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)`.
+pub type PFN_cuCheckpointProcessUnlock =
+    unsafe extern "C" fn(c_int, *mut crate::cuda::CUcheckpointUnlockArgs) -> CUresult;
+/// `cuCheckpointProcessGetState(int pid, CUprocessState *state)`.
+pub type PFN_cuCheckpointProcessGetState = unsafe extern "C" fn(c_int, *mut c_uint) -> CUresult;
+/// `cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)`.
+pub type PFN_cuCheckpointProcessGetRestoreThreadId =
+    unsafe extern "C" fn(c_int, *mut c_int) -> CUresult;
