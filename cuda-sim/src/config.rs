@@ -26,6 +26,15 @@ struct RawConfig {
     engine: RawEngine,
     #[serde(default)]
     faults: RawFaults,
+    #[serde(default)]
+    host: RawHost,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    memory: Option<String>,
+    copy_gbps: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -64,6 +73,26 @@ pub struct EngineConfig {
     pub timeslice_us: u64,
 }
 
+/// The host side of the node, as the checkpoint API uses it: checkpointed device memory
+/// is held in host memory, copied over the host link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Host memory that checkpoints may hold, bytes (`[host] memory`, default 512 GiB).
+    pub memory: u64,
+    /// Device-to-host and host-to-device copy bandwidth of a checkpoint or restore,
+    /// GB/s (`[host] copy_gbps`, default 25: PCIe 4.0 x16 in practice).
+    pub copy_gbps: u32,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            memory: 512 << 30,
+            copy_gbps: 25,
+        }
+    }
+}
+
 /// Faults injected from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FaultConfig {
@@ -86,6 +115,8 @@ pub struct SimConfig {
     pub faults: FaultConfig,
     /// Where the GPUs sit and how they are connected (see [`crate::topology`]).
     pub topology: Topology,
+    /// Host memory and copy bandwidth for checkpoints.
+    pub host: HostConfig,
 }
 
 impl Default for SimConfig {
@@ -95,6 +126,7 @@ impl Default for SimConfig {
             engine: EngineConfig { timeslice_us: 2000 },
             faults: FaultConfig::default(),
             topology: Topology::default_for(1),
+            host: HostConfig::default(),
         }
     }
 }
@@ -293,6 +325,21 @@ impl SimConfig {
                 ));
             }
         }
+        let mut host = HostConfig::default();
+        if let Some(m) = &raw.host.memory {
+            host.memory =
+                parse_bytes(m).map_err(|e| bad("host.memory".into(), m, &e.to_string()))?;
+        }
+        if let Some(g) = raw.host.copy_gbps {
+            if g == 0 || g > 10_000 {
+                return Err(bad(
+                    "host.copy_gbps".into(),
+                    &g.to_string(),
+                    "must be 1 to 10000",
+                ));
+            }
+            host.copy_gbps = g;
+        }
         Ok(SimConfig {
             devices,
             engine: EngineConfig { timeslice_us },
@@ -302,6 +349,7 @@ impl SimConfig {
                 accounting_mode: raw.faults.accounting_mode.unwrap_or(false),
             },
             topology,
+            host,
         })
     }
 
@@ -422,5 +470,17 @@ mod tests {
             Some("00000000:18:00.0")
         );
         assert_eq!(normalize_pci_bus_id("zz:00.0"), None);
+    }
+
+    #[test]
+    fn host_memory_and_copy_bandwidth() {
+        let c = SimConfig::from_toml("[host]\nmemory = \"2Gi\"\ncopy_gbps = 10", "x")
+            .expect("a valid host table");
+        assert_eq!(c.host.memory, 2 << 30);
+        assert_eq!(c.host.copy_gbps, 10);
+        let e = SimConfig::from_toml("[host]\ncopy_gbps = 0", "x").unwrap_err();
+        assert!(e.to_string().contains("host.copy_gbps"), "{e}");
+        let e = SimConfig::from_toml("[host]\nmemory = \"lots\"", "x").unwrap_err();
+        assert!(e.to_string().contains("host.memory"), "{e}");
     }
 }

@@ -3,7 +3,8 @@
 //! This crate holds what both simulated libraries share: the node's configuration
 //! ([`config`], built from [`device`]s and machine [`presets`], failing with a
 //! [`config_error::ConfigError`]), its [`topology`] (PCIe tree, NVLinks, NUMA
-//! nodes), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`]): device memory accounting across
+//! nodes), its GPU device nodes ([`devnodes`]) and its shared state ([`node_state`], with the
+//! checkpoint API's part in [`checkpoint_area`]): device memory accounting across
 //! processes, process liveness, the execution engine that time-slices the GPU between
 //! processes, utilization and accounting counters, and device events for fault
 //! injection. The libraries themselves (`cuda-sim/libcuda`, `cuda-sim/libnvml`) are thin
@@ -15,6 +16,7 @@
 #![allow(unsafe_code)]
 
 pub mod bench;
+pub mod checkpoint_area;
 pub mod config;
 pub mod config_error;
 pub mod device;

@@ -42,7 +42,7 @@ pub const SLOT_BUCKETS: usize = 16;
 const MAGIC: [u8; 8] = *b"VGPUSIM\0";
 /// Bumped whenever the layout changes; part of the file name, so that old and new
 /// simulators never map each other's state.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// How long past an engine owner's claim a waiting process takes the engine over, ns:
 /// an owner whose worker runs on time releases it first.
@@ -292,6 +292,7 @@ struct Layout {
     devs: [DeviceState; MAX_DEVICES],
     slots: [Slot; MAX_SLOTS],
     exited: [ExitedRec; EXITED_RING],
+    checkpoint: crate::checkpoint_area::CheckpointArea,
 }
 
 /// Why the shared state could not be opened.
@@ -507,6 +508,11 @@ impl State {
         unsafe { &*self.map.as_ptr().cast::<Layout>() }
     }
 
+    /// The checkpoint API's shared state (see [`crate::checkpoint_area`]).
+    pub fn checkpoint(&self) -> &crate::checkpoint_area::CheckpointArea {
+        &self.layout().checkpoint
+    }
+
     /// The state directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -581,6 +587,7 @@ impl State {
                     s.state.store(SLOT_FREE, Ordering::Release);
                     continue;
                 }
+                self.checkpoint().reset_slot(i);
                 for d in &s.devs {
                     d.used.store(0, Ordering::Relaxed);
                     d.max_used.store(0, Ordering::Relaxed);
@@ -1160,6 +1167,7 @@ fn init_layout(l: &mut Layout, config: &SimConfig, len: usize) {
     for &lost in &config.faults.lost_devices {
         l.devs[lost as usize].lost.store(1, Ordering::Relaxed);
     }
+    l.checkpoint.init(&config.host);
 }
 
 fn write_info(info: &mut DeviceInfo, d: &DeviceConfig) {

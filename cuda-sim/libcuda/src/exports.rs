@@ -10,10 +10,16 @@ use crate::exec::{Event, Graph, Stream, Work, resolve_stream};
 use crate::mem::{self, AllocKind, Dir};
 use crate::module::{self, FILL, Geometry, SPIN};
 use crate::rt::{self, CuResult, Driver, Kind, driver, from_ptr, to_ptr};
+use vgpu_cuda_sim::checkpoint_area::CkptOp;
 
-/// Runs `f`, turning errors and panics into a `CUresult`.
+/// Runs `f`, turning errors and panics into a `CUresult`. While the process is locked by
+/// the checkpoint API the call waits first (`checkpoint::enter`).
 pub(crate) fn guard(f: impl FnOnce() -> CuResult<()>) -> CUresult {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let call = || {
+        let _in_flight = crate::checkpoint::enter();
+        f()
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => CUDA_ERROR_UNKNOWN,
@@ -290,7 +296,7 @@ export! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        rt::init().map(|_| ())
+        rt::init().map(crate::checkpoint::start_agent)
     }
 
     fn cuDriverGetVersion(driverVersion: *mut c_int) {
@@ -1944,6 +1950,81 @@ export! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         out!(mode, CAPTURE_MODE.with(|c| c.replace(m)))
+    }
+}
+
+// ---- checkpoint (CUDA 12.8): another process, by pid (see `checkpoint.rs`) -------------------
+
+/// Fails unless the optional argument struct at `p` has its reserved bytes zeroed.
+fn zeroed_reserved<T>(p: *const T, reserved: impl FnOnce(&T) -> &[u8]) -> CuResult<()> {
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the API contract: a non-null args pointer points to one readable struct.
+    let a = unsafe { &*p };
+    if reserved(a).iter().all(|&b| b == 0) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+fn u64_bytes(v: &[u64]) -> &[u8] {
+    // SAFETY: any initialized u64 slice is readable as bytes, same length × 8, align 1.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }
+}
+
+export! {
+    fn cuCheckpointProcessLock(pid: c_int, args: *mut CUcheckpointLockArgs) {
+        zeroed_reserved(args.cast_const(), |a| u64_bytes(&a.reserved1))?;
+        let a: Option<CUcheckpointLockArgs> =
+            if args.is_null() { None } else { Some(inp!(args.cast_const())?) };
+        if a.is_some_and(|a| a.reserved0 != 0) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let timeout = a.map_or(0, |a| a.timeoutMs);
+        crate::checkpoint::control(pid, CkptOp::Lock, timeout)
+    }
+    fn cuCheckpointProcessCheckpoint(pid: c_int, args: *mut CUcheckpointCheckpointArgs) {
+        zeroed_reserved(args.cast_const(), |a| &a.reserved)?;
+        if !args.is_null() && !inp!(args.cast_const())?.customStorageInfo_out.is_null() {
+            // Custom storage (CUDA 13) is not simulated: memory goes to host memory.
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        crate::checkpoint::control(pid, CkptOp::Checkpoint, 0)
+    }
+    fn cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgs) {
+        zeroed_reserved(args.cast_const(), |a| &a.reserved)?;
+        if !args.is_null() {
+            let a: CUcheckpointRestoreArgs = inp!(args.cast_const())?;
+            if !a.customStorageInfo_out.is_null() {
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            if a.gpuPairsCount > 0 {
+                if a.gpuPairs.is_null() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                // SAFETY: the API contract: `gpuPairs` points to `gpuPairsCount` pairs.
+                let pairs = unsafe { std::slice::from_raw_parts(a.gpuPairs, a.gpuPairsCount as usize) };
+                // Restoring onto another GPU is not simulated; a pair naming the same GPU is.
+                if pairs.iter().any(|p| p.oldUuid.bytes != p.newUuid.bytes) {
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+            }
+        }
+        crate::checkpoint::control(pid, CkptOp::Restore, 0)
+    }
+    fn cuCheckpointProcessUnlock(pid: c_int, args: *mut CUcheckpointUnlockArgs) {
+        zeroed_reserved(args.cast_const(), |a| u64_bytes(&a.reserved))?;
+        crate::checkpoint::control(pid, CkptOp::Unlock, 0)
+    }
+    fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_uint) {
+        nn(state)?;
+        out!(state, crate::checkpoint::state_of(pid)?)
+    }
+    fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int) {
+        nn(tid)?;
+        out!(tid, crate::checkpoint::restore_thread(pid)?)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Every exported function is thin: it enters a guard (no panic may cross into the
 //! application), checks its raw arguments, calls safe logic in [`rt`], [`mem`], [`ipc`] (memory shared between processes),
-//! [`exec`], [`module`] and [`peer`] (peer-to-peer, from the node's topology), and
+//! [`exec`], [`module`], [`peer`] (peer-to-peer, from the node's topology) and
+//! [`checkpoint`] (the checkpoint API, one process acting on another by pid), and
 //! maps the outcome to a `CUresult`. Entry points resolve three ways, as on the real
 //! driver: by exported symbol (linking or `dlsym`) and through `cuGetProcAddress` by
 //! (name, CUDA version, flags) from the table in [`procaddr`]. What is not implemented either is not exported (the loader or
@@ -21,6 +22,7 @@
 // bounded by the validated configuration; `as` between C integer types is the ABI.
 #![allow(clippy::cast_possible_wrap)]
 
+pub mod checkpoint;
 pub mod exec;
 #[macro_use]
 pub mod exports;

@@ -260,6 +260,12 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Version>> {
             "cuGraphUpload" => [11010: cuGraphUpload | cuGraphUpload_ptsz],
             "cuProfilerStart" => [4000: cuProfilerStart],
             "cuProfilerStop" => [4000: cuProfilerStop],
+            "cuCheckpointProcessLock" => [12080: cuCheckpointProcessLock],
+            "cuCheckpointProcessCheckpoint" => [12080: cuCheckpointProcessCheckpoint],
+            "cuCheckpointProcessRestore" => [12080: cuCheckpointProcessRestore],
+            "cuCheckpointProcessUnlock" => [12080: cuCheckpointProcessUnlock],
+            "cuCheckpointProcessGetState" => [12080: cuCheckpointProcessGetState],
+            "cuCheckpointProcessGetRestoreThreadId" => [12080: cuCheckpointProcessGetRestoreThreadId],
         }
     })
 }

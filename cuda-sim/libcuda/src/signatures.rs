@@ -16,6 +16,12 @@ macro_rules! check {
 
 check! {
     PFN_cuInit: cuInit;
+    PFN_cuCheckpointProcessLock: cuCheckpointProcessLock;
+    PFN_cuCheckpointProcessCheckpoint: cuCheckpointProcessCheckpoint;
+    PFN_cuCheckpointProcessRestore: cuCheckpointProcessRestore;
+    PFN_cuCheckpointProcessUnlock: cuCheckpointProcessUnlock;
+    PFN_cuCheckpointProcessGetState: cuCheckpointProcessGetState;
+    PFN_cuCheckpointProcessGetRestoreThreadId: cuCheckpointProcessGetRestoreThreadId;
     PFN_cuStreamWaitValue32_v2: cuStreamWaitValue32_v2, cuStreamWaitValue32_v2_ptsz, cuStreamWaitValue32,
         cuStreamWaitValue32_ptsz, cuStreamWriteValue32_v2, cuStreamWriteValue32_v2_ptsz,
         cuStreamWriteValue32, cuStreamWriteValue32_ptsz;
