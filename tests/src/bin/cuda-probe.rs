@@ -78,6 +78,8 @@
 //!                              dlmopen_alloc=ok|err code= ptr= driver_loads= (the
 //!                              driver's loads in /proc/self/maps); follow with `wait`
 //!                              or `sleep` to hold it (issue 39 item 3)
+//! fill BYTES SEED / verify / ckpt OP PID [MS] / timed-meminfo
+//!                              the checkpoint API from both sides (`cuda-probe/checkpoint.rs`)
 //! ready                        prints "ready pid=<pid>"
 //! wait                         blocks until stdin is closed
 //! sleep MS                     sleeps
@@ -103,6 +105,9 @@ type CuResult = c_uint;
 
 #[path = "cuda-probe/memops.rs"]
 mod memops;
+
+#[path = "cuda-probe/checkpoint.rs"]
+mod checkpoint;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -1350,6 +1355,24 @@ fn main() -> Result<()> {
                 memops::gate(&st, n, kns)?;
             }
             "memop-block" => memops::block(&st, arg(&mut it, "milliseconds")?)?,
+            "fill" => {
+                let n = arg(&mut it, "size")?;
+                let seed = arg(&mut it, "seed")?;
+                checkpoint::fill(&mut st, n, seed)?;
+            }
+            "verify" => checkpoint::verify(&st)?,
+            "timed-meminfo" => checkpoint::timed_meminfo(&st)?,
+            "ckpt" => {
+                let op = it.next().context("ckpt: missing operation")?.clone();
+                let pid = c_int::try_from(arg(&mut it, "pid")?).context("pid out of range")?;
+                let ms = if op == "lock" {
+                    u32::try_from(arg(&mut it, "lock timeout ms")?)
+                        .context("timeout out of range")?
+                } else {
+                    0
+                };
+                checkpoint::ckpt(&st, &op, pid, ms)?;
+            }
             "capture-open" => {
                 let c = cuda(&st)?;
                 let g = GraphApi::resolve(c, "")?;
