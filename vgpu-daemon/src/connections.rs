@@ -2,8 +2,14 @@
 //! 4): how many connections the node, one container (cgroup) and one UID may hold open,
 //! the descriptors those caps need (the daemon raises its soft `RLIMIT_NOFILE` to that at
 //! start, and fits the caps to what it got), and how accepting backs off after an error.
-//! The decisions are pure functions over explicit inputs; [`crate::server`] applies them
-//! and [`SocketStats`] counts what happened for `/metrics`.
+//! The decisions are pure functions over explicit inputs ([`admit`], [`peer_of`]);
+//! [`crate::server`] applies them and [`SocketStats`] counts what happened for `/metrics`.
+//!
+//! The UID cap bounds only peers outside a Kubernetes pod's container (ADR 0056): many
+//! containers run as the same UID (root, 1000), and a UID cap they shared would let one
+//! tenant's containers starve their same-UID neighbours. A pod's container is bounded by
+//! its own cap, and the node's last quarter ([`reserve`]) goes only to containers holding
+//! few connections, so that a few full containers leave the others served.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -67,6 +73,63 @@ pub fn caps_within(limit: u64, wanted: Caps) -> Caps {
     }
 }
 
+/// Who a peer is, for the caps ([`peer_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The key its connections are counted under ([`container_key`]).
+    pub container: String,
+    /// A Kubernetes pod's container: bounded by its container's cap (and the node's), not
+    /// by its UID's.
+    pub in_pod_container: bool,
+}
+
+/// Connections held now, as a new peer sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    /// On the node.
+    pub node: usize,
+    /// By the peer's container.
+    pub container: usize,
+    /// By the peer's UID outside pods' containers.
+    pub uid: usize,
+}
+
+/// The node's reserve: once `caps.total - reserve.0` connections are open, a new one is
+/// admitted only when its container holds fewer than `reserve.1`. A quarter of the node,
+/// for containers holding fewer than a sixteenth of a container's cap (each at least 1).
+pub fn reserve(caps: &Caps) -> (usize, usize) {
+    ((caps.total / 4).max(1), (caps.per_container / 16).max(1))
+}
+
+/// Whether `peer` (UID `uid`) may open one more connection, given what is `held`; the
+/// refusal names the cap. Its UID's cap applies only outside pods' containers.
+pub fn admit(caps: &Caps, peer: &Peer, uid: u32, held: Held) -> Result<(), Refusal> {
+    if held.node >= caps.total {
+        return Err(Refusal::Node { cap: caps.total });
+    }
+    if held.container >= caps.per_container {
+        return Err(Refusal::Container {
+            container: peer.container.clone(),
+            cap: caps.per_container,
+        });
+    }
+    if !peer.in_pod_container && held.uid >= caps.per_uid {
+        return Err(Refusal::Uid {
+            uid,
+            cap: caps.per_uid,
+        });
+    }
+    let (reserved, small) = reserve(caps);
+    if held.node >= caps.total.saturating_sub(reserved) && held.container >= small {
+        return Err(Refusal::Reserve {
+            container: peer.container.clone(),
+            reserved,
+            small,
+        });
+    }
+    Ok(())
+}
+
 /// Why a connection was closed at once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -84,8 +147,22 @@ pub enum Refusal {
         /// The cap.
         cap: usize,
     },
-    /// The UID's cap.
-    #[error("uid {uid} holds {cap} connections already (the most per UID)")]
+    /// The node's reserve ([`reserve`]): the node nearly full, the container not small.
+    #[error(
+        "container {container} holds {small} connections or more and the node's last {reserved} are kept for containers holding fewer"
+    )]
+    Reserve {
+        /// The container ([`container_key`]).
+        container: String,
+        /// Connections kept.
+        reserved: usize,
+        /// Fewer than this, a container may take one of them.
+        small: usize,
+    },
+    /// The UID's cap (peers outside pods' containers only).
+    #[error(
+        "uid {uid} holds {cap} connections already outside pods' containers (the most per UID)"
+    )]
     Uid {
         /// The UID.
         uid: u32,
@@ -100,6 +177,7 @@ impl Refusal {
         match self {
             Refusal::Node { .. } => "node",
             Refusal::Container { .. } => "container",
+            Refusal::Reserve { .. } => "reserve",
             Refusal::Uid { .. } => "uid",
         }
     }
@@ -135,39 +213,34 @@ impl Table {
         self.total
     }
 
-    /// Counts a new connection of `container` and `uid`, or refuses it (counting nothing).
-    pub fn try_open(&mut self, container: &str, uid: u32) -> Result<(), Refusal> {
-        if self.total >= self.caps.total {
-            return Err(Refusal::Node {
-                cap: self.caps.total,
-            });
-        }
-        if self.by_container.get(container).copied().unwrap_or(0) >= self.caps.per_container {
-            return Err(Refusal::Container {
-                container: container.to_owned(),
-                cap: self.caps.per_container,
-            });
-        }
-        if self.by_uid.get(&uid).copied().unwrap_or(0) >= self.caps.per_uid {
-            return Err(Refusal::Uid {
-                uid,
-                cap: self.caps.per_uid,
-            });
-        }
+    /// Counts a new connection of `peer` and `uid`, or refuses it ([`admit`]; counting
+    /// nothing). A peer in a pod's container is not counted under its UID.
+    pub fn try_open(&mut self, peer: &Peer, uid: u32) -> Result<(), Refusal> {
+        let held = Held {
+            node: self.total,
+            container: self.by_container.get(&peer.container).copied().unwrap_or(0),
+            uid: self.by_uid.get(&uid).copied().unwrap_or(0),
+        };
+        admit(&self.caps, peer, uid, held)?;
         self.total += 1;
-        *self.by_container.entry(container.to_owned()).or_default() += 1;
-        *self.by_uid.entry(uid).or_default() += 1;
+        *self.by_container.entry(peer.container.clone()).or_default() += 1;
+        if !peer.in_pod_container {
+            *self.by_uid.entry(uid).or_default() += 1;
+        }
         Ok(())
     }
 
     /// Forgets a connection [`Table::try_open`] counted (entries at 0 are dropped).
-    pub fn close(&mut self, container: &str, uid: u32) {
+    pub fn close(&mut self, peer: &Peer, uid: u32) {
         self.total = self.total.saturating_sub(1);
-        if let Some(n) = self.by_container.get_mut(container) {
+        if let Some(n) = self.by_container.get_mut(&peer.container) {
             *n -= 1;
             if *n == 0 {
-                self.by_container.remove(container);
+                self.by_container.remove(&peer.container);
             }
+        }
+        if peer.in_pod_container {
+            return;
         }
         if let Some(n) = self.by_uid.get_mut(&uid) {
             *n -= 1;
@@ -205,6 +278,43 @@ pub fn container_key(proc_cgroup: &str) -> String {
         .map_or_else(|| "unknown".to_owned(), str::to_owned)
 }
 
+/// Who a peer is, from its `/proc/PID/cgroup` text (`None`: unreadable, the peer gone):
+/// its [`container_key`], and whether it is a Kubernetes pod's container. That is, the
+/// path [`container_key`] took the pod from names a container id (a process in the pod's
+/// own cgroup could make sub-cgroups named like containers) and its `kubepods` directory
+/// is at most one level below the cgroup root (kubelet's layouts, also under a cgroup
+/// root of its own, `kubelet.slice/kubelet-kubepods.slice`; `..` parts, seen from a
+/// daemon in a cgroup namespace, skipped). A `kubepods` deeper down is one a process made
+/// in a cgroup delegated to it (`user.slice/…/user@UID.service/…`): not a container, so
+/// that minting pod-shaped cgroups does not escape the UID cap.
+pub fn peer_of(proc_cgroup: Option<&str>) -> Peer {
+    let Some(text) = proc_cgroup else {
+        return Peer {
+            container: "unknown".to_owned(),
+            in_pod_container: false,
+        };
+    };
+    let in_pod_container = text
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .find_map(|path| Some((path, vgpu_core::kube_cgroup::pod_of_cgroup(path)?)))
+        .is_some_and(|(path, pod)| {
+            // Without its first two parts the path is no pod's when `kubepods` was one
+            // of them.
+            let below: Vec<&str> = path
+                .split('/')
+                .filter(|part| !part.is_empty() && *part != "..")
+                .skip(2)
+                .collect();
+            pod.container_id.is_some()
+                && vgpu_core::kube_cgroup::pod_of_cgroup(&below.join("/")).is_none()
+        });
+    Peer {
+        container: container_key(text),
+        in_pod_container,
+    }
+}
+
 /// Which accept errors mean the daemon is short of a resource (descriptors, memory):
 /// retrying at once would spin, so accepting pauses ([`accept_backoff`]).
 pub fn accept_error_is_shortage(errno: Option<i32>) -> bool {
@@ -231,6 +341,7 @@ pub struct SocketStats {
     accept_errors: AtomicU64,
     refused_node: AtomicU64,
     refused_container: AtomicU64,
+    refused_reserve: AtomicU64,
     refused_uid: AtomicU64,
     open: AtomicU64,
     /// (caps, soft descriptor limit) once the server started.
@@ -248,6 +359,7 @@ impl SocketStats {
         let c = match r {
             Refusal::Node { .. } => &self.refused_node,
             Refusal::Container { .. } => &self.refused_container,
+            Refusal::Reserve { .. } => &self.refused_reserve,
             Refusal::Uid { .. } => &self.refused_uid,
         };
         c.fetch_add(1, Ordering::Relaxed);
@@ -280,11 +392,12 @@ impl SocketStats {
         let mut refused = Family::new(
             "vgpu_daemon_connections_refused_total",
             Kind::Counter,
-            "Connections to the shims' socket closed at once, by the cap they hit (node, container, uid).",
+            "Connections to the shims' socket closed at once, by the cap they hit (node, container, reserve, uid).",
         );
         for (reason, c) in [
             ("node", &self.refused_node),
             ("container", &self.refused_container),
+            ("reserve", &self.refused_reserve),
             ("uid", &self.refused_uid),
         ] {
             refused.sample(&[("reason", reason)], c.load(Ordering::Relaxed) as f64);
@@ -369,41 +482,158 @@ mod tests {
         assert_eq!((c.total, c.per_container, c.per_uid), (1, 1, 1));
     }
 
+    /// A peer outside pods (its UID's cap applies).
+    fn host(key: &str) -> Peer {
+        Peer {
+            container: key.to_owned(),
+            in_pod_container: false,
+        }
+    }
+
+    /// A pod's container (its UID's cap does not apply).
+    fn pod(key: &str) -> Peer {
+        Peer {
+            container: key.to_owned(),
+            in_pod_container: true,
+        }
+    }
+
     #[test]
     fn a_container_at_its_cap_leaves_the_others_served() {
         let mut t = Table::new(Caps {
-            total: 10,
+            total: 20,
             per_container: 3,
             per_uid: 5,
         });
         for _ in 0..3 {
-            t.try_open("/a", 0).unwrap();
+            t.try_open(&host("/a"), 0).unwrap();
         }
-        let r = t.try_open("/a", 0).unwrap_err();
+        let r = t.try_open(&host("/a"), 0).unwrap_err();
         assert_eq!(
             r.to_string(),
             "container /a holds 3 connections already (the most per container)"
         );
         assert_eq!(r.label(), "container");
-        t.try_open("/b", 0).unwrap();
-        t.try_open("/b", 0).unwrap();
-        // UID 0 is at 5: a third container of UID 0 is refused, another UID is not.
-        assert_eq!(t.try_open("/c", 0), Err(Refusal::Uid { uid: 0, cap: 5 }));
-        t.try_open("/c", 1000).unwrap();
+        t.try_open(&host("/b"), 0).unwrap();
+        t.try_open(&host("/b"), 0).unwrap();
+        // UID 0 is at 5 outside pods: a third cgroup of UID 0 is refused, another UID is
+        // not.
+        assert_eq!(
+            t.try_open(&host("/c"), 0),
+            Err(Refusal::Uid { uid: 0, cap: 5 })
+        );
+        t.try_open(&host("/c"), 1000).unwrap();
         assert_eq!(t.open(), 6);
-        t.close("/a", 0);
-        t.try_open("/a", 0).unwrap();
-        for u in 2000..2004 {
-            t.try_open(&format!("/d{u}"), u).unwrap();
+        t.close(&host("/a"), 0);
+        t.try_open(&host("/a"), 0).unwrap();
+        for u in 2000..2009 {
+            t.try_open(&host(&format!("/d{u}")), u).unwrap();
         }
-        assert_eq!(t.try_open("/e", 7), Err(Refusal::Node { cap: 10 }));
+        assert_eq!(t.open(), 15);
+        // The node's last 5 (a quarter) go to containers holding none (3 / 16, at least 1).
+        assert_eq!(reserve(&t.caps()), (5, 1));
+        let r = t.try_open(&host("/c"), 1000).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::Reserve {
+                container: "/c".into(),
+                reserved: 5,
+                small: 1
+            }
+        );
+        assert_eq!(r.label(), "reserve");
+        for u in 3000..3005 {
+            t.try_open(&host(&format!("/e{u}")), u).unwrap();
+        }
+        assert_eq!(t.try_open(&host("/f"), 7), Err(Refusal::Node { cap: 20 }));
         // A refusal counted nothing.
-        assert_eq!(t.open(), 10);
-        for u in 2000..2004 {
-            t.close(&format!("/d{u}"), u);
+        assert_eq!(t.open(), 20);
+        for u in 2000..2009 {
+            t.close(&host(&format!("/d{u}")), u);
         }
-        assert_eq!(t.open(), 6);
+        assert_eq!(t.open(), 11);
         assert!(!t.by_uid.contains_key(&2000));
+    }
+
+    #[test]
+    fn same_uid_pod_containers_do_not_share_a_uid_cap() {
+        let caps = Caps {
+            total: 100,
+            per_container: 4,
+            per_uid: 6,
+        };
+        let mut t = Table::new(caps);
+        // Three containers of one tenant, all root, at their caps: 12 connections, more
+        // than the UID's 6.
+        for c in ["pod a/1", "pod a/2", "pod a/3"] {
+            for _ in 0..4 {
+                t.try_open(&pod(c), 0).unwrap();
+            }
+            assert!(matches!(
+                t.try_open(&pod(c), 0),
+                Err(Refusal::Container { .. })
+            ));
+        }
+        assert!(!t.by_uid.contains_key(&0), "pods' containers count no UID");
+        // A root neighbour in another pod is served; so is a root process on the host.
+        t.try_open(&pod("pod b/1"), 0).unwrap();
+        t.try_open(&host("/system.slice/x"), 0).unwrap();
+        assert_eq!(t.by_uid[&0], 1);
+        t.close(&pod("pod a/1"), 0);
+        t.close(&host("/system.slice/x"), 0);
+        assert!(!t.by_uid.contains_key(&0));
+        // The pure decision: the UID's count matters only outside pods' containers.
+        let held = Held {
+            node: 10,
+            container: 0,
+            uid: 6,
+        };
+        assert_eq!(admit(&caps, &pod("pod c/1"), 0, held), Ok(()));
+        assert_eq!(
+            admit(&caps, &host("/c"), 0, held),
+            Err(Refusal::Uid { uid: 0, cap: 6 })
+        );
+    }
+
+    #[test]
+    fn a_peer_is_a_pods_container_only_where_kubelet_puts_them() {
+        let cgroupfs =
+            "0::/kubepods/burstable/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef\n";
+        let p = peer_of(Some(cgroupfs));
+        assert!(p.in_pod_container, "{p:?}");
+        assert_eq!(p.container, container_key(cgroupfs));
+        for known in [
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234abcd_5678_90ef_1234_567890abcdef.slice/cri-containerd-0123456789abcdef.scope\n",
+            "0::/kubepods.slice/kubepods-pod1234abcd_5678_90ef_1234_567890abcdef.slice/crio-0123456789abcdef.scope\n",
+            // kubelet's own cgroup root, and a daemon in a cgroup namespace.
+            "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod1234abcd_5678_90ef_1234_567890abcdef.slice/cri-containerd-0123456789abcdef.scope\n",
+            "0::/../../kubepods/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef\n",
+            // A sub-cgroup the container made.
+            "0::/kubepods/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef/mine\n",
+            // The tests' layout: one directory above kubelet's.
+            "0::/vgpu-test-x-1/kubepods/burstable/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef\n",
+        ] {
+            assert!(peer_of(Some(known)).in_pod_container, "{known}");
+        }
+        for unknown in [
+            // No container: the pod's own cgroup.
+            "0::/kubepods/burstable/pod1234abcd-5678-90ef-1234-567890abcdef\n",
+            // Pod-shaped cgroups made in a delegated subtree.
+            "0::/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef\n",
+            "0::/a/b/kubepods/pod1234abcd-5678-90ef-1234-567890abcdef/0123456789abcdef\n",
+            "0::/user.slice/session-1.scope\n",
+            "0::/\n",
+            "",
+        ] {
+            assert!(!peer_of(Some(unknown)).in_pod_container, "{unknown}");
+        }
+        assert_eq!(
+            peer_of(None),
+            Peer {
+                container: "unknown".into(),
+                in_pod_container: false
+            }
+        );
     }
 
     #[test]
@@ -456,6 +686,7 @@ mod tests {
             "vgpu_daemon_accept_errors_total 1",
             "vgpu_daemon_connections_refused_total{reason=\"uid\"} 1",
             "vgpu_daemon_connections_refused_total{reason=\"container\"} 0",
+            "vgpu_daemon_connections_refused_total{reason=\"reserve\"} 0",
             "vgpu_daemon_connections_open 3",
             "vgpu_daemon_connections_cap{scope=\"container\"} 1024",
             "vgpu_daemon_descriptor_limit 20736",

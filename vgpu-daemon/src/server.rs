@@ -8,8 +8,8 @@
 //!
 //! No tenant can exhaust it (issue 39): an accept error is never fatal (accepting backs
 //! off on a shortage, counts it and logs within the clients' log budget); connections are
-//! capped per container (cgroup of the peer's PID), per UID and for the node
-//! ([`crate::connections`]), a connection over a cap is answered `Refused` naming the cap
+//! capped per container (cgroup of the peer's PID), per UID outside pods' containers and
+//! for the node ([`crate::connections`]), a connection over a cap is answered `Refused` naming the cap
 //! and closed at once; the descriptor limit is raised at start to what the caps need
 //! ([`raise_descriptor_limit`]).
 
@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use vgpu_core::sched_proto::{DaemonMsg, ShimMsg, decode, encode};
 
-use crate::connections::{Caps, DEFAULT_CAPS, Table, caps_within, container_key};
+use crate::connections::{Caps, DEFAULT_CAPS, Peer, Table, caps_within, peer_of};
 use crate::daemon::Daemon;
 
 /// How long a new connection may take to say `Hello`.
@@ -133,13 +133,13 @@ pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener, caps: Caps) -> i
                 continue;
             }
         };
-        let container = pid
+        let cgroup = pid
             .filter(|p| *p > 0)
-            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
-            .map_or_else(|| "unknown".to_owned(), |t| container_key(&t));
+            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok());
+        let peer = peer_of(cgroup.as_deref());
         let admitted = {
             let mut t = lock(&table);
-            let r = t.try_open(&container, uid);
+            let r = t.try_open(&peer, uid);
             daemon.sockets().set_open(t.open());
             r
         };
@@ -159,7 +159,7 @@ pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener, caps: Caps) -> i
         let counted = Counted {
             table: Arc::clone(&table),
             daemon: Arc::clone(&daemon),
-            container,
+            peer,
             uid,
         };
         let d = Arc::clone(&daemon);
@@ -176,14 +176,14 @@ pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener, caps: Caps) -> i
 struct Counted {
     table: Arc<Mutex<Table>>,
     daemon: Arc<Daemon>,
-    container: String,
+    peer: Peer,
     uid: u32,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         let mut t = lock(&self.table);
-        t.close(&self.container, self.uid);
+        t.close(&self.peer, self.uid);
         self.daemon.sockets().set_open(t.open());
     }
 }

@@ -117,19 +117,30 @@ pub fn init() -> CuResult<&'static Driver> {
                 CUDA_ERROR_NO_DEVICE
             })?;
             let n = state.device_count();
-            // The driver opens its device nodes first; a device cgroup's refusal is an
-            // unknown error to the caller (see `vgpu_cuda_sim::devnodes`).
-            let nodes = match vgpu_cuda_sim::devnodes::open_all(state.dir(), n) {
-                Ok(vgpu_cuda_sim::devnodes::Opened::Answered(fds)) => fds,
-                Ok(vgpu_cuda_sim::devnodes::Opened::NoNodes) => Vec::new(),
-                Err(_) => return Err(CUDA_ERROR_UNKNOWN),
-            };
-            let uuids: Vec<String> = (0..n)
-                .map(|i| vgpu_core::gpu_uuid::format_uuid(&state.info(i).uuid))
+            // The driver opens its device nodes first: a GPU whose node the device cgroup
+            // refuses (or that is absent) is not there for this process, a refused
+            // control node is an unknown error (see `vgpu_cuda_sim::devnodes`).
+            let opened = vgpu_cuda_sim::devnodes::open_all(
+                state.dir(),
+                n,
+                vgpu_cuda_sim::devnodes::Client::Cuda,
+            )
+            .map_err(|e| {
+                eprintln!("vgpu cuda-sim: cuInit: {e}");
+                CUDA_ERROR_UNKNOWN
+            })?;
+            // `CUDA_VISIBLE_DEVICES` numbers the GPUs the process has, as the real one.
+            let uuids: Vec<String> = opened
+                .gpus
+                .iter()
+                .map(|&i| vgpu_core::gpu_uuid::format_uuid(&state.info(i).uuid))
                 .collect();
             let cvd = std::env::var_os(vgpu_core::visible::CUDA_VISIBLE_DEVICES)
                 .map(|v| v.to_string_lossy().into_owned());
-            let visible = vgpu_core::visible::cuda_visible(cvd.as_deref(), &uuids);
+            let visible: Vec<usize> = vgpu_core::visible::cuda_visible(cvd.as_deref(), &uuids)
+                .into_iter()
+                .filter_map(|o| opened.gpus.get(o).copied())
+                .collect();
             if visible.is_empty() {
                 // As the real driver: no visible device, no driver.
                 return Err(CUDA_ERROR_NO_DEVICE);
@@ -154,7 +165,7 @@ pub fn init() -> CuResult<&'static Driver> {
                 trace: std::env::var_os("VGPU_SIM_TRACE")
                     .is_some_and(|v| !v.is_empty() && v != "0"),
                 visible,
-                _nodes: nodes,
+                _nodes: opened.fds,
             })
         })
         .as_ref()

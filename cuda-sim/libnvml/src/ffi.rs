@@ -415,8 +415,9 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
 ) -> nvmlReturn_t {
     guard(|| {
         let dev = sim::device(device)?;
+        let i = sim::nvml_index(dev.d)?;
         // SAFETY: null (rejected) or valid for a write.
-        unsafe { put(index, dev.d as c_uint) }
+        unsafe { put(index, i) }
     })
 }
 
@@ -579,7 +580,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
-/// `nvmlDeviceGetMinorNumber`: the simulator numbers `/dev/nvidiaN` by device index.
+/// `nvmlDeviceGetMinorNumber`: the simulator numbers `/dev/nvidiaN` by the node's device
+/// index, which a GPU keeps in a process that has fewer GPUs (its NVML index changes).
 ///
 /// # Safety
 /// `minorNumber` is null or valid for a write.

@@ -40,12 +40,16 @@ struct Lib {
     state: Option<Arc<State>>,
     /// The device nodes opened by the first `nvmlInit*`, closed by the last shutdown.
     nodes: Vec<std::os::fd::OwnedFd>,
+    /// The node's GPUs this process has (node indices, ascending; NVML index `i` is
+    /// `gpus[i]`): those whose device node opened (see `vgpu_cuda_sim::devnodes`).
+    gpus: Vec<usize>,
 }
 
 static LIB: Mutex<Lib> = Mutex::new(Lib {
     refs: 0,
     state: None,
     nodes: Vec::new(),
+    gpus: Vec::new(),
 });
 
 fn lib() -> MutexGuard<'static, Lib> {
@@ -63,13 +67,17 @@ pub fn init() -> NvmlResult<()> {
             eprintln!("libnvidia-ml (vgpu cuda-sim): cannot open the simulated node: {e}");
             NVML_ERROR_DRIVER_NOT_LOADED
         })?;
-        // NVIDIA's NVML opens the device nodes at init; a device cgroup's refusal
-        // (EPERM) is "Unknown Error" (see `vgpu_cuda_sim::devnodes`).
-        l.nodes = match vgpu_cuda_sim::devnodes::open_all(st.dir(), st.device_count()) {
-            Ok(vgpu_cuda_sim::devnodes::Opened::Answered(fds)) => fds,
-            Ok(vgpu_cuda_sim::devnodes::Opened::NoNodes) => Vec::new(),
-            Err(_) => return Err(NVML_ERROR_UNKNOWN),
-        };
+        // NVIDIA's NVML opens the device nodes at init: a GPU whose node the device
+        // cgroup refuses is not there, a refused `nvidiactl` is "Unknown Error" (see
+        // `vgpu_cuda_sim::devnodes`).
+        let opened = vgpu_cuda_sim::devnodes::open_all(
+            st.dir(),
+            st.device_count(),
+            vgpu_cuda_sim::devnodes::Client::Nvml,
+        )
+        .map_err(|_| NVML_ERROR_UNKNOWN)?;
+        l.nodes = opened.fds;
+        l.gpus = opened.gpus;
         l.state = Some(Arc::new(st));
     }
     l.refs = l.refs.saturating_add(1);
@@ -86,6 +94,7 @@ pub fn shutdown() -> NvmlResult<()> {
     if l.refs == 0 {
         l.state = None;
         l.nodes.clear();
+        l.gpus.clear();
     }
     Ok(())
 }
@@ -93,6 +102,14 @@ pub fn shutdown() -> NvmlResult<()> {
 /// The node's state, if the library is initialised.
 pub fn state() -> NvmlResult<Arc<State>> {
     lib().state.clone().ok_or(NVML_ERROR_UNINITIALIZED)
+}
+
+/// The node's state and the GPUs this process has (node indices by NVML index), if the
+/// library is initialised.
+pub fn state_and_gpus() -> NvmlResult<(Arc<State>, Vec<usize>)> {
+    let l = lib();
+    let st = l.state.clone().ok_or(NVML_ERROR_UNINITIALIZED)?;
+    Ok((st, l.gpus.clone()))
 }
 
 // ---- device handles --------------------------------------------------------------------
@@ -136,13 +153,23 @@ pub struct Dev {
     pub d: usize,
 }
 
-/// Validates a handle (initialised library, one of our handles, an existing device).
+/// Validates a handle (initialised library, one of our handles, a device this process
+/// has).
 pub fn device(h: nvmlDevice_t) -> NvmlResult<Dev> {
-    let st = state()?;
+    let (st, gpus) = state_and_gpus()?;
     let d = index_of(h)
-        .filter(|&d| d < st.device_count())
+        .filter(|d| gpus.contains(d))
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     Ok(Dev { st, d })
+}
+
+/// The NVML index of the node's device `d` in this process (`nvmlDeviceGetIndex`).
+pub fn nvml_index(d: usize) -> NvmlResult<u32> {
+    let (_, gpus) = state_and_gpus()?;
+    gpus.iter()
+        .position(|&g| g == d)
+        .and_then(|i| u32::try_from(i).ok())
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
 /// Like [`device`], and the device must not have fallen off the bus.
@@ -154,9 +181,10 @@ pub fn live_device(h: nvmlDevice_t) -> NvmlResult<Dev> {
     Ok(dv)
 }
 
-/// Number of devices.
+/// Number of devices this process has.
 pub fn device_count() -> NvmlResult<u32> {
-    Ok(u32::try_from(state()?.device_count()).expect("at most MAX_DEVICES devices"))
+    let (_, gpus) = state_and_gpus()?;
+    Ok(u32::try_from(gpus.len()).expect("at most MAX_DEVICES devices"))
 }
 
 fn handle_checked(st: &State, d: usize) -> NvmlResult<nvmlDevice_t> {
@@ -168,17 +196,14 @@ fn handle_checked(st: &State, d: usize) -> NvmlResult<nvmlDevice_t> {
 
 /// `nvmlDeviceGetHandleByIndex`.
 pub fn handle_by_index(i: u32) -> NvmlResult<nvmlDevice_t> {
-    let st = state()?;
-    let d = i as usize;
-    if d >= st.device_count() {
-        return Err(NVML_ERROR_INVALID_ARGUMENT);
-    }
+    let (st, gpus) = state_and_gpus()?;
+    let d = *gpus.get(i as usize).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     handle_checked(&st, d)
 }
 
 /// `nvmlDeviceGetHandleByUUID`.
 pub fn handle_by_uuid(uuid: &str) -> NvmlResult<nvmlDevice_t> {
-    let st = state()?;
+    let (st, gpus) = state_and_gpus()?;
     // Only `GPU-` UUIDs name whole GPUs (`MIG-` ones name MIG devices, which we lack).
     let wanted = uuid
         .trim()
@@ -186,7 +211,8 @@ pub fn handle_by_uuid(uuid: &str) -> NvmlResult<nvmlDevice_t> {
         .then(|| parse_uuid(uuid))
         .flatten();
     let wanted = wanted.ok_or(NVML_ERROR_NOT_FOUND)?;
-    let d = (0..st.device_count())
+    let d = gpus
+        .into_iter()
         .find(|&d| st.info(d).uuid == wanted)
         .ok_or(NVML_ERROR_NOT_FOUND)?;
     handle_checked(&st, d)
@@ -204,8 +230,9 @@ pub fn serial_of(st: &State, d: usize) -> String {
 
 /// `nvmlDeviceGetHandleBySerial`.
 pub fn handle_by_serial(serial: &str) -> NvmlResult<nvmlDevice_t> {
-    let st = state()?;
-    let d = (0..st.device_count())
+    let (st, gpus) = state_and_gpus()?;
+    let d = gpus
+        .into_iter()
         .find(|&d| serial_of(&st, d) == serial.trim())
         .ok_or(NVML_ERROR_NOT_FOUND)?;
     handle_checked(&st, d)
@@ -213,9 +240,10 @@ pub fn handle_by_serial(serial: &str) -> NvmlResult<nvmlDevice_t> {
 
 /// `nvmlDeviceGetHandleByPciBusId`.
 pub fn handle_by_pci_bus_id(id: &str) -> NvmlResult<nvmlDevice_t> {
-    let st = state()?;
+    let (st, gpus) = state_and_gpus()?;
     let wanted = normalize_pci_bus_id(id).ok_or(NVML_ERROR_NOT_FOUND)?;
-    let d = (0..st.device_count())
+    let d = gpus
+        .into_iter()
         .find(|&d| st.info(d).pci_bus_id().eq_ignore_ascii_case(&wanted))
         .ok_or(NVML_ERROR_NOT_FOUND)?;
     handle_checked(&st, d)

@@ -27,22 +27,23 @@ pub fn nearest_gpus(
 ) -> NvmlResult<Vec<nvmlDevice_t>> {
     let dv = sim::live_device(h)?;
     let level = PcieLevel::from_nvml(level).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let (_, gpus) = sim::state_and_gpus()?;
     Ok(topo_of(&dv)?
         .nearest(dv.d, level)
         .into_iter()
+        .filter(|d| gpus.contains(d))
         .map(sim::handle_of)
         .collect())
 }
 
 /// `nvmlSystemGetTopologyGpuSet`: the GPUs whose local CPUs include `cpu`.
 pub fn gpu_set(cpu: u32) -> NvmlResult<Vec<nvmlDevice_t>> {
-    let dv = Dev {
-        st: sim::state()?,
-        d: 0,
-    };
+    let (st, gpus) = sim::state_and_gpus()?;
+    let dv = Dev { st, d: 0 };
     Ok(topo_of(&dv)?
         .gpus_near_cpu(cpu)
         .into_iter()
+        .filter(|d| gpus.contains(d))
         .map(sim::handle_of)
         .collect())
 }
