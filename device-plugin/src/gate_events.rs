@@ -10,9 +10,10 @@
 //! posts one event per (pod, process, what) — a process retrying its open a thousand times
 //! is one event, not a flood. When the daemon restarts (or is not there yet) it reconnects,
 //! waiting 100 ms, doubling up to 5 s; events the new daemon replays are not posted twice.
-//! The second line's and the node's events are named from what identifies them (pod,
-//! action, pid and the daemon's time of the action), so a replay after the plugin itself
-//! restarts meets the posted one (409 AlreadyExists) instead of making a second.
+//! Every event is named from what identifies it — a refusal from its pod, container and
+//! process, a second-line action from its pod, action, process and the daemon's time of
+//! it, the node's from the daemon's time — so a replay after the plugin itself restarts
+//! meets the posted one (409 AlreadyExists) instead of making a second.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -72,9 +73,8 @@ pub struct GateWatchState {
     pub lost: u64,
 }
 
-/// What was posted: (pod UID, process, what), oldest first. `what` is empty for a refused
-/// open, the action for the second line's; the node's events use the node's name and the
-/// daemon's time of the event.
+/// What was posted: (pod UID, process, the event's reason), oldest first; the node's
+/// events use the node's name and the daemon's time of the event.
 type PostedKey = (String, u64, &'static str);
 
 #[derive(Debug, Default)]
@@ -188,18 +188,9 @@ async fn on_refused(
     state: &Mutex<GateWatchState>,
 ) {
     lock(state).refusals += 1;
-    // Outside pods there is nobody to tell (the daemon's log and metrics have it).
-    if e.pod_uid.is_empty() || !posted.insert((e.pod_uid.clone(), u64::from(e.tgid), "")) {
-        return;
-    }
-    let Some(owner) = owner_of(hs, e) else {
-        warn!(pod_uid = %e.pod_uid, pid = e.tgid, "a refused GPU open in a pod this node's watch does not have");
-        return;
-    };
-    let ev = refused_event(e, &owner, &hs.config().node_name);
-    if post(hs, &owner.namespace, ev, state).await == Some(true) {
+    let make = |owner: &Owner, node: &str| refused_event(e, owner, node);
+    if post_on_pod(hs, e, EVENT_REFUSED, posted, state, make).await {
         lock(state).posted += 1;
-        info!(pod = %format!("{}/{}", owner.namespace, owner.pod), pid = e.tgid, comm = %e.comm, "posted {EVENT_REFUSED}");
     }
 }
 
@@ -213,19 +204,36 @@ async fn on_memory(
     let Some(a) = &e.second_line else {
         return;
     };
-    let reason = memory_reason(&a.action);
+    let make = |owner: &Owner, node: &str| memory_event(e, a, owner, node);
+    if post_on_pod(hs, e, memory_reason(&a.action), posted, state, make).await {
+        lock(state).memory_posted += 1;
+    }
+}
+
+/// Posts the event `make` builds (from the pod's owner and the node's name) on the pod of
+/// `e`, once per (pod, process, `reason`): `true` when the API server created it. Outside
+/// pods there is nobody to tell (the daemon's log and metrics have it).
+async fn post_on_pod(
+    hs: &Handshake,
+    e: &daemon_v1::EnforcementEvent,
+    reason: &'static str,
+    posted: &mut Posted,
+    state: &Mutex<GateWatchState>,
+    make: impl FnOnce(&Owner, &str) -> Event,
+) -> bool {
     if e.pod_uid.is_empty() || !posted.insert((e.pod_uid.clone(), u64::from(e.tgid), reason)) {
-        return;
+        return false;
     }
     let Some(owner) = owner_of(hs, e) else {
-        warn!(pod_uid = %e.pod_uid, pid = e.tgid, "a second-line action in a pod this node's watch does not have");
-        return;
+        warn!(pod_uid = %e.pod_uid, pid = e.tgid, "{reason} for a pod this node's watch does not have");
+        return false;
     };
-    let ev = memory_event(e, a, &owner, &hs.config().node_name);
-    if post(hs, &owner.namespace, ev, state).await == Some(true) {
-        lock(state).memory_posted += 1;
+    let ev = make(&owner, &hs.config().node_name);
+    let created = post(hs, &owner.namespace, ev, state).await == Some(true);
+    if created {
         info!(pod = %format!("{}/{}", owner.namespace, owner.pod), pid = e.tgid, comm = %e.comm, "posted {reason}");
     }
+    created
 }
 
 async fn on_not_enforcing(
@@ -323,7 +331,34 @@ fn refused_event(e: &daemon_v1::EnforcementEvent, owner: &Owner, node: &str) -> 
         "process {} ({}){container} was refused access to GPU device {}:{}: it did not register through the vgpu shim (static binary, musl image, LD_PRELOAD removed, or the driver loaded by path); the node's eBPF gate enforces",
         e.tgid, e.comm, e.device_major, e.device_minor
     );
-    pod_event(owner, EVENT_REFUSED, message, node)
+    let name = refused_event_name(&owner.pod, &e.container_id, e.tgid);
+    named(pod_event(owner, EVENT_REFUSED, message, node), name)
+}
+
+/// `<pod>.vgpu-refused-<container id, 12>-<pid>` (`…-refused-<pid>` without a container
+/// id): one name per refused process, however often it retries and whatever the daemon
+/// still keeps of its refusals (a name with the time of one would differ when the first
+/// refusal has left the daemon's recent events). The container id tells apart a process
+/// of a restarted container that got the same host PID.
+fn refused_event_name(pod: &str, container_id: &str, pid: u32) -> String {
+    let id: String = container_id
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .map(|c| c.to_ascii_lowercase())
+        .take(12)
+        .collect();
+    if id.is_empty() {
+        format!("{pod}.vgpu-refused-{pid}")
+    } else {
+        format!("{pod}.vgpu-refused-{id}-{pid}")
+    }
+}
+
+/// `ev` under `name` instead of a generated one.
+fn named(mut ev: Event, name: String) -> Event {
+    ev.metadata.generate_name = None;
+    ev.metadata.name = Some(name);
+    ev
 }
 
 /// The pod event of a second-line action, named from what identifies it (replay-safe).
@@ -359,10 +394,8 @@ fn memory_event(
         mib(a.limit_bytes),
         a.over_ms
     );
-    let mut ev = pod_event(owner, reason, message, node);
-    ev.metadata.generate_name = None;
-    ev.metadata.name = Some(event_name(&owner.pod, &a.action, e.tgid, e.time_unix_ms));
-    ev
+    let name = event_name(&owner.pod, &a.action, e.tgid, e.time_unix_ms);
+    named(pod_event(owner, reason, message, node), name)
 }
 
 /// `<pod>.vgpu-<action>-<pid>-<ms>`: one name per action of the daemon (a DNS subdomain:
@@ -431,18 +464,21 @@ mod tests {
     #[test]
     fn each_pod_and_process_is_posted_once_and_the_memory_is_bounded() {
         let mut p = Posted::default();
-        assert!(p.insert(("a".into(), 1, "")));
-        assert!(!p.insert(("a".into(), 1, "")));
-        assert!(p.insert(("b".into(), 1, "")));
+        assert!(p.insert(("a".into(), 1, EVENT_REFUSED)));
+        assert!(!p.insert(("a".into(), 1, EVENT_REFUSED)));
+        assert!(p.insert(("b".into(), 1, EVENT_REFUSED)));
         assert!(
             p.insert(("a".into(), 1, EVENT_MEMORY_KILLED)),
             "another action"
         );
         for pid in 0..REMEMBERED as u64 {
-            p.insert(("c".into(), pid, ""));
+            p.insert(("c".into(), pid, EVENT_REFUSED));
         }
         assert_eq!(p.set.len(), REMEMBERED);
-        assert!(p.insert(("a".into(), 1, "")), "the oldest was forgotten");
+        assert!(
+            p.insert(("a".into(), 1, EVENT_REFUSED)),
+            "the oldest was forgotten"
+        );
     }
 
     #[test]
@@ -455,5 +491,18 @@ mod tests {
         assert_eq!(memory_reason("kill"), EVENT_MEMORY_KILLED);
         assert_eq!(memory_reason("refuse"), EVENT_MEMORY_REFUSED);
         assert_eq!(memory_reason("report"), EVENT_MEMORY_OVER);
+    }
+
+    #[test]
+    fn a_refusal_is_named_from_its_pod_container_and_process() {
+        let id = "C0FFEE00D15EA5E0000000000000000000000000000000000000000000000013";
+        assert_eq!(
+            refused_event_name("escaper", id, 4242),
+            "escaper.vgpu-refused-c0ffee00d15e-4242"
+        );
+        assert_eq!(
+            refused_event_name("escaper", "", 4242),
+            "escaper.vgpu-refused-4242"
+        );
     }
 }

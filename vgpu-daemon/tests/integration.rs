@@ -17,6 +17,7 @@ mod lifecycle;
 mod metrics;
 mod nvml_watcher;
 mod peers;
+mod refusal_events;
 mod registration;
 mod scheduling;
 mod second_line;
