@@ -237,8 +237,16 @@ async fn audit_allows_every_open_and_counts_what_enforce_would_refuse() {
         out.contains("alloc=ok") && out.contains("nvml_total="),
         "audit allows: {out}"
     );
-    // Every node cuInit opens, then every node nvmlInit opens, each reported once.
-    let expected = 2 * vgpu_cuda_sim::devnodes::nodes(1, 0).len() as u64;
+    // Every node cuInit opens, then every node nvmlInit opens, each reported once: CUDA
+    // opens them all, NVML all but the UVM nodes, as NVIDIA's (a container given only
+    // the `utility` capability, nvidia-smi's, gets no UVM node from libnvidia-container:
+    // "Only compute libraries require specific devices (e.g. UVM)", nvc_mount.c).
+    let nodes = vgpu_cuda_sim::devnodes::nodes(1, 0);
+    let nvml = nodes
+        .iter()
+        .filter(|n| !n.name.starts_with("nvidia-uvm"))
+        .count();
+    let expected = (nodes.len() + nvml) as u64;
     let end = Instant::now() + Duration::from_secs(5);
     while gate.opens_of(&who).1 < expected && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -6,6 +6,7 @@
 mod common;
 mod cuda_sim;
 mod cuda_sim_checkpoint;
+mod cuda_sim_devcgroup;
 mod cuda_sim_pidns;
 mod device_plugin_audit;
 mod device_plugin_daemon;
