@@ -391,7 +391,7 @@ fn holder(cgroup: &Path, socket: &Path, n: usize) -> Child {
     let path = socket.as_os_str().as_bytes();
     assert!(path.len() < addr.sun_path.len(), "{}", socket.display());
     for (d, s) in addr.sun_path.iter_mut().zip(path) {
-        *d = *s as libc::c_char;
+        *d = libc::c_char::from_ne_bytes([*s]);
     }
     let mut cmd = Command::new("sleep");
     cmd.arg("600").stdin(Stdio::null()).stdout(Stdio::null());
