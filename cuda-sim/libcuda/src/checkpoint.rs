@@ -3,7 +3,7 @@
 //! to host memory and back, and unlocks it.
 //!
 //! Three parts, each running in a different place:
-//! - the gate ([`enter`]), on every CUDA call of every process: while the process is
+//! - the gate (`enter`), on every CUDA call of every process: while the process is
 //!   locked its calls wait at the gate; it counts the calls in flight for the lock;
 //! - the controller ([`control`], [`state_of`]), in the calling process: it finds the
 //!   target's slot in the node's shared state, checks the transition
