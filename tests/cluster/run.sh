@@ -29,6 +29,7 @@ NODE=vgpu-node
 NODE_IP=192.0.2.2
 SVC_IP=10.96.0.1
 SIM=/var/lib/vgpu-sim
+DEV_NODES="nvidiactl nvidia0 nvidia1 nvidia2 nvidia3 nvidia-uvm nvidia-uvm-tools"
 ETCD_PORT=23790
 export KUBECONFIG=$W/admin.kubeconfig
 PIDS=()
@@ -105,7 +106,7 @@ teardown() {
     [ -n "${SAVED_SYSCTL[$s]:-}" ] && sysctl -qw "$s=${SAVED_SYSCTL[$s]}"
   done
   for a in "${!ADDED_ADDR[@]}"; do ip addr del "$a/32" dev lo 2>/dev/null; done
-  for d in nvidia0 nvidia1 nvidia2 nvidia3 nvidiactl; do
+  for d in $DEV_NODES; do
     [ -n "${MADE_DEV:-}" ] && rm -f "/dev/$d"
   done
   # kubepods cgroups kubelet made (cgroup v1 and v2 layouts).
@@ -117,8 +118,8 @@ teardown() {
 }
 
 # ---- preflight ----------------------------------------------------------------------
-if [ -e /var/lib/kubelet ] || [ -e /var/lib/vgpu ] || [ -e /dev/nvidiactl ]; then
-  echo "cluster: /var/lib/kubelet, /var/lib/vgpu or /dev/nvidiactl exists: another node runs here; not touching it" >&2
+if [ -e /var/lib/kubelet ] || [ -e /var/lib/vgpu ] || [ -e /dev/nvidiactl ] || [ -e /dev/nvidia-uvm ]; then
+  echo "cluster: /var/lib/kubelet, /var/lib/vgpu, /dev/nvidiactl or /dev/nvidia-uvm exists: another node runs here; not touching it" >&2
   exit 1
 fi
 for port in $ETCD_PORT 443 10250 10257 10259 10359 8888 9400 9401; do
@@ -192,7 +193,6 @@ if [ "$(stat -fc %T /sys/fs/bpf)" != bpf_fs ]; then mount -t bpf bpf /sys/fs/bpf
 mount --make-shared /sys/fs/bpf
 if [ "$(stat -fc %T /sys/kernel/tracing)" != tracefs ]; then mount -t tracefs tracefs /sys/kernel/tracing && MOUNTED_TRACEFS=1; fi
 mkdir -p "$SIM"
-chmod 1777 "$SIM"
 cat > "$SIM/node.toml" <<EOF
 [[device]]
 memory = "80Gi"
@@ -203,7 +203,16 @@ memory = "80Gi"
 [[device]]
 memory = "80Gi"
 EOF
-mknod -m 666 /dev/nvidiactl c 195 255 && for i in 0 1 2 3; do mknod -m 666 /dev/nvidia$i c 195 $i; done && MADE_DEV=1
+# The simulator makes its device nodes in $SIM/dev (nvidia-uvm with the dynamic major it
+# picks) at its first initialisation, here on the host as root; /dev gets the same numbers,
+# as a node with the driver has them: the device plugin then hands each pod its GPUs' nodes
+# and the control nodes, and kubelet's device cgroup allows exactly those.
+VGPU_SIM_DIR="$SIM" VGPU_SIM_CONFIG="$SIM/node.toml" LD_LIBRARY_PATH="$VGPU_SIM_LIBS" \
+  "$ROOT/target/release/cuda-probe" init > /dev/null
+MADE_DEV=1
+for d in $DEV_NODES; do
+  mknod -m 666 "/dev/$d" c $((0x$(stat -c %t "$SIM/dev/$d"))) $((0x$(stat -c %T "$SIM/dev/$d"))) || exit 1
+done
 ctr oci spec > "$W/default-spec.json"
 python3 - "$W/default-spec.json" "$W/nvidia-spec.json" "$VGPU_SIM_LIBS" "$SIM" <<'EOF'
 import json, sys
@@ -329,10 +338,9 @@ if [ $r -ne 0 ] || [ $r1 -ne 0 ] || [ $r2 -ne 0 ]; then
 fi
 
 # ---- tenants ----------------------------------------------------------------------
-# The tenants run as uid 1000: the simulator (as of this run) opens every GPU's device node
-# when root, and a node the container's device cgroup refuses fails cuInit; unprivileged
-# it opens none. Its shared state, made by the root daemon, is opened up for them.
-chmod -R a+rwX "$SIM"
+# The tenants run as root, as most images do, under kubelet's device isolation: the
+# simulator opens the device nodes like NVIDIA's driver, and a GPU whose node the pod's
+# device cgroup refuses is not there for it (cuda-sim/src/devnodes.rs).
 tenant() { # name namespace scheduler gpu memoryMiB compute
   cat <<EOF
 apiVersion: v1
@@ -343,7 +351,6 @@ spec:
   runtimeClassName: nvidia
   hostNetwork: true
   terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 1000, runAsGroup: 1000}
   containers:
   - name: cuda
     image: vgpu/cluster-test:0.1.0

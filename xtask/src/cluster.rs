@@ -133,15 +133,21 @@ pub fn cluster(root: &Path, sim: fn() -> Result<PathBuf>) -> Result<()> {
     let dir = root.join("target/images/cluster");
     std::fs::create_dir_all(&dir)?;
 
-    // The test image: busybox (static) and cuda-probe with what it links. Its Cmd makes it
-    // the pod sandbox image too (busybox sleep; containerd kills sandboxes with SIGKILL).
+    // The test image: busybox (static) and cuda-probe with what it links, and what the shim
+    // links (the device plugin preloads the floor-built libvgpu.so into every tenant: it
+    // needs libpthread.so.0 and libdl.so.2, which glibc >= 2.34 images keep as stubs). Its
+    // Cmd makes it the pod sandbox image too (busybox sleep; containerd kills sandboxes
+    // with SIGKILL).
     let probe = root.join("target/release/cuda-probe");
+    let shim = root.join("target/zig/x86_64-unknown-linux-gnu/release/libvgpu.so");
     let mut files = BTreeMap::new();
     files.insert(
         "/bin/busybox".to_owned(),
         (PathBuf::from("/bin/busybox"), 0o755),
     );
-    for lib in images::linked_libraries(&probe)? {
+    let mut linked = images::linked_libraries(&probe)?;
+    linked.extend(images::linked_libraries(&shim)?);
+    for lib in linked {
         let real = std::fs::canonicalize(&lib)?;
         files.insert(lib.display().to_string(), (real, 0o755));
     }
