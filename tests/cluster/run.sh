@@ -433,7 +433,7 @@ dm=$(curl -s http://127.0.0.1:9400/metrics); pm=$(curl -s http://127.0.0.1:9401/
 [ -n "$dm" ] && [ -n "$pm" ] && [ -n "$em" ]; check metrics $? "daemon :9400 $(echo "$dm" | grep -c '^vgpu_') vgpu_ series, plugin :9401 $(echo "$pm" | grep -c '^vgpu_'), extender :8888 $(echo "$em" | grep -c '^vgpu_')"
 top=$(kc -n vgpu-system exec ds/vgpu-node-agent -c vgpu-daemon -- vgpuctl top --once 2>&1); r=$?
 echo "$top" > "$W/log/vgpuctl-top.txt"
-tenants_in_top=$(echo "$top" | grep -c -E 'tenants/t[0-9]+/cuda')
+tenants_in_top=$(echo "$top" | grep -c -E 'tenants/t[0-9]+:cuda')
 [ $r = 0 ] && [ "$tenants_in_top" -ge 20 ]; check vgpuctl-top $? "kubectl exec ds/vgpu-node-agent -c vgpu-daemon -- vgpuctl top --once: rc $r, $tenants_in_top tenant lines (see $W/log/vgpuctl-top.txt)"
 
 # ---- rolling restart of the node agent with tenants running ---------------------------
@@ -449,7 +449,7 @@ n=$(running_count)
 after=$(kc get pods -n tenants -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | sort | uniq -c | tr '\n' ' ')
 top=$(kc -n vgpu-system exec ds/vgpu-node-agent -c vgpu-daemon -- vgpuctl top --once 2>&1)
 echo "$top" > "$W/log/vgpuctl-top-after-restart.txt"
-tenants_in_top=$(echo "$top" | grep -c -E 'tenants/t[0-9]+/cuda')
+tenants_in_top=$(echo "$top" | grep -c -E 'tenants/t[0-9]+:cuda')
 bad=$(check_quotas tenants "${ITEMS[@]}")
 [ $r = 0 ] && [ "$old" != "$new" ] && [ "$n" -ge 21 ] && [ "$before" = "$after" ] && [ "$tenants_in_top" -ge 20 ]
 check node-agent-rolling-restart $? "pod $old -> $new in $(awk "BEGIN{printf \"%.1f\", $T_R1-$T_R}") s; tenants Running $n (20 + limited/small); restart counts before [$before] after [$after]; $tenants_in_top tenant lines in vgpuctl top after; wrong quotas $bad"
