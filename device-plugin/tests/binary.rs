@@ -161,10 +161,7 @@ async fn the_binary_on_a_simulated_node() {
         "/usr/local/vgpu/libvgpu.so\n"
     );
     // A critical XID on GPU 1 reaches kubelet and the Node.
-    let bin = sim_lib_dir()
-        .parent()
-        .expect("target")
-        .join("release/vgpu-sim");
+    let bin = vgpu_tests::sim_tool_bin();
     let out = sim
         .command(&bin)
         .args(["xid", "--device", "1", "48"])

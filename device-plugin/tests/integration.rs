@@ -15,10 +15,9 @@ mod topology;
 /// The plugin's binary: this package is not the plugin's, so cargo does not hand it over
 /// (ADR 0064); a stale one fails the test that wants it.
 fn plugin_bin() -> std::path::PathBuf {
-    vgpu_testkit::bins::Bin {
+    vgpu_test_needs::bins::Bin {
         name: "vgpu-device-plugin",
         package: "vgpu-device-plugin",
-        dirs: &["device-plugin", "core"],
     }
     .path()
 }

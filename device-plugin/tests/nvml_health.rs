@@ -49,10 +49,7 @@ fn health(inv: &NodeInventory) -> Vec<bool> {
 }
 
 fn sim(node: &SimNode, args: &[&str]) {
-    let bin = sim_lib_dir()
-        .parent()
-        .expect("target dir")
-        .join("release/vgpu-sim");
+    let bin = vgpu_tests::sim_tool_bin();
     let out = node
         .command(&bin)
         .args(args)

@@ -20,10 +20,9 @@ mod topology_filter;
 /// The extender's binary: this package is not the extender's, so cargo does not hand it
 /// over (ADR 0064); a stale one fails the test that wants it.
 fn extender_bin() -> std::path::PathBuf {
-    vgpu_testkit::bins::Bin {
+    vgpu_test_needs::bins::Bin {
         name: "vgpu-scheduler-extender",
         package: "vgpu-scheduler-extender",
-        dirs: &["scheduler-extender", "core"],
     }
     .path()
 }

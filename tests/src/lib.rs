@@ -36,20 +36,33 @@ pub fn sim_lib_dir() -> PathBuf {
     dir
 }
 
-/// The `cuda-probe` binary built with these tests (next to the test binary's `deps/`).
+/// The `cuda-probe` binary (`target/<profile>/cuda-probe`), refused when stale
+/// (`vgpu_test_needs::bins`).
 pub fn probe_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the running test binary");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binaries live in target/<profile>/deps");
-    let bin = dir.join("cuda-probe");
-    assert!(
-        bin.exists(),
-        "cuda-probe is not built at {} (cargo builds it with the tests)",
-        bin.display()
-    );
-    bin
+    vgpu_test_needs::bins::Bin {
+        name: "cuda-probe",
+        package: "vgpu-tests",
+    }
+    .path()
+}
+
+/// The `device-probe` binary, found and checked as [`probe_bin`] is.
+pub fn device_probe_bin() -> PathBuf {
+    vgpu_test_needs::bins::Bin {
+        name: "device-probe",
+        package: "vgpu-tests",
+    }
+    .path()
+}
+
+/// The simulator's operator tool `vgpu-sim` (XIDs, faults), found and checked as
+/// [`probe_bin`] is.
+pub fn sim_tool_bin() -> PathBuf {
+    vgpu_test_needs::bins::Bin {
+        name: "vgpu-sim",
+        package: "vgpu-cuda-sim",
+    }
+    .path()
 }
 
 /// `libvgpu.so` of the profile these tests were built with (cargo builds it as a

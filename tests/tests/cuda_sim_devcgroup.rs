@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use vgpu_test_needs::{Need, skip};
-use vgpu_tests::{SimNode, field, probe_bin};
+use vgpu_tests::{SimNode, device_probe_bin, field};
 
 const GPU: [&str; 4] = [
     "GPU-51570000-0000-4000-8000-000000000000",
@@ -67,7 +67,7 @@ impl Drop for DevGroup {
 }
 
 fn device_probe() -> PathBuf {
-    probe_bin().with_file_name("device-probe")
+    device_probe_bin()
 }
 
 /// Four 4 GiB GPUs with distinct PCI bus ids (UUIDs `GPU`).

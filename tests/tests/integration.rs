@@ -1,6 +1,6 @@
-//! `vgpu-tests`'s integration tests as one test binary (ADR 0045): every file of this
-//! directory is a module of it, so the crates they use are compiled and linked once, not
-//! once per file. A test is named `<file>::<test>`. `every_file_here_is_a_module` fails
+//! `vgpu-tests`'s integration tests as one test binary (ADR 0045), a package of its own
+//! built at opt-level 0 (ADR 0064): every file of this directory is a module of it, so
+//! the crates they use are compiled and linked once, not once per file. A test is named `<file>::<test>`. `every_file_here_is_a_module` fails
 //! when a file is added without its `mod` line below (it would never be compiled).
 
 mod common;
@@ -42,9 +42,9 @@ mod workload_py;
 #[test]
 fn every_file_here_is_a_module() {
     let me = include_str!("integration.rs");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("read the tests directory") {
+    for entry in std::fs::read_dir(dir).expect("read the tests directory") {
         let name = entry.expect("a directory entry").file_name();
         let name = name.to_string_lossy();
         if let Some(module) = name.strip_suffix(".rs")

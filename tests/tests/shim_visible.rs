@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use vgpu_tests::{Container, SimNode, field, num, probe_bin};
+use vgpu_tests::{Container, SimNode, device_probe_bin, field, num};
 
 const MIB: u64 = 1 << 20;
 const GPU0: &str = "GPU-51570000-0000-4000-8000-000000000000";
@@ -50,7 +50,7 @@ pub(crate) fn container(gpus: &[(&str, u64)]) -> Container {
 /// Runs `device-probe` (built next to `cuda-probe`) on `node`, in `container` if given,
 /// with extra environment `env`; returns its stdout (panics with the output on failure).
 fn devices(node: &SimNode, c: Option<&Container>, env: &[(&str, &str)], args: &[&str]) -> String {
-    let bin = probe_bin().with_file_name("device-probe");
+    let bin = device_probe_bin();
     let mut cmd: Command = node.command(bin);
     if let Some(c) = c {
         c.apply(&mut cmd);
@@ -254,7 +254,7 @@ fn the_simulated_driver_honours_cuda_visible_devices_and_nvml_ignores_it() {
     assert_eq!(num(&out, "cuda_count"), 1, "{out}");
     assert_eq!(get(&out, "cuda_uuid_0"), GPU1, "{out}");
     // Nothing visible: cuInit fails with CUDA_ERROR_NO_DEVICE.
-    let bin = probe_bin().with_file_name("device-probe");
+    let bin = device_probe_bin();
     let out = node
         .command(bin)
         .env("CUDA_VISIBLE_DEVICES", "")

@@ -24,26 +24,21 @@ mod second_line;
 mod stopped;
 mod top;
 
-/// The workspace crates the daemon's binaries are built from (their `src/`).
-const DAEMON_SOURCES: &[&str] = &["vgpu-daemon", "core", "sys", "ebpf"];
-
 /// The daemon's binary: this package is not the daemon's, so cargo does not hand it over
 /// (ADR 0064); a stale one fails the test that wants it.
 fn daemon_bin() -> std::path::PathBuf {
-    vgpu_testkit::bins::Bin {
+    vgpu_test_needs::bins::Bin {
         name: "vgpu-daemon",
         package: "vgpu-daemon",
-        dirs: DAEMON_SOURCES,
     }
     .path()
 }
 
 /// `vgpuctl`, found as [`daemon_bin`] is.
 fn vgpuctl_bin() -> std::path::PathBuf {
-    vgpu_testkit::bins::Bin {
+    vgpu_test_needs::bins::Bin {
         name: "vgpuctl",
         package: "vgpu-daemon",
-        dirs: DAEMON_SOURCES,
     }
     .path()
 }

@@ -280,6 +280,7 @@ pub fn ignored_tests(cargo: &mut Command) -> Result<u64> {
             "-T",
             "oneline",
         ])
+        .args(crate::TEST_TARGETS)
         .stderr(Stdio::inherit())
         .output()
         .context("cargo nextest list")?;

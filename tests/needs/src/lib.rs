@@ -16,9 +16,14 @@
 //!
 //! The skip log's format has one writer ([`skip`]) and one reader ([`parse_log`]): a line
 //! per skip, `<test>\t<need>\t<why>`, tabs and newlines in the fields replaced by spaces.
+//!
+//! A test also needs the workspace's binaries it runs to be built and current: [`bins`]
+//! finds them for integration-test packages of their own and refuses a stale one.
 
 use std::fmt;
 use std::io::Write;
+
+pub mod bins;
 
 /// The environment variable naming the skip log.
 pub const LOG_VAR: &str = "VGPU_SKIP_LOG";

@@ -14,9 +14,7 @@
 //!   its own composition root (`vgpu_device_plugin::run::start`).
 //! - `topology_manager` (feature `plugin`): kubelet's Topology Manager reading the
 //!   devices' `TopologyInfo` (hints, `single-numa-node`, the aligned devices).
-//! - [`bins`]: the workspace's binaries for test packages of their own, stale ones refused.
 
-pub mod bins;
 pub mod deploy;
 pub mod fake_api;
 #[cfg(feature = "plugin")]
