@@ -18,6 +18,13 @@ use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+/// One block of one thread: the spin kernel's launch.
+const ONE_THREAD: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// Set in the child: run the scenario instead of spawning it.
 const CHILD: &str = "VGPU_CUDARC_CHILD";
 
@@ -200,13 +207,8 @@ fn graph_host_node(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) {
     const NS: u64 = 20_000_000;
     let mut launch = stream.launch_builder(&spin);
     launch.arg(&NS);
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: one .u64 parameter, as the kernel declares.
-    unsafe { launch.launch(one) }.expect("capture spin");
+    unsafe { launch.launch(ONE_THREAD) }.expect("capture spin");
     // SAFETY: a function that ignores its argument; the stream is live.
     unsafe {
         cudarc::driver::result::stream::launch_host_function(
@@ -239,11 +241,6 @@ fn streams(ctx: &Arc<CudaContext>) {
     let fill = module
         .load_function("vgpu_sim_fill_u32")
         .expect("fill function");
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
 
     // A 1 s spin on stream a; stream b joins a, then fills: the fill must not run
     // before the spin is done, and a busy event reports "not ready". (1 s, so that even
@@ -257,7 +254,7 @@ fn streams(ctx: &Arc<CudaContext>) {
     let mut launch = a.launch_builder(&spin);
     launch.arg(&NS);
     // SAFETY: one .u64 parameter, as the kernel declares.
-    unsafe { launch.launch(one) }.expect("launch spin");
+    unsafe { launch.launch(ONE_THREAD) }.expect("launch spin");
     let done = a.record_event(None).expect("record on a");
     assert!(
         !done.try_is_complete().expect("event query"),
@@ -383,13 +380,8 @@ fn kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) {
         .expect("start event");
     let mut launch = stream.launch_builder(&spin);
     launch.arg(&NS);
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: one .u64 parameter, as the kernel declares.
-    unsafe { launch.launch(cfg) }.expect("launch spin");
+    unsafe { launch.launch(ONE_THREAD) }.expect("launch spin");
     let end = stream
         .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
         .expect("end event");
