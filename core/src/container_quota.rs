@@ -8,12 +8,19 @@
 //!
 //! ```json
 //! {"version":1,"namespace":"ml","pod":"nb-1","uid":"7d…","container":"main","init":false,
-//!  "gpus":[{"uuid":"GPU-8c1f…","memory_mib":8192,"compute_milli":300,"slices":3}],
+//!  "gpus":[{"uuid":"GPU-8c1f…","memory_mib":8192,"memory_limit_mib":16384,
+//!           "compute_milli":300,"slices":3}],
 //!  "device_ids":["GPU-8c1f…-0","GPU-8c1f…-1","GPU-8c1f…-2"]}
 //! ```
 //!
 //! Every reader asks one question of it, [`ContainerQuota::grant`]: "what does this GPU
-//! get?". A GPU is matched by UUID ignoring surrounding white space and ASCII case
+//! get?". On each GPU, `memory_mib` is the container's memory *request* (guaranteed)
+//! and `memory_limit_mib` its *limit* (ADR 0066: it may burst above the request up to
+//! it); read them with [`GpuQuota::memory_bytes`], [`GpuQuota::limit_bytes`],
+//! [`GpuQuota::burst_bytes`] and [`GpuQuota::is_burstable`]. A file without
+//! `memory_limit_mib` (written before it existed) reads as limit = request, a guaranteed
+//! container, as it always was; an older reader ignores the field and holds the container
+//! to its request. A GPU is matched by UUID ignoring surrounding white space and ASCII case
 //! ([`same_gpu`]); a listed GPU gets its memory and compute share
 //! ([`GpuQuota::compute_settings`]); a GPU the container can see but the file does not
 //! list is [`GpuGrant::NotGranted`]: no memory, no compute share (it is hidden from the
@@ -67,8 +74,14 @@ pub struct ContainerQuota {
 pub struct GpuQuota {
     /// The GPU's UUID (`GPU-…`).
     pub uuid: String,
-    /// Memory limit, MiB.
+    /// Memory request, MiB: what the container is guaranteed on this GPU (ADR 0066).
     pub memory_mib: u64,
+    /// Memory limit, MiB: what the container may reach by bursting above its request
+    /// (ADR 0066), at least `memory_mib`. Absent (files written before the limit
+    /// existed, or by a writer that gives none): the request. Read it through
+    /// [`GpuQuota::limit_mib`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u64>,
     /// Compute share, milli-GPU (1000 = the whole GPU).
     pub compute_milli: u32,
     /// 0.1-GPU slices held on this GPU.
@@ -107,10 +120,36 @@ impl GpuQuota {
         }
     }
 
-    /// The memory quota in bytes.
+    /// The memory request (the guaranteed quota) in bytes.
     pub fn memory_bytes(&self) -> u64 {
         // `validate` refuses values whose byte count overflows.
         self.memory_mib.saturating_mul(1 << 20)
+    }
+
+    /// The memory limit, MiB: `memory_limit_mib`, or the request where the file gives
+    /// none (never below the request: `validate` refuses such a record).
+    pub fn limit_mib(&self) -> u64 {
+        self.memory_limit_mib
+            .unwrap_or(self.memory_mib)
+            .max(self.memory_mib)
+    }
+
+    /// The memory limit in bytes ([`GpuQuota::limit_mib`]).
+    pub fn limit_bytes(&self) -> u64 {
+        // `validate` refuses values whose byte count overflows.
+        self.limit_mib().saturating_mul(1 << 20)
+    }
+
+    /// What the container may take above its request on this GPU, bytes (0 for a
+    /// guaranteed container).
+    pub fn burst_bytes(&self) -> u64 {
+        self.limit_bytes() - self.memory_bytes()
+    }
+
+    /// Whether the container may burst above its request on this GPU (limit above the
+    /// request); otherwise it is guaranteed (ADR 0066).
+    pub fn is_burstable(&self) -> bool {
+        self.limit_mib() > self.memory_mib
     }
 }
 
@@ -132,6 +171,20 @@ pub enum QuotaFileError {
         /// The GPU.
         uuid: String,
         /// Its `memory_mib`.
+        memory_mib: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// A listed GPU's memory limit is below its request or above any GPU's memory.
+    #[error(
+        "quota file: GPU {uuid:?} has memory_limit_mib {limit_mib} (memory_mib {memory_mib} to {max} allowed)"
+    )]
+    Limit {
+        /// The GPU.
+        uuid: String,
+        /// Its `memory_limit_mib`.
+        limit_mib: u64,
+        /// Its `memory_mib` (the request, the smallest accepted limit).
         memory_mib: u64,
         /// The largest accepted value.
         max: u64,
@@ -166,8 +219,9 @@ impl ContainerQuota {
         Ok(q)
     }
 
-    /// Checks what every reader relies on: each GPU listed once, with a UUID and a
-    /// memory quota of 1 MiB to [`MAX_MEMORY_MIB`].
+    /// Checks what every reader relies on: each GPU listed once, with a UUID, a
+    /// memory request of 1 MiB to [`MAX_MEMORY_MIB`] and a limit, where given, from the
+    /// request to [`MAX_MEMORY_MIB`].
     pub fn validate(&self) -> Result<(), QuotaFileError> {
         for (i, g) in self.gpus.iter().enumerate() {
             if g.uuid.trim().is_empty() {
@@ -176,6 +230,16 @@ impl ContainerQuota {
             if g.memory_mib == 0 || g.memory_mib > MAX_MEMORY_MIB {
                 return Err(QuotaFileError::Memory {
                     uuid: g.uuid.clone(),
+                    memory_mib: g.memory_mib,
+                    max: MAX_MEMORY_MIB,
+                });
+            }
+            if let Some(limit) = g.memory_limit_mib
+                && (limit < g.memory_mib || limit > MAX_MEMORY_MIB)
+            {
+                return Err(QuotaFileError::Limit {
+                    uuid: g.uuid.clone(),
+                    limit_mib: limit,
                     memory_mib: g.memory_mib,
                     max: MAX_MEMORY_MIB,
                 });
@@ -220,6 +284,7 @@ mod tests {
             gpus: vec![GpuQuota {
                 uuid: "GPU-a".into(),
                 memory_mib: 8192,
+                memory_limit_mib: Some(16384),
                 compute_milli: 300,
                 slices: 3,
                 compute_policy: ComputePolicy::Cap,
@@ -241,6 +306,7 @@ mod tests {
         let g = |uuid: &str, mib, milli| GpuQuota {
             uuid: uuid.into(),
             memory_mib: mib,
+            memory_limit_mib: None,
             compute_milli: milli,
             slices: 1,
             compute_policy: ComputePolicy::Burst,
@@ -278,6 +344,61 @@ mod tests {
         assert_eq!(q.gpus[0].compute_settings().share_pct, 30);
         assert_eq!(q.gpus[1].compute_settings().share_pct, 1);
         assert_eq!(q.gpus[0].memory_bytes(), 1 << 30);
+    }
+
+    #[test]
+    fn a_file_without_a_limit_reads_as_limit_equal_to_request() {
+        // The version-1 file every plugin wrote before ADR 0066, byte for byte.
+        let old = r#"{"version":1,"namespace":"ml","pod":"p","uid":"u","container":"c","init":false,"gpus":[{"uuid":"GPU-a","memory_mib":4096,"compute_milli":300,"slices":3}],"device_ids":[]}"#;
+        let q = ContainerQuota::from_json(old).expect("an old file is valid");
+        let g = &q.gpus[0];
+        assert_eq!(g.memory_limit_mib, None);
+        assert_eq!((g.limit_mib(), g.limit_bytes()), (4096, 4096 << 20));
+        assert_eq!(g.burst_bytes(), 0);
+        assert!(!g.is_burstable());
+        // Written back without a limit, it stays the old shape.
+        assert!(!q.to_json().contains("memory_limit_mib"));
+    }
+
+    #[test]
+    fn a_limit_above_the_request_is_carried_and_read_back() {
+        let mut q = two_gpus();
+        q.gpus[0].memory_limit_mib = Some(3072);
+        q.gpus[1].memory_limit_mib = Some(2048);
+        let back = ContainerQuota::from_json(&q.to_json()).expect("valid");
+        assert_eq!(back, q);
+        let (a, b) = (&back.gpus[0], &back.gpus[1]);
+        assert_eq!((a.memory_bytes(), a.limit_bytes()), (1 << 30, 3 << 30));
+        assert_eq!(a.burst_bytes(), 2 << 30);
+        assert!(a.is_burstable());
+        assert_eq!((b.limit_mib(), b.burst_bytes()), (2048, 0));
+        assert!(!b.is_burstable());
+    }
+
+    #[test]
+    fn a_limit_below_the_request_or_past_any_gpu_is_refused_naming_the_gpu() {
+        for limit in [1023, 0, MAX_MEMORY_MIB + 1, u64::MAX] {
+            let mut q = two_gpus();
+            q.gpus[0].memory_limit_mib = Some(limit);
+            let e = ContainerQuota::from_json(&q.to_json()).expect_err("bad limit");
+            assert!(matches!(e, QuotaFileError::Limit { .. }), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.contains("GPU-aa01") && e.contains(&format!("memory_limit_mib {limit}")),
+                "{e}"
+            );
+        }
+        let mut q = two_gpus();
+        q.gpus[0].memory_limit_mib = Some(MAX_MEMORY_MIB);
+        assert!(ContainerQuota::from_json(&q.to_json()).is_ok());
+        let text = two_gpus().to_json().replace(
+            "\"memory_mib\":1024",
+            "\"memory_mib\":1024,\"memory_limit_mib\":-1",
+        );
+        assert!(matches!(
+            ContainerQuota::from_json(&text),
+            Err(QuotaFileError::Malformed(_))
+        ));
     }
 
     #[test]

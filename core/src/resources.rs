@@ -10,6 +10,7 @@
 //! | `vgpu.io/gpu-compute` | percent per GPU | overrides the proportional compute share |
 //! | annotation `vgpu.io/gpu-model` | `A|B` | the pod may only use these GPU models |
 //! | annotation `vgpu.io/gpu-model-exclude` | `A|B` | the pod must not use these GPU models |
+//! | annotation `vgpu.io/gpu-memory-limit` | MiB per GPU: `MiB` or `name=MiB,…` | the memory limit above the request (ADR 0066, [`crate::memory_limit`]) |
 //! | annotation `vgpu.io/assignment` | JSON | written once by bind: which GPU(s) each container got |
 //!
 //! Internally everything is in milli-GPU of compute (1000 = a whole GPU) and MiB of
@@ -135,6 +136,26 @@ pub enum ResourceError {
         value: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// The pod annotation `vgpu.io/gpu-memory-limit` is malformed (ADR 0066).
+    #[error("annotation vgpu.io/gpu-memory-limit: invalid value {value:?}: {reason}")]
+    BadMemoryLimit {
+        /// The bad part of the value as written (at most 64 characters of it).
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A container's memory limit (`vgpu.io/gpu-memory-limit`) is below its request.
+    #[error(
+        "annotation vgpu.io/gpu-memory-limit: container {container:?}: limit {limit_mib} MiB is below its request of {request_mib} MiB per GPU (a limit is at least the request)"
+    )]
+    LimitBelowRequest {
+        /// The container's name.
+        container: String,
+        /// Its limit, MiB per GPU.
+        limit_mib: u64,
+        /// Its request on the GPU, MiB.
+        request_mib: u64,
     },
     /// A compute annotation holds an unknown value.
     #[error("annotation {annotation}: {reason}")]

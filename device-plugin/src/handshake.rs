@@ -329,6 +329,7 @@ impl Handshake {
                 .map(|g| GpuQuota {
                     uuid: g.uuid.clone(),
                     memory_mib: g.memory_mib,
+                    memory_limit_mib: None,
                     compute_milli: g.compute_milli,
                     slices: g.slices,
                     compute_policy,
