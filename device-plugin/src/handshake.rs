@@ -4,7 +4,8 @@
 //! Kubelet records a container's device IDs when `Allocate` returns and sends
 //! `PreStartContainer` exactly those IDs, so at that point its PodResources `List` names
 //! the one container holding exactly that set. The pod's assignment record (written by
-//! the scheduler extender at bind) then gives that container's GPUs and quota. Nothing is
+//! the scheduler extender at bind) then gives that container's GPUs and quota, and the
+//! pod's `vgpu.io/gpu-memory-limit` its memory limit on each GPU (ADR 0066). Nothing is
 //! carried over from `Allocate`: every answer is derived from kubelet's and the API
 //! server's state at the time of the call, so calls are idempotent and survive restarts.
 
@@ -20,6 +21,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use vgpu_core::container_quota::{ContainerQuota, GpuQuota, QUOTA_FILE, QUOTA_VERSION};
 use vgpu_core::inventory::GpuInfo;
+use vgpu_core::memory_limit::parse_memory_limits;
 use vgpu_core::resources::{
     ANNOTATION_ASSIGNMENT, ANNOTATION_PRIORITY, Assignment, GpuGrant, parse_compute_class,
 };
@@ -250,6 +252,11 @@ impl Handshake {
             )));
         }
         let (compute_policy, priority) = self.compute_class(&pod, &namespace, &pod_name)?;
+        let limits = {
+            let empty = BTreeMap::new();
+            let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+            parse_memory_limits(annotations).map_err(|e| pod_err(e.to_string()))?
+        };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let dir = self.allocation_dir(ids.iter().map(String::as_str));
         let mut pod = pod;
@@ -317,6 +324,26 @@ impl Handshake {
         };
         let mut grants: Vec<&GpuGrant> = grant.gpus.iter().collect();
         grants.sort_by_key(|g| order.iter().position(|u| *u == g.uuid));
+        // The limit on each GPU (ADR 0066): the annotation's, at least the MiB the GPU
+        // was granted (a request in tenths is known in MiB only here); without one, the
+        // request.
+        let gpus = grants
+            .into_iter()
+            .map(|g| {
+                let limit = limits
+                    .limit_mib(&grant.name, g.memory_mib)
+                    .map_err(|e| pod_err(format!("{e} (on GPU {})", g.uuid)))?;
+                Ok(GpuQuota {
+                    uuid: g.uuid.clone(),
+                    memory_mib: g.memory_mib,
+                    memory_limit_mib: Some(limit),
+                    compute_milli: g.compute_milli,
+                    slices: g.slices,
+                    compute_policy,
+                    priority,
+                })
+            })
+            .collect::<Result<Vec<_>, HandshakeError>>()?;
         let quota = ContainerQuota {
             version: QUOTA_VERSION,
             namespace: namespace.clone(),
@@ -324,18 +351,7 @@ impl Handshake {
             uid: uid.clone(),
             container: grant.name.clone(),
             init,
-            gpus: grants
-                .into_iter()
-                .map(|g| GpuQuota {
-                    uuid: g.uuid.clone(),
-                    memory_mib: g.memory_mib,
-                    memory_limit_mib: None,
-                    compute_milli: g.compute_milli,
-                    slices: g.slices,
-                    compute_policy,
-                    priority,
-                })
-                .collect(),
+            gpus,
             device_ids: ids.iter().cloned().collect(),
         };
         let path = dir.join(QUOTA_FILE);

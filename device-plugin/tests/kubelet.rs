@@ -709,6 +709,93 @@ async fn compute_policy_and_priority_annotations_reach_the_quota_file_and_bad_on
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_limit_annotation_reaches_the_quota_file_and_a_bad_one_refuses_the_start() {
+    use vgpu_core::memory_limit::ANNOTATION_GPU_MEMORY_LIMIT;
+    let g = gpus(1, 81920);
+    let mut node = TestNode::start(g.clone()).await.expect("node");
+    // (pod, annotation, expected: Ok(limit MiB) or Err(words in the refusal)); the
+    // container "main" is granted 8192 MiB.
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        Result<u64, Vec<&'static str>>,
+    );
+    let cases: Vec<Case> = vec![
+        ("plain", None, Ok(8192)),
+        ("every", Some("16384"), Ok(16384)),
+        ("named", Some("main=20000,side=9000"), Ok(20000)),
+        ("others", Some("side=9000"), Ok(8192)),
+        ("equal", Some("main=8192"), Ok(8192)),
+        (
+            "unit",
+            Some("16Gi"),
+            Err(vec![ANNOTATION_GPU_MEMORY_LIMIT, "\"16Gi\"", "MiB"]),
+        ),
+        (
+            "garbage",
+            Some("main=lots"),
+            Err(vec![ANNOTATION_GPU_MEMORY_LIMIT, "\"main=lots\""]),
+        ),
+        (
+            "below",
+            Some("4096"),
+            Err(vec![
+                ANNOTATION_GPU_MEMORY_LIMIT,
+                "\"main\"",
+                "limit 4096 MiB",
+                "request of 8192 MiB",
+            ]),
+        ),
+    ];
+    for (i, (name, ann, want)) in cases.into_iter().enumerate() {
+        let cs: Vec<PodContainer<'_>> = vec![("main", false, grant(&g[0].uuid, 8192, 100, 1))];
+        let mut pod = pod_json("ns", name, &format!("uid-{name}"), i as u32, &cs);
+        if let Some(v) = ann {
+            pod["metadata"]["annotations"][ANNOTATION_GPU_MEMORY_LIMIT] = json!(v);
+        }
+        node.put_pod(pod).await.expect("pod");
+        let mut c = node.client.clone();
+        let adm = node
+            .kubelet
+            .admit(&mut c, "ns", name, &fake_containers(&cs))
+            .await
+            .expect("admit");
+        let ids = adm.containers[0].2.clone();
+        let r = FakeKubelet::prestart(&mut node.client, &ids).await;
+        match want {
+            Ok(limit) => {
+                r.unwrap_or_else(|e| panic!("{name}: {e:?}"));
+                let q = node.read_quota(&ids).expect("quota written");
+                assert_eq!(q.pod, name);
+                let gq = &q.gpus[0];
+                assert_eq!(
+                    (gq.memory_mib, gq.memory_limit_mib, gq.limit_mib()),
+                    (8192, Some(limit), limit),
+                    "{name}"
+                );
+                assert_eq!(gq.is_burstable(), limit > 8192, "{name}");
+            }
+            Err(words) => {
+                let e = r.expect_err("refused");
+                assert_eq!(e.code(), Code::FailedPrecondition, "{name}");
+                for w in words {
+                    assert!(
+                        e.message().contains(w),
+                        "{name}: {w} not in {}",
+                        e.message()
+                    );
+                }
+                assert!(
+                    node.read_quota(&ids).is_none(),
+                    "no quota for a refused start"
+                );
+            }
+        }
+        node.kubelet.remove_pod("ns", name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocation_directories_no_container_holds_are_removed_and_live_ones_kept() {
     use vgpu_device_plugin::gc;
     let g = gpus(2, 81920);
