@@ -5,7 +5,8 @@
 //! (newline-delimited watch events with resource versions), `GET` of one pod or node,
 //! merge patches of a pod or a node, the `pods/binding` subresource and event creation;
 //! and the extender's `VgpuQuotaPolicy` custom resource (list, watch, merge patch of its
-//! `status` subresource, which leaves the spec and the generation alone).
+//! `status` subresource, which leaves the spec and the generation alone); and `GET` of a
+//! `resource.k8s.io/v1` ResourceClaim (the DRA driver's tests).
 //! Every request is recorded; tests wait for calls with a deadline
 //! ([`FakeApi::wait_for_calls`]), so a call that never comes fails the test fast instead
 //! of hanging it. Failures and delays can be scripted.
@@ -59,6 +60,7 @@ struct Inner {
     nodes: BTreeMap<String, Value>,
     pods: BTreeMap<(String, String), Value>,
     quota_policies: BTreeMap<(String, String), Value>,
+    resource_claims: BTreeMap<(String, String), Value>,
     log: Vec<WatchEvent>,
     calls: Vec<Call>,
     events: Vec<Value>,
@@ -112,6 +114,10 @@ impl FakeApi {
             )
             .route("/api/v1/namespaces/{ns}/events", post(create_event))
             .route(QUOTA_POLICIES, get(list_or_watch_quota_policies))
+            .route(
+                "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+                get(get_resource_claim),
+            )
             .route(
                 "/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status",
                 axum::routing::patch(patch_quota_policy_status),
@@ -169,6 +175,26 @@ impl FakeApi {
         };
         inner.nodes.insert(name, node.clone());
         self.emit(&mut inner, Kind::Node, event, node);
+    }
+
+    /// Adds or replaces a `resource.k8s.io/v1` ResourceClaim, keyed by its namespace and
+    /// name (served by `GET` only: no watch).
+    pub fn put_resource_claim(&self, mut claim: Value) {
+        let mut inner = lock(&self.inner);
+        inner.rv += 1;
+        claim["apiVersion"] = json!("resource.k8s.io/v1");
+        claim["kind"] = json!("ResourceClaim");
+        claim["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        let key = pod_key(&claim);
+        inner.resource_claims.insert(key, claim);
+    }
+
+    /// Deletes a ResourceClaim. Returns whether it existed.
+    pub fn delete_resource_claim(&self, namespace: &str, name: &str) -> bool {
+        lock(&self.inner)
+            .resource_claims
+            .remove(&(namespace.to_owned(), name.to_owned()))
+            .is_some()
     }
 
     /// The stored node (as put, with the merge patches applied since).
@@ -527,6 +553,22 @@ async fn get_pod(
     match fake.pod(&ns, &name) {
         Some(pod) => axum::Json(pod).into_response(),
         None => not_found("pods", &name),
+    }
+}
+
+async fn get_resource_claim(
+    State(fake): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let path = format!("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}");
+    fake.record("GET", path, Value::Null);
+    let claim = lock(&fake.inner)
+        .resource_claims
+        .get(&(ns, name.clone()))
+        .cloned();
+    match claim {
+        Some(c) => axum::Json(c).into_response(),
+        None => not_found("resourceclaims.resource.k8s.io", &name),
     }
 }
 

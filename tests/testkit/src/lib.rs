@@ -10,6 +10,9 @@
 //! - `fake_kubelet` (feature `plugin`): a fake kubelet speaking the real gRPC protocols
 //!   over unix sockets (Registration server, DevicePlugin client, PodResources server,
 //!   with kubelet's admission order and device reuse).
+//! - `fake_dra_kubelet` (feature `dra`): kubelet's plugin watcher and DRA manager for the
+//!   DRA driver, over unix sockets (registration, `NodePrepareResources`,
+//!   `NodeUnprepareResources`).
 //! - `node` (feature `plugin`): a whole node, the fakes plus the device plugin wired by
 //!   its own composition root (`vgpu_device_plugin::run::start`).
 //! - `topology_manager` (feature `plugin`): kubelet's Topology Manager reading the
@@ -17,6 +20,8 @@
 
 pub mod deploy;
 pub mod fake_api;
+#[cfg(feature = "dra")]
+pub mod fake_dra_kubelet;
 #[cfg(feature = "plugin")]
 pub mod fake_kubelet;
 #[cfg(feature = "plugin")]
