@@ -13,6 +13,7 @@ mod http_props;
 mod kube_serve;
 mod kube_state;
 mod lifecycle;
+mod memory_limit;
 mod policy_parity;
 mod quota_policies;
 mod topology_filter;
