@@ -906,9 +906,24 @@ pub struct Gates {
     lost: AtomicBool,
     /// Wakes the gate thread (fallback demand).
     doorbell: AtomicU32,
+    /// The tenant's suspension word in the board of the current connection (null: none
+    /// yet; [`vgpu_core::suspension`]).
+    suspension: AtomicPtr<AtomicU32>,
 }
 
 static GATES: OnceLock<Option<&'static Gates>> = OnceLock::new();
+
+/// The tenant's suspension word, once the process registered with a daemon (None:
+/// never registered, or no gate).
+pub(crate) fn suspension_word() -> Option<&'static AtomicU32> {
+    let Some(Some(g)) = GATES.get() else {
+        return None;
+    };
+    let p = g.suspension.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer stored here points into a board mapping that is never
+    // unmapped (see `Gate::word`), u32-aligned.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 
 /// A launch admitted by the gate: count it when dropped (after the real launch).
 #[derive(Debug)]
@@ -1143,6 +1158,7 @@ fn start(shim: &'static Shim) -> Option<&'static Gates> {
         ctl: Mutex::new(None),
         lost: AtomicBool::new(false),
         doorbell: AtomicU32::new(0),
+        suspension: AtomicPtr::new(std::ptr::null_mut()),
     }));
     for gate in &g.gates[..n] {
         gate.enabled.store(true, Ordering::Relaxed);

@@ -47,6 +47,20 @@ pub(crate) fn guard<R>(on_panic: R, reentered: impl FnOnce() -> R, body: impl Fn
     r
 }
 
+/// [`guard`] for a CUDA entry point: a suspended container is resumed first (the call
+/// waits for it, [`crate::suspension`]), then `body` runs. A re-entered hook (called by
+/// the driver inside another) does not look: the outer one did.
+pub(crate) fn cuda_guard<R>(
+    on_panic: R,
+    reentered: impl FnOnce() -> R,
+    body: impl FnOnce() -> R,
+) -> R {
+    guard(on_panic, reentered, || {
+        crate::suspension::wait_if_suspended();
+        body()
+    })
+}
+
 /// Reports (once) that the real library cannot be used and returns `code`.
 fn missing<R>(id: Id, code: R) -> R {
     static ONCE: OnceLock<()> = OnceLock::new();
@@ -99,7 +113,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     let f = real_or!(cuInit, fns::PFN_cuInit, CUDA_ERROR_NO_DEVICE);
     // SAFETY: forwarding the caller's arguments to the real function.
     let call = || unsafe { f(flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         // Through the node's device gate before the driver opens a GPU node.
         crate::admission::admit();
         enforcing(CUDA_ERROR_NOT_PERMITTED, call, |_, call| call())
@@ -187,7 +201,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(symbol, pfn, cudaVersion, flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS {
             // SAFETY: the driver succeeded with these pointers.
@@ -212,7 +226,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(symbol, pfn, cudaVersion, flags, symbolStatus) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS {
             // SAFETY: the driver succeeded with these pointers.
@@ -233,7 +247,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(free, total) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
             let r = call();
             if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
@@ -265,7 +279,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(bytes, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
             let r = call();
             if r != CUDA_SUCCESS || bytes.is_null() {
@@ -289,7 +303,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, bytesize) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() {
             return call();
         }
@@ -317,7 +331,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, bytesize, flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() {
             return call();
         }
@@ -347,7 +361,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() || pPitch.is_null() {
             return call();
         }
@@ -376,7 +390,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     let call = || unsafe { f(dptr) };
     // A re-entered free (from the pitch hook's rollback) must still uncharge.
     let body = || accounting::uncharged(Kind::Ptr, dptr, true, call);
-    guard(CUDA_ERROR_UNKNOWN, body, body)
+    cuda_guard(CUDA_ERROR_UNKNOWN, body, body)
 }
 
 /// A stream-ordered allocation from the device's current pool.
@@ -393,7 +407,7 @@ unsafe fn alloc_async(
 ) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, n, s) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() {
             return call();
         }
@@ -462,7 +476,7 @@ unsafe fn alloc_pool(
 ) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, n, pool, s) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if dptr.is_null() || pool.is_null() {
             return call();
         }
@@ -522,7 +536,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) ->
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::uncharged(Kind::Ptr, dptr, false, call)
     })
 }
@@ -535,7 +549,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstrea
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dptr, hStream) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::uncharged(Kind::Ptr, dptr, false, call)
     })
 }
@@ -554,7 +568,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool, poolProps) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS && !pool.is_null() && !poolProps.is_null() {
             // SAFETY: a non-null in-pointer the driver accepted, and the out-pointer it
@@ -579,7 +593,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::pool_destroyed(pool as u64, call)
     })
 }
@@ -593,7 +607,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool, minBytesToKeep) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS
             && let Some(shim) = enforced()
@@ -617,7 +631,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pool, attr, value) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         // A lower release threshold can release cached memory at once.
         if r == CUDA_SUCCESS
@@ -639,7 +653,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hStream) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         accounting::synchronized(false);
         r
@@ -654,7 +668,7 @@ pub unsafe extern "C" fn cuStreamSynchronize_ptsz(hStream: CUstream) -> CUresult
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hStream) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         accounting::synchronized(false);
         r
@@ -670,7 +684,7 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hEvent) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         accounting::synchronized(false);
         r
@@ -686,7 +700,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     );
     // SAFETY: no arguments.
     let call = || unsafe { f() };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         accounting::synchronized(r == CUDA_SUCCESS);
         r
@@ -702,7 +716,7 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ctx) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         // Only one context's work is known to be done: destroyed pools keep their
         // charges (they may belong to another context).
@@ -725,7 +739,7 @@ pub unsafe extern "C" fn cuMemCreate(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle, size, prop, flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if handle.is_null() || prop.is_null() {
             return call();
         }
@@ -751,7 +765,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::vmm_released(handle, call)
     })
 }
@@ -768,7 +782,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(handle, addr) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS && !handle.is_null() {
             // SAFETY: non-null, and written by the driver on success.
@@ -789,7 +803,7 @@ pub unsafe extern "C" fn cuMemMap(
     let f = real_or!(cuMemMap, fns::PFN_cuMemMap, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ptr, size, offset, handle, flags) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS {
             accounting::vmm_mapped(ptr, size as u64, handle);
@@ -803,7 +817,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let f = real_or!(cuMemUnmap, fns::PFN_cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ptr, size) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         let r = call();
         if r == CUDA_SUCCESS {
             accounting::vmm_unmapped(ptr, size as u64);
@@ -824,7 +838,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pHandle, pAllocateArray) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if pHandle.is_null() || pAllocateArray.is_null() {
             return call();
         }
@@ -857,7 +871,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pHandle, pAllocateArray) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if pHandle.is_null() || pAllocateArray.is_null() {
             return call();
         }
@@ -888,7 +902,7 @@ pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hArray) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::uncharged(Kind::Array, hArray as u64, true, call)
     })
 }
@@ -906,7 +920,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pHandle, pMipmappedArrayDesc, numMipmapLevels) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         if pHandle.is_null() || pMipmappedArrayDesc.is_null() || numMipmapLevels > 32 {
             return call();
         }
@@ -942,7 +956,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(hMipmappedArray) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::uncharged(Kind::Mipmap, hMipmappedArray as u64, true, call)
     })
 }
@@ -958,7 +972,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         enforcing(CUDA_ERROR_NOT_PERMITTED, call, |shim, call| {
             let r = call();
             if r == CUDA_SUCCESS && !pctx.is_null() {
@@ -981,7 +995,7 @@ unsafe fn primary_release(
 ) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         // Not while the launch gate synchronizes this process's contexts.
         let lock = crate::gate::CTX_LOCK
             .write()
@@ -1059,7 +1073,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::ctx_created(dev, call, || created(pctx))
     })
 }
@@ -1079,7 +1093,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, paramsArray, numParams, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::ctx_created(dev, call, || created(pctx))
     })
 }
@@ -1098,7 +1112,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     );
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(pctx, ctxCreateParams, flags, dev) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         accounting::ctx_created(dev, call, || created(pctx))
     })
 }
@@ -1110,7 +1124,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 unsafe fn ctx_destroy(f: fns::PFN_cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
     let call = || unsafe { f(ctx) };
-    guard(CUDA_ERROR_UNKNOWN, call, || {
+    cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
         // Not while the launch gate synchronizes this process's contexts.
         let lock = crate::gate::CTX_LOCK
             .write()
@@ -1192,7 +1206,7 @@ macro_rules! gated_launch_hook {
             let call = || unsafe { real($($arg),*) };
             let ptsz = stringify!($name).ends_with("_ptsz");
             let stream = $stream;
-            guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
+            cuda_guard(CUDA_ERROR_UNKNOWN, call, || gated(stream, ptsz, call))
         }
     };
 }
@@ -1207,7 +1221,7 @@ macro_rules! begin_capture_hook {
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { real($($arg),*) };
             let ptsz = stringify!($name).ends_with("_ptsz");
-            guard(CUDA_ERROR_UNKNOWN, call, || {
+            cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
                 crate::gate::capture_begins($stream as usize, ptsz);
                 let r = call();
                 if r != CUDA_SUCCESS {
@@ -1238,7 +1252,7 @@ macro_rules! end_capture_hook {
             );
             // SAFETY: forwarding the caller's arguments.
             let call = || unsafe { real(hStream, phGraph) };
-            guard(CUDA_ERROR_UNKNOWN, call, || {
+            cuda_guard(CUDA_ERROR_UNKNOWN, call, || {
                 let r = call();
                 if r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
                     crate::gate::capture_ended();

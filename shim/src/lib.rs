@@ -25,6 +25,8 @@
 //!   segment, [`segment`], ADR 0015; kernel liveness locks, no cross-process lock).
 //! - [`gate`]: the launch gate (compute time-slicing with the daemon, local fallback);
 //!   its gate thread, the daemon client with deadlines, is `gate::runner`.
+//! - [`suspension`]: resume on call: a suspended container's next CUDA call asks the
+//!   daemon to resume it and waits (issue 43).
 //! - [`config`]: the environment, parsed and validated.
 //! - [`quota_env`]: the quota published to the application in its environment
 //!   (`VGPU_MEMORY_QUOTA_BYTES`), set as the shim is loaded.
@@ -63,5 +65,6 @@ pub mod real;
 pub mod refusals;
 pub mod region;
 pub mod segment;
+pub mod suspension;
 pub mod table;
 pub mod vmm;

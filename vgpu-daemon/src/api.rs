@@ -153,6 +153,8 @@ pub fn tenant_to_pb(t: &model::Tenant) -> pb::Tenant {
                 expired_grants: g.expired_grants,
                 slice_ns: g.slice_ns,
                 queue_ahead_ns: g.queue_ahead_ns,
+                suspended_bytes: g.suspended_bytes,
+                suspensions: g.suspensions,
             })
             .collect(),
     }
@@ -310,8 +312,57 @@ fn status_of(e: DaemonError) -> Status {
     }
 }
 
+fn suspend_status(e: crate::daemon::SuspendError) -> Status {
+    use crate::daemon::SuspendError as E;
+    match e {
+        E::NoTenant(_) => Status::not_found(e.to_string()),
+        E::HostMemory { .. } | E::Off => Status::resource_exhausted(e.to_string()),
+        E::Driver(_) | E::Restore { .. } => Status::unavailable(e.to_string()),
+        E::NoProcesses(_) | E::AlreadySuspended(_) | E::Lock { .. } | E::Checkpoint { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+    }
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[tonic::async_trait]
 impl pb::daemon_server::Daemon for Api {
+    async fn suspend(
+        &self,
+        r: Request<pb::SuspendRequest>,
+    ) -> Result<Response<pb::SuspendResponse>, Status> {
+        let key = r.into_inner().tenant;
+        let d = Arc::clone(&self.daemon);
+        let s = tokio::task::spawn_blocking(move || d.suspend(&key))
+            .await
+            .map_err(|e| Status::internal(format!("the suspension task failed: {e}")))?
+            .map_err(suspend_status)?;
+        Ok(Response::new(pb::SuspendResponse {
+            pids: s.pids,
+            bytes: s.bytes.values().fold(0u64, |a, b| a.saturating_add(*b)),
+            took_ms: ms(s.took),
+        }))
+    }
+
+    async fn resume(
+        &self,
+        r: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::ResumeResponse>, Status> {
+        let key = r.into_inner().tenant;
+        let d = Arc::clone(&self.daemon);
+        let s = tokio::task::spawn_blocking(move || d.resume(&key))
+            .await
+            .map_err(|e| Status::internal(format!("the resume task failed: {e}")))?
+            .map_err(suspend_status)?;
+        Ok(Response::new(pb::ResumeResponse {
+            was_suspended: s.was_suspended,
+            took_ms: ms(s.took),
+        }))
+    }
+
     type WatchEnforcementEventsStream = EventStream;
 
     async fn watch_enforcement_events(

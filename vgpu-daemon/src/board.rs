@@ -22,6 +22,7 @@ use vgpu_core::sched_proto::{
     BOARD_BYTES, BOARD_STRIDE, CLAIM_TIME_OFFSET, EXPIRY_AT_OFFSET, EXPIRY_GEN_OFFSET,
     EXPIRY_WRITING, GrantWord,
 };
+use vgpu_core::suspension::{SUSPEND_OFFSET, next_word};
 use vgpu_sys::futex_wake;
 use vgpu_sys::shm::{SharedMap, memfd, seal_size, seal_writes_by_others};
 
@@ -107,6 +108,15 @@ impl Board {
         g.store(EXPIRY_WRITING, Ordering::SeqCst);
         at.store(at_ns, Ordering::SeqCst);
         g.store(generation, Ordering::SeqCst);
+    }
+
+    /// Says in the tenant's suspension word ([`vgpu_core::suspension`]) whether it is
+    /// suspended, and wakes its waiters.
+    pub fn set_suspended(&self, suspended: bool) {
+        let w = self.map.atomic_u32(SUSPEND_OFFSET);
+        let old = w.load(Ordering::SeqCst);
+        w.store(next_word(old, suspended), Ordering::SeqCst);
+        futex_wake(w);
     }
 
     /// Sets word `i` to held/not held with generation `generation`, and wakes its waiters.

@@ -9,6 +9,8 @@
 //! vgpuctl [...] set TENANT [--gpu UUID] [--share N] [--policy burst|cap]
 //!                          [--priority best-effort|latency-sensitive]
 //! vgpuctl [...] events [--follow] [--recent N]
+//! vgpuctl [...] suspend TENANT
+//! vgpuctl [...] resume TENANT
 //! ```
 
 use std::collections::HashMap;
@@ -95,6 +97,17 @@ pub enum Command {
         /// default: all of them, or 10 with --follow.
         #[arg(long)]
         recent: Option<u32>,
+    },
+    /// Suspends a container: its processes' GPU memory moves to host memory (the
+    /// driver's checkpoint API), all of them or none; its next CUDA call resumes it.
+    Suspend {
+        /// Tenant key.
+        tenant: String,
+    },
+    /// Resumes a suspended container now.
+    Resume {
+        /// Tenant key.
+        tenant: String,
     },
 }
 
@@ -247,6 +260,50 @@ pub async fn run(cli: &Cli) -> Result<String> {
             let gpus = gpu_indices(&mut c).await?;
             Ok(tenants_table(std::slice::from_ref(&t), &gpus))
         }
+        Command::Suspend { tenant } => {
+            let r = c
+                .suspend(pb::SuspendRequest {
+                    tenant: tenant.clone(),
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            if cli.json {
+                return Ok(pretty(&json!({
+                    "tenant": tenant,
+                    "pids": r.pids,
+                    "bytes": r.bytes,
+                    "took_ms": r.took_ms,
+                })));
+            }
+            Ok(format!(
+                "suspended {tenant}: {} moved to host memory from {} process(es) in {} ms\n",
+                Bytes(r.bytes),
+                r.pids.len(),
+                r.took_ms
+            ))
+        }
+        Command::Resume { tenant } => {
+            let r = c
+                .resume(pb::ResumeRequest {
+                    tenant: tenant.clone(),
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            if cli.json {
+                return Ok(pretty(&json!({
+                    "tenant": tenant,
+                    "was_suspended": r.was_suspended,
+                    "took_ms": r.took_ms,
+                })));
+            }
+            Ok(if r.was_suspended {
+                format!("resumed {tenant} in {} ms\n", r.took_ms)
+            } else {
+                format!("{tenant} was not suspended\n")
+            })
+        }
     }
 }
 
@@ -335,6 +392,8 @@ pub fn tenant_json(t: &pb::Tenant) -> Value {
                 "expired_grants": g.expired_grants,
                 "slice_ns": g.slice_ns,
                 "queue_ahead_ns": g.queue_ahead_ns,
+                "suspended_bytes": g.suspended_bytes,
+                "suspensions": g.suspensions,
             })
         }).collect::<Vec<_>>(),
     })

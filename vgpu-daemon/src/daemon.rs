@@ -9,7 +9,8 @@
 //! non-blocking channel sends and futex wakes.
 //!
 //! Registration (the quota file's rule, the node's GPUs, the bounds on client state, the
-//! containers' health records) lives in the child module `registration`.
+//! containers' health records) lives in the child module `registration`; suspending
+//! and resuming containers by the driver's checkpoint API in `suspension`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -34,6 +35,12 @@ mod effects;
 mod fallback;
 mod refusals;
 mod registration;
+mod suspension;
+
+pub use suspension::{
+    Checkpoints, Resumed, Settings as SuspensionSettings, SuspendError, Suspended, fits_host,
+    resume_all, suspend_all,
+};
 
 use effects::execute;
 
@@ -293,6 +300,8 @@ pub struct Daemon {
     /// The node's enforcement events: the gate's, the second line's, enforce failing
     /// closed (the gRPC API's event stream; the device plugin posts them).
     events: Arc<crate::gate_events::EventHub>,
+    /// Suspended containers and the driver's checkpoint API (issue 43).
+    susp: suspension::Suspensions,
 }
 
 /// Why a registration or an API call was refused.
@@ -360,6 +369,7 @@ impl Daemon {
             ebpf_failure: std::sync::OnceLock::new(),
             second_line: crate::second_line::Stats::default(),
             events: Arc::new(crate::gate_events::EventHub::new()),
+            susp: suspension::Suspensions::default(),
         })
     }
 
@@ -920,6 +930,7 @@ impl Daemon {
                     .iter()
                     .map(|(uuid, r)| {
                         let st = g.gpus.get(uuid).and_then(|x| x.arbiter.stats(t.id, now));
+                        let (suspended_bytes, suspensions) = self.susp.view(&t.ident.key, uuid);
                         TenantGpu {
                             uuid: uuid.clone(),
                             settings: r.settings,
@@ -938,6 +949,8 @@ impl Daemon {
                             expired_grants: st.map_or(0, |s| s.expired),
                             slice_ns: st.map_or(0, |s| s.slice_ns),
                             queue_ahead_ns: st.map_or(0, |s| s.queue_ahead_ns),
+                            suspended_bytes,
+                            suspensions,
                         }
                     })
                     .collect();

@@ -5,6 +5,8 @@
 //!
 //! - [`arbiter`]: each GPU's grant protocol, one pure state machine (events in, effects
 //!   out, explicit clock): who holds the GPU, for how long, and what it is charged.
+//! - [`checkpoint`]: the CUDA driver's checkpoint API, loaded from libcuda: what moves a
+//!   suspended container's GPU memory to host memory and back (issue 43).
 //! - [`board`]: the shared-memory grant words the shims read on their fast path.
 //! - [`daemon`]: the node's state: tenants, processes, one arbiter per GPU, and one timer
 //!   thread for all of them; it carries out the arbiters' effects.
@@ -38,6 +40,7 @@
 pub mod api;
 pub mod arbiter;
 pub mod board;
+pub mod checkpoint;
 pub mod columns;
 pub mod connections;
 pub mod ctl;

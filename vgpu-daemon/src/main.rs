@@ -180,6 +180,22 @@ struct Args {
     /// the shim does not count), MiB.
     #[arg(long, env = "VGPU_MEMORY_CONTEXT_ALLOWANCE_MIB", default_value_t = 512, value_parser = clap::value_parser!(u64).range(0..=65_536))]
     memory_context_allowance_mib: u64,
+    /// The CUDA driver library whose checkpoint API suspends containers (a soname or a
+    /// path; loaded at the first suspension).
+    #[arg(long, env = "VGPU_CUDA_LIB", default_value = vgpu_daemon::checkpoint::DEFAULT_LIB)]
+    cuda_lib: std::ffi::OsString,
+    /// Host memory suspended containers' checkpoints may hold, node-wide (e.g. `64Gi`;
+    /// 0: suspension off). A suspension that would exceed it is refused.
+    #[arg(long, env = "VGPU_SUSPEND_HOST_MEMORY", default_value = "0", value_parser = parse_host_memory)]
+    suspend_host_memory: u64,
+    /// How long a suspension waits for a process's CUDA calls and GPU work in flight
+    /// before it gives up (and suspends nothing), milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=60_000))]
+    suspend_lock_timeout_ms: u32,
+}
+
+fn parse_host_memory(v: &str) -> Result<u64, String> {
+    vgpu_core::bytes::parse_bytes(v).map_err(|e| format!("{v:?}: {e}"))
 }
 
 fn parse_memory_action(v: &str) -> Result<vgpu_daemon::second_line::Action, String> {
@@ -393,6 +409,13 @@ fn main() -> ExitCode {
     ];
     let served = rt.block_on(async {
         let node = vgpu_daemon::run::start(cfg).await?;
+        node.daemon
+            .set_suspension_settings(vgpu_daemon::daemon::SuspensionSettings {
+                cuda_lib: a.cuda_lib.clone(),
+                host_memory: a.suspend_host_memory,
+                lock_timeout_ms: a.suspend_lock_timeout_ms,
+                idle_after: None,
+            });
         // The sockets as this run bound them: only those are removed at the end (a
         // successor that already replaced one keeps its own).
         let ours: Vec<_> = sockets

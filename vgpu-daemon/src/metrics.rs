@@ -171,6 +171,16 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         Gauge,
         "GPU time the tenant's processes may queue ahead under its next exclusive grant: the shims' bound, more for a tenant slow to start under its grants and to report its drains.",
     );
+    let mut suspended = Family::new(
+        "vgpu_tenant_suspended_bytes",
+        Gauge,
+        "GPU memory of the suspended container held in host memory (its quota stays its own meanwhile).",
+    );
+    let mut suspensions = Family::new(
+        "vgpu_tenant_suspensions_total",
+        Counter,
+        "Times the container was suspended since the daemon started.",
+    );
     let mut procs = Family::new(
         "vgpu_tenant_processes",
         Gauge,
@@ -214,6 +224,8 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
             cpu_stopped.sample(&l, g.cpu_stopped_pct / 100.0);
             slice.sample(&l, ns_to_s(g.slice_ns));
             queue.sample(&l, ns_to_s(g.queue_ahead_ns));
+            suspended.sample(&l, g.suspended_bytes as f64);
+            suspensions.sample(&l, g.suspensions as f64);
             if let Some(q) = g.memory_quota {
                 mem_quota.sample(&l, q as f64);
             }
@@ -427,6 +439,8 @@ pub fn render_on(snap: &NodeSnapshot, host: &str) -> String {
         &cpu_stopped,
         &slice,
         &queue,
+        &suspended,
+        &suspensions,
         &procs,
         &info,
         &g_total,

@@ -83,6 +83,13 @@ pub struct TenantGpu {
     /// (or the shims' bound where shorter); 0: not known (or unbounded).
     #[serde(default)]
     pub queue_ahead_ns: u64,
+    /// GPU memory of the container held in host memory while it is suspended, bytes
+    /// (its quota stays its own meanwhile; issue 43).
+    #[serde(default)]
+    pub suspended_bytes: u64,
+    /// Times the container was suspended since the daemon started.
+    #[serde(default)]
+    pub suspensions: u64,
 }
 
 /// One tenant (container).

@@ -4,7 +4,9 @@
 //! the process through the eBPF device gate and closes. The `Welcome` carries the tenant's board
 //! descriptor (`SCM_RIGHTS`). A framing or protocol error closes that connection only;
 //! a closed connection releases the process's charges and slice at once. A `Ping` is
-//! answered by the connection's own task, at once.
+//! answered by the connection's own task, at once. A connection whose first frame is a
+//! `Resume` ([`vgpu_core::suspension`]) resumes the process's suspended container,
+//! answers and closes.
 //!
 //! No tenant can exhaust it (issue 39): an accept error is never fatal (accepting backs
 //! off on a shortage, counts it and logs within the clients' log budget); connections are
@@ -24,6 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use vgpu_core::sched_proto::{DaemonMsg, ShimMsg, decode, encode};
+use vgpu_core::suspension::{ResumeAnswer, ResumeMsg};
 
 use crate::connections::{Caps, DEFAULT_CAPS, Peer, Table, caps_within, peer_of};
 use crate::daemon::Daemon;
@@ -193,9 +196,21 @@ fn lock(t: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
     t.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn read_frame(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option<ShimMsg>> {
+/// The first frame of a connection: a shim message, or a suspended container's
+/// request to be resumed ([`vgpu_core::suspension`], on a connection of its own).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum First {
+    Shim(ShimMsg),
+    Resume(ResumeMsg),
+}
+
+async fn read_frame<T: for<'de> serde::Deserialize<'de>>(
+    stream: &mut UnixStream,
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<T>> {
     loop {
-        match decode::<ShimMsg>(buf) {
+        match decode::<T>(buf) {
             Ok(Some(m)) => return Ok(Some(m)),
             Ok(None) => {}
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
@@ -216,16 +231,41 @@ async fn connection(daemon: Arc<Daemon>, mut stream: UnixStream) -> io::Result<(
         .and_then(|p| u32::try_from(p).ok())
         .ok_or_else(|| io::Error::other("peer credentials carry no PID"))?;
     let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, &mut buf)).await {
-        Ok(r) => r?,
-        Err(_) => {
-            if crate::log_budget::client_warning() {
-                warn!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
-            } else {
-                debug!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+    let first =
+        match tokio::time::timeout(HELLO_TIMEOUT, read_frame::<First>(&mut stream, &mut buf)).await
+        {
+            Ok(r) => r?,
+            Err(_) => {
+                if crate::log_budget::client_warning() {
+                    warn!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+                } else {
+                    debug!(pid, "no Hello within {HELLO_TIMEOUT:?}: closing");
+                }
+                return Ok(());
             }
+        };
+    let hello = match first {
+        Some(First::Resume(ResumeMsg::Resume { .. })) => {
+            // A suspended container's process, before its next CUDA call: resumed (even
+            // when enforcement failed closed: it was admitted before), then answered.
+            let d = Arc::clone(&daemon);
+            let answer = match tokio::task::spawn_blocking(move || d.resume_pid(pid)).await {
+                Ok(Ok(r)) => ResumeAnswer::Resumed {
+                    restore_ms: u64::try_from(r.took.as_millis()).unwrap_or(u64::MAX),
+                },
+                Ok(Err(e)) => ResumeAnswer::Failed {
+                    reason: e.to_string(),
+                },
+                Err(e) => ResumeAnswer::Failed {
+                    reason: format!("the resume task failed: {e}"),
+                },
+            };
+            debug!(pid, ?answer, "resume asked");
+            stream.write_all(&encode(&answer)).await?;
             return Ok(());
         }
+        Some(First::Shim(m)) => Some(m),
+        None => None,
     };
     // Enforcement asked for and not delivered (fail closed): no new tenant, no admission.
     if let Some(why) = daemon.not_ready()

@@ -22,6 +22,7 @@ mod registration;
 mod scheduling;
 mod second_line;
 mod stopped;
+mod suspension;
 mod top;
 
 /// The daemon's binary: this package is not the daemon's, so cargo does not hand it over

@@ -204,6 +204,8 @@ fn evil_snapshot() -> NodeSnapshot {
         expired_grants: 3,
         slice_ns: 40_000_000,
         queue_ahead_ns: 12_000_000,
+        suspended_bytes: 5 << 20,
+        suspensions: 2,
     };
     let obs = GpuObservation {
         uuid: GPU0.into(),
@@ -337,6 +339,8 @@ fn text_format_parses_back() {
     assert_eq!(v("vgpu_tenant_cpu_stopped_ratio"), Some(0.725));
     assert_eq!(v("vgpu_tenant_slice_seconds"), Some(0.04));
     assert_eq!(v("vgpu_tenant_queue_ahead_seconds"), Some(0.012));
+    assert_eq!(v("vgpu_tenant_suspended_bytes"), Some((5u64 << 20) as f64));
+    assert_eq!(v("vgpu_tenant_suspensions_total"), Some(2.0));
     assert_eq!(
         v("vgpu_tenant_memory_used_bytes"),
         Some((3u64 << 30) as f64)

@@ -17,6 +17,7 @@ use vgpu_core::sched_proto::{
     GrantWord, HANDSHAKE_DEADLINE_MS, MAX_REASON, PEER_DEADLINE_MS, PROTO_VERSION, ShimMsg, decode,
     encode,
 };
+use vgpu_core::suspension::SUSPEND_OFFSET;
 use vgpu_sys::{futex_wait, futex_wake, mono_ns};
 
 use super::peer::{connect_nonblocking, cut, recv_with_fds, wait_readable};
@@ -421,6 +422,10 @@ impl Runner {
             // Launchers waiting on the local word look again, at the board.
             futex_wake(old);
         }
+        // SAFETY: SUSPEND_OFFSET is inside the page-sized mapping, u32-aligned; the
+        // mapping is never unmapped.
+        let suspension = unsafe { base.cast::<u8>().add(SUSPEND_OFFSET) }.cast::<AtomicU32>();
+        self.g.suspension.store(suspension, Ordering::Release);
         for i in 0..self.devs.len() {
             self.set_allowed(i, false);
         }
