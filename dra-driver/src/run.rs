@@ -1,21 +1,25 @@
 //! The composition root: the driver's two sockets served until shutdown. The DRA socket
 //! is bound first, then the registration socket (kubelet dials the DRA socket as soon
-//! as it has read the registration). Stale sockets of a previous run are replaced.
+//! as it has read the registration). Stale sockets of a previous run are replaced. The
+//! node's `ResourceSlice` is published in the background (retried with back-off while
+//! the API server refuses it, republished with the next pool generation when the GPU
+//! list changes).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
-use tracing::info;
+use tracing::{info, warn};
 use vgpu_core::inventory::GpuInfo;
 
 use crate::checkpoint::CheckpointError;
 use crate::config::{Config, ConfigError};
-use crate::driver::Driver;
+use crate::driver::{Driver, error_chain};
 use crate::kubelet::dra_v1::dra_plugin_server::DraPluginServer;
 use crate::kubelet::registration::registration_server::RegistrationServer;
 use crate::registration::{Registrar, RegistrationOutcome};
@@ -93,7 +97,7 @@ pub async fn start(
 ) -> Result<Started, RunError> {
     cfg.validate()?;
     let cfg = Arc::new(cfg);
-    let driver = Driver::new(cfg.clone(), client, gpus)?;
+    let driver = Driver::new(cfg.clone(), client.clone(), gpus.clone())?;
     let registrar = Registrar::new(cfg.clone());
     let (shutdown, _) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -120,6 +124,12 @@ pub async fn start(
             tracing::error!(error = %e, "registration server stopped");
         }
     }));
+    tasks.push(tokio::spawn(publish_slices(
+        cfg.clone(),
+        client,
+        gpus,
+        shutdown.subscribe(),
+    )));
     info!(
         driver = %cfg.driver_name,
         dra = %dra_path.display(),
@@ -133,4 +143,53 @@ pub async fn start(
         tasks,
         sockets: vec![reg_path, dra_path],
     })
+}
+
+/// Resolves when `stop` turns true (or its sender is gone).
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Publishes the node's ResourceSlice, retrying failures (0.5 s doubling to 30 s), and
+/// again with the next pool generation whenever the GPU list changes, until `stop`.
+async fn publish_slices(
+    cfg: Arc<Config>,
+    client: kube::Client,
+    mut gpus: watch::Receiver<Vec<GpuInfo>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut generation = 1u64;
+    loop {
+        let list = gpus.borrow_and_update().clone();
+        let mut delay = Duration::from_millis(500);
+        loop {
+            match crate::slice::publish(
+                &client,
+                &cfg.node_name,
+                &cfg.driver_name,
+                &list,
+                generation,
+            )
+            .await
+            {
+                Ok(()) => {
+                    info!(generation, gpus = list.len(), "ResourceSlice published");
+                    break;
+                }
+                Err(e) => {
+                    warn!(error = %error_chain(&e), retry_in = ?delay, "publish the ResourceSlice");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = until_stopped(&mut stop) => return,
+            }
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+        tokio::select! {
+            r = gpus.changed() => if r.is_err() { return },
+            () = until_stopped(&mut stop) => return,
+        }
+        generation += 1;
+    }
 }

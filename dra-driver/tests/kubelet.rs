@@ -1,6 +1,6 @@
 //! The driver against a fake kubelet over real unix sockets and a fake API server:
 //! registration, prepare (CDI spec and quota file), unprepare, a restart answered from
-//! the checkpoint, and claims refused naming the bad value.
+//! the checkpoint, claims refused naming the bad value, and the node's ResourceSlice.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -126,6 +126,36 @@ async fn registers_as_a_dra_plugin_serving_v1() {
     assert_eq!(told, Some(Ok(())));
     driver.stop().await;
     assert!(!node.cfg.registration_socket().exists());
+}
+
+#[tokio::test]
+async fn publishes_one_shareable_device_per_gpu_by_server_side_apply() {
+    let node = Node::new().await;
+    let driver = node.start().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let slice = loop {
+        if let Some(s) = node.api.resource_slice("n1-vgpu.io") {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ResourceSlice applied within {WAIT:?}: {:?}",
+            node.api
+                .calls_matching("PATCH", "/resourceslices/n1-vgpu.io")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(slice["spec"]["driver"], "vgpu.io");
+    assert_eq!(slice["spec"]["nodeName"], NODE);
+    assert_eq!(slice["spec"]["pool"]["name"], NODE);
+    let devices = slice["spec"]["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices.iter().filter_map(|d| d["name"].as_str()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    assert_eq!(devices[1]["attributes"]["uuid"]["string"], GPU1);
+    assert_eq!(devices[1]["allowMultipleAllocations"], true);
+    assert_eq!(devices[1]["capacity"]["memory"]["value"], "40960Mi");
+    assert_eq!(devices[1]["capacity"]["compute"]["value"], "1");
+    driver.stop().await;
 }
 
 #[tokio::test]

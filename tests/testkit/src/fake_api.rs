@@ -6,7 +6,8 @@
 //! merge patches of a pod or a node, the `pods/binding` subresource and event creation;
 //! and the extender's `VgpuQuotaPolicy` custom resource (list, watch, merge patch of its
 //! `status` subresource, which leaves the spec and the generation alone); and `GET` of a
-//! `resource.k8s.io/v1` ResourceClaim (the DRA driver's tests).
+//! `resource.k8s.io/v1` ResourceClaim and server-side apply of a ResourceSlice (the DRA
+//! driver's tests).
 //! Every request is recorded; tests wait for calls with a deadline
 //! ([`FakeApi::wait_for_calls`]), so a call that never comes fails the test fast instead
 //! of hanging it. Failures and delays can be scripted.
@@ -61,6 +62,7 @@ struct Inner {
     pods: BTreeMap<(String, String), Value>,
     quota_policies: BTreeMap<(String, String), Value>,
     resource_claims: BTreeMap<(String, String), Value>,
+    resource_slices: BTreeMap<String, Value>,
     log: Vec<WatchEvent>,
     calls: Vec<Call>,
     events: Vec<Value>,
@@ -117,6 +119,10 @@ impl FakeApi {
             .route(
                 "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
                 get(get_resource_claim),
+            )
+            .route(
+                "/apis/resource.k8s.io/v1/resourceslices/{name}",
+                axum::routing::patch(apply_resource_slice),
             )
             .route(
                 "/apis/vgpu.io/v1alpha1/namespaces/{ns}/vgpuquotapolicies/{name}/status",
@@ -195,6 +201,11 @@ impl FakeApi {
             .resource_claims
             .remove(&(namespace.to_owned(), name.to_owned()))
             .is_some()
+    }
+
+    /// The ResourceSlice last applied under `name`, if any.
+    pub fn resource_slice(&self, name: &str) -> Option<Value> {
+        lock(&self.inner).resource_slices.get(name).cloned()
     }
 
     /// The stored node (as put, with the merge patches applied since).
@@ -570,6 +581,55 @@ async fn get_resource_claim(
         Some(c) => axum::Json(c).into_response(),
         None => not_found("resourceclaims.resource.k8s.io", &name),
     }
+}
+
+/// Server-side apply of a ResourceSlice (`application/apply-patch+yaml` with a JSON
+/// body, `fieldManager` given): the applied object replaces the stored one (one field
+/// manager in these tests, so no field ownership is modelled).
+async fn apply_resource_slice(
+    State(fake): State<FakeApi>,
+    Path(name): Path<String>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/apis/resource.k8s.io/v1/resourceslices/{name}");
+    let parsed: Result<Value, _> = serde_json::from_slice(&body);
+    fake.record(
+        "PATCH",
+        path,
+        parsed.as_ref().cloned().unwrap_or(Value::Null),
+    );
+    let apply = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/apply-patch"));
+    if !apply || !query.contains_key("fieldManager") {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "only server-side apply with a fieldManager is served for resourceslices".to_owned(),
+        );
+    }
+    let Ok(mut slice) = parsed else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the apply body is not JSON".to_owned(),
+        );
+    };
+    if slice["metadata"]["name"] != json!(name) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("the body's metadata.name is not {name:?}"),
+        );
+    }
+    let mut inner = lock(&fake.inner);
+    inner.rv += 1;
+    slice["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+    inner.resource_slices.insert(name, slice.clone());
+    axum::Json(slice).into_response()
 }
 
 async fn get_node(State(fake): State<FakeApi>, Path(name): Path<String>) -> Response {
