@@ -54,7 +54,7 @@ struct Cli {
     /// The GPU device nodes' directory.
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
-    /// The node daemon's shim socket on the host; empty: no daemon.
+    /// The node daemon's shim socket on the host; `""` or `off`: no daemon.
     #[arg(long, default_value = "/var/lib/vgpu/daemon/daemon.sock")]
     daemon_socket: String,
     /// Comma-separated namespaces whose claims may ask for latency-sensitive; unset: all.
@@ -87,8 +87,10 @@ impl Cli {
         };
         c.nvidia_cdi_kind = self.nvidia_cdi_kind;
         c.dev_dir = self.dev_dir;
-        c.daemon_socket =
-            (!self.daemon_socket.is_empty()).then(|| PathBuf::from(self.daemon_socket));
+        c.daemon_socket = match self.daemon_socket.as_str() {
+            "" | "off" => None,
+            p => Some(PathBuf::from(p)),
+        };
         c.latency_sensitive_namespaces = self.latency_sensitive_namespaces.map(|s| {
             s.split(',')
                 .map(|n| n.trim().to_owned())
