@@ -48,19 +48,11 @@ fn vgpuctl_bin() -> std::path::PathBuf {
 /// silently never run.
 #[test]
 fn every_file_here_is_a_module() {
-    let me = include_str!("integration.rs");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut missing = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("read the tests directory") {
-        let name = entry.expect("a directory entry").file_name();
-        let name = name.to_string_lossy();
-        if let Some(module) = name.strip_suffix(".rs")
-            && module != "integration"
-            && !me.lines().any(|l| l == format!("mod {module};"))
-        {
-            missing.push(name.into_owned());
-        }
-    }
+    let missing = vgpu_test_needs::undeclared_test_files(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+        include_str!("integration.rs"),
+    )
+    .expect("read the tests directory");
     assert!(
         missing.is_empty(),
         "test files not declared in tests/integration.rs: {missing:?}"

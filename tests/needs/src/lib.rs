@@ -24,6 +24,9 @@ use std::fmt;
 use std::io::Write;
 
 pub mod bins;
+pub mod modules;
+
+pub use modules::undeclared_test_files;
 
 /// The environment variable naming the skip log.
 pub const LOG_VAR: &str = "VGPU_SKIP_LOG";
